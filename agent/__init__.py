@@ -1,0 +1,1 @@
+"""The runtime-env agent: the per-node sidecar that prepares workers' runtime environments."""

@@ -1,0 +1,210 @@
+"""Safe zip extraction. Synchronous: the store runs it in a thread.
+
+What is refused (``UnsafeArchive``, FAILED_PRECONDITION), before a byte is written where it can be
+known from the central directory, and while writing where it cannot:
+
+- not a zip, a corrupt or encrypted one, an entry of an unsupported kind (device, fifo);
+- more entries than ``max_entries``; more declared or written bytes than
+  ``max_uncompressed_bytes``; a total uncompressed size over ``max_ratio`` times the archive's;
+- a name that is absolute, has a drive letter, a NUL byte, or a ``..`` component;
+- a symlink whose target is absolute or resolves outside the destination, checked lexically
+  before it is made and with ``realpath`` after. Symlinks are made last, after every regular
+  file and directory, so no entry is ever written through one.
+
+``strip_top_level`` (working_dir): when every entry lies under one top-level folder, that folder
+is dropped, as Ray does, so ``proj/main.py`` lands at ``<dest>/main.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from agent.errors import UnsafeArchive
+
+_CHUNK = 1024 * 1024
+_MAX_SYMLINK_TARGET = 4096
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+@dataclass(frozen=True)
+class ArchiveLimits:
+    max_entries: int = 100_000
+    max_uncompressed_bytes: int = 16 * 1024**3
+    max_ratio: float = 200.0  # uncompressed bytes per archive byte; zip bombs reach thousands
+    ratio_floor_bytes: int = 16 * 1024**2  # below this output size the ratio is harmless
+
+
+@dataclass(frozen=True)
+class _Entry:
+    info: zipfile.ZipInfo
+    rel: PurePosixPath  # where it goes, relative to the destination (top folder stripped)
+    kind: str  # "file", "dir" or "symlink"
+
+
+def extract_zip(
+    archive: Path, dest: Path, *, strip_top_level: bool, limits: ArchiveLimits, label: str
+) -> int:
+    """Extract ``archive`` into the new directory ``dest``; return the bytes written.
+
+    ``label`` names the package in errors (its URI). On error ``dest`` may hold a partial tree:
+    the caller extracts into a staging directory and removes it.
+    """
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            entries = _plan(zf, archive.stat().st_size, strip_top_level, limits, label)
+            dest.mkdir(parents=True)
+            return _write(zf, entries, dest.resolve(), limits, label)
+    except zipfile.BadZipFile as exc:
+        raise UnsafeArchive(f"{label} is not a readable zip archive: {exc}") from exc
+    except zipfile.LargeZipFile as exc:
+        raise UnsafeArchive(f"{label} needs ZIP64, which is not enabled: {exc}") from exc
+    except NotImplementedError as exc:
+        raise UnsafeArchive(f"{label} uses an unsupported compression method: {exc}") from exc
+    except RuntimeError as exc:  # zipfile's error for encrypted entries
+        raise UnsafeArchive(f"{label} cannot be extracted: {exc}") from exc
+
+
+def _plan(
+    zf: zipfile.ZipFile, archive_bytes: int, strip: bool, limits: ArchiveLimits, label: str
+) -> list[_Entry]:
+    infos = zf.infolist()
+    if len(infos) > limits.max_entries:
+        raise UnsafeArchive(
+            f"{label} has {len(infos)} entries; the limit is {limits.max_entries} (max_entries)"
+        )
+    declared = sum(info.file_size for info in infos)
+    if declared > limits.max_uncompressed_bytes:
+        raise UnsafeArchive(
+            f"{label} would unpack to {declared} bytes; the limit is "
+            f"{limits.max_uncompressed_bytes} (max_uncompressed_bytes)"
+        )
+    ratio = declared / max(archive_bytes, 1)
+    if ratio > limits.max_ratio and declared > limits.ratio_floor_bytes:
+        raise UnsafeArchive(
+            f"{label} would unpack to {ratio:.0f} times its own size ({declared} bytes from "
+            f"{archive_bytes}); the limit is {limits.max_ratio:g} (max_ratio)"
+        )
+    paths = [(info, _safe_parts(info.filename, label)) for info in infos]
+    top = _common_top(paths) if strip else None
+    entries = []
+    for info, parts in paths:
+        if top is not None:
+            parts = parts[1:]
+        if not parts:
+            continue  # the stripped top folder itself, or an entry of only "./"
+        entries.append(_Entry(info, PurePosixPath(*parts), _kind(info, label)))
+    return entries
+
+
+def _safe_parts(name: str, label: str) -> tuple[str, ...]:
+    if "\x00" in name:
+        raise UnsafeArchive(f"{label}: entry name {name!r} contains a NUL byte")
+    if name.startswith(("/", "\\")) or _DRIVE.match(name):
+        raise UnsafeArchive(f"{label}: entry {name!r} has an absolute path")
+    parts = tuple(p for p in name.replace("\\", "/").split("/") if p not in ("", "."))
+    if ".." in parts:
+        raise UnsafeArchive(f"{label}: entry {name!r} climbs out of the destination with '..'")
+    return parts
+
+
+def _common_top(paths: list[tuple[zipfile.ZipInfo, tuple[str, ...]]]) -> str | None:
+    """The one folder every entry lies under, or None."""
+    tops = {parts[0] for _, parts in paths if parts}
+    if len(tops) != 1:
+        return None
+    top = tops.pop()
+    for info, parts in paths:
+        if len(parts) == 1 and not info.is_dir():
+            return None  # a file (or link) named like the folder: nothing to strip
+    return top
+
+
+def _kind(info: zipfile.ZipInfo, label: str) -> str:
+    mode = info.external_attr >> 16
+    fmt = stat.S_IFMT(mode)
+    if info.is_dir() or fmt == stat.S_IFDIR:
+        return "dir"
+    if fmt == stat.S_IFLNK:
+        return "symlink"
+    if fmt in (0, stat.S_IFREG):
+        return "file"
+    raise UnsafeArchive(f"{label}: entry {info.filename!r} is a special file (mode {mode:o})")
+
+
+def _write(
+    zf: zipfile.ZipFile, entries: list[_Entry], root: Path, limits: ArchiveLimits, label: str
+) -> int:
+    written = 0
+    links = []
+    for entry in entries:
+        target = root.joinpath(*entry.rel.parts)
+        if entry.kind == "dir":
+            target.mkdir(parents=True, exist_ok=True)
+        elif entry.kind == "symlink":
+            links.append(entry)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            written += _copy(zf, entry, target, limits.max_uncompressed_bytes - written, label)
+    for entry in links:
+        written += _link(zf, entry, root, label)
+    return written
+
+
+def _copy(zf: zipfile.ZipFile, entry: _Entry, target: Path, allowance: int, label: str) -> int:
+    copied = 0
+    with zf.open(entry.info) as src, open(target, "wb") as dst:
+        while chunk := src.read(_CHUNK):
+            copied += len(chunk)
+            if copied > allowance:
+                raise UnsafeArchive(
+                    f"{label}: entry {entry.info.filename!r} unpacks to more bytes than declared, "
+                    "past max_uncompressed_bytes"
+                )
+            dst.write(chunk)
+    mode = (entry.info.external_attr >> 16) & 0o777
+    os.chmod(target, (mode | 0o600) if mode else 0o644)
+    return copied
+
+
+def _link(zf: zipfile.ZipFile, entry: _Entry, root: Path, label: str) -> int:
+    name = entry.info.filename
+    if entry.info.file_size > _MAX_SYMLINK_TARGET:
+        raise UnsafeArchive(f"{label}: symlink {name!r} has an oversized target")
+    try:
+        target = zf.read(entry.info).decode()
+    except UnicodeDecodeError as exc:
+        raise UnsafeArchive(f"{label}: symlink {name!r} has an undecodable target") from exc
+    if not target or "\x00" in target or target.startswith("/") or _DRIVE.match(target):
+        raise UnsafeArchive(f"{label}: symlink {name!r} points to {target!r}, outside the package")
+    lexical = os.path.normpath(os.path.join(str(entry.rel.parent), target))
+    if lexical == ".." or lexical.startswith("../"):
+        raise UnsafeArchive(f"{label}: symlink {name!r} points to {target!r}, outside the package")
+    link = root.joinpath(*entry.rel.parts)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not _inside(root, Path(os.path.realpath(link.parent))):
+        raise UnsafeArchive(f"{label}: symlink {name!r} lies under a link that leaves the package")
+    if link.is_symlink() or link.exists():
+        raise UnsafeArchive(f"{label}: symlink {name!r} collides with another entry")
+    os.symlink(target, link)
+    if not _inside(root, Path(os.path.realpath(link))):
+        link.unlink()
+        raise UnsafeArchive(f"{label}: symlink {name!r} resolves outside the package")
+    return len(target.encode())
+
+
+def _inside(root: Path, path: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a directory tree, or a file, if it exists. Blocking: call it in a thread."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

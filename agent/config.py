@@ -1,0 +1,34 @@
+"""The agent's settings: every limit is a named field with its default."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.archive import ArchiveLimits
+from agent.fetch import FetchLimits
+from agent.runtime_env import EnvLimits
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class Settings:
+    root: Path
+    address: str = ""  # "" = unix:<root>/agent.sock
+    cache_budget_bytes: int = 10 * GiB
+    allow_remote: bool = False  # TCP binds loopback only unless set
+    parent_pid: int | None = None
+    py_executable: str = sys.executable
+    default_setup_timeout_s: float = 600.0
+    max_setup_timeout_s: float = 3600.0
+    request_log_capacity: int = 10_000  # request ids remembered for idempotent retries
+    max_info_envs: int = 10_000  # GetRuntimeEnvsInfo lists at most this many envs
+    max_message_bytes: int = 4 * 1024 * 1024
+    env: EnvLimits = field(default_factory=EnvLimits)
+    archive: ArchiveLimits = field(default_factory=ArchiveLimits)
+    fetch: FetchLimits = field(default_factory=FetchLimits)
+
+    def resolved_address(self) -> str:
+        return self.address or f"unix:{self.root / 'agent.sock'}"

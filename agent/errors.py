@@ -1,0 +1,93 @@
+"""The agent's expected errors, each carrying the gRPC status a client receives.
+
+Two tiers. An ``AgentError`` is an expected outcome of bad input or a bad world (a 404, a
+checksum mismatch, a zip bomb): it carries a status code and a message that says what was wrong
+and what the limit or the way out is, and the agent keeps serving. Anything else that escapes a
+handler is a bug: it is logged with its traceback and answered INTERNAL.
+
+Foreign exceptions (``OSError``, ``zipfile.BadZipFile``, ``aiohttp.ClientError``...) never cross
+a module boundary raw: the module that meets them converts them with ``raise ... from exc``.
+
+    AgentError                      (status set by each subclass)
+    ├── InvalidRuntimeEnv           INVALID_ARGUMENT    bad JSON, unknown field, bad URI, too large
+    ├── NotFound                    NOT_FOUND
+    │   ├── EnvNotFound                                 unknown env, or no references left
+    │   └── PackageNotFound                             the package's source answered 404 / no file
+    ├── FailedPrecondition          FAILED_PRECONDITION
+    │   ├── EnvBusy                                     delete of an env whose creates are in flight
+    │   ├── RequestIdReused                             one request_id, two different requests
+    │   ├── IntegrityError                              sha256 mismatch
+    │   ├── UnsafeArchive                               zip-slip, symlink out, too many entries,
+    │   │                                               too large, ratio too high, not a zip
+    │   └── PackageRejected                             the source refused (4xx other than 404),
+    │                                                   or the download is larger than allowed
+    ├── DownloadFailed              UNAVAILABLE         transient failures outlasted the retries
+    ├── DiskExhausted               RESOURCE_EXHAUSTED  no room to install
+    └── SetupTimeout                DEADLINE_EXCEEDED   the env's setup outlasted its timeout
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class AgentError(Exception):
+    """An expected failure with the gRPC status code the client should see."""
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRuntimeEnv(AgentError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(AgentError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class EnvNotFound(NotFound):
+    pass
+
+
+class PackageNotFound(NotFound):
+    pass
+
+
+class FailedPrecondition(AgentError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class EnvBusy(FailedPrecondition):
+    pass
+
+
+class RequestIdReused(FailedPrecondition):
+    pass
+
+
+class IntegrityError(FailedPrecondition):
+    pass
+
+
+class UnsafeArchive(FailedPrecondition):
+    pass
+
+
+class PackageRejected(FailedPrecondition):
+    pass
+
+
+class DownloadFailed(AgentError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class DiskExhausted(AgentError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class SetupTimeout(AgentError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED

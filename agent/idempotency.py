@@ -1,0 +1,83 @@
+"""Idempotent retries: a request id is answered again, not counted again.
+
+A client that did not hear an answer (a dropped connection, a deadline) retries with the same
+``request_id``. If the first attempt is still running, the retry waits for it and gets its answer;
+if it succeeded, the retry gets the remembered answer. Failed or cancelled attempts are forgotten
+(they changed nothing), so a retry after one runs afresh. The same id with a different request is
+refused. Memory is bounded: the oldest ids are forgotten first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+from agent.errors import RequestIdReused
+
+T = TypeVar("T")
+_MAX_JOINS = 8  # a retry joins at most this many cancelled attempts before running itself
+
+
+@dataclass
+class _Attempt:
+    fingerprint: str
+    future: asyncio.Future[Any]
+
+
+class RequestLog:
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._attempts: OrderedDict[tuple[str, str], _Attempt] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._attempts)
+
+    async def run(
+        self, rpc: str, request_id: str, fingerprint: str, op: Callable[[], Awaitable[T]]
+    ) -> T:
+        """Run ``op`` once per (rpc, request_id); ``fingerprint`` identifies the request."""
+        if not request_id:
+            return await op()
+        key = (rpc, request_id)
+        for _ in range(_MAX_JOINS):
+            attempt = self._attempts.get(key)
+            if attempt is None:
+                break
+            if attempt.fingerprint != fingerprint:
+                raise RequestIdReused(
+                    f"request_id {request_id!r} was already used for a different {rpc} request; "
+                    "use a fresh id for a new request and the same id only to retry"
+                )
+            try:
+                return cast(T, await asyncio.shield(attempt.future))
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not attempt.future.cancelled() or (task is not None and task.cancelling()):
+                    raise  # this retry itself was cancelled
+                # the attempt it joined was cancelled: look again, and run it if nobody does
+        return await self._first(key, fingerprint, op)
+
+    async def _first(
+        self, key: tuple[str, str], fingerprint: str, op: Callable[[], Awaitable[T]]
+    ) -> T:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        attempt = _Attempt(fingerprint, future)
+        self._attempts[key] = attempt
+        try:
+            result = await op()
+        except BaseException as exc:
+            if self._attempts.get(key) is attempt:
+                del self._attempts[key]
+            if isinstance(exc, asyncio.CancelledError):
+                future.cancel()
+            else:
+                future.set_exception(exc)
+                future.exception()  # retrieved: nobody may be waiting
+            raise
+        future.set_result(result)
+        while len(self._attempts) > self._capacity:
+            self._attempts.popitem(last=False)
+        return result

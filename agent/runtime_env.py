@@ -1,0 +1,305 @@
+"""Runtime env parsing: Ray's ``runtime_env`` JSON in, a validated, canonical value out.
+
+Pure: no I/O, no asyncio. Every rejection is an ``InvalidRuntimeEnv`` naming the field, what was
+wrong, and the limit where one applies.
+
+Identity: the env id is a hash of the canonical JSON (sorted keys, no whitespace, ``config``
+removed, empty fields dropped, ``py_modules`` de-duplicated keeping first occurrence), so key
+order or an empty ``env_vars`` never makes two envs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from agent.errors import InvalidRuntimeEnv
+
+# Linux's MAX_ARG_STRLEN: one "KEY=value\0" string handed to execve may not exceed it.
+MAX_ARG_STRLEN = 128 * 1024
+_POINTER_BYTES = 8
+_MAX_URI_CHARS = 4096
+_SHA256_FRAGMENT = re.compile(r"sha256=([0-9a-fA-F]{64})")
+_SUPPORTED_FIELDS = ("working_dir", "py_modules", "env_vars", "config")
+_NOT_YET = {"pip", "conda", "uv", "container", "image_uri", "java_jars", "nsight", "mpi"}
+
+
+class UriKind(StrEnum):
+    """How a package is unpacked and put on the worker's path."""
+
+    WORKING_DIR = "working_dir"
+    PY_MODULES = "py_modules"
+
+
+@dataclass(frozen=True, order=True)
+class UriKey:
+    """One (kind, URI) pair: the unit the agent downloads, counts, caches and deletes."""
+
+    kind: UriKind
+    uri: str
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}:{self.uri}"
+
+
+@dataclass(frozen=True)
+class ParsedUri:
+    """A validated package URI. ``url`` is what is fetched (no fragment)."""
+
+    scheme: str  # "file", "http" or "https"
+    url: str
+    path: str  # the local path for file://, the URL path otherwise
+    sha256: str | None  # lowercase hex, when the URI carries "#sha256=<hex>"
+
+
+@dataclass(frozen=True)
+class EnvLimits:
+    """Limits on one runtime env; each is a named setting of the agent."""
+
+    max_json_bytes: int = 1024 * 1024
+    max_uris: int = 256
+    max_env_var_bytes: int = 1024 * 1024  # all "K=V\0" strings plus pointers; ARG_MAX is ~2 MiB
+
+
+@dataclass(frozen=True)
+class RuntimeEnv:
+    working_dir: str | None
+    py_modules: tuple[str, ...]
+    env_vars: Mapping[str, str]
+    setup_timeout_seconds: int | None
+    eager_install: bool | None
+    canonical: str
+    env_id: str
+    uri_keys: tuple[UriKey, ...] = field(default=())  # distinct, working_dir first
+
+
+def parse_uri(field_name: str, value: object) -> ParsedUri:
+    """Validate one package URI; ``field_name`` names it in errors ("py_modules[2]")."""
+    if not isinstance(value, str):
+        raise InvalidRuntimeEnv(f"{field_name} must be a URI string, got {_type_name(value)}")
+    if not value:
+        raise InvalidRuntimeEnv(f"{field_name} must not be empty")
+    if len(value) > _MAX_URI_CHARS:
+        raise InvalidRuntimeEnv(
+            f"{field_name} is {len(value)} characters long; the limit is {_MAX_URI_CHARS}"
+        )
+    if any(ch.isspace() or ord(ch) < 0x20 or ch == "\x7f" for ch in value):
+        raise InvalidRuntimeEnv(f"{field_name} {value!r} contains whitespace or control characters")
+    try:
+        parts = urlsplit(value)
+    except ValueError as exc:
+        raise InvalidRuntimeEnv(f"{field_name} {value!r} is not a valid URI: {exc}") from exc
+    scheme = parts.scheme.lower()
+    if not scheme:
+        raise InvalidRuntimeEnv(
+            f"{field_name} {value!r} is not a URI: relative and bare paths are not supported; "
+            "give file:///absolute/path.zip or http(s)://host/path.zip"
+        )
+    if scheme not in ("file", "http", "https"):
+        raise InvalidRuntimeEnv(
+            f"{field_name} {value!r}: scheme {scheme!r} is not supported; "
+            "supported schemes are file, http and https"
+        )
+    sha256 = None
+    if parts.fragment:
+        match = _SHA256_FRAGMENT.fullmatch(parts.fragment)
+        if match is None:
+            raise InvalidRuntimeEnv(
+                f"{field_name} {value!r}: the only fragment understood is #sha256=<64 hex digits>"
+            )
+        sha256 = match.group(1).lower()
+    url = parts._replace(fragment="").geturl()
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise InvalidRuntimeEnv(
+                f"{field_name} {value!r}: a file URI names an absolute path on this node "
+                f"(file:///path), not host {parts.netloc!r}"
+            )
+        if parts.query:
+            raise InvalidRuntimeEnv(f"{field_name} {value!r}: a file URI takes no query")
+        path = unquote(parts.path)
+        if not path.startswith("/") or path == "/":
+            raise InvalidRuntimeEnv(f"{field_name} {value!r}: the file path must be absolute")
+        if "\x00" in path:
+            raise InvalidRuntimeEnv(f"{field_name} {value!r}: the path contains a NUL byte")
+        return ParsedUri("file", url, path, sha256)
+    if not parts.hostname:
+        raise InvalidRuntimeEnv(f"{field_name} {value!r}: an http(s) URI needs a host")
+    try:
+        parts.port  # noqa: B018 - validates the port
+    except ValueError as exc:
+        raise InvalidRuntimeEnv(f"{field_name} {value!r}: bad port: {exc}") from exc
+    return ParsedUri(scheme, url, parts.path, sha256)
+
+
+def env_var_bytes(env_vars: Mapping[str, str]) -> int:
+    """Bytes these variables take in a process's environment block, as execve counts them."""
+    return sum(len(k.encode()) + len(v.encode()) + 2 + _POINTER_BYTES for k, v in env_vars.items())
+
+
+def check_env_var_size(env_vars: Mapping[str, str], limits: EnvLimits) -> None:
+    """Refuse variables a worker process could not be started with (execve's E2BIG)."""
+    for key, value in env_vars.items():
+        size = len(key.encode()) + len(value.encode()) + 2
+        if size > MAX_ARG_STRLEN:
+            raise InvalidRuntimeEnv(
+                f"env_vars[{key!r}] is {size} bytes as 'KEY=value'; one variable may not exceed "
+                f"{MAX_ARG_STRLEN} bytes (the kernel's MAX_ARG_STRLEN)"
+            )
+    total = env_var_bytes(env_vars)
+    if total > limits.max_env_var_bytes:
+        raise InvalidRuntimeEnv(
+            f"env_vars take {total} bytes in a process environment; the limit is "
+            f"{limits.max_env_var_bytes} bytes (max_env_var_bytes, kept well under ARG_MAX)"
+        )
+
+
+def parse_runtime_env(text: str, limits: EnvLimits) -> RuntimeEnv:
+    """Parse and validate a serialized runtime env; raise ``InvalidRuntimeEnv`` naming the field."""
+    size = len(text.encode())
+    if size > limits.max_json_bytes:
+        raise InvalidRuntimeEnv(
+            f"serialized_runtime_env is {size} bytes; the limit is {limits.max_json_bytes}"
+        )
+    obj = _load_json_object(text)
+    unknown = sorted(set(obj) - set(_SUPPORTED_FIELDS))
+    if unknown:
+        later = [name for name in unknown if name in _NOT_YET]
+        hint = f" ({', '.join(later)} not supported yet)" if later else ""
+        raise InvalidRuntimeEnv(
+            f"unknown runtime_env field(s) {', '.join(map(repr, unknown))}{hint}; "
+            f"supported: {', '.join(_SUPPORTED_FIELDS)}"
+        )
+    working_dir = None
+    if obj.get("working_dir") is not None:
+        working_dir = obj["working_dir"]
+        parse_uri("working_dir", working_dir)
+    py_modules = _parse_py_modules(obj.get("py_modules"))
+    env_vars = _parse_env_vars(obj.get("env_vars"))
+    check_env_var_size(env_vars, limits)
+    timeout, eager = _parse_config(obj.get("config"))
+
+    keys: list[UriKey] = []
+    if working_dir is not None:
+        keys.append(UriKey(UriKind.WORKING_DIR, working_dir))
+    keys.extend(UriKey(UriKind.PY_MODULES, uri) for uri in py_modules)
+    if len(keys) > limits.max_uris:
+        raise InvalidRuntimeEnv(
+            f"the env names {len(keys)} distinct URIs; the limit is {limits.max_uris}"
+        )
+
+    identity: dict[str, Any] = {}
+    if working_dir is not None:
+        identity["working_dir"] = working_dir
+    if py_modules:
+        identity["py_modules"] = list(py_modules)
+    if env_vars:
+        identity["env_vars"] = dict(env_vars)
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return RuntimeEnv(
+        working_dir=working_dir,
+        py_modules=py_modules,
+        env_vars=env_vars,
+        setup_timeout_seconds=timeout,
+        eager_install=eager,
+        canonical=canonical,
+        env_id=env_id_of(canonical),
+        uri_keys=tuple(keys),
+    )
+
+
+def env_id_of(canonical: str) -> str:
+    """The env id: 32 hex digits of the SHA-256 of the canonical JSON."""
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+def _load_json_object(text: str) -> dict[str, Any]:
+    def no_duplicates(pairs: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise InvalidRuntimeEnv(f"key {key!r} appears twice in the runtime env JSON")
+            out[key] = value
+        return out
+
+    if not text.strip():
+        raise InvalidRuntimeEnv("serialized_runtime_env is empty; send a JSON object ({} for none)")
+    try:
+        obj = json.loads(text, object_pairs_hook=no_duplicates)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidRuntimeEnv(f"serialized_runtime_env is not valid JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise InvalidRuntimeEnv(
+            f"serialized_runtime_env must be a JSON object, got {_type_name(obj)}"
+        )
+    return obj
+
+
+def _parse_py_modules(value: object) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise InvalidRuntimeEnv(f"py_modules must be a list of URIs, got {_type_name(value)}")
+    seen: dict[str, None] = {}
+    for index, uri in enumerate(value):
+        parse_uri(f"py_modules[{index}]", uri)
+        seen.setdefault(uri, None)
+    return tuple(seen)
+
+
+def _parse_env_vars(value: object) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidRuntimeEnv(
+            f"env_vars must be an object of string to string, got {_type_name(value)}"
+        )
+    for key, val in value.items():
+        if not key or "=" in key or "\x00" in key:
+            raise InvalidRuntimeEnv(
+                f"env_vars: {key!r} is not a valid variable name (empty, or contains '=' or NUL)"
+            )
+        if not isinstance(val, str):
+            raise InvalidRuntimeEnv(f"env_vars[{key!r}] must be a string, got {_type_name(val)}")
+        if "\x00" in val:
+            raise InvalidRuntimeEnv(f"env_vars[{key!r}] contains a NUL byte")
+    return dict(sorted(value.items()))
+
+
+def _parse_config(value: object) -> tuple[int | None, bool | None]:
+    if value is None:
+        return None, None
+    if not isinstance(value, dict):
+        raise InvalidRuntimeEnv(f"config must be an object, got {_type_name(value)}")
+    unknown = sorted(set(value) - {"setup_timeout_seconds", "eager_install"})
+    if unknown:
+        raise InvalidRuntimeEnv(
+            f"unknown config field(s) {', '.join(map(repr, unknown))}; "
+            "supported: setup_timeout_seconds, eager_install"
+        )
+    timeout = value.get("setup_timeout_seconds")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int) or timeout == 0 or timeout < -1
+    ):
+        raise InvalidRuntimeEnv(
+            f"config.setup_timeout_seconds must be a positive integer (or -1 for the agent's "
+            f"maximum), got {timeout!r}"
+        )
+    eager = value.get("eager_install")
+    if eager is not None and not isinstance(eager, bool):
+        raise InvalidRuntimeEnv(f"config.eager_install must be a boolean, got {_type_name(eager)}")
+    return timeout, eager
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
+        type(value), type(value).__name__
+    )

@@ -1,0 +1,287 @@
+"""One running agent: the store, the service and the gRPC server around them, with its lifecycle.
+
+``Agent`` is used in-process by the integration tests and by ``serve`` (the CLI's process entry),
+which adds signals and the parent-death watch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import ipaddress
+import logging
+import os
+import signal
+import time
+from enum import Enum
+from pathlib import Path
+from types import TracebackType
+
+import aiohttp
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from agent.config import Settings
+from agent.errors import AgentError
+from agent.fetch import Fetcher, Sleep
+from agent.refs import RefTables
+from agent.service import AgentService
+from agent.servicer import RuntimeEnvAgentServicer
+from agent.store import UriStore
+from rtenv.v1 import agent_pb2, agent_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME: str = agent_pb2.DESCRIPTOR.services_by_name["RuntimeEnvAgent"].full_name
+MAX_UNIX_PATH_BYTES = 107  # sun_path is 108 bytes with the terminating NUL
+
+
+class AgentState(Enum):
+    NEW = "new"
+    STARTING = "starting"
+    SERVING = "serving"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+class StartupError(AgentError):
+    """The agent cannot start as configured (address, root, lock)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Agent:
+    def __init__(self, settings: Settings, *, sleep: Sleep = asyncio.sleep) -> None:
+        self.settings = settings
+        self.state = AgentState.NEW
+        self.address = ""  # the bound address, with a real port for "HOST:0"
+        self.service: AgentService | None = None
+        self._sleep = sleep
+        self._server: grpc.aio.Server | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._health: health_aio.HealthServicer | None = None
+        self._lock_fd: int | None = None
+
+    async def start(self) -> None:
+        if self.state is not AgentState.NEW:
+            raise RuntimeError(f"Agent.start() in state {self.state.value}; an agent starts once")
+        self.state = AgentState.STARTING
+        settings = self.settings
+        try:
+            address = check_address(settings.resolved_address(), settings.allow_remote)
+            root = settings.root.resolve()
+            root.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = _lock_root(root)
+            self._session = aiohttp.ClientSession(trust_env=False)
+            tables = RefTables()
+            store = UriStore(
+                root,
+                Fetcher(self._session, settings.fetch, sleep=self._sleep),
+                refcount=tables.uri_count,
+                budget_bytes=settings.cache_budget_bytes,
+                archive_limits=settings.archive,
+            )
+            started = time.monotonic()
+            await store.clear_leftovers()
+            self.service = AgentService(settings, store, tables)
+            self._server = grpc.aio.server(
+                options=[
+                    ("grpc.max_receive_message_length", settings.max_message_bytes),
+                    ("grpc.so_reuseport", 0),
+                ]
+            )
+            agent_pb2_grpc.add_RuntimeEnvAgentServicer_to_server(  # type: ignore[no-untyped-call]
+                RuntimeEnvAgentServicer(self.service), self._server
+            )
+            self._health = health_aio.HealthServicer()
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+            reflection.enable_server_reflection(
+                [SERVICE_NAME, "grpc.health.v1.Health", reflection.SERVICE_NAME], self._server
+            )
+            self.address = await self._bind(address)
+            await self._server.start()
+            for name in ("", SERVICE_NAME):
+                await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        except BaseException:
+            await self._close()
+            self.state = AgentState.STOPPED
+            raise
+        self.state = AgentState.SERVING
+        log.info(
+            "serving on %s (root %s, budget %d bytes, started in %.2fs)",
+            self.address,
+            root,
+            settings.cache_budget_bytes,
+            time.monotonic() - started,
+        )
+
+    async def _bind(self, address: str) -> str:
+        assert self._server is not None
+        if address.startswith("unix:"):
+            path = _prepare_socket_path(address)
+            old_umask = os.umask(0o177)
+            try:
+                self._server.add_insecure_port(address)
+            finally:
+                os.umask(old_umask)
+            os.chmod(path, 0o600)
+            return address
+        try:
+            port = self._server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise StartupError(f"cannot listen on {address}: {exc}") from exc
+        host = address.rsplit(":", 1)[0]
+        return f"{host}:{port}"
+
+    async def stop(self, grace: float = 2.0) -> None:
+        if self.state in (AgentState.STOPPING, AgentState.STOPPED):
+            return
+        self.state = AgentState.STOPPING
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        if self._server is not None:
+            await self._server.stop(grace)
+        await self._close()
+        self.state = AgentState.STOPPED
+        log.info("stopped")
+
+    async def _close(self) -> None:
+        if self.service is not None:
+            await self.service.store.close()
+        if self._session is not None:
+            await self._session.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    async def wait_for_termination(self) -> None:
+        assert self._server is not None
+        await self._server.wait_for_termination()
+
+    async def __aenter__(self) -> Agent:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+
+def check_address(address: str, allow_remote: bool) -> str:
+    """Validate a listen address before binding; raise a clear error naming what is wrong."""
+    if address.startswith("unix:"):
+        path = address.removeprefix("unix:")
+        if path.startswith("//"):
+            path = path[2:]
+        if not path:
+            raise StartupError("the unix socket address names no path")
+        size = len(os.fsencode(os.path.abspath(path)))
+        if size > MAX_UNIX_PATH_BYTES:
+            raise StartupError(
+                f"unix socket path {path!r} is {size} bytes; the kernel allows "
+                f"{MAX_UNIX_PATH_BYTES} (AF_UNIX sun_path); choose a shorter --root or --address"
+            )
+        return f"unix:{os.path.abspath(path)}"
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise StartupError(f"address {address!r} is neither unix:PATH nor HOST:PORT")
+    bare = host.strip("[]")
+    if not allow_remote and not _is_loopback(bare):
+        raise StartupError(
+            f"address {address!r} is not a loopback address; pass --allow-remote to listen "
+            "beyond this node"
+        )
+    return address
+
+
+def _prepare_socket_path(address: str) -> Path:
+    path = Path(address.removeprefix("unix:"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_socket():
+        path.unlink()  # a stale socket: the root lock proves no agent owns it
+    return path
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _lock_root(root: Path) -> int:
+    """Hold an exclusive lock on the root for the agent's lifetime: one agent per root."""
+    fd = os.open(root / "agent.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise StartupError(
+            f"another agent (pid {holder}) is serving root {root}; one agent per root"
+        ) from exc
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+async def serve(settings: Settings) -> int:
+    """Run the agent until SIGTERM/SIGINT or the parent's death; return the exit code."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    agent = Agent(settings)
+    await agent.start()
+    print(f"rtenv-agent serving on {agent.address}", flush=True)
+    watcher = None
+    if settings.parent_pid is not None:
+        watcher = asyncio.create_task(_watch_parent(settings.parent_pid, stop))
+    await stop.wait()
+    log.info("shutting down")
+    if watcher is not None:
+        watcher.cancel()
+    await agent.stop()
+    return 0
+
+
+async def _watch_parent(pid: int, stop: asyncio.Event) -> None:
+    """Set ``stop`` when process ``pid`` exits (fate sharing)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        log.error("parent %d is already gone; shutting down", pid)
+        stop.set()
+        return
+    except OSError:  # no pidfd (old kernel): poll
+        while _alive(pid):  # noqa: ASYNC110 - nothing to wait on without a pidfd
+            await asyncio.sleep(0.5)
+    else:
+        gone = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_reader(fd, gone.set)
+        try:
+            await gone.wait()
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+    log.warning("parent %d exited; shutting down", pid)
+    stop.set()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

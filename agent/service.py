@@ -1,0 +1,183 @@
+"""The agent's operations, free of gRPC: create, delete, and what info reports.
+
+This is where the reference tables and the store meet. Each operation does its bookkeeping in
+one synchronous step on the event loop (no await between reading and changing the maps), then
+awaits installs. The gRPC servicer (``servicer.py``) only converts messages and errors.
+
+Create: parse (pure) -> build the context and check it could start a process (pure, before
+anything is counted) -> take the references (tables, store) -> await the installs under the setup
+timeout -> commit. Any failure, timeout or cancellation gives back exactly what was taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+from agent.config import Settings
+from agent.context import WorkerContext, build_context
+from agent.errors import AgentError, InvalidRuntimeEnv, SetupTimeout
+from agent.idempotency import RequestLog
+from agent.refs import RefTables
+from agent.runtime_env import RuntimeEnv, parse_runtime_env
+from agent.store import UriStore
+
+log = logging.getLogger(__name__)
+
+_MAX_FAILURES_KEPT = 100
+
+
+class EnvState(Enum):
+    CREATING = "creating"  # references taken, installs in flight
+    READY = "ready"  # every URI installed; creates of it answer at once
+    FAILED = "failed"  # only in the record of recent failures; holds no references
+
+
+@dataclass
+class EnvRecord:
+    env: RuntimeEnv
+    context: WorkerContext
+    state: EnvState
+    created_ms: int
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Created:
+    env_id: str
+    context: WorkerContext
+    uris: tuple[str, ...]  # "kind:uri"
+
+
+class AgentService:
+    """Invariant: ``_records`` has exactly the envs the reference tables hold (count >= 1)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: UriStore,
+        tables: RefTables,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.tables = tables
+        self._clock = clock
+        self.records: dict[str, EnvRecord] = {}
+        self.failures: deque[EnvRecord] = deque(maxlen=_MAX_FAILURES_KEPT)
+        self._requests = RequestLog(settings.request_log_capacity)
+
+    # -- create ----------------------------------------------------------------------------
+    async def create(self, serialized: str, timeout_s: int, request_id: str) -> Created:
+        env = parse_runtime_env(serialized, self.settings.env)
+        timeout = self._setup_timeout(env, timeout_s)
+        return await self._requests.run(
+            "create", request_id, f"{env.env_id}/{timeout}", lambda: self._create(env, timeout)
+        )
+
+    async def _create(self, env: RuntimeEnv, setup_timeout_s: float) -> Created:
+        env_id = env.env_id
+        record = self.records.get(env_id)
+        if record is None:
+            context = build_context(
+                env,
+                self.store.path_for,
+                py_executable=self.settings.py_executable,
+                limits=self.settings.env,
+            )
+            record = EnvRecord(env, context, EnvState.CREATING, self._now_ms())
+        # Bookkeeping, atomically: no await from here to the first install.
+        acquired = self.tables.begin_create(env_id, env.uri_keys)
+        self.store.acquire(acquired)
+        self.records[env_id] = record
+        if record.state is EnvState.READY:
+            self.store.touch(env.uri_keys)
+            self.tables.commit_create(env_id)
+            return self._created(record)
+        try:
+            async with asyncio.timeout(setup_timeout_s):
+                await asyncio.gather(*(self.store.ensure(key) for key in env.uri_keys))
+        except BaseException as exc:
+            self._abort(env, exc)
+            if isinstance(exc, TimeoutError):
+                raise SetupTimeout(
+                    f"runtime env {env_id} was not set up within {setup_timeout_s:g}s "
+                    "(setup_timeout_seconds); the downloads go on and stay cached"
+                ) from exc
+            raise
+        record.state = EnvState.READY
+        self.tables.commit_create(env_id)
+        return self._created(record)
+
+    def _abort(self, env: RuntimeEnv, exc: BaseException) -> None:
+        released = self.tables.abort_create(env.env_id)
+        record = self.records[env.env_id]
+        if self.tables.env(env.env_id) is None:
+            del self.records[env.env_id]
+        if isinstance(exc, AgentError | TimeoutError):
+            error = exc.message if isinstance(exc, AgentError) else "setup timed out"
+            self.failures.append(
+                EnvRecord(record.env, record.context, EnvState.FAILED, self._now_ms(), error)
+            )
+        self.store.release(released)
+
+    def _created(self, record: EnvRecord) -> Created:
+        return Created(
+            env_id=record.env.env_id,
+            context=record.context,
+            uris=tuple(str(key) for key in record.env.uri_keys),
+        )
+
+    def _setup_timeout(self, env: RuntimeEnv, requested: int) -> float:
+        if requested < -1:
+            raise InvalidRuntimeEnv(
+                f"config.setup_timeout_seconds must be positive or -1, got {requested}"
+            )
+        chosen: float | None = requested or env.setup_timeout_seconds
+        limit = self.settings.max_setup_timeout_s
+        if not chosen:
+            return self.settings.default_setup_timeout_s
+        if chosen == -1:
+            return limit
+        return min(float(chosen), limit)
+
+    # -- delete ----------------------------------------------------------------------------
+    async def delete(self, env_id: str, serialized: str, request_id: str) -> int:
+        """Drop one reference of the env named by id or by its JSON; return what is left."""
+        if serialized:
+            env_id = parse_runtime_env(serialized, self.settings.env).env_id
+        if not env_id:
+            raise InvalidRuntimeEnv("name the env: set runtime_env_id or serialized_runtime_env")
+
+        async def op() -> int:
+            return self._delete(env_id)
+
+        return await self._requests.run("delete", request_id, env_id, op)
+
+    def _delete(self, env_id: str) -> int:
+        remaining, released = self.tables.delete(env_id)
+        if remaining == 0:
+            del self.records[env_id]
+        self.store.release(released)
+        return remaining
+
+    # -- checks ----------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        self.tables.check_invariants()
+        self.store.check_invariants()
+        live = {env_id for env_id, _ in self.tables.envs()}
+        assert live == set(self.records), f"records {set(self.records)} != tables {live}"
+        for env_id, refs in self.tables.envs():
+            for key in refs.keys:
+                entry = self.store.entry(key)
+                if self.records[env_id].state is EnvState.READY:
+                    assert entry is not None, f"ready env {env_id} lost {key}"
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)

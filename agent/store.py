@@ -1,0 +1,301 @@
+"""The URI store: packages on disk, one install per URI at a time, LRU eviction under a budget.
+
+Layout under the root::
+
+    uris/<kind>-<hash>/   a complete package: it exists whole or not at all
+    tmp/<random>/         staging: the download and the extraction, then one rename into uris/
+    trash/<random>/       evicted packages, deleted in a thread
+
+Lifecycle of one (kind, URI) key::
+
+    absent --ensure--> INSTALLING --ok--> READY --(count 0)--> unused --evict--> absent
+                           |                                    (READY, in the LRU)
+                           +--error--> absent (every waiter gets the error; the next ensure retries)
+
+The store does not count references: it asks ``refcount`` (the reference tables) and is told by
+the service when a key is acquired (count 0 -> 1) or released (count 1 -> 0). Every change of
+state happens on the event loop between awaits; eviction is a rename on the loop (one metadata
+call), so a key is either in ``_entries`` with its directory or gone, and a new install of an
+evicted key can start at once. Blocking work (copy, hash, unzip, rmtree) runs in threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import logging
+import os
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from agent.archive import ArchiveLimits, extract_zip, remove_tree
+from agent.errors import DiskExhausted
+from agent.fetch import Fetcher
+from agent.runtime_env import UriKey, UriKind, parse_uri
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+class UriState(Enum):
+    INSTALLING = "installing"
+    READY = "ready"
+
+
+@dataclass
+class UriEntry:
+    key: UriKey
+    path: Path
+    state: UriState = UriState.INSTALLING
+    size: int = 0  # bytes unpacked, measured once at install
+    last_used_ms: int = 0
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+@dataclass
+class StoreStats:
+    used_bytes: int
+    unused_bytes: int
+    budget_bytes: int
+    downloads: int
+    evictions: int
+    hits: int
+
+
+class UriStore:
+    """Invariants (``check_invariants``):
+      S1. a key is in ``_unused`` iff its entry is READY and ``refcount(key) == 0``.
+      S2. ``_unused_bytes`` is the sum of the sizes of the keys in ``_unused``.
+      S3. after ``release`` and after an install completes, ``_unused_bytes <= budget``.
+      S4. a READY entry's directory exists; an INSTALLING entry has a running task.
+    A key with references, or INSTALLING, is never evicted: only ``_unused`` keys are.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        fetcher: Fetcher,
+        *,
+        refcount: Callable[[UriKey], int],
+        budget_bytes: int,
+        archive_limits: ArchiveLimits,
+        clock: Clock = time.time,
+    ) -> None:
+        self.root = root
+        self._fetcher = fetcher
+        self._refcount = refcount
+        self.budget_bytes = budget_bytes
+        self._archive_limits = archive_limits
+        self._clock = clock
+        self._entries: dict[UriKey, UriEntry] = {}
+        self._unused: OrderedDict[UriKey, None] = OrderedDict()  # least recently used first
+        self._unused_bytes = 0
+        self._background: set[asyncio.Task[None]] = set()
+        self.downloads = 0
+        self.evictions = 0
+        self.hits = 0
+        for sub in ("uris", "tmp", "trash"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+
+    async def clear_leftovers(self) -> None:
+        """At start nothing under tmp/, trash/ or uris/ is known to this process, so none of it
+        is trusted: each is renamed aside at once (root/.old-*) and deleted in a thread, with
+        whatever an earlier start left aside. The durable cache index (a later issue) will keep
+        what it can vouch for."""
+        for sub in ("tmp", "uris", "trash"):
+            directory = self.root / sub
+            if any(directory.iterdir()):
+                os.rename(directory, self.root / f".old-{sub}-{uuid.uuid4().hex}")
+                directory.mkdir()
+        self._delete_in_background(sorted(self.root.glob(".old-*")))
+
+    # -- paths -----------------------------------------------------------------------------
+    def path_for(self, key: UriKey) -> Path:
+        """Where a key's package lives once installed: a pure function of the key."""
+        digest = hashlib.sha256(key.uri.encode()).hexdigest()[:32]
+        return self.root / "uris" / f"{key.kind.value}-{digest}"
+
+    # -- installs --------------------------------------------------------------------------
+    async def ensure(self, key: UriKey) -> Path:
+        """Return the key's directory, installing it first if needed (single-flight).
+
+        Cancelling the caller does not cancel the install: others may be waiting on it, and a
+        finished install stays cached.
+        """
+        entry = self._entries.get(key)
+        if entry is not None and entry.state is UriState.READY:
+            return entry.path
+        if entry is None:
+            entry = UriEntry(key=key, path=self.path_for(key))
+            entry.task = asyncio.create_task(self._install(entry), name=f"install {key}")
+            entry.task.add_done_callback(_retrieve_exception)
+            self._entries[key] = entry
+        assert entry.task is not None
+        await asyncio.shield(entry.task)
+        return entry.path
+
+    def touch(self, keys: Iterable[UriKey]) -> None:
+        """A create found these keys ready: count the hits and refresh their last use."""
+        now = self._now_ms()
+        for key in keys:
+            entry = self._entries.get(key)
+            if entry is not None and entry.state is UriState.READY:
+                self.hits += 1
+                entry.last_used_ms = now
+
+    async def _install(self, entry: UriEntry) -> None:
+        key = entry.key
+        label = str(key)
+        staging = self.root / "tmp" / uuid.uuid4().hex
+        started = time.monotonic()
+        try:
+            staging.mkdir()
+            archive = staging / "package.zip"
+            fetched = await self._fetcher.fetch(
+                parse_uri(key.kind.value, key.uri), archive, label=label
+            )
+            self.downloads += 1
+            unpacked = staging / "unpacked"
+            size = await asyncio.to_thread(
+                extract_zip,
+                archive,
+                unpacked,
+                strip_top_level=key.kind is UriKind.WORKING_DIR,
+                limits=self._archive_limits,
+                label=label,
+            )
+            if entry.path.exists():  # a leftover no record claims (a crash between steps)
+                self._delete_in_background([self._to_trash(entry.path)])
+            os.rename(unpacked, entry.path)
+        except BaseException as exc:
+            if self._entries.get(key) is entry:
+                del self._entries[key]
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                raise DiskExhausted(f"{label}: no space left on the agent's disk") from exc
+            raise
+        finally:
+            await asyncio.to_thread(remove_tree, staging)
+        entry.state = UriState.READY
+        entry.size = size
+        entry.last_used_ms = self._now_ms()
+        entry.task = None
+        log.info(
+            "installed %s: %d bytes fetched, %d bytes unpacked, %.2fs",
+            label,
+            fetched,
+            size,
+            time.monotonic() - started,
+        )
+        if self._refcount(key) == 0:  # every create that wanted it went away meanwhile
+            self.release([key])
+
+    # -- references ------------------------------------------------------------------------
+    def acquire(self, keys: Iterable[UriKey]) -> None:
+        """These keys' counts went from 0 to 1: they are in use, so no longer evictable."""
+        for key in keys:
+            if key in self._unused:
+                del self._unused[key]
+                self._unused_bytes -= self._entries[key].size
+
+    def release(self, keys: Iterable[UriKey]) -> None:
+        """These keys' counts reached 0: ready ones become unused; then enforce the budget."""
+        now = self._now_ms()
+        for key in keys:
+            entry = self._entries.get(key)
+            if entry is None or entry.state is not UriState.READY or key in self._unused:
+                continue  # an install in flight joins the LRU when it completes
+            entry.last_used_ms = now
+            self._unused[key] = None
+            self._unused_bytes += entry.size
+        self.enforce_budget()
+
+    def enforce_budget(self) -> None:
+        """Evict unused keys, least recently used first, until their bytes fit the budget."""
+        trashed = []
+        while self._unused_bytes > self.budget_bytes and self._unused:
+            key, _ = self._unused.popitem(last=False)
+            entry = self._entries.pop(key)
+            self._unused_bytes -= entry.size
+            trashed.append(self._to_trash(entry.path))
+            self.evictions += 1
+            log.info("evicted %s (%d bytes, unused)", key, entry.size)
+        if trashed:
+            self._delete_in_background(trashed)
+
+    def _to_trash(self, path: Path) -> Path:
+        """Move a package out of uris/ in one rename; its deletion comes later, in a thread."""
+        trashed = self.root / "trash" / uuid.uuid4().hex
+        os.rename(path, trashed)
+        return trashed
+
+    def _delete_in_background(self, paths: list[Path]) -> None:
+        task = asyncio.create_task(asyncio.to_thread(_remove_all, paths), name="empty trash")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(_retrieve_exception)
+
+    async def drain(self) -> None:
+        """Wait for background deletions to finish (tests, shutdown)."""
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Stop: cancel installs in flight, finish deletions."""
+        tasks = [e.task for e in self._entries.values() if e.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.drain()
+
+    # -- views -----------------------------------------------------------------------------
+    def entries(self) -> Iterator[UriEntry]:
+        return iter(self._entries.values())
+
+    def entry(self, key: UriKey) -> UriEntry | None:
+        return self._entries.get(key)
+
+    def is_unused(self, key: UriKey) -> bool:
+        return key in self._unused
+
+    def stats(self) -> StoreStats:
+        ready = sum(e.size for e in self._entries.values() if e.state is UriState.READY)
+        return StoreStats(
+            used_bytes=ready - self._unused_bytes,
+            unused_bytes=self._unused_bytes,
+            budget_bytes=self.budget_bytes,
+            downloads=self.downloads,
+            evictions=self.evictions,
+            hits=self.hits,
+        )
+
+    def check_invariants(self) -> None:
+        for key, entry in self._entries.items():
+            should_be_unused = entry.state is UriState.READY and self._refcount(key) == 0
+            assert (key in self._unused) == should_be_unused, f"S1: {key} {entry.state}"
+            if entry.state is UriState.READY:
+                assert entry.path.is_dir(), f"S4: {entry.path} missing"
+            else:
+                assert entry.task is not None, f"S4: {key} installing without a task"
+        assert set(self._unused) <= set(self._entries), "S1: unused key without an entry"
+        total = sum(self._entries[k].size for k in self._unused)
+        assert total == self._unused_bytes, f"S2: {total} != {self._unused_bytes}"
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+
+def _remove_all(paths: list[Path]) -> None:
+    for path in paths:
+        remove_tree(path)
+
+
+def _retrieve_exception(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.debug("%s ended with %s: %s", task.get_name(), type(exc).__name__, exc)
