@@ -1,0 +1,250 @@
+"""Test parts shared by the tiers: zip builders, a real package server, a real agent and client."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import shutil
+import stat
+import tempfile
+import time
+import zipfile
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+from aiohttp import web
+
+from agent.config import Settings
+from agent.fetch import FetchLimits
+from agent.server import Agent
+from rtenv.v1 import agent_pb2, agent_pb2_grpc
+
+# -- zips ------------------------------------------------------------------------------------
+
+
+def make_zip(
+    files: Mapping[str, bytes | str],
+    *,
+    symlinks: Mapping[str, str] | None = None,
+    compression: int = zipfile.ZIP_DEFLATED,
+) -> bytes:
+    """A zip in memory: ``files`` maps entry names to contents, ``symlinks`` names to targets."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression) as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+        for name, target in (symlinks or {}).items():
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (stat.S_IFLNK | 0o777) << 16
+            zf.writestr(info, target)
+    return buf.getvalue()
+
+
+def module_zip(module: str, value: str, *, top: str | None = None) -> bytes:
+    """A py_modules-style zip holding ``<module>/__init__.py`` that defines VALUE."""
+    prefix = f"{top}/" if top else ""
+    return make_zip({f"{prefix}{module}/__init__.py": f"VALUE = {value!r}\n"})
+
+
+def workdir_zip(files: Mapping[str, str], *, top: str | None = "proj") -> bytes:
+    prefix = f"{top}/" if top else ""
+    return make_zip({f"{prefix}{name}": data for name, data in files.items()})
+
+
+def env_json(
+    working_dir: str | None = None,
+    py_modules: list[str] | None = None,
+    env_vars: dict[str, str] | None = None,
+    **extra: Any,
+) -> str:
+    env: dict[str, Any] = dict(extra)
+    if working_dir is not None:
+        env["working_dir"] = working_dir
+    if py_modules is not None:
+        env["py_modules"] = py_modules
+    if env_vars is not None:
+        env["env_vars"] = env_vars
+    return json.dumps(env)
+
+
+# -- the package server ----------------------------------------------------------------------
+
+
+@dataclass
+class _Package:
+    body: bytes
+    statuses: list[int] = field(default_factory=list)  # answered first, one per request
+    gate: asyncio.Event | None = None  # when set: hold the body until the event is set
+    chunk_delay_s: float = 0.0
+
+
+class PackageServer:
+    """A real aiohttp server on 127.0.0.1 that serves packages and counts every GET."""
+
+    def __init__(self) -> None:
+        self._packages: dict[str, _Package] = {}
+        self.gets: Counter[str] = Counter()
+        self._requested: dict[str, asyncio.Event] = {}
+        self._runner: web.AppRunner | None = None
+        self.base_url = ""
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/{name:.+}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        server = site._server
+        assert server is not None
+        port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        self.base_url = f"http://127.0.0.1:{port}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def add(self, name: str, body: bytes, *, statuses: list[int] | None = None) -> str:
+        """Serve ``body`` at /name; return its URL."""
+        self._packages[name] = _Package(body, list(statuses or []))
+        return f"{self.base_url}/{name}"
+
+    def hold(self, name: str) -> asyncio.Event:
+        """Hold /name's responses until the returned event is set."""
+        gate = asyncio.Event()
+        self._packages[name].gate = gate
+        return gate
+
+    def slow(self, name: str, chunk_delay_s: float) -> None:
+        self._packages[name].chunk_delay_s = chunk_delay_s
+
+    def requested(self, name: str) -> asyncio.Event:
+        """An event set once /name has been requested."""
+        return self._requested.setdefault(name, asyncio.Event())
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        self.gets[name] += 1
+        self.requested(name).set()
+        package = self._packages.get(name)
+        if package is None:
+            return web.Response(status=404, text="no such package")
+        if package.statuses:
+            return web.Response(status=package.statuses.pop(0), text="injected failure")
+        if package.gate is not None:
+            await package.gate.wait()
+        if not package.chunk_delay_s:
+            return web.Response(body=package.body, content_type="application/zip")
+        response = web.StreamResponse(headers={"Content-Length": str(len(package.body))})
+        await response.prepare(request)
+        for start in range(0, len(package.body), 64 * 1024):
+            await response.write(package.body[start : start + 64 * 1024])
+            await asyncio.sleep(package.chunk_delay_s)
+        await response.write_eof()
+        return response
+
+
+@asynccontextmanager
+async def package_server() -> AsyncIterator[PackageServer]:
+    server = PackageServer()
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+# -- the agent -------------------------------------------------------------------------------
+
+FAST_FETCH = FetchLimits(attempts=3, backoff_initial_s=0.01, backoff_max_s=0.05)
+
+
+def short_tempdir() -> Path:
+    """A directory under /tmp whose path is short enough for a unix socket inside it."""
+    return Path(tempfile.mkdtemp(prefix="rtenv-", dir="/tmp"))
+
+
+@dataclass
+class RunningAgent:
+    agent: Agent
+    stub: agent_pb2_grpc.RuntimeEnvAgentStub
+    root: Path
+
+    @property
+    def service(self) -> Any:
+        assert self.agent.service is not None
+        return self.agent.service
+
+    async def create(
+        self, serialized: str, *, request_id: str = "", timeout_s: int = 0
+    ) -> agent_pb2.CreateRuntimeEnvReply:
+        request = agent_pb2.CreateRuntimeEnvRequest(
+            serialized_runtime_env=serialized,
+            request_id=request_id,
+            config=agent_pb2.RuntimeEnvConfig(setup_timeout_seconds=timeout_s),
+        )
+        reply: agent_pb2.CreateRuntimeEnvReply = await self.stub.CreateRuntimeEnv(
+            request, timeout=30
+        )
+        return reply
+
+    async def delete(self, env_id: str, *, request_id: str = "") -> int:
+        reply = await self.stub.DeleteRuntimeEnv(
+            agent_pb2.DeleteRuntimeEnvRequest(runtime_env_id=env_id, request_id=request_id),
+            timeout=30,
+        )
+        remaining: int = reply.remaining_references
+        return remaining
+
+    async def info(self) -> agent_pb2.GetRuntimeEnvsInfoReply:
+        reply: agent_pb2.GetRuntimeEnvsInfoReply = await self.stub.GetRuntimeEnvsInfo(
+            agent_pb2.GetRuntimeEnvsInfoRequest(), timeout=30
+        )
+        return reply
+
+    def uri_dirs(self) -> list[str]:
+        return sorted(p.name for p in (self.root / "uris").iterdir())
+
+    async def settle(self) -> None:
+        """Wait for background deletions; then the disk matches the maps."""
+        await self.service.store.drain()
+
+
+@asynccontextmanager
+async def running_agent(**overrides: Any) -> AsyncIterator[RunningAgent]:
+    """A real agent on a real unix socket, in this process, and a client stub for it."""
+    base = short_tempdir()
+    root = base / "root"
+    settings = replace(Settings(root=root), fetch=FAST_FETCH, **overrides)
+    agent = Agent(settings)
+    await agent.start()
+    channel = grpc.aio.insecure_channel(agent.address)
+    try:
+        stub = agent_pb2_grpc.RuntimeEnvAgentStub(channel)  # type: ignore[no-untyped-call]
+        yield RunningAgent(agent, stub, root)
+    finally:
+        await channel.close()
+        await agent.stop(grace=0.5)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+async def wait_until(
+    predicate: Callable[[], bool | Awaitable[bool]], *, timeout_s: float = 10.0, what: str = ""
+) -> None:
+    """Poll ``predicate`` until it holds; fail with ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = predicate()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}")
+        await asyncio.sleep(0.01)
