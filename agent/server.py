@@ -124,6 +124,8 @@ class Agent:
             old_umask = os.umask(0o177)
             try:
                 self._server.add_insecure_port(address)
+            except RuntimeError as exc:
+                raise StartupError(f"cannot listen on {address}: {exc}") from exc
             finally:
                 os.umask(old_umask)
             os.chmod(path, 0o600)

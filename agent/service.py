@@ -78,7 +78,7 @@ class AgentService:
         env = parse_runtime_env(serialized, self.settings.env)
         timeout = self._setup_timeout(env, timeout_s)
         return await self._requests.run(
-            "create", request_id, f"{env.env_id}/{timeout}", lambda: self._create(env, timeout)
+            "create", request_id, env.env_id, lambda: self._create(env, timeout)
         )
 
     async def _create(self, env: RuntimeEnv, setup_timeout_s: float) -> Created:

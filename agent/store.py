@@ -131,6 +131,8 @@ class UriStore:
         """
         entry = self._entries.get(key)
         if entry is not None and entry.state is UriState.READY:
+            self.hits += 1
+            entry.last_used_ms = self._now_ms()
             return entry.path
         if entry is None:
             entry = UriEntry(key=key, path=self.path_for(key))
@@ -142,7 +144,9 @@ class UriStore:
         return entry.path
 
     def touch(self, keys: Iterable[UriKey]) -> None:
-        """A create found these keys ready: count the hits and refresh their last use."""
+        """A create of a ready env used these keys: count the hits, refresh their last use.
+
+        A hit is a key a create needed that was already installed (here or in ``ensure``)."""
         now = self._now_ms()
         for key in keys:
             entry = self._entries.get(key)
