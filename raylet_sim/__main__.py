@@ -1,0 +1,5 @@
+import sys
+
+from raylet_sim.cli import main
+
+sys.exit(main())

@@ -1,0 +1,89 @@
+"""The pool's client of the agent: the generated stubs, a request id per call, bounded retries.
+
+Retries reuse the call's ``request_id``, so the agent counts a retried create or delete once.
+Only failures that say nothing about the request itself are retried: UNAVAILABLE (the agent is
+restarting or the connection broke) and a client-side DEADLINE_EXCEEDED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+
+from rtenv.v1 import agent_pb2, agent_pb2_grpc
+
+T = TypeVar("T")
+
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 4
+    backoff_initial_s: float = 0.1
+    backoff_max_s: float = 2.0
+    call_timeout_s: float = 900.0  # a create may download gigabytes
+
+
+class AgentClient:
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        policy: RetryPolicy = RetryPolicy(),
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._stub = agent_pb2_grpc.RuntimeEnvAgentStub(channel)  # type: ignore[no-untyped-call]
+        self._policy = policy
+        self._sleep = sleep
+        self.calls = 0  # RPCs sent, retries included
+
+    async def create(
+        self, serialized_env: str, job_id: str = ""
+    ) -> agent_pb2.CreateRuntimeEnvReply:
+        request = agent_pb2.CreateRuntimeEnvRequest(
+            serialized_runtime_env=serialized_env, job_id=job_id, request_id=_new_id("create")
+        )
+        reply: agent_pb2.CreateRuntimeEnvReply = await self._retry(
+            lambda timeout: self._stub.CreateRuntimeEnv(request, timeout=timeout)
+        )
+        return reply
+
+    async def delete(self, runtime_env_id: str) -> int:
+        request = agent_pb2.DeleteRuntimeEnvRequest(
+            runtime_env_id=runtime_env_id, request_id=_new_id("delete")
+        )
+        reply: agent_pb2.DeleteRuntimeEnvReply = await self._retry(
+            lambda timeout: self._stub.DeleteRuntimeEnv(request, timeout=timeout)
+        )
+        return reply.remaining_references
+
+    async def info(self, limit: int = 0) -> agent_pb2.GetRuntimeEnvsInfoReply:
+        request = agent_pb2.GetRuntimeEnvsInfoRequest(limit=limit)
+        reply: agent_pb2.GetRuntimeEnvsInfoReply = await self._retry(
+            lambda timeout: self._stub.GetRuntimeEnvsInfo(request, timeout=min(timeout, 30.0))
+        )
+        return reply
+
+    async def _retry(self, call: Callable[[float], Awaitable[T]]) -> T:
+        policy = self._policy
+        delay = policy.backoff_initial_s
+        for attempt in range(1, policy.attempts + 1):
+            self.calls += 1
+            try:
+                return await call(policy.call_timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in RETRYABLE or attempt == policy.attempts:
+                    raise
+            await self._sleep(delay)
+            delay = min(delay * 2, policy.backoff_max_s)
+        raise AssertionError("unreachable: the loop returns or raises")
+
+
+def _new_id(kind: str) -> str:
+    return f"{kind}-{uuid.uuid4().hex}"

@@ -1,0 +1,116 @@
+"""A node: the agent sidecar, the client and the worker pool, sharing fate.
+
+If the agent exits while the node runs, the node kills its workers (SIGTERM, bounded wait,
+SIGKILL) and every task in flight or to come fails with ``AgentDied``; the caller exits non-zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+import grpc
+
+from raylet_sim.client import AgentClient
+from raylet_sim.pool import TaskSpec, WorkerPool
+from raylet_sim.sidecar import DEFAULT_AGENT_COMMAND, AgentSidecar
+
+log = logging.getLogger(__name__)
+
+
+class AgentDied(Exception):
+    def __init__(self, pid: int, code: int, workers_killed: int) -> None:
+        super().__init__(
+            f"the runtime-env agent (pid {pid}) exited with code {code} while the node was "
+            f"running; killed {workers_killed} worker(s) and stopped"
+        )
+        self.code = code
+
+
+class Node:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        agent_command: Sequence[str] = DEFAULT_AGENT_COMMAND,
+        agent_args: Sequence[str] = (),
+        idle_timeout_s: float = 5.0,
+        worker_stderr: IO[bytes] | int | None = None,
+    ) -> None:
+        self.sidecar = AgentSidecar(root, command=agent_command, extra_args=agent_args)
+        self._idle_timeout_s = idle_timeout_s
+        self._worker_stderr = worker_stderr
+        self._channel: grpc.aio.Channel | None = None
+        self.client: AgentClient | None = None
+        self.pool: WorkerPool | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.died: AgentDied | None = None
+        self._died = asyncio.Event()
+
+    async def start(self) -> None:
+        await self.sidecar.start()
+        self._channel = grpc.aio.insecure_channel(self.sidecar.address)
+        self.client = AgentClient(self._channel)
+        self.pool = WorkerPool(
+            self.client, idle_timeout_s=self._idle_timeout_s, worker_stderr=self._worker_stderr
+        )
+        self._watcher = asyncio.create_task(self._watch(), name="watch the agent")
+
+    async def _watch(self) -> None:
+        assert self.pool is not None
+        code = await self.sidecar.wait()
+        if self._stopping:
+            return
+        workers = len(self.pool.workers)
+        log.error("the agent exited with code %d; killing %d workers", code, workers)
+        await self.pool.kill_all()
+        self.died = AgentDied(self.sidecar.pid, code, workers)
+        self._died.set()
+
+    async def run(self, task: TaskSpec, *, task_id: str = "") -> Any:
+        """Run a task; if the agent dies first (or meanwhile), raise ``AgentDied``."""
+        assert self.pool is not None
+        if self.died is not None:
+            raise self.died
+        running = asyncio.ensure_future(self.pool.run(task, task_id=task_id))
+        died = asyncio.ensure_future(self._died.wait())
+        try:
+            await asyncio.wait({running, died}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            died.cancel()
+        if self.died is not None:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+            raise self.died
+        return running.result()
+
+    async def stop(self) -> None:
+        """Stop the workers, give every env back to the agent, then stop the agent."""
+        self._stopping = True
+        if self.pool is not None and self.died is None:
+            await self.pool.close()
+        elif self.pool is not None:
+            await self.pool.kill_all()
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+        if self._channel is not None:
+            await self._channel.close()
+        await self.sidecar.stop()
+
+    async def __aenter__(self) -> Node:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()

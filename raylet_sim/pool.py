@@ -1,0 +1,369 @@
+"""The worker pool: counts runtime-env ids, never URIs.
+
+Two maps, as a scheduler's pool keeps them:
+
+    worker id -> Worker (its env key, process, state)
+    env key   -> EnvSlot (count, runtime_env_id, context)
+
+The env key is the serialized runtime env exactly as the task gave it; the pool never parses it.
+The first start of a key calls CreateRuntimeEnv once (concurrent starts wait on that one call);
+every worker start counts one on its key; every worker exit (reaped, whatever the cause) uncounts
+one; when a key's count reaches 0 the pool calls DeleteRuntimeEnv. So the pool holds exactly one
+agent reference per active key, however many workers share it.
+
+Invariants (``check_invariants``):
+  P1. a slot's count = its live workers + starts in flight; a slot at 0 is removed at once.
+  P2. a slot with a runtime_env_id holds one agent reference; it is deleted exactly once, when
+      the slot is removed, or, for a create that finishes after its slot was removed, then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import IO, Any
+
+import grpc
+
+from raylet_sim.client import AgentClient
+from rtenv.v1 import agent_pb2
+
+log = logging.getLogger(__name__)
+
+_READY_TIMEOUT_S = 30.0
+_STOP_GRACE_S = 3.0
+
+
+class WorkerState(Enum):
+    STARTING = "starting"
+    IDLE = "idle"
+    BUSY = "busy"
+    EXITED = "exited"
+
+
+class TaskFailed(Exception):
+    """A task could not run. ``status`` says why, as a scheduler would report it."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+
+# Statuses of TaskFailed
+ARGUMENT_LIST_TOO_LONG = "ARGUMENT_LIST_TOO_LONG"  # E2BIG: the env's variables are too large
+SPAWN_FAILED = "SPAWN_FAILED"  # the worker process could not be started
+WORKER_START_FAILED = "WORKER_START_FAILED"  # it started but never reported ready
+ENV_SETUP_FAILED = "ENV_SETUP_FAILED"  # the agent refused or failed the env
+WORKER_DIED = "WORKER_DIED"  # it died while running the task
+TASK_ERROR = "TASK_ERROR"  # the task raised
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    env_key: str  # the serialized runtime env, as given
+    call: str  # "module:function"
+    args: tuple[Any, ...] = ()
+
+
+@dataclass
+class Worker:
+    worker_id: int
+    env_key: str
+    process: asyncio.subprocess.Process
+    state: WorkerState = WorkerState.STARTING
+    tasks_run: int = 0
+    idle_timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+@dataclass
+class EnvSlot:
+    count: int = 0  # live workers of this key plus starts in flight
+    runtime_env_id: str = ""
+    context: agent_pb2.RuntimeEnvContext | None = None
+    creating: asyncio.Task[agent_pb2.RuntimeEnvContext] | None = None
+
+
+@dataclass
+class PoolStats:
+    workers_started: int = 0
+    workers_exited: int = 0
+    creates: int = 0
+    deletes: int = 0
+    create_latencies_s: list[float] = field(default_factory=list)
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        client: AgentClient,
+        *,
+        idle_timeout_s: float = 5.0,
+        worker_stderr: IO[bytes] | int | None = None,
+        on_worker_exit: Callable[[Worker, int], None] | None = None,
+    ) -> None:
+        self._client = client
+        self._idle_timeout_s = idle_timeout_s
+        self._stderr = worker_stderr
+        self._on_worker_exit = on_worker_exit
+        self.slots: dict[str, EnvSlot] = {}
+        self.workers: dict[int, Worker] = {}
+        self._idle: dict[str, list[Worker]] = {}
+        self._reapers: set[asyncio.Task[None]] = set()
+        self._deletes: set[asyncio.Task[None]] = set()
+        self._next_id = 0
+        self._closing = False
+        self.stats = PoolStats()
+
+    # -- tasks -----------------------------------------------------------------------------
+    async def run(self, task: TaskSpec, *, task_id: str = "") -> Any:
+        """Run one task on a worker of its env; reuse an idle one when there is one."""
+        worker = await self.pop_worker(task.env_key)
+        try:
+            return await self._call(worker, task, task_id)
+        finally:
+            self.push_worker(worker)
+
+    async def _call(self, worker: Worker, task: TaskSpec, task_id: str) -> Any:
+        proc = worker.process
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        request = {"task_id": task_id, "call": task.call, "args": list(task.args)}
+        try:
+            proc.stdin.write((json.dumps(request) + "\n").encode())
+            await proc.stdin.drain()
+            line = await proc.stdout.readline()
+        except (ConnectionError, BrokenPipeError) as exc:
+            raise TaskFailed(WORKER_DIED, f"worker {worker.pid} is gone: {exc}") from exc
+        if not line:
+            code = await proc.wait()
+            raise TaskFailed(WORKER_DIED, f"worker {worker.pid} exited with {code} mid-task")
+        worker.tasks_run += 1
+        reply = json.loads(line)
+        if not reply["ok"]:
+            raise TaskFailed(TASK_ERROR, reply["error"])
+        return reply["result"]
+
+    # -- workers ---------------------------------------------------------------------------
+    async def pop_worker(self, env_key: str) -> Worker:
+        """A worker for this env: an idle one, or a new one (counting one on the key)."""
+        if self._closing:
+            raise TaskFailed(SPAWN_FAILED, "the pool is shutting down")
+        idle = self._idle.get(env_key)
+        while idle:
+            worker = idle.pop()
+            if worker.state is WorkerState.IDLE:
+                self._cancel_idle_timer(worker)
+                worker.state = WorkerState.BUSY
+                return worker
+        slot = self.slots.setdefault(env_key, EnvSlot())
+        slot.count += 1  # this start counts one; its worker's exit, or its failure, uncounts it
+        try:
+            context = await self._ensure_env(env_key, slot)
+            process = await self._spawn(env_key, context)
+        except BaseException:
+            self._uncount(env_key, slot)
+            raise
+        worker = self._adopt(env_key, process)  # from here the worker's reaper owns the count
+        await self._wait_ready(worker)
+        worker.state = WorkerState.BUSY
+        return worker
+
+    def push_worker(self, worker: Worker) -> None:
+        """Return a worker after a task: idle until reused or until its idle time runs out."""
+        if worker.state is not WorkerState.BUSY:
+            return  # it died meanwhile; its reaper has uncounted it
+        if self._closing:
+            self._terminate(worker)
+            return
+        worker.state = WorkerState.IDLE
+        self._idle.setdefault(worker.env_key, []).append(worker)
+        worker.idle_timer = asyncio.get_running_loop().call_later(
+            self._idle_timeout_s, self._terminate, worker
+        )
+
+    async def _ensure_env(self, env_key: str, slot: EnvSlot) -> agent_pb2.RuntimeEnvContext:
+        if slot.context is not None:
+            return slot.context
+        if slot.creating is None:
+            slot.creating = asyncio.create_task(self._create(env_key, slot))
+        return await asyncio.shield(slot.creating)
+
+    async def _create(self, env_key: str, slot: EnvSlot) -> agent_pb2.RuntimeEnvContext:
+        started = time.monotonic()
+        try:
+            reply = await self._client.create(env_key)
+        except grpc.aio.AioRpcError as exc:
+            slot.creating = None  # the next start of this key tries again
+            raise TaskFailed(
+                ENV_SETUP_FAILED, f"the agent answered {exc.code().name}: {exc.details()}"
+            ) from exc
+        self.stats.creates += 1
+        self.stats.create_latencies_s.append(time.monotonic() - started)
+        if self.slots.get(env_key) is not slot:
+            # every start that wanted it went away meanwhile: give the reference back
+            self._schedule_delete(reply.runtime_env_id)
+        else:
+            slot.runtime_env_id = reply.runtime_env_id
+            slot.context = reply.context
+        return reply.context
+
+    async def _spawn(
+        self, env_key: str, context: agent_pb2.RuntimeEnvContext
+    ) -> asyncio.subprocess.Process:
+        python = context.py_executable or sys.executable
+        env = {**os.environ, **context.env_vars}
+        try:
+            return await asyncio.create_subprocess_exec(
+                python, "-m", "raylet_sim.worker",
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=self._stderr, cwd=context.cwd or None, env=env, start_new_session=True,
+            )  # fmt: skip
+        except OSError as exc:
+            if exc.errno == errno.E2BIG:
+                size = environ_bytes(env)
+                raise TaskFailed(
+                    ARGUMENT_LIST_TOO_LONG,
+                    f"argument list too long: the worker's environment is {size} bytes "
+                    f"({len(context.env_vars)} variables from the runtime env), more than the "
+                    "kernel accepts for a new process (E2BIG); shrink the env's env_vars",
+                ) from exc
+            raise TaskFailed(
+                SPAWN_FAILED,
+                f"cannot start a worker with {python!r} in {context.cwd or os.getcwd()!r}: "
+                f"{exc.strerror or exc}",
+            ) from exc
+
+    def _adopt(self, env_key: str, process: asyncio.subprocess.Process) -> Worker:
+        self._next_id += 1
+        worker = Worker(self._next_id, env_key, process)
+        self.workers[worker.worker_id] = worker
+        self.stats.workers_started += 1
+        reaper = asyncio.create_task(self._reap(worker), name=f"reap worker {worker.pid}")
+        self._reapers.add(reaper)
+        reaper.add_done_callback(self._reapers.discard)
+        return worker
+
+    async def _wait_ready(self, worker: Worker) -> None:
+        stdout = worker.process.stdout
+        assert stdout is not None
+        try:
+            async with asyncio.timeout(_READY_TIMEOUT_S):
+                line = await stdout.readline()
+        except TimeoutError:
+            line = b""
+        except BaseException:
+            self._terminate(worker)
+            raise
+        if not line or not json.loads(line).get("ready"):
+            self._terminate(worker)
+            raise TaskFailed(
+                WORKER_START_FAILED,
+                f"worker {worker.pid} did not report ready within {_READY_TIMEOUT_S:g}s",
+            )
+
+    async def _reap(self, worker: Worker) -> None:
+        code = await worker.process.wait()
+        self._cancel_idle_timer(worker)
+        worker.state = WorkerState.EXITED
+        del self.workers[worker.worker_id]
+        idle = self._idle.get(worker.env_key)
+        if idle and worker in idle:
+            idle.remove(worker)
+        self.stats.workers_exited += 1
+        if self._on_worker_exit is not None:
+            self._on_worker_exit(worker, code)
+        self._uncount(worker.env_key, self.slots[worker.env_key])
+
+    def _uncount(self, env_key: str, slot: EnvSlot) -> None:
+        slot.count -= 1
+        if slot.count > 0:
+            return
+        del self.slots[env_key]
+        self._idle.pop(env_key, None)
+        if slot.runtime_env_id:
+            self._schedule_delete(slot.runtime_env_id)
+        # a create still in flight sees its slot gone and deletes what it created
+
+    def _schedule_delete(self, runtime_env_id: str) -> None:
+        task = asyncio.create_task(self._delete(runtime_env_id), name=f"delete {runtime_env_id}")
+        self._deletes.add(task)
+        task.add_done_callback(self._deletes.discard)
+
+    async def _delete(self, runtime_env_id: str) -> None:
+        try:
+            await self._client.delete(runtime_env_id)
+            self.stats.deletes += 1
+        except grpc.aio.AioRpcError as exc:
+            log.error(
+                "DeleteRuntimeEnv %s failed: %s %s", runtime_env_id, exc.code(), exc.details()
+            )
+
+    # -- stopping --------------------------------------------------------------------------
+    def _terminate(self, worker: Worker) -> None:
+        """Ask a worker to exit: close its stdin (it exits at EOF), then signal its group."""
+        self._cancel_idle_timer(worker)
+        if worker.state is WorkerState.EXITED:
+            return
+        stdin = worker.process.stdin
+        if stdin is not None and not stdin.is_closing():
+            stdin.close()
+        _signal_group(worker, signal.SIGTERM)
+
+    def _cancel_idle_timer(self, worker: Worker) -> None:
+        if worker.idle_timer is not None:
+            worker.idle_timer.cancel()
+            worker.idle_timer = None
+
+    async def kill_all(self, grace_s: float = _STOP_GRACE_S) -> None:
+        """SIGTERM every worker's process group, wait up to ``grace_s``, then SIGKILL."""
+        self._closing = True
+        for worker in list(self.workers.values()):
+            self._terminate(worker)
+        if self._reapers:
+            _, pending = await asyncio.wait(set(self._reapers), timeout=grace_s)
+            for worker in list(self.workers.values()):
+                _signal_group(worker, signal.SIGKILL)
+            if pending:
+                await asyncio.wait(pending, timeout=grace_s)
+
+    async def close(self) -> None:
+        """Stop every worker and give every env reference back to the agent."""
+        await self.kill_all()
+        while self._deletes:
+            await asyncio.gather(*set(self._deletes))
+
+    def check_invariants(self) -> None:
+        live: dict[str, int] = {}
+        for worker in self.workers.values():
+            live[worker.env_key] = live.get(worker.env_key, 0) + 1
+        for key, slot in self.slots.items():
+            assert slot.count >= 1, f"P1: slot {key!r} kept at count {slot.count}"
+            assert slot.count >= live.get(key, 0), f"P1: slot {key!r} under its live workers"
+        assert set(live) <= set(self.slots), "P1: a live worker's key has no slot"
+
+
+def _signal_group(worker: Worker, sig: signal.Signals) -> None:
+    if worker.process.returncode is not None:
+        return  # reaped: its pid may belong to someone else now
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(worker.pid, sig)
+
+
+def environ_bytes(env: dict[str, str]) -> int:
+    """Bytes an environment takes in execve: each "KEY=value\\0" and its pointer."""
+    return sum(len(k.encode()) + len(v.encode()) + 2 + 8 for k, v in env.items())

@@ -1,0 +1,55 @@
+"""A worker process: runs tasks sent by the pool, one JSON line in, one JSON line out.
+
+Started by the pool with the runtime env's context already applied: its variables (PYTHONPATH
+included), its cwd and its python. It announces itself with a ``ready`` line, then answers each
+task ``{"task_id", "call": "module:function", "args"}`` with
+``{"task_id", "ok", "result" or "error"}``. It exits when its stdin closes. What a task prints
+goes to stderr, so stdout stays the protocol.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import traceback
+from typing import Any, TextIO
+
+
+def _run(call: str, args: list[Any]) -> Any:
+    module_name, _, function = call.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, function)(*args)
+
+
+def serve(requests: TextIO, replies: TextIO) -> None:
+    replies.write(json.dumps({"ready": True, "pid": os.getpid(), "cwd": os.getcwd()}) + "\n")
+    replies.flush()
+    for line in requests:
+        task = json.loads(line)
+        try:
+            reply = {
+                "task_id": task["task_id"],
+                "ok": True,
+                "result": _run(task["call"], task["args"]),
+            }
+        except Exception as exc:
+            reply = {
+                "task_id": task["task_id"],
+                "ok": False,
+                "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc(limit=5),
+            }
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
+def main() -> None:
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # a task's prints, and its children's, must not corrupt the protocol
+    serve(sys.stdin, replies)
+
+
+if __name__ == "__main__":
+    main()
