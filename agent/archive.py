@@ -153,6 +153,13 @@ def _write(
             written += _copy(zf, entry, target, limits.max_uncompressed_bytes - written, label)
     for entry in links:
         written += _link(zf, entry, root, label)
+    for entry in links:  # a later link can redirect an earlier one: check them all once more
+        if not _inside(root, Path(os.path.realpath(root.joinpath(*entry.rel.parts)))):
+            _unlink_all(root, links)
+            raise UnsafeArchive(
+                f"{label}: symlink {entry.info.filename!r} resolves outside the package "
+                "through another link"
+            )
     return written
 
 
@@ -196,6 +203,15 @@ def _link(zf: zipfile.ZipFile, entry: _Entry, root: Path, label: str) -> int:
         link.unlink()
         raise UnsafeArchive(f"{label}: symlink {name!r} resolves outside the package")
     return len(target.encode())
+
+
+def _unlink_all(root: Path, links: list[_Entry]) -> None:
+    """Leave no way out behind, even in a staging tree: remove the links, shallowest first, and
+    only where the link's folder still resolves inside ``root`` (never unlink through a link)."""
+    for entry in sorted(links, key=lambda e: len(e.rel.parts)):
+        path = root.joinpath(*entry.rel.parts)
+        if _inside(root, Path(os.path.realpath(path.parent))):
+            path.unlink(missing_ok=True)
 
 
 def _inside(root: Path, path: Path) -> bool:

@@ -78,6 +78,16 @@ class RequestLog:
                 future.exception()  # retrieved: nobody may be waiting
             raise
         future.set_result(result)
-        while len(self._attempts) > self._capacity:
-            self._attempts.popitem(last=False)
+        self._attempts.move_to_end(key)
+        self._forget_oldest()
         return result
+
+    def _forget_oldest(self) -> None:
+        """Forget answered attempts, oldest first, down to the capacity. An attempt still in
+        flight is never forgotten: a retry of it must wait for it, not run it again."""
+        excess = len(self._attempts) - self._capacity
+        if excess <= 0:
+            return
+        done = [k for k, a in self._attempts.items() if a.future.done()][:excess]
+        for key in done:
+            del self._attempts[key]

@@ -238,6 +238,12 @@ def _load_json_object(text: str) -> dict[str, Any]:
         raise InvalidRuntimeEnv(
             f"serialized_runtime_env must be a JSON object, got {_type_name(obj)}"
         )
+    try:  # "\ud800" is valid JSON but no valid text: refuse it here, not deep inside
+        json.dumps(obj, ensure_ascii=False).encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidRuntimeEnv(
+            f"serialized_runtime_env holds an unpaired UTF-16 surrogate escape: {exc.reason}"
+        ) from exc
     return obj
 
 
