@@ -1,0 +1,106 @@
+"""Unit tests for build_context: PYTHONPATH order, cwd, and the process-size check."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.context import build_context
+from agent.errors import InvalidRuntimeEnv
+from agent.runtime_env import EnvLimits, RuntimeEnv, UriKey, parse_runtime_env
+
+LIMITS = EnvLimits()
+WD = "file:///pkgs/wd.zip"
+M1 = "http://127.0.0.1:1/m1.zip"
+M2 = "file:///pkgs/m2.zip"
+
+
+def env(**fields: Any) -> RuntimeEnv:
+    return parse_runtime_env(json.dumps(fields), LIMITS)
+
+
+def path_for(key: UriKey) -> Path:
+    """A stand-in for UriStore.path_for: distinct per (kind, uri)."""
+    return Path("/store/uris") / f"{key.kind.value}-{key.uri.rsplit('/', 1)[-1]}"
+
+
+def test_pythonpath_is_working_dir_then_py_modules_in_order_then_the_env_own() -> None:
+    e = env(working_dir=WD, py_modules=[M2, M1], env_vars={"PYTHONPATH": "/own/a:/own/b"})
+    ctx = build_context(e, path_for, py_executable="/usr/bin/python3", limits=LIMITS)
+    assert ctx.env_vars["PYTHONPATH"].split(os.pathsep) == [
+        "/store/uris/working_dir-wd.zip",
+        "/store/uris/py_modules-m2.zip",
+        "/store/uris/py_modules-m1.zip",
+        "/own/a",
+        "/own/b",
+    ]
+    assert ctx.cwd == "/store/uris/working_dir-wd.zip"
+    assert ctx.py_executable == "/usr/bin/python3"
+
+
+def test_env_vars_are_passed_through_and_the_parsed_env_is_not_mutated() -> None:
+    e = env(py_modules=[M1], env_vars={"A": "1", "B": "two"})
+    ctx = build_context(e, path_for, py_executable="py", limits=LIMITS)
+    assert ctx.env_vars == {"A": "1", "B": "two", "PYTHONPATH": "/store/uris/py_modules-m1.zip"}
+    assert "PYTHONPATH" not in e.env_vars
+
+
+def test_cwd_is_empty_without_a_working_dir() -> None:
+    ctx = build_context(env(py_modules=[M1, M2]), path_for, py_executable="py", limits=LIMITS)
+    assert ctx.cwd == ""
+    assert ctx.env_vars["PYTHONPATH"].split(os.pathsep) == [
+        "/store/uris/py_modules-m1.zip",
+        "/store/uris/py_modules-m2.zip",
+    ]
+
+
+def test_an_empty_env_gets_no_pythonpath_and_no_cwd() -> None:
+    ctx = build_context(env(), path_for, py_executable="py", limits=LIMITS)
+    assert ctx.env_vars == {}
+    assert ctx.cwd == ""
+
+
+def test_the_env_own_pythonpath_alone_is_kept() -> None:
+    ctx = build_context(
+        env(env_vars={"PYTHONPATH": "/own"}), path_for, py_executable="py", limits=LIMITS
+    )
+    assert ctx.env_vars["PYTHONPATH"] == "/own"
+
+
+def test_working_dir_also_used_as_a_py_module_appears_twice_on_the_path() -> None:
+    ctx = build_context(
+        env(working_dir=M1, py_modules=[M1]), path_for, py_executable="py", limits=LIMITS
+    )
+    assert ctx.env_vars["PYTHONPATH"].split(os.pathsep) == [
+        "/store/uris/working_dir-m1.zip",
+        "/store/uris/py_modules-m1.zip",
+    ]
+    assert ctx.cwd == "/store/uris/working_dir-m1.zip"
+
+
+def test_the_size_check_counts_the_added_pythonpath() -> None:
+    """An env that fits alone is refused once a long store path is added to PYTHONPATH."""
+    e = env(py_modules=[M1], env_vars={"A": "1"})
+    limits = EnvLimits(max_env_var_bytes=200)
+    build_context(e, path_for, py_executable="py", limits=limits)
+
+    def long_path_for(key: UriKey) -> Path:
+        return Path("/store") / ("d" * 300)
+
+    with pytest.raises(InvalidRuntimeEnv) as info:
+        build_context(e, long_path_for, py_executable="py", limits=limits)
+    assert "the limit is 200 bytes" in info.value.message
+    assert "max_env_var_bytes" in info.value.message
+
+
+def test_a_pythonpath_pushed_over_max_arg_strlen_is_refused_naming_it() -> None:
+    """The env's own PYTHONPATH fits one execve string; with a store path prepended, not."""
+    e = env(py_modules=[M1], env_vars={"PYTHONPATH": "/o" * 65_520})
+    with pytest.raises(InvalidRuntimeEnv) as info:
+        build_context(e, path_for, py_executable="py", limits=EnvLimits(max_env_var_bytes=1 << 30))
+    assert "env_vars['PYTHONPATH']" in info.value.message
+    assert "MAX_ARG_STRLEN" in info.value.message

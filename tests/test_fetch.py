@@ -1,0 +1,210 @@
+"""Fetcher tests against a real aiohttp package server on 127.0.0.1, with a recorded sleep."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+from pathlib import Path
+
+import aiohttp
+import grpc
+import pytest
+
+from agent.errors import (
+    DownloadFailed,
+    IntegrityError,
+    PackageNotFound,
+    PackageRejected,
+)
+from agent.fetch import Fetcher, FetchLimits
+from agent.runtime_env import parse_uri
+from tests.helpers import make_zip, package_server
+
+BODY = make_zip({"proj/main.py": "print('hi')\n" * 50})
+LIMITS = FetchLimits(attempts=4, backoff_initial_s=0.5, backoff_max_s=1.5)
+
+
+class RecordingSleep:
+    """Stands in for asyncio.sleep: records each backoff delay and returns at once."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+
+
+async def fetch(
+    url: str, dest: Path, *, limits: FetchLimits = LIMITS, sleep: RecordingSleep | None = None
+) -> int:
+    async with aiohttp.ClientSession() as session:
+        fetcher = Fetcher(session, limits, sleep=sleep or RecordingSleep())
+        return await fetcher.fetch(parse_uri("working_dir", url), dest, label=url)
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+# -- http ---------------------------------------------------------------------------------------
+
+
+async def test_http_download_writes_the_body_and_returns_its_size(tmp_path: Path) -> None:
+    sleep = RecordingSleep()
+    async with package_server() as pkgs:
+        url = pkgs.add("p.zip", BODY)
+        assert await fetch(url, tmp_path / "out", sleep=sleep) == len(BODY)
+        assert pkgs.gets["p.zip"] == 1
+    assert (tmp_path / "out").read_bytes() == BODY
+    assert sleep.delays == []
+
+
+async def test_transient_5xx_is_retried_then_succeeds(tmp_path: Path) -> None:
+    sleep = RecordingSleep()
+    async with package_server() as pkgs:
+        url = pkgs.add("p.zip", BODY, statuses=[500, 503, 429])
+        assert await fetch(url, tmp_path / "out", sleep=sleep) == len(BODY)
+        assert pkgs.gets["p.zip"] == 4
+    assert sleep.delays == [0.5, 1.0, 1.5]
+    assert (tmp_path / "out").read_bytes() == BODY
+
+
+async def test_backoff_delays_double_and_are_capped(tmp_path: Path) -> None:
+    sleep = RecordingSleep()
+    limits = FetchLimits(attempts=6, backoff_initial_s=0.25, backoff_max_s=1.5)
+    async with package_server() as pkgs:
+        url = pkgs.add("p.zip", BODY, statuses=[500, 502, 503, 504, 500])
+        assert await fetch(url, tmp_path / "out", limits=limits, sleep=sleep) == len(BODY)
+        assert pkgs.gets["p.zip"] == 6
+    assert sleep.delays == [0.25, 0.5, 1.0, 1.5, 1.5]
+
+
+async def test_gives_up_after_attempts_with_download_failed(tmp_path: Path) -> None:
+    sleep = RecordingSleep()
+    limits = FetchLimits(attempts=3, backoff_initial_s=0.5, backoff_max_s=5.0)
+    async with package_server() as pkgs:
+        url = pkgs.add("p.zip", BODY, statuses=[503] * 10)
+        with pytest.raises(DownloadFailed) as info:
+            await fetch(url, tmp_path / "out", limits=limits, sleep=sleep)
+        assert pkgs.gets["p.zip"] == 3
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    assert f"{url}: download failed after 3 attempts" in info.value.message
+    assert "503" in info.value.message
+    assert sleep.delays == [0.5, 1.0]  # no sleep after the last attempt
+
+
+@pytest.mark.parametrize("status", [404, 410])
+async def test_not_found_is_package_not_found_at_once(tmp_path: Path, status: int) -> None:
+    sleep = RecordingSleep()
+    async with package_server() as pkgs:
+        url = pkgs.add("p.zip", BODY, statuses=[status])
+        with pytest.raises(PackageNotFound) as info:
+            await fetch(url, tmp_path / "out", sleep=sleep)
+        assert pkgs.gets["p.zip"] == 1
+    assert info.value.code == grpc.StatusCode.NOT_FOUND
+    assert f"answered {status}" in info.value.message
+    assert sleep.delays == []
+
+
+async def test_unknown_package_404_is_package_not_found(tmp_path: Path) -> None:
+    async with package_server() as pkgs:
+        with pytest.raises(PackageNotFound):
+            await fetch(f"{pkgs.base_url}/missing.zip", tmp_path / "out")
+        assert pkgs.gets["missing.zip"] == 1
+
+
+@pytest.mark.parametrize("status", [403, 401, 400])
+async def test_other_4xx_is_package_rejected_at_once(tmp_path: Path, status: int) -> None:
+    sleep = RecordingSleep()
+    async with package_server() as pkgs:
+        url = pkgs.add("p.zip", BODY, statuses=[status])
+        with pytest.raises(PackageRejected) as info:
+            await fetch(url, tmp_path / "out", sleep=sleep)
+        assert pkgs.gets["p.zip"] == 1
+    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"answered {status}" in info.value.message
+    assert sleep.delays == []
+
+
+async def test_body_over_max_download_bytes_is_package_rejected(tmp_path: Path) -> None:
+    limits = FetchLimits(max_download_bytes=len(BODY) - 1)
+    async with package_server() as pkgs:
+        url = pkgs.add("p.zip", BODY)
+        with pytest.raises(PackageRejected) as info:
+            await fetch(url, tmp_path / "out", limits=limits)
+        assert pkgs.gets["p.zip"] == 1
+        assert await fetch(url, tmp_path / "ok", limits=FetchLimits(max_download_bytes=len(BODY)))
+    assert f"is {len(BODY)} bytes; the limit is {len(BODY) - 1}" in info.value.message
+    assert "max_download_bytes" in info.value.message
+
+
+async def test_sha256_mismatch_is_integrity_error_and_a_match_passes(tmp_path: Path) -> None:
+    good = hashlib.sha256(BODY).hexdigest()
+    bad = hashlib.sha256(b"other").hexdigest()
+    sleep = RecordingSleep()
+    async with package_server() as pkgs:
+        url = pkgs.add("p.zip", BODY)
+        with pytest.raises(IntegrityError) as info:
+            await fetch(f"{url}#sha256={bad}", tmp_path / "bad", sleep=sleep)
+        assert pkgs.gets["p.zip"] == 1  # never retried
+        assert await fetch(f"{url}#sha256={good.upper()}", tmp_path / "good") == len(BODY)
+    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"is {good}, the URI expects {bad}" in info.value.message
+    assert sleep.delays == []
+    assert (tmp_path / "good").read_bytes() == BODY
+
+
+async def test_connection_refused_is_retried_then_download_failed(tmp_path: Path) -> None:
+    sleep = RecordingSleep()
+    limits = FetchLimits(attempts=3, backoff_initial_s=0.5, backoff_max_s=5.0)
+    url = f"http://127.0.0.1:{closed_port()}/p.zip"
+    with pytest.raises(DownloadFailed) as info:
+        await fetch(url, tmp_path / "out", limits=limits, sleep=sleep)
+    assert "download failed after 3 attempts" in info.value.message
+    assert "ClientConnectorError" in info.value.message
+    assert sleep.delays == [0.5, 1.0]
+
+
+# -- file:// ------------------------------------------------------------------------------------
+
+
+async def test_file_uri_is_copied(tmp_path: Path) -> None:
+    source = tmp_path / "src.zip"
+    source.write_bytes(BODY)
+    digest = hashlib.sha256(BODY).hexdigest()
+    assert await fetch(f"file://{source}#sha256={digest}", tmp_path / "out") == len(BODY)
+    assert (tmp_path / "out").read_bytes() == BODY
+
+
+async def test_file_uri_sha256_mismatch_is_integrity_error(tmp_path: Path) -> None:
+    source = tmp_path / "src.zip"
+    source.write_bytes(BODY)
+    with pytest.raises(IntegrityError, match="the URI expects"):
+        await fetch(f"file://{source}#sha256={'0' * 64}", tmp_path / "out")
+
+
+async def test_missing_file_is_package_not_found(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/missing.zip"
+    with pytest.raises(PackageNotFound) as info:
+        await fetch(url, tmp_path / "out")
+    assert info.value.message == f"{url}: no such file on this node"
+    assert not (tmp_path / "out").exists()
+
+
+async def test_directory_is_package_rejected(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    with pytest.raises(PackageRejected, match="is a directory; a package must be a zip file"):
+        await fetch(f"file://{tmp_path}/pkg", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+async def test_file_over_max_download_bytes_is_package_rejected(tmp_path: Path) -> None:
+    source = tmp_path / "src.zip"
+    source.write_bytes(BODY)
+    with pytest.raises(PackageRejected, match="max_download_bytes"):
+        await fetch(f"file://{source}", tmp_path / "out", limits=FetchLimits(max_download_bytes=10))
+    assert not (tmp_path / "out").exists()
