@@ -12,6 +12,7 @@ import ipaddress
 import logging
 import os
 import signal
+import socket
 import time
 from enum import Enum
 from pathlib import Path
@@ -72,8 +73,13 @@ class Agent:
         try:
             address = check_address(settings.resolved_address(), settings.allow_remote)
             root = settings.root.resolve()
-            root.mkdir(parents=True, exist_ok=True)
-            self._lock_fd = _lock_root(root)
+            try:
+                root.mkdir(parents=True, exist_ok=True)
+                self._lock_fd = _lock_root(root)
+            except OSError as exc:
+                raise StartupError(
+                    f"cannot use {root} as the agent's root: {exc.strerror or exc}"
+                ) from exc
             self._session = aiohttp.ClientSession(trust_env=False)
             tables = RefTables()
             store = UriStore(
@@ -203,10 +209,23 @@ def check_address(address: str, allow_remote: bool) -> str:
 
 
 def _prepare_socket_path(address: str) -> Path:
+    """Make the socket's folder; remove a stale socket, never a live one (another agent's)."""
     path = Path(address.removeprefix("unix:"))
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_socket():
-        path.unlink()  # a stale socket: the root lock proves no agent owns it
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            path.unlink(missing_ok=True)  # nobody listens: stale
+        else:
+            raise StartupError(
+                f"unix socket {path} is in use by another process; choose another --address"
+            )
+        finally:
+            probe.close()
+    elif path.exists():
+        raise StartupError(f"{path} exists and is not a socket; choose another --address")
     return path
 
 

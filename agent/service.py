@@ -145,7 +145,7 @@ class AgentService:
             return self.settings.default_setup_timeout_s
         if chosen == -1:
             return limit
-        return min(float(chosen), limit)
+        return limit if chosen > limit else float(chosen)  # compared before float(): 10**400
 
     # -- delete ----------------------------------------------------------------------------
     async def delete(self, env_id: str, serialized: str, request_id: str) -> int:
