@@ -1,0 +1,348 @@
+"""Whole-process tests: ``python -m agent serve`` as a real child process, stopped by its PID."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import signal
+import stat
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import descriptor_pool, json_format, message_factory
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from rtenv.v1 import agent_pb2, agent_pb2_grpc
+from tests.helpers import env_json, short_tempdir, workdir_zip
+
+REPO = Path(__file__).resolve().parents[1]
+SERVICE = "rtenv.v1.RuntimeEnvAgent"
+START_S = 30.0  # deadline for a process to start serving or to exit
+STOP_S = 10.0  # deadline for a process to exit once told to
+NO_PROXY = [("grpc.enable_http_proxy", 0)]
+Proc = asyncio.subprocess.Process
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    """A short directory for roots and sockets, removed afterwards."""
+    path = short_tempdir()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+async def stop(proc: Proc) -> None:
+    """Stop one process by its PID: SIGTERM, a bounded wait, then SIGKILL."""
+    if proc.returncode is not None:
+        return
+    proc.terminate()
+    try:
+        await asyncio.wait_for(proc.wait(), STOP_S)
+    except TimeoutError:
+        proc.kill()
+        await asyncio.wait_for(proc.wait(), STOP_S)
+
+
+@dataclass
+class Served:
+    proc: Proc
+    address: str
+    log: Path  # the agent's stderr
+
+    def log_text(self) -> str:
+        return _read(self.log)
+
+
+@asynccontextmanager
+async def serving(log: Path, *args: str) -> AsyncIterator[Served]:
+    """``python -m agent serve ARGS``, once it has printed the address it serves on."""
+    with log.open("wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agent", "serve", *args,
+            stdout=asyncio.subprocess.PIPE, stderr=err, cwd=REPO,
+        )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), START_S)
+        text = line.decode().strip()
+        prefix = "rtenv-agent serving on "
+        served = Served(proc, text.removeprefix(prefix), log)
+        assert text.startswith(prefix), f"no serving line: {text!r}; log:\n{served.log_text()}"
+        yield served
+    finally:
+        await stop(proc)
+
+
+async def run_cli(*args: str, timeout_s: float = START_S) -> tuple[int, str, str]:
+    """Run ``python -m agent ARGS`` to its end (bounded); return (exit code, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agent", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO,
+    )  # fmt: skip
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+    finally:
+        await stop(proc)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def refused(log: Path, *args: str) -> tuple[int, str]:
+    """Start ``serve ARGS``, which must exit without serving; return (exit code, stderr).
+
+    Fails at once, rather than at a timeout, if it serves after all (it is then stopped)."""
+    with log.open("wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agent", "serve", *args,
+            stdout=asyncio.subprocess.PIPE, stderr=err, cwd=REPO,
+        )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), START_S)
+        assert not line, f"serve {args} was expected to refuse, but it printed {line!r}"
+        code = await asyncio.wait_for(proc.wait(), STOP_S)
+    finally:
+        await stop(proc)
+    text = _read(log)
+    assert "Traceback" not in text, text
+    return code, text
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace")
+
+
+async def wait_health_serving(address: str, service: str = "", timeout_s: float = START_S) -> None:
+    """Poll the standard health check until it answers SERVING, within a deadline."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    async with grpc.aio.insecure_channel(address, options=NO_PROXY) as channel:
+        check = channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
+        )
+        for _ in range(1000):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                reply = await check(
+                    health_pb2.HealthCheckRequest(service=service),
+                    timeout=min(remaining, 5.0),
+                    wait_for_ready=True,
+                )
+            except grpc.aio.AioRpcError as exc:
+                last = f"{exc.code().name}: {exc.details()}"
+            else:
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+                last = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"{address} health({service!r}) not SERVING in {timeout_s}s: {last}")
+
+
+async def test_serves_on_a_0600_socket_in_the_root_is_healthy_and_info_prints_the_table(
+    base: Path,
+) -> None:
+    root = base / "root"
+    (base / "pkgs").mkdir()
+    package = base / "pkgs" / "wd.zip"
+    package.write_bytes(workdir_zip({"main.py": "print('hi')\n"}))
+    async with serving(base / "agent.log", "--root", str(root)) as agent:
+        socket_path = root.resolve() / "agent.sock"
+        assert agent.address == f"unix:{socket_path}"
+        mode = os.stat(socket_path).st_mode
+        assert stat.S_ISSOCK(mode)
+        assert stat.S_IMODE(mode) == 0o600
+        await wait_health_serving(agent.address)
+        await wait_health_serving(agent.address, SERVICE)
+
+        code, out, err = await run_cli("info", "--address", agent.address)
+        assert code == 0, err
+        assert re.search(r"^ENV ID\s+REFS\s+STATE\s+URIS$", out, re.M), out
+        assert re.search(r"^KIND\s+REFS\s+STATE\s+BYTES\s+URI$", out, re.M), out
+        assert "envs 0, cache:" in out
+
+        async with grpc.aio.insecure_channel(agent.address) as channel:
+            stub = agent_pb2_grpc.RuntimeEnvAgentStub(channel)  # type: ignore[no-untyped-call]
+            request = agent_pb2.CreateRuntimeEnvRequest(
+                serialized_runtime_env=env_json(f"file://{package}")
+            )
+            reply = await stub.CreateRuntimeEnv(request, timeout=30)
+        env_id = reply.runtime_env_id
+        code, out, err = await run_cli("info", "--address", agent.address)
+        assert code == 0, err
+        uri = re.escape(f"file://{package}")
+        assert re.search(rf"^{env_id}\s+1\s+ready\s+working_dir:{uri}$", out, re.M), out
+        assert re.search(rf"^working_dir\s+1\s+ready\s+\d+\s+{uri}$", out, re.M), out
+        assert "envs 1, cache:" in out
+
+
+async def test_sigterm_makes_it_exit_0_promptly_and_log_that_it_stopped(base: Path) -> None:
+    async with serving(base / "agent.log", "--root", str(base / "root")) as agent:
+        started = time.monotonic()
+        agent.proc.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(agent.proc.wait(), STOP_S)
+        assert code == 0, agent.log_text()
+        assert time.monotonic() - started < STOP_S
+        log = agent.log_text()
+        assert "shutting down" in log
+        assert re.search(r"INFO agent\.server: stopped$", log, re.M), log
+
+
+async def test_exits_on_its_own_when_its_parent_pid_dies(base: Path) -> None:
+    parent = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "import time; time.sleep(60)"
+    )
+    try:
+        args = ("--root", str(base / "root"), "--parent-pid", str(parent.pid))
+        async with serving(base / "agent.log", *args) as agent:
+            await wait_health_serving(agent.address)
+            parent.kill()
+            await asyncio.wait_for(parent.wait(), STOP_S)
+            code = await asyncio.wait_for(agent.proc.wait(), STOP_S)
+            assert code == 0, agent.log_text()
+            assert f"parent {parent.pid} exited; shutting down" in agent.log_text()
+    finally:
+        await stop(parent)
+
+
+async def test_exits_at_once_when_its_parent_pid_is_already_gone(base: Path) -> None:
+    gone = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+    assert await asyncio.wait_for(gone.wait(), START_S) == 0
+    args = ("--root", str(base / "root"), "--parent-pid", str(gone.pid))
+    async with serving(base / "agent.log", *args) as agent:
+        code = await asyncio.wait_for(agent.proc.wait(), STOP_S)
+        assert code == 0, agent.log_text()
+        assert f"parent {gone.pid} is already gone" in agent.log_text()
+
+
+@pytest.mark.parametrize("via", ["root", "address"])
+async def test_socket_path_over_107_bytes_exits_2_naming_length_and_limit(
+    base: Path, via: str
+) -> None:
+    if via == "root":
+        root = base / ("r" * 110)
+        socket_path = root / "agent.sock"
+        args = ["--root", str(root)]
+    else:
+        socket_path = base / ("s" * 110 + ".sock")
+        args = ["--root", str(base / "root"), "--address", f"unix:{socket_path}"]
+    size = len(os.fsencode(socket_path))
+    assert size > 107
+    code, err = await refused(base / "refused.log", *args)
+    assert code == 2, err
+    assert f"is {size} bytes; the kernel allows 107" in err, err
+    assert not socket_path.exists()
+
+
+async def test_second_agent_on_the_same_root_is_refused_and_the_first_keeps_serving(
+    base: Path,
+) -> None:
+    root = base / "root"
+    async with serving(base / "agent.log", "--root", str(root)) as first:
+        await wait_health_serving(first.address)
+        code, err = await refused(base / "second.log", "--root", str(root))
+        assert code == 2, err
+        expected = f"another agent (pid {first.proc.pid}) is serving root {root.resolve()}"
+        assert expected in err, err
+        await wait_health_serving(first.address)
+        assert first.proc.returncode is None
+
+
+async def test_agent_on_another_root_cannot_take_over_a_live_socket_path(base: Path) -> None:
+    """An explicit --address naming another agent's live socket is refused, not unlinked."""
+    shared = f"unix:{base / 'shared.sock'}"
+    args = ("--root", str(base / "r1"), "--address", shared, "--cache-budget", "1M")
+    async with serving(base / "first.log", *args) as first:
+        await wait_health_serving(first.address)
+        code, err = await refused(
+            base / "second.log", "--root", str(base / "r2"), "--address", shared
+        )
+        assert code == 2, err
+        assert str(base / "shared.sock") in err, err
+        code, out, err = await run_cli("info", "--address", shared)
+        assert code == 0, err
+        assert "of budget 1048576 B" in out, "the socket no longer leads to the first agent"
+
+
+async def test_root_that_is_a_regular_file_exits_2_with_a_message_naming_it(base: Path) -> None:
+    root = base / "not-a-dir"
+    root.write_bytes(b"")
+    code, err = await refused(base / "refused.log", "--root", str(root))
+    assert code == 2, err
+    assert str(root) in err, err
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0:0", "[::]:0", "192.0.2.1:0"])
+async def test_non_loopback_tcp_address_is_refused_without_allow_remote(
+    base: Path, address: str
+) -> None:
+    args = ("--root", str(base / "root"), "--address", address)
+    code, err = await refused(base / "refused.log", *args)
+    assert code == 2, err
+    assert f"address {address!r} is not a loopback address; pass --allow-remote" in err, err
+
+
+async def test_loopback_tcp_with_port_0_serves_on_the_printed_port(base: Path) -> None:
+    args = ("--root", str(base / "root"), "--address", "127.0.0.1:0")
+    async with serving(base / "agent.log", *args) as agent:
+        match = re.fullmatch(r"127\.0\.0\.1:(\d+)", agent.address)
+        assert match is not None, agent.address
+        assert int(match.group(1)) > 0
+        await wait_health_serving(agent.address)
+
+
+async def test_reflection_lets_a_client_without_stubs_find_and_call_the_service(
+    base: Path,
+) -> None:
+    async with (
+        serving(base / "agent.log", "--root", str(base / "root")) as agent,
+        grpc.aio.insecure_channel(agent.address) as channel,
+    ):
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)  # type: ignore[arg-type]
+        reflect: Any = stub.ServerReflectionInfo  # typed Incomplete in the stubs
+        requests = [
+            reflection_pb2.ServerReflectionRequest(list_services=""),
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol=SERVICE),
+        ]
+        replies = [r async for r in reflect(iter(requests), timeout=30)]
+        assert len(replies) == 2
+        names = {s.name for s in replies[0].list_services_response.service}
+        assert {SERVICE, "grpc.health.v1.Health"} <= names, names
+
+        pool = descriptor_pool.DescriptorPool()  # empty: nothing compiled into it
+        for raw in replies[1].file_descriptor_response.file_descriptor_proto:
+            pool.AddSerializedFile(raw)
+        service = pool.FindServiceByName(SERVICE)
+        methods = [m.name for m in service.methods]
+        assert methods == ["CreateRuntimeEnv", "DeleteRuntimeEnv", "GetRuntimeEnvsInfo"]
+
+        method = service.methods_by_name["GetRuntimeEnvsInfo"]
+        request_cls = message_factory.GetMessageClass(method.input_type)
+        reply_cls = message_factory.GetMessageClass(method.output_type)
+        call = channel.unary_unary(
+            f"/{SERVICE}/GetRuntimeEnvsInfo",
+            request_serializer=request_cls.SerializeToString,
+            response_deserializer=reply_cls.FromString,
+        )
+        info = json_format.MessageToDict(
+            await call(request_cls(limit=5), timeout=30),
+            always_print_fields_with_no_presence=True,
+            preserving_proto_field_name=True,
+        )
+        assert info["total_envs"] == "0", info
+        assert info["cache"]["budget_bytes"] == str(10 * 1024**3), info
