@@ -68,13 +68,13 @@ async def _workload(
     plan = [rng.choice(samples.envs) for _ in range(tasks)]
     outcome = Outcome(envs_used={env.index for env in plan})
     progress = Progress(tasks, out)
-    gate = asyncio.Semaphore(concurrency)
     assert node.pool is not None
     pool = node.pool
+    indices = iter(range(tasks))  # shared: `concurrency` runners take the next task each
 
-    async def one(index: int) -> None:
-        env = plan[index]
-        async with gate:
+    async def runner() -> None:
+        for index in indices:
+            env = plan[index]
             try:
                 result = await node.run(
                     TaskSpec(env.serialized, "task:run", (index,)), task_id=str(index)
@@ -87,11 +87,12 @@ async def _workload(
                     outcome.done += 1
                 else:
                     outcome.wrong += 1
-        progress.update(
-            outcome.done + outcome.wrong + sum(outcome.failed.values()), len(pool.workers)
-        )
+            progress.update(
+                outcome.done + outcome.wrong + sum(outcome.failed.values()), len(pool.workers)
+            )
 
-    await asyncio.gather(*(one(i) for i in range(tasks)))
+    # gather, not a TaskGroup: AgentDied must reach run_demo as itself, not in a group
+    await asyncio.gather(*(runner() for _ in range(concurrency)))
     return outcome
 
 
