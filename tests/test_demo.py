@@ -1,0 +1,82 @@
+"""The demo, as CI runs it: a small workload, its exit code and its summary checked line by line."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from raylet_sim.demo import run_demo
+from tests.helpers import short_tempdir
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def field(pattern: str, text: str) -> tuple[int, ...]:
+    """The integers a summary line's pattern captures; fail naming the line if it is absent."""
+    match = re.search(pattern, text, re.MULTILINE)
+    assert match is not None, f"no line matching {pattern!r} in:\n{text}"
+    return tuple(int(g) for g in match.groups())
+
+
+def check_summary(text: str, *, tasks: int, envs: int, packages: int) -> None:
+    """Every line of the summary says the run was clean, and the numbers agree."""
+    (done, failed) = field(r"^tasks\s+(\d+) done, (\d+) failed", text)
+    assert (done, failed) == (tasks, 0)
+    started, ran, exited, reused = field(
+        r"^workers\s+(\d+) started \((\d+) ran tasks\), (\d+) exited; "
+        r"idle workers reused for (-?\d+) tasks",
+        text,
+    )
+    assert 1 <= ran <= started == exited
+    assert started + reused == tasks
+    created, live, deleted = field(
+        r"^envs\s+(\d+) created, (\d+) live before the drain, (\d+) deleted", text
+    )
+    assert 1 <= created <= envs
+    assert created == deleted, "every env created was deleted"
+    assert live <= created
+    gets, fetched = field(r"^downloads\s+(\d+) GETs for (\d+) packages: each downloaded once", text)
+    assert gets == fetched <= packages
+    (installs,) = field(r"^cache\s+\d+ hits, (\d+) installs, 0 evictions", text)
+    assert installs == fetched
+    (latencies,) = field(r"^create\s+p50 \d+ ms, p99 \d+ ms over (\d+) creates", text)
+    assert latencies == created
+    field(r"^references\s+all 0 \((0) envs left at the agent, (0) slots in the pool\)", text)
+    (cached,) = field(r"^files\s+nothing stray \((\d+) packages cached", text)
+    assert cached == fetched
+
+
+def test_the_demo_command_runs_a_small_workload_cleanly_and_its_summary_adds_up() -> None:
+    args = [
+        sys.executable, "-m", "raylet_sim", "demo", "--tasks", "60", "--envs", "8",
+        "--concurrency", "4", "--package-kib", "16", "--idle-timeout", "30",
+    ]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=90, cwd=REPO, check=False)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "node up: agent pid" in proc.stdout
+    assert "60/60 tasks" in proc.stdout  # the progress reached the end
+    # 8 envs over 2 working dirs and 3 py_modules (samples.build_samples)
+    check_summary(proc.stdout, tasks=60, envs=8, packages=5)
+
+
+async def test_run_demo_in_process_returns_0_and_keeps_its_workdir_when_asked() -> None:
+    base = short_tempdir()
+    args = argparse.Namespace(
+        tasks=24, envs=6, concurrency=3, workdir=str(base / "work"), keep=True, seed=3,
+        idle_timeout=30.0, package_kib=4,
+    )  # fmt: skip
+    out = io.StringIO()
+    try:
+        code = await run_demo(args, out)
+        text = out.getvalue()
+        assert code == 0, text
+        check_summary(text, tasks=24, envs=6, packages=5)
+        assert f"kept {base / 'work'}" in text
+        assert (base / "work" / "agent-root" / "uris").is_dir()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
