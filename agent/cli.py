@@ -88,6 +88,16 @@ def _parser() -> argparse.ArgumentParser:
         default=d_arc.max_ratio,
         help="unpacked bytes per zip byte, past 16MiB unpacked (200)",
     )
+    s.add_argument(
+        "--reset-state",
+        action="store_true",
+        help="move an unusable ROOT/state.db aside (kept, renamed) and start from an empty cache",
+    )
+    s.add_argument(
+        "--no-state-db",
+        action="store_true",
+        help="keep the cache index in memory only: a restart forgets the cache",
+    )
     s.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
 
     i = sub.add_parser("info", help="print the envs and URIs an agent holds")
@@ -109,6 +119,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         allow_remote=args.allow_remote,
         py_executable=args.python,
         default_setup_timeout_s=args.default_setup_timeout,
+        persist=not args.no_state_db,
+        reset_state=args.reset_state,
         env=replace(base.env, max_env_var_bytes=args.max_env_var_bytes, max_uris=args.max_uris),
         fetch=replace(base.fetch, max_download_bytes=args.max_download_bytes),
         archive=replace(
@@ -140,6 +152,12 @@ def format_info(reply: agent_pb2.GetRuntimeEnvsInfoReply) -> str:
         f"envs {reply.total_envs}, cache: used {c.used_bytes} B, unused {c.unused_bytes} B "
         f"of budget {c.budget_bytes} B; downloads {c.downloads}, hits {c.hits}, "
         f"evictions {c.evictions}"
+    )
+    r = reply.recovery
+    lines.append(
+        f"at start: {r.rows_kept} packages kept, {r.rows_dropped} rows dropped, "
+        f"{r.orphans_deleted} orphans deleted, {r.bytes_freed} B freed, "
+        f"{r.envs_forgotten} envs forgotten, in {r.seconds:.3f}s"
     )
     return "\n".join(lines)
 

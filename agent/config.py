@@ -26,6 +26,8 @@ class Settings:
     request_log_capacity: int = 10_000  # request ids remembered for idempotent retries
     max_info_envs: int = 10_000  # GetRuntimeEnvsInfo lists at most this many envs
     max_message_bytes: int = 4 * 1024 * 1024
+    persist: bool = True  # keep the cache index in <root>/state.db (off: forget on restart)
+    reset_state: bool = False  # move an unusable state.db aside and start from an empty cache
     env: EnvLimits = field(default_factory=EnvLimits)
     archive: ArchiveLimits = field(default_factory=ArchiveLimits)
     fetch: FetchLimits = field(default_factory=FetchLimits)

@@ -27,9 +27,11 @@ from grpc_reflection.v1alpha import reflection
 from agent.config import Settings
 from agent.errors import AgentError
 from agent.fetch import Fetcher, Sleep
+from agent.recovery import RecoverySummary, recover
 from agent.refs import RefTables
 from agent.service import AgentService
 from agent.servicer import RuntimeEnvAgentServicer
+from agent.state_db import FILE_NAME, StateDB
 from agent.store import UriStore
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 
@@ -64,6 +66,8 @@ class Agent:
         self._session: aiohttp.ClientSession | None = None
         self._health: health_aio.HealthServicer | None = None
         self._lock_fd: int | None = None
+        self._db: StateDB | None = None
+        self.recovery = RecoverySummary()
 
     async def start(self) -> None:
         if self.state is not AgentState.NEW:
@@ -80,18 +84,25 @@ class Agent:
                 raise StartupError(
                     f"cannot use {root} as the agent's root: {exc.strerror or exc}"
                 ) from exc
+            started = time.monotonic()
+            if settings.persist:
+                db_path = root / FILE_NAME
+                if settings.reset_state:
+                    _move_aside(db_path)
+                self._db = StateDB(db_path)
+                await self._db.open()
             self._session = aiohttp.ClientSession(trust_env=False)
             tables = RefTables()
             store = UriStore(
                 root,
                 Fetcher(self._session, settings.fetch, sleep=self._sleep),
+                db=self._db,
                 refcount=tables.uri_count,
                 budget_bytes=settings.cache_budget_bytes,
                 archive_limits=settings.archive,
             )
-            started = time.monotonic()
-            await store.clear_leftovers()
-            self.service = AgentService(settings, store, tables)
+            self.recovery = await recover(store, self._db)
+            self.service = AgentService(settings, store, tables, db=self._db)
             self._server = grpc.aio.server(
                 options=[
                     ("grpc.max_receive_message_length", settings.max_message_bytes),
@@ -99,7 +110,7 @@ class Agent:
                 ]
             )
             agent_pb2_grpc.add_RuntimeEnvAgentServicer_to_server(  # type: ignore[no-untyped-call]
-                RuntimeEnvAgentServicer(self.service), self._server
+                RuntimeEnvAgentServicer(self.service, self.recovery), self._server
             )
             self._health = health_aio.HealthServicer()
             health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
@@ -158,6 +169,9 @@ class Agent:
     async def _close(self) -> None:
         if self.service is not None:
             await self.service.store.close()
+        if self._db is not None:
+            await self._db.close()
+            self._db = None
         if self._session is not None:
             await self._session.close()
         if self._lock_fd is not None:
@@ -206,6 +220,17 @@ def check_address(address: str, allow_remote: bool) -> str:
             "beyond this node"
         )
     return address
+
+
+def _move_aside(db_path: Path) -> None:
+    """--reset-state: keep the old database (and its WAL) beside the new one, never delete it."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    for suffix in ("", "-wal", "-shm"):
+        old = db_path.with_name(db_path.name + suffix)
+        if old.exists():
+            aside = db_path.with_name(f"{db_path.name}.reset-{stamp}{suffix}")
+            os.rename(old, aside)
+            log.warning("--reset-state: moved %s to %s", old, aside)
 
 
 def _prepare_socket_path(address: str) -> Path:

@@ -25,6 +25,7 @@ from agent.errors import AgentError, InvalidRuntimeEnv, SetupTimeout
 from agent.idempotency import RequestLog
 from agent.refs import RefTables
 from agent.runtime_env import RuntimeEnv, parse_runtime_env
+from agent.state_db import EnvRow, StateDB
 from agent.store import UriStore
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class EnvRecord:
     state: EnvState
     created_ms: int
     error: str = ""
+    persisted: bool = False  # its row is in the index
 
 
 @dataclass(frozen=True)
@@ -63,11 +65,13 @@ class AgentService:
         store: UriStore,
         tables: RefTables,
         *,
+        db: StateDB | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.store = store
         self.tables = tables
+        self._db = db
         self._clock = clock
         self.records: dict[str, EnvRecord] = {}
         self.failures: deque[EnvRecord] = deque(maxlen=_MAX_FAILURES_KEPT)
@@ -96,13 +100,18 @@ class AgentService:
         acquired = self.tables.begin_create(env_id, env.uri_keys)
         self.store.acquire(acquired)
         self.records[env_id] = record
-        if record.state is EnvState.READY:
+        if record.state is EnvState.READY:  # the hot path: no await, no I/O
             self.store.touch(env.uri_keys)
             self.tables.commit_create(env_id)
+            self._note(env)
             return self._created(record)
         try:
             async with asyncio.timeout(setup_timeout_s):
                 await asyncio.gather(*(self.store.ensure(key) for key in env.uri_keys))
+            if self._db is not None and not record.persisted:
+                row = EnvRow(env_id, env.canonical, _pairs(env), record.created_ms)
+                await self._db.record_env(row, self.tables.env_count(env_id))
+                record.persisted = True
         except BaseException as exc:
             self._abort(env, exc)
             if isinstance(exc, TimeoutError):
@@ -113,6 +122,7 @@ class AgentService:
             raise
         record.state = EnvState.READY
         self.tables.commit_create(env_id)
+        self._note(env)
         return self._created(record)
 
     def _abort(self, env: RuntimeEnv, exc: BaseException) -> None:
@@ -126,6 +136,13 @@ class AgentService:
                 EnvRecord(record.env, record.context, EnvState.FAILED, self._now_ms(), error)
             )
         self.store.release(released)
+        self._note(env)
+
+    def _note(self, env: RuntimeEnv) -> None:
+        """Note the env's and its packages' counts for the index, written behind (no I/O)."""
+        if self._db is not None:
+            self._db.note_env(env.env_id, self.tables.env_count(env.env_id))
+            self.store.note(env.uri_keys)
 
     def _created(self, record: EnvRecord) -> Created:
         return Created(
@@ -161,10 +178,13 @@ class AgentService:
         return await self._requests.run("delete", request_id, env_id, op)
 
     def _delete(self, env_id: str) -> int:
+        env = self.records[env_id].env if env_id in self.records else None
         remaining, released = self.tables.delete(env_id)
         if remaining == 0:
             del self.records[env_id]
         self.store.release(released)
+        if env is not None:
+            self._note(env)
         return remaining
 
     # -- checks ----------------------------------------------------------------------------
@@ -181,3 +201,7 @@ class AgentService:
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
+
+
+def _pairs(env: RuntimeEnv) -> tuple[tuple[str, str], ...]:
+    return tuple((key.kind.value, key.uri) for key in env.uri_keys)

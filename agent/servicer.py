@@ -9,6 +9,7 @@ from typing import TypeVar
 import grpc
 
 from agent.errors import AgentError
+from agent.recovery import RecoverySummary
 from agent.service import AgentService, EnvRecord, EnvState
 from agent.store import UriState
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
@@ -44,8 +45,9 @@ async def answer(
 
 
 class RuntimeEnvAgentServicer(agent_pb2_grpc.RuntimeEnvAgentServicer):
-    def __init__(self, service: AgentService) -> None:
+    def __init__(self, service: AgentService, recovery: RecoverySummary) -> None:
         self._service = service
+        self._recovery = recovery
 
     async def CreateRuntimeEnv(
         self,
@@ -89,7 +91,16 @@ class RuntimeEnvAgentServicer(agent_pb2_grpc.RuntimeEnvAgentServicer):
         context: grpc.aio.ServicerContext[object, object],
     ) -> agent_pb2.GetRuntimeEnvsInfoReply:
         async def call() -> agent_pb2.GetRuntimeEnvsInfoReply:
-            return info_reply(self._service, request.limit)
+            reply = info_reply(self._service, request.limit)
+            r = self._recovery
+            reply.recovery.CopyFrom(
+                agent_pb2.RecoverySummary(
+                    rows_kept=r.rows_kept, rows_dropped=r.rows_dropped,
+                    orphans_deleted=r.orphans_deleted, bytes_freed=r.bytes_freed,
+                    envs_forgotten=r.envs_forgotten, seconds=r.seconds,
+                )
+            )  # fmt: skip
+            return reply
 
         return await answer("GetRuntimeEnvsInfo", context, "", call)
 

@@ -35,9 +35,11 @@ from enum import Enum
 from pathlib import Path
 
 from agent.archive import ArchiveLimits, extract_zip, remove_tree
+from agent.crash import crash_point
 from agent.errors import DiskExhausted
 from agent.fetch import Fetcher
 from agent.runtime_env import UriKey, UriKind, parse_uri
+from agent.state_db import StateDB, UriRow
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,7 @@ class UriStore:
         root: Path,
         fetcher: Fetcher,
         *,
+        db: StateDB | None,
         refcount: Callable[[UriKey], int],
         budget_bytes: int,
         archive_limits: ArchiveLimits,
@@ -90,6 +93,7 @@ class UriStore:
     ) -> None:
         self.root = root
         self._fetcher = fetcher
+        self._db = db
         self._refcount = refcount
         self.budget_bytes = budget_bytes
         self._archive_limits = archive_limits
@@ -104,17 +108,14 @@ class UriStore:
         for sub in ("uris", "tmp", "trash"):
             (root / sub).mkdir(parents=True, exist_ok=True)
 
-    async def clear_leftovers(self) -> None:
-        """At start nothing under tmp/, trash/ or uris/ is known to this process, so none of it
-        is trusted: each is renamed aside at once (root/.old-*) and deleted in a thread, with
-        whatever an earlier start left aside. The durable cache index (a later issue) will keep
-        what it can vouch for."""
-        for sub in ("tmp", "uris", "trash"):
-            directory = self.root / sub
-            if any(directory.iterdir()):
-                os.rename(directory, self.root / f".old-{sub}-{uuid.uuid4().hex}")
-                directory.mkdir()
-        self._delete_in_background(sorted(self.root.glob(".old-*")))
+    def adopt(self, key: UriKey, size: int, last_used_ms: int) -> None:
+        """Recovery: a package the index vouches for and the disk holds. Nothing references it
+        yet, so it is unused; adopt in least-recently-used order."""
+        assert key not in self._entries, key
+        entry = UriEntry(key, self.path_for(key), UriState.READY, size, last_used_ms)
+        self._entries[key] = entry
+        self._unused[key] = None
+        self._unused_bytes += size
 
     # -- paths -----------------------------------------------------------------------------
     def path_for(self, key: UriKey) -> Path:
@@ -162,10 +163,10 @@ class UriStore:
         try:
             staging.mkdir()
             archive = staging / "package.zip"
-            fetched = await self._fetcher.fetch(
-                parse_uri(key.kind.value, key.uri), archive, label=label
-            )
+            parsed = parse_uri(key.kind.value, key.uri)
+            fetched = await self._fetcher.fetch(parsed, archive, label=label)
             self.downloads += 1
+            crash_point("after_download")
             unpacked = staging / "unpacked"
             size = await asyncio.to_thread(
                 extract_zip,
@@ -175,9 +176,15 @@ class UriStore:
                 limits=self._archive_limits,
                 label=label,
             )
+            crash_point("after_extract")
             if entry.path.exists():  # a leftover no record claims (a crash between steps)
-                self._delete_in_background([self._to_trash(entry.path)])
+                self.delete_in_background([self._to_trash(entry.path)])
+            crash_point("before_rename")
             os.rename(unpacked, entry.path)
+            crash_point("after_rename_before_commit")
+            entry.size = size
+            entry.last_used_ms = self._now_ms()
+            await self._commit(entry, parsed.sha256)
         except BaseException as exc:
             if self._entries.get(key) is entry:
                 del self._entries[key]
@@ -187,8 +194,6 @@ class UriStore:
         finally:
             await asyncio.to_thread(remove_tree, staging)
         entry.state = UriState.READY
-        entry.size = size
-        entry.last_used_ms = self._now_ms()
         entry.task = None
         log.info(
             "installed %s: %d bytes fetched, %d bytes unpacked, %.2fs",
@@ -199,6 +204,29 @@ class UriStore:
         )
         if self._refcount(key) == 0:  # every create that wanted it went away meanwhile
             self.release([key])
+
+    async def _commit(self, entry: UriEntry, digest: str | None) -> None:
+        """Make the install durable before anyone is told of it; undo the rename if that fails."""
+        if self._db is None:
+            return
+        row = UriRow(
+            entry.key.kind.value, entry.key.uri, entry.path.name, entry.size, digest,
+            entry.last_used_ms,
+        )  # fmt: skip
+        try:
+            await self._db.record_install(row)
+        except BaseException:
+            self.delete_in_background([self._to_trash(entry.path)])
+            raise
+
+    def note(self, keys: Iterable[UriKey]) -> None:
+        """Note these keys' counts and last use for the index, written behind (no I/O)."""
+        if self._db is None:
+            return
+        for key in keys:
+            entry = self._entries.get(key)
+            if entry is not None and entry.state is UriState.READY:
+                self._db.note_uri(key.kind.value, key.uri, self._refcount(key), entry.last_used_ms)
 
     # -- references ------------------------------------------------------------------------
     def acquire(self, keys: Iterable[UriKey]) -> None:
@@ -228,10 +256,13 @@ class UriStore:
             entry = self._entries.pop(key)
             self._unused_bytes -= entry.size
             trashed.append(self._to_trash(entry.path))
+            if self._db is not None:
+                self._db.note_uri_dropped(key.kind.value, key.uri)  # behind: a row whose
+                # directory is gone is dropped by recovery, so the order of the two is safe
             self.evictions += 1
             log.info("evicted %s (%d bytes, unused)", key, entry.size)
         if trashed:
-            self._delete_in_background(trashed)
+            self.delete_in_background(trashed)
 
     def _to_trash(self, path: Path) -> Path:
         """Move a package out of uris/ in one rename; its deletion comes later, in a thread."""
@@ -239,7 +270,7 @@ class UriStore:
         os.rename(path, trashed)
         return trashed
 
-    def _delete_in_background(self, paths: list[Path]) -> None:
+    def delete_in_background(self, paths: list[Path]) -> None:
         task = asyncio.create_task(asyncio.to_thread(_remove_all, paths), name="empty trash")
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -297,6 +328,7 @@ class UriStore:
 
 def _remove_all(paths: list[Path]) -> None:
     for path in paths:
+        crash_point("during_trash_deletion")
         remove_tree(path)
 
 

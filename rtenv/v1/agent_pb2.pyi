@@ -127,14 +127,32 @@ class CacheStats(_message.Message):
     hits: int
     def __init__(self, used_bytes: _Optional[int] = ..., unused_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., downloads: _Optional[int] = ..., evictions: _Optional[int] = ..., hits: _Optional[int] = ...) -> None: ...
 
+class RecoverySummary(_message.Message):
+    __slots__ = ("rows_kept", "rows_dropped", "orphans_deleted", "bytes_freed", "envs_forgotten", "seconds")
+    ROWS_KEPT_FIELD_NUMBER: _ClassVar[int]
+    ROWS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    ORPHANS_DELETED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FREED_FIELD_NUMBER: _ClassVar[int]
+    ENVS_FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    rows_kept: int
+    rows_dropped: int
+    orphans_deleted: int
+    bytes_freed: int
+    envs_forgotten: int
+    seconds: float
+    def __init__(self, rows_kept: _Optional[int] = ..., rows_dropped: _Optional[int] = ..., orphans_deleted: _Optional[int] = ..., bytes_freed: _Optional[int] = ..., envs_forgotten: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
 class GetRuntimeEnvsInfoReply(_message.Message):
-    __slots__ = ("envs", "uris", "cache", "total_envs")
+    __slots__ = ("envs", "uris", "cache", "total_envs", "recovery")
     ENVS_FIELD_NUMBER: _ClassVar[int]
     URIS_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
     TOTAL_ENVS_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_FIELD_NUMBER: _ClassVar[int]
     envs: _containers.RepeatedCompositeFieldContainer[RuntimeEnvInfo]
     uris: _containers.RepeatedCompositeFieldContainer[UriInfo]
     cache: CacheStats
     total_envs: int
-    def __init__(self, envs: _Optional[_Iterable[_Union[RuntimeEnvInfo, _Mapping]]] = ..., uris: _Optional[_Iterable[_Union[UriInfo, _Mapping]]] = ..., cache: _Optional[_Union[CacheStats, _Mapping]] = ..., total_envs: _Optional[int] = ...) -> None: ...
+    recovery: RecoverySummary
+    def __init__(self, envs: _Optional[_Iterable[_Union[RuntimeEnvInfo, _Mapping]]] = ..., uris: _Optional[_Iterable[_Union[UriInfo, _Mapping]]] = ..., cache: _Optional[_Union[CacheStats, _Mapping]] = ..., total_envs: _Optional[int] = ..., recovery: _Optional[_Union[RecoverySummary, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,126 @@
+"""Recovery at start, before the agent reports SERVING: make the index and the disk agree.
+
+1. ``tmp/`` and ``trash/`` hold nothing anyone can use: renamed aside, deleted in a thread.
+2. A row whose directory is missing (or malformed) is dropped.
+3. A directory under ``uris/`` that no row vouches for (a crash between rename and commit) is
+   deleted: the next create of its URI installs it again.
+4. Every count is set to 0 and every env forgotten: the previous clients died with the previous
+   agent (fate sharing).
+5. The kept packages are adopted as unused, least recently used first, and the budget enforced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.runtime_env import UriKey, UriKind
+from agent.state_db import StateDB, UriRow
+from agent.store import UriStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RecoverySummary:
+    rows_kept: int = 0
+    rows_dropped: int = 0
+    orphans_deleted: int = 0
+    bytes_freed: int = 0  # orphans, staging and trash left by the previous run, evictions
+    envs_forgotten: int = 0
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        return (
+            f"recovery: {self.rows_kept} packages kept, {self.rows_dropped} rows dropped, "
+            f"{self.orphans_deleted} orphan directories deleted, {self.bytes_freed} bytes freed, "
+            f"{self.envs_forgotten} envs forgotten, in {self.seconds:.3f}s"
+        )
+
+
+async def recover(store: UriStore, db: StateDB | None) -> RecoverySummary:
+    started = time.monotonic()
+    root = store.root
+    rows, envs = await db.load() if db is not None else ([], [])
+    scan = await asyncio.to_thread(_scan, root)
+    kept: list[tuple[UriKey, UriRow]] = []
+    dropped: list[tuple[str, str]] = []
+    for row in rows:
+        key = _key_of(row)
+        if key is None or row.dir != store.path_for(key).name or row.dir not in scan.dirs:
+            dropped.append((row.kind, row.uri))
+        else:
+            kept.append((key, row))
+    vouched = {row.dir for _, row in kept}
+    orphans = [root / "uris" / name for name in scan.dirs if name not in vouched]
+    freed = scan.leftover_bytes + await asyncio.to_thread(_du_all, orphans)
+    aside = [*_set_aside(root), *(_rename_to_trash(root, path) for path in orphans)]
+    if db is not None:
+        await db.reset_after_recovery(dropped)
+    for key, row in sorted(kept, key=lambda kr: kr[1].last_used_ms):
+        store.adopt(key, row.size, row.last_used_ms)
+    unused_before = store.stats().unused_bytes
+    store.enforce_budget()
+    freed += unused_before - store.stats().unused_bytes
+    store.delete_in_background(aside)
+    summary = RecoverySummary(
+        rows_kept=len(kept),
+        rows_dropped=len(dropped),
+        orphans_deleted=len(orphans),
+        bytes_freed=freed,
+        envs_forgotten=len(envs),
+        seconds=time.monotonic() - started,
+    )
+    log.info("%s", summary.line())
+    return summary
+
+
+@dataclass(frozen=True)
+class _Scan:
+    dirs: frozenset[str]  # names under uris/
+    leftover_bytes: int  # in tmp/, trash/ and earlier set-asides
+
+
+def _scan(root: Path) -> _Scan:
+    dirs = frozenset(entry.name for entry in os.scandir(root / "uris") if entry.is_dir())
+    leftovers = [root / "tmp", root / "trash", *root.glob(".old-*")]
+    return _Scan(dirs, _du_all(leftovers))
+
+
+def _key_of(row: UriRow) -> UriKey | None:
+    try:
+        return UriKey(UriKind(row.kind), row.uri)
+    except ValueError:
+        return None
+
+
+def _set_aside(root: Path) -> list[Path]:
+    """Rename tmp/ and trash/ aside (one rename each) and make them anew; return what to delete,
+    with whatever an earlier start had set aside and not finished deleting."""
+    for sub in ("tmp", "trash"):
+        directory = root / sub
+        os.rename(directory, root / f".old-{sub}-{uuid.uuid4().hex}")
+        directory.mkdir()
+    return sorted(root.glob(".old-*"))
+
+
+def _rename_to_trash(root: Path, path: Path) -> Path:
+    target = root / "trash" / uuid.uuid4().hex
+    os.rename(path, target)
+    return target
+
+
+def _du_all(paths: list[Path]) -> int:
+    total = 0
+    for path in paths:
+        for dirpath, _, filenames in os.walk(path):
+            for name in filenames:
+                with contextlib.suppress(OSError):  # deleted meanwhile
+                    total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
