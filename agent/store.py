@@ -120,8 +120,7 @@ class UriStore:
     # -- paths -----------------------------------------------------------------------------
     def path_for(self, key: UriKey) -> Path:
         """Where a key's package lives once installed: a pure function of the key."""
-        digest = hashlib.sha256(key.uri.encode()).hexdigest()[:32]
-        return self.root / "uris" / f"{key.kind.value}-{digest}"
+        return package_dir(self.root, key)
 
     # -- installs --------------------------------------------------------------------------
     async def ensure(self, key: UriKey) -> Path:
@@ -324,6 +323,12 @@ class UriStore:
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
+
+
+def package_dir(root: Path, key: UriKey) -> Path:
+    """The layout: ``<root>/uris/<kind>-<32 hex of sha256(uri)>``."""
+    digest = hashlib.sha256(key.uri.encode()).hexdigest()[:32]
+    return root / "uris" / f"{key.kind.value}-{digest}"
 
 
 def _remove_all(paths: list[Path]) -> None:

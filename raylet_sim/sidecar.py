@@ -93,7 +93,13 @@ class AgentSidecar:
     async def _wait_healthy(self) -> None:
         assert self.process is not None
         deadline = time.monotonic() + self._health_timeout_s
-        async with grpc.aio.insecure_channel(self.address) as channel:
+        # gRPC's first reconnect waits a second by default; the agent is up sooner than that
+        options = [
+            ("grpc.initial_reconnect_backoff_ms", 20),
+            ("grpc.min_reconnect_backoff_ms", 20),
+            ("grpc.max_reconnect_backoff_ms", 200),
+        ]
+        async with grpc.aio.insecure_channel(self.address, options=options) as channel:
             health = cast(Any, health_pb2_grpc.HealthStub(channel))  # the stubs lack methods
             while time.monotonic() < deadline:
                 if self.process.returncode is not None:
