@@ -17,11 +17,14 @@ is dropped, as Ray does, so ``proj/main.py`` lands at ``<dest>/main.py``.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 import shutil
 import stat
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -144,15 +147,18 @@ def _write(
     links = []
     for entry in entries:
         target = root.joinpath(*entry.rel.parts)
-        if entry.kind == "dir":
-            target.mkdir(parents=True, exist_ok=True)
-        elif entry.kind == "symlink":
-            links.append(entry)
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            written += _copy(zf, entry, target, limits.max_uncompressed_bytes - written, label)
+        with _unwritable(entry, label):
+            if entry.kind == "dir":
+                target.mkdir(parents=True, exist_ok=True)
+            elif entry.kind == "symlink":
+                links.append(entry)
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                allowance = limits.max_uncompressed_bytes - written
+                written += _copy(zf, entry, target, allowance, label)
     for entry in links:
-        written += _link(zf, entry, root, label)
+        with _unwritable(entry, label):
+            written += _link(zf, entry, root, label)
     for entry in links:  # a later link can redirect an earlier one: check them all once more
         if not _inside(root, Path(os.path.realpath(root.joinpath(*entry.rel.parts)))):
             _unlink_all(root, links)
@@ -161,6 +167,21 @@ def _write(
                 "through another link"
             )
     return written
+
+
+@contextlib.contextmanager
+def _unwritable(entry: _Entry, label: str) -> Iterator[None]:
+    """An entry the file system refuses (it collides with another, its name is too long) is the
+    archive's fault: UnsafeArchive. A full disk is not: it passes through to the store."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise UnsafeArchive(
+            f"{label}: entry {entry.info.filename!r} cannot be written: {exc.strerror} (it "
+            "collides with another entry, or its name is not allowed here)"
+        ) from exc
 
 
 def _copy(zf: zipfile.ZipFile, entry: _Entry, target: Path, allowance: int, label: str) -> int:
