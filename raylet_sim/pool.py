@@ -166,7 +166,7 @@ class WorkerPool:
         idle = self._idle.get(env_key)
         while idle:
             worker = idle.pop()
-            if worker.state is WorkerState.IDLE:
+            if worker.state is WorkerState.IDLE and worker.process.returncode is None:
                 self._cancel_idle_timer(worker)
                 worker.state = WorkerState.BUSY
                 return worker
@@ -185,8 +185,8 @@ class WorkerPool:
 
     def push_worker(self, worker: Worker) -> None:
         """Return a worker after a task: idle until reused or until its idle time runs out."""
-        if worker.state is not WorkerState.BUSY:
-            return  # it died meanwhile; its reaper has uncounted it
+        if worker.state is not WorkerState.BUSY or worker.process.returncode is not None:
+            return  # it died meanwhile; its reaper uncounts it
         if self._closing:
             self._terminate(worker)
             return
