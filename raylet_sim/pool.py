@@ -36,6 +36,7 @@ from typing import IO, Any
 import grpc
 
 from raylet_sim.client import AgentClient
+from raylet_sim.watch import ENV_VAR as WATCH_ENV_VAR
 from rtenv.v1 import agent_pb2
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ class Worker:
     process: asyncio.subprocess.Process
     state: WorkerState = WorkerState.STARTING
     tasks_run: int = 0
-    idle_timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+    timer: asyncio.TimerHandle | None = field(default=None, repr=False)  # idle or stop
 
     @property
     def pid(self) -> int:
@@ -115,11 +116,14 @@ class WorkerPool:
         idle_timeout_s: float = 5.0,
         worker_stderr: IO[bytes] | int | None = None,
         on_worker_exit: Callable[[Worker, int], None] | None = None,
+        watch_interval_s: float | None = None,
     ) -> None:
         self._client = client
         self._idle_timeout_s = idle_timeout_s
         self._stderr = worker_stderr
         self._on_worker_exit = on_worker_exit
+        self._watch_interval_s = watch_interval_s
+        self.violations: list[str] = []  # files of a live worker's env that vanished or changed
         self.slots: dict[str, EnvSlot] = {}
         self.workers: dict[int, Worker] = {}
         self._idle: dict[str, list[Worker]] = {}
@@ -154,6 +158,7 @@ class WorkerPool:
             raise TaskFailed(WORKER_DIED, f"worker {worker.pid} exited with {code} mid-task")
         worker.tasks_run += 1
         reply = json.loads(line)
+        self.violations += reply.get("violations", [])
         if not reply["ok"]:
             raise TaskFailed(TASK_ERROR, reply["error"])
         return reply["result"]
@@ -167,7 +172,7 @@ class WorkerPool:
         while idle:
             worker = idle.pop()
             if worker.state is WorkerState.IDLE and worker.process.returncode is None:
-                self._cancel_idle_timer(worker)
+                self._cancel_timer(worker)
                 worker.state = WorkerState.BUSY
                 return worker
         slot = self.slots.setdefault(env_key, EnvSlot())
@@ -192,7 +197,7 @@ class WorkerPool:
             return
         worker.state = WorkerState.IDLE
         self._idle.setdefault(worker.env_key, []).append(worker)
-        worker.idle_timer = asyncio.get_running_loop().call_later(
+        worker.timer = asyncio.get_running_loop().call_later(
             self._idle_timeout_s, self._terminate, worker
         )
 
@@ -227,6 +232,8 @@ class WorkerPool:
     ) -> asyncio.subprocess.Process:
         python = context.py_executable or sys.executable
         env = {**os.environ, **context.env_vars}
+        if self._watch_interval_s is not None:
+            env[WATCH_ENV_VAR] = str(self._watch_interval_s)
         try:
             return await asyncio.create_subprocess_exec(
                 python, "-m", "raylet_sim.worker",
@@ -278,7 +285,13 @@ class WorkerPool:
 
     async def _reap(self, worker: Worker) -> None:
         code = await worker.process.wait()
-        self._cancel_idle_timer(worker)
+        if worker.state is WorkerState.IDLE and worker.process.stdout is not None:
+            # nobody else reads an idle worker's stdout: its last report is there
+            with contextlib.suppress(TimeoutError, ValueError):
+                async with asyncio.timeout(5):
+                    for line in (await worker.process.stdout.read()).splitlines():
+                        self.violations += json.loads(line).get("violations", [])
+        self._cancel_timer(worker)
         worker.state = WorkerState.EXITED
         del self.workers[worker.worker_id]
         idle = self._idle.get(worker.env_key)
@@ -314,28 +327,36 @@ class WorkerPool:
             )
 
     # -- stopping --------------------------------------------------------------------------
-    def _terminate(self, worker: Worker) -> None:
-        """Ask a worker to exit: close its stdin (it exits at EOF), then signal its group."""
-        self._cancel_idle_timer(worker)
+    def _terminate(self, worker: Worker, *, polite: bool = True) -> None:
+        """Ask a worker to exit: close its stdin (it exits at EOF, after its last report), and
+        SIGTERM its group if it is still there after a grace period (``polite``) or at once."""
+        self._cancel_timer(worker)
         if worker.state is WorkerState.EXITED:
             return
         stdin = worker.process.stdin
         if stdin is not None and not stdin.is_closing():
             stdin.close()
-        _signal_group(worker, signal.SIGTERM)
+        if polite:
+            worker.timer = asyncio.get_running_loop().call_later(
+                _STOP_GRACE_S, _signal_group, worker, signal.SIGTERM
+            )
+        else:
+            _signal_group(worker, signal.SIGTERM)
 
-    def _cancel_idle_timer(self, worker: Worker) -> None:
-        if worker.idle_timer is not None:
-            worker.idle_timer.cancel()
-            worker.idle_timer = None
+    def _cancel_timer(self, worker: Worker) -> None:
+        if worker.timer is not None:
+            worker.timer.cancel()
+            worker.timer = None
 
-    async def kill_all(self, grace_s: float = _STOP_GRACE_S) -> None:
-        """SIGTERM every worker's process group, wait up to ``grace_s``, then SIGKILL."""
+    async def kill_all(self, grace_s: float = _STOP_GRACE_S, *, polite: bool = False) -> None:
+        """Stop every worker: SIGTERM its process group (or, ``polite``, first close its stdin
+        and wait for it to exit), wait up to ``grace_s`` more, then SIGKILL what is left."""
         self._closing = True
         for worker in list(self.workers.values()):
-            self._terminate(worker)
+            self._terminate(worker, polite=polite)
         if self._reapers:
-            _, pending = await asyncio.wait(set(self._reapers), timeout=grace_s)
+            timeout = 2 * grace_s if polite else grace_s
+            _, pending = await asyncio.wait(set(self._reapers), timeout=timeout)
             for worker in list(self.workers.values()):
                 _signal_group(worker, signal.SIGKILL)
             if pending:
@@ -343,7 +364,7 @@ class WorkerPool:
 
     async def close(self) -> None:
         """Stop every worker and give every env reference back to the agent."""
-        await self.kill_all()
+        await self.kill_all(polite=True)
         while self._deletes:
             await asyncio.gather(*set(self._deletes))
 

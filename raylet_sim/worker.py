@@ -16,6 +16,8 @@ import sys
 import traceback
 from typing import Any, TextIO
 
+from raylet_sim.watch import Watcher, from_environment
+
 
 def _run(call: str, args: list[Any]) -> Any:
     module_name, _, function = call.partition(":")
@@ -23,32 +25,38 @@ def _run(call: str, args: list[Any]) -> Any:
     return getattr(module, function)(*args)
 
 
-def serve(requests: TextIO, replies: TextIO) -> None:
-    replies.write(json.dumps({"ready": True, "pid": os.getpid(), "cwd": os.getcwd()}) + "\n")
+def serve(requests: TextIO, replies: TextIO, watcher: Watcher | None = None) -> None:
+    ready: dict[str, Any] = {"ready": True, "pid": os.getpid(), "cwd": os.getcwd()}
+    if watcher is not None:
+        ready["watching"] = watcher.files
+        watcher.start()
+    replies.write(json.dumps(ready) + "\n")
     replies.flush()
     for line in requests:
         task = json.loads(line)
+        reply: dict[str, Any] = {"task_id": task["task_id"]}
         try:
-            reply = {
-                "task_id": task["task_id"],
-                "ok": True,
-                "result": _run(task["call"], task["args"]),
-            }
+            reply.update(ok=True, result=_run(task["call"], task["args"]))
         except Exception as exc:
-            reply = {
-                "task_id": task["task_id"],
-                "ok": False,
-                "error": f"{type(exc).__name__}: {exc}",
-                "traceback": traceback.format_exc(limit=5),
-            }
+            reply.update(
+                ok=False,
+                error=f"{type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(limit=5),
+            )
+        if watcher is not None:
+            reply["violations"] = watcher.take()
         replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+    if watcher is not None:  # stdin closed: a last look, a last report
+        watcher.stop()
+        replies.write(json.dumps({"violations": watcher.take()}) + "\n")
         replies.flush()
 
 
 def main() -> None:
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # a task's prints, and its children's, must not corrupt the protocol
-    serve(sys.stdin, replies)
+    serve(sys.stdin, replies, from_environment())
 
 
 if __name__ == "__main__":
