@@ -24,6 +24,7 @@ import re
 import shutil
 import stat
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -63,7 +64,7 @@ def extract_zip(
             entries = _plan(zf, archive.stat().st_size, strip_top_level, limits, label)
             dest.mkdir(parents=True)
             return _write(zf, entries, dest.resolve(), limits, label)
-    except zipfile.BadZipFile as exc:
+    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:  # zlib, EOF: a corrupt stream
         raise UnsafeArchive(f"{label} is not a readable zip archive: {exc}") from exc
     except zipfile.LargeZipFile as exc:
         raise UnsafeArchive(f"{label} needs ZIP64, which is not enabled: {exc}") from exc

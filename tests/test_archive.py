@@ -274,3 +274,15 @@ def test_remove_tree_on_a_symlink_removes_the_link_not_its_target(tmp_path: Path
     remove_tree(link)
     assert not link.is_symlink()
     assert (target / "keep").read_text() == "k"
+
+
+@pytest.mark.parametrize("flip", [(60, 200), (40, 41)], ids=["deflate-stream", "one-byte"])
+def test_corrupt_deflate_stream_is_unsafe_archive_not_a_raw_zlib_error(
+    tmp_path: Path, flip: tuple[int, int]
+) -> None:
+    """A body corrupted in transit (zlib.error, EOFError inside zipfile) is refused as a zip."""
+    data = bytearray(make_zip({"m/__init__.py": os.urandom(4000).hex()}))
+    for i in range(*flip):
+        data[i] ^= 0xFF
+    message = refused(tmp_path, bytes(data), strip=False)
+    assert "zip" in message
