@@ -129,6 +129,7 @@ class WorkerPool:
         self._idle: dict[str, list[Worker]] = {}
         self._reapers: set[asyncio.Task[None]] = set()
         self._deletes: set[asyncio.Task[None]] = set()
+        self._creates: set[asyncio.Task[agent_pb2.RuntimeEnvContext]] = set()
         self._next_id = 0
         self._closing = False
         self.stats = PoolStats()
@@ -206,6 +207,9 @@ class WorkerPool:
             return slot.context
         if slot.creating is None:
             slot.creating = asyncio.create_task(self._create(env_key, slot))
+            self._creates.add(slot.creating)
+            slot.creating.add_done_callback(self._creates.discard)
+            slot.creating.add_done_callback(_retrieved)  # its waiters may all have gone
         return await asyncio.shield(slot.creating)
 
     async def _create(self, env_key: str, slot: EnvSlot) -> agent_pb2.RuntimeEnvContext:
@@ -368,6 +372,23 @@ class WorkerPool:
         while self._deletes:
             await asyncio.gather(*set(self._deletes))
 
+    async def quiesce(self, max_rounds: int = 100) -> None:
+        """Wait until no create or delete is in flight (a create may end in a delete)."""
+        for _ in range(max_rounds):
+            pending: set[asyncio.Future[Any]] = {*self._creates, *self._deletes}
+            if not pending:
+                return
+            await asyncio.wait(pending)
+        raise RuntimeError(f"creates and deletes still in flight after {max_rounds} rounds")
+
+    def active_keys_by_env(self) -> dict[str, int]:
+        """runtime_env_id -> the pool's active keys holding it: the agent's count must match."""
+        counts: dict[str, int] = {}
+        for slot in self.slots.values():
+            if slot.runtime_env_id:
+                counts[slot.runtime_env_id] = counts.get(slot.runtime_env_id, 0) + 1
+        return counts
+
     def check_invariants(self) -> None:
         live: dict[str, int] = {}
         for worker in self.workers.values():
@@ -376,6 +397,11 @@ class WorkerPool:
             assert slot.count >= 1, f"P1: slot {key!r} kept at count {slot.count}"
             assert slot.count >= live.get(key, 0), f"P1: slot {key!r} under its live workers"
         assert set(live) <= set(self.slots), "P1: a live worker's key has no slot"
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _signal_group(worker: Worker, sig: signal.Signals) -> None:
