@@ -40,10 +40,12 @@ class Node:
         agent_args: Sequence[str] = (),
         idle_timeout_s: float = 5.0,
         worker_stderr: IO[bytes] | int | None = None,
+        watch_interval_s: float | None = None,
     ) -> None:
         self.sidecar = AgentSidecar(root, command=agent_command, extra_args=agent_args)
         self._idle_timeout_s = idle_timeout_s
         self._worker_stderr = worker_stderr
+        self._watch_interval_s = watch_interval_s
         self._channel: grpc.aio.Channel | None = None
         self.client: AgentClient | None = None
         self.pool: WorkerPool | None = None
@@ -57,7 +59,10 @@ class Node:
         self._channel = grpc.aio.insecure_channel(self.sidecar.address)
         self.client = AgentClient(self._channel)
         self.pool = WorkerPool(
-            self.client, idle_timeout_s=self._idle_timeout_s, worker_stderr=self._worker_stderr
+            self.client,
+            idle_timeout_s=self._idle_timeout_s,
+            worker_stderr=self._worker_stderr,
+            watch_interval_s=self._watch_interval_s,
         )
         self._watcher = asyncio.create_task(self._watch(), name="watch the agent")
 
@@ -68,9 +73,16 @@ class Node:
             return
         workers = len(self.pool.workers)
         log.error("the agent exited with code %d; killing %d workers", code, workers)
+        self.pool.abandon_agent()
         await self.pool.kill_all()
         self.died = AgentDied(self.sidecar.pid, code, workers)
         self._died.set()
+
+    async def wait_died(self) -> AgentDied:
+        """Wait until the node has noticed its agent's death and stopped its workers."""
+        await self._died.wait()
+        assert self.died is not None
+        return self.died
 
     async def run(self, task: TaskSpec, *, task_id: str = "") -> Any:
         """Run a task; if the agent dies first (or meanwhile), raise ``AgentDied``."""

@@ -132,6 +132,7 @@ class WorkerPool:
         self._creates: set[asyncio.Task[agent_pb2.RuntimeEnvContext]] = set()
         self._next_id = 0
         self._closing = False
+        self._agent_gone = False
         self.stats = PoolStats()
 
     # -- tasks -----------------------------------------------------------------------------
@@ -316,7 +317,13 @@ class WorkerPool:
             self._schedule_delete(slot.runtime_env_id)
         # a create still in flight sees its slot gone and deletes what it created
 
+    def abandon_agent(self) -> None:
+        """The agent died: its references died with it, so nothing is deleted any more."""
+        self._agent_gone = True
+
     def _schedule_delete(self, runtime_env_id: str) -> None:
+        if self._agent_gone:
+            return
         task = asyncio.create_task(self._delete(runtime_env_id), name=f"delete {runtime_env_id}")
         self._deletes.add(task)
         task.add_done_callback(self._deletes.discard)
