@@ -68,7 +68,8 @@ async def recover(store: UriStore, db: StateDB | None) -> RecoverySummary:
     unused_before = store.stats().unused_bytes
     store.enforce_budget()
     freed += unused_before - store.stats().unused_bytes
-    store.delete_in_background(aside)
+    if aside:
+        store.delete_in_background(aside)
     summary = RecoverySummary(
         rows_kept=len(kept),
         rows_dropped=len(dropped),
@@ -105,8 +106,9 @@ def _set_aside(root: Path) -> list[Path]:
     with whatever an earlier start had set aside and not finished deleting."""
     for sub in ("tmp", "trash"):
         directory = root / sub
-        os.rename(directory, root / f".old-{sub}-{uuid.uuid4().hex}")
-        directory.mkdir()
+        if any(directory.iterdir()):
+            os.rename(directory, root / f".old-{sub}-{uuid.uuid4().hex}")
+            directory.mkdir()
     return sorted(root.glob(".old-*"))
 
 

@@ -223,12 +223,20 @@ def check_address(address: str, allow_remote: bool) -> str:
 
 
 def _move_aside(db_path: Path) -> None:
-    """--reset-state: keep the old database (and its WAL) beside the new one, never delete it."""
+    """--reset-state: keep the old database (and its WAL) beside the new one, never delete it
+    nor overwrite one an earlier reset kept."""
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    for suffix in ("", "-wal", "-shm"):
+    suffixes = ("", "-wal", "-shm")
+    for n in range(1000):
+        name = f"{db_path.name}.reset-{stamp}" + (f"-{n}" if n else "")
+        if not any(db_path.with_name(name + s).exists() for s in suffixes):
+            break
+    else:
+        raise StartupError(f"{db_path.parent} holds 1000 kept databases of {stamp}; clear some")
+    for suffix in suffixes:
         old = db_path.with_name(db_path.name + suffix)
         if old.exists():
-            aside = db_path.with_name(f"{db_path.name}.reset-{stamp}{suffix}")
+            aside = db_path.with_name(name + suffix)
             os.rename(old, aside)
             log.warning("--reset-state: moved %s to %s", old, aside)
 

@@ -64,6 +64,9 @@ CREATE TABLE envs (
 _MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1}
 
 
+_WAY_OUT = "start the agent with --reset-state to move it aside and rebuild from an empty cache"
+
+
 class StateDBError(AgentError):
     """The state database cannot be used as it is; the message says the way out."""
 
@@ -120,35 +123,42 @@ class StateDB:
         self._flusher = asyncio.create_task(self._flush_loop(), name="state-db flush")
 
     def _open_sync(self) -> None:
-        way_out = (
-            "start the agent with --reset-state to move it aside and rebuild from an empty cache"
-        )
+        """Check the file before changing anything in it (not even its journal mode), then
+        migrate. Any SQLite error, at any step, is a StateDBError naming the way out."""
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=NORMAL")
-                check = conn.execute("PRAGMA quick_check").fetchone()[0]
-                if check != "ok":
-                    raise sqlite3.DatabaseError(f"quick_check: {check}")
-                version = conn.execute("PRAGMA user_version").fetchone()[0]
-            except BaseException:
-                conn.close()
-                raise
-        except sqlite3.Error as exc:
-            raise StateDBError(f"{self.path} is unreadable ({exc}); {way_out}") from exc
-        if version > SCHEMA_VERSION:
+            self._check(conn)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            for target in range(version + 1, SCHEMA_VERSION + 1):
+                with _transaction(conn):
+                    _script(conn, _MIGRATIONS[target])
+                    conn.execute(f"PRAGMA user_version={target}")
+                log.info("state.db migrated to schema version %d", target)
+        except BaseException as exc:
             conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise StateDBError(f"{self.path} is unreadable ({exc}); {_WAY_OUT}") from exc
+            raise
+        self._conn = conn
+
+    def _check(self, conn: sqlite3.Connection) -> None:
+        check = conn.execute("PRAGMA quick_check").fetchone()[0]
+        if check != "ok":
+            raise sqlite3.DatabaseError(f"quick_check: {check}")
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
             raise StateDBError(
                 f"{self.path} has schema version {version}, newer than this agent's "
-                f"{SCHEMA_VERSION}; run a newer agent, or {way_out}"
+                f"{SCHEMA_VERSION}; run a newer agent, or {_WAY_OUT}"
             )
-        for target in range(version + 1, SCHEMA_VERSION + 1):
-            with _transaction(conn):
-                _script(conn, _MIGRATIONS[target])
-                conn.execute(f"PRAGMA user_version={target}")
-            log.info("state.db migrated to schema version %d", target)
-        self._conn = conn
+        tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        if version == 0 and tables:
+            raise StateDBError(
+                f"{self.path} is an SQLite database this agent did not write (schema version 0 "
+                f"with {tables} objects in it); {_WAY_OUT}"
+            )
 
     async def close(self) -> None:
         if self._flusher is not None:
