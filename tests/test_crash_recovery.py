@@ -1,0 +1,398 @@
+"""Whole-process crash tests: an agent armed with ``RTENV_CRASH_AT`` SIGKILLs itself at one point,
+and a restart on the same root makes the index (a real ``state.db``) and the disk agree again.
+
+Each test: a clean agent installs package X and releases it (X cached, unused), and stops on
+SIGTERM; an armed agent runs the workload that reaches the crash point and dies (-9); a clean
+agent restarts on the same root and is checked through the disk, the SQLite file and
+GetRuntimeEnvsInfo, then serves every surviving package with zero downloads and downloads again
+whatever was not committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import shutil
+import signal
+import sqlite3
+import sys
+import zipfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent.crash import ENV_VAR, POINTS
+from rtenv.v1 import agent_pb2, agent_pb2_grpc
+from tests.helpers import (
+    PackageServer,
+    env_json,
+    make_zip,
+    package_server,
+    short_tempdir,
+    wait_until,
+)
+from tests.test_process import REPO, START_S, STOP_S, stop, wait_health_serving
+
+PREFIX = "rtenv-agent serving on "
+
+X_ZIP = make_zip({"proj/x.txt": "x" * 10_000})  # working_dir: unpacked without "proj/"
+Y_ZIP = make_zip({"ymod/__init__.py": "VALUE = 'y'\n", "ymod/blob.txt": "y" * 10_000})
+ZIPS = {"x.zip": X_ZIP, "y.zip": Y_ZIP}
+FILES = {"x.zip": "x.txt", "y.zip": "ymod/__init__.py"}  # a file each package's dir must hold
+
+
+def unpacked_size(data: bytes) -> int:
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        return sum(info.file_size for info in zf.infolist() if not info.is_dir())
+
+
+X_FILES, Y_FILES = unpacked_size(X_ZIP), unpacked_size(Y_ZIP)
+BUDGET = X_FILES + Y_FILES // 2  # X alone fits, Y alone fits, both do not
+
+
+def env_of(server: PackageServer, name: str) -> str:
+    """Env A uses X as its working_dir; env B uses Y as a py_module."""
+    url = f"{server.base_url}/{name}"
+    return env_json(working_dir=url) if name == "x.zip" else env_json(py_modules=[url])
+
+
+# -- an agent process and a client -----------------------------------------------------------
+
+
+@dataclass
+class AgentProc:
+    proc: asyncio.subprocess.Process
+    address: str  # "" if it exited before serving
+    log: Path
+    stub: agent_pb2_grpc.RuntimeEnvAgentStub | None = None
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def client(self) -> agent_pb2_grpc.RuntimeEnvAgentStub:
+        assert self.stub is not None, f"the agent did not serve; log:\n{self.log_text()}"
+        return self.stub
+
+    async def create(self, serialized: str) -> agent_pb2.CreateRuntimeEnvReply:
+        request = agent_pb2.CreateRuntimeEnvRequest(serialized_runtime_env=serialized)
+        reply: agent_pb2.CreateRuntimeEnvReply = await self.client().CreateRuntimeEnv(
+            request, timeout=30
+        )
+        return reply
+
+    async def delete(self, env_id: str) -> int:
+        request = agent_pb2.DeleteRuntimeEnvRequest(runtime_env_id=env_id)
+        reply = await self.client().DeleteRuntimeEnv(request, timeout=30)
+        remaining: int = reply.remaining_references
+        return remaining
+
+    async def info(self) -> agent_pb2.GetRuntimeEnvsInfoReply:
+        request = agent_pb2.GetRuntimeEnvsInfoRequest()
+        reply: agent_pb2.GetRuntimeEnvsInfoReply = await self.client().GetRuntimeEnvsInfo(
+            request, timeout=30
+        )
+        return reply
+
+    async def died(self) -> int:
+        """Wait, bounded, for the process to exit; return its exit code."""
+        return await asyncio.wait_for(self.proc.wait(), STOP_S)
+
+    async def sigterm(self) -> None:
+        self.proc.terminate()
+        assert await self.died() == 0, self.log_text()
+
+
+@asynccontextmanager
+async def agent_process(
+    root: Path, log: Path, *args: str, crash_at: str = ""
+) -> AsyncIterator[AgentProc]:
+    """``python -m agent serve --root ROOT ARGS``; yielded once it serves or has exited."""
+    env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    if crash_at:
+        env[ENV_VAR] = crash_at
+    with log.open("wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agent", "serve", "--root", str(root), *args,
+            stdout=asyncio.subprocess.PIPE, stderr=err, cwd=REPO, env=env,
+        )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), START_S)).decode().strip()
+        agent = AgentProc(proc, line.removeprefix(PREFIX) if line.startswith(PREFIX) else "", log)
+        if not agent.address:
+            yield agent
+            return
+        async with grpc.aio.insecure_channel(
+            agent.address, options=[("grpc.enable_http_proxy", 0)]
+        ) as channel:
+            agent.stub = agent_pb2_grpc.RuntimeEnvAgentStub(channel)  # type: ignore[no-untyped-call]
+            yield agent
+    finally:
+        await stop(proc)
+
+
+# -- the index, read from the test -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Index:
+    uris: dict[str, tuple[str, str, int]]  # dir -> (kind, uri, refcount)
+    env_counts: list[int] = field(default_factory=list)
+
+
+def read_index(root: Path) -> Index:
+    """Read ``state.db`` through a read-only connection of this process."""
+    conn = sqlite3.connect(f"file:{root / 'state.db'}?mode=ro", uri=True)
+    try:
+        rows = conn.execute("SELECT dir, kind, uri, refcount FROM uris").fetchall()
+        envs = conn.execute("SELECT refcount FROM envs").fetchall()
+    finally:
+        conn.close()
+    return Index({d: (k, u, n) for d, k, u, n in rows}, [n for (n,) in envs])
+
+
+def listing(path: Path) -> list[str]:
+    return sorted(os.listdir(path))
+
+
+def staging(root: Path) -> set[str]:
+    """What the one staging directory under tmp/ holds (empty set if there is none)."""
+    dirs = listing(root / "tmp")
+    assert len(dirs) <= 1, dirs
+    return set(listing(root / "tmp" / dirs[0])) if dirs else set()
+
+
+# -- scenarios -------------------------------------------------------------------------------
+
+Workload = Callable[[AgentProc, PackageServer, Path], Awaitable[None]]
+
+
+async def replied_or_died(call: Awaitable[object]) -> None:
+    """The last call of a workload: the crash it leads to may come before its reply is sent."""
+    try:
+        await call
+    except grpc.aio.AioRpcError as exc:
+        assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc  # noqa: PT017
+
+
+async def create_a_then_crash_installing_b(
+    agent: AgentProc, pkgs: PackageServer, root: Path
+) -> None:
+    """A (cached X) gets a reference, written behind; then B's install of Y dies midway."""
+    await agent.create(env_of(pkgs, "x.zip"))
+    x_url = f"{pkgs.base_url}/x.zip"
+
+    def x_counted() -> bool:
+        return any(u == x_url and n == 1 for _, u, n in read_index(root).uris.values())
+
+    await wait_until(x_counted, timeout_s=10, what="X's count of 1 written behind")
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await agent.create(env_of(pkgs, "y.zip"))
+    assert failed.value.code() == grpc.StatusCode.UNAVAILABLE, failed.value
+
+
+async def install_b_then_crash_writing_counts(
+    agent: AgentProc, pkgs: PackageServer, root: Path
+) -> None:
+    """B installs Y (its row committed before the reply); the count batch written behind it,
+    about 100 ms later, dies midway."""
+    await replied_or_died(agent.create(env_of(pkgs, "y.zip")))
+
+
+async def install_b_release_it_then_crash_evicting_x(
+    agent: AgentProc, pkgs: PackageServer, root: Path
+) -> None:
+    """Under a budget that holds X or Y but not both, releasing B evicts X; its deletion dies."""
+    reply = await agent.create(env_of(pkgs, "y.zip"))
+    await replied_or_died(agent.delete(reply.runtime_env_id))
+
+
+@dataclass(frozen=True)
+class Scenario:
+    workload: Workload
+    dead_uris: int  # directories under uris/ when it died
+    dead_staging: frozenset[str]  # what tmp/'s staging directory held
+    dead_trash: int
+    kept: frozenset[str]  # packages whose row and directory survive the restart
+    refetched: frozenset[str]  # packages whose install was lost: downloaded again
+    rows_dropped: int
+    orphans: int
+    bytes_freed: int
+    args: tuple[str, ...] = ()
+
+
+ZIP_ONLY, ZIP_AND_TREE = frozenset({"package.zip"}), frozenset({"package.zip", "unpacked"})
+
+
+def install_crash(
+    dead_uris: int, dead_staging: frozenset[str], orphans: int, freed: int
+) -> Scenario:
+    """A crash inside Y's install: X (committed) is kept, Y (not committed) is lost."""
+    return Scenario(
+        create_a_then_crash_installing_b, dead_uris=dead_uris, dead_staging=dead_staging,
+        dead_trash=0, kept=frozenset({"x.zip"}), refetched=frozenset({"y.zip"}),
+        rows_dropped=0, orphans=orphans, bytes_freed=freed,
+    )  # fmt: skip
+
+
+SCENARIOS = {
+    "after_download": install_crash(1, ZIP_ONLY, 0, len(Y_ZIP)),
+    "after_extract": install_crash(1, ZIP_AND_TREE, 0, len(Y_ZIP) + Y_FILES),
+    "before_rename": install_crash(1, ZIP_AND_TREE, 0, len(Y_ZIP) + Y_FILES),
+    "after_rename_before_commit": install_crash(2, ZIP_ONLY, 1, len(Y_ZIP) + Y_FILES),
+    "mid_count_batch": Scenario(
+        install_b_then_crash_writing_counts, dead_uris=2, dead_staging=frozenset(),
+        dead_trash=0, kept=frozenset({"x.zip", "y.zip"}), refetched=frozenset(),
+        rows_dropped=0, orphans=0, bytes_freed=0,
+    ),
+    "during_trash_deletion": Scenario(
+        install_b_release_it_then_crash_evicting_x, dead_uris=1, dead_staging=frozenset(),
+        dead_trash=1, kept=frozenset({"y.zip"}), refetched=frozenset({"x.zip"}),
+        rows_dropped=1, orphans=0, bytes_freed=X_FILES, args=("--cache-budget", str(BUDGET)),
+    ),
+}  # fmt: skip
+
+
+def premature(point: str, root: Path, armed: AgentProc, exc: BaseException) -> str:
+    """The workload failed: say so, and whether the agent died in recovery, before serving."""
+    hint = ""
+    if list(root.glob(".old-*")):
+        hint = " (recovery's own deletion of the set-aside tmp/ and trash/ reached the point)"
+    return f"the workload for {point} failed{hint}: {exc}\nlog:\n{armed.log_text()[-2000:]}"
+
+
+def test_every_crash_point_has_a_scenario() -> None:
+    assert set(SCENARIOS) == set(POINTS)
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    """A short directory (unix socket paths) for the root and the logs, removed afterwards."""
+    path = short_tempdir()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+async def install_x_and_stop(root: Path, log: Path, pkgs: PackageServer) -> None:
+    """A clean agent downloads X for env A, releases it (X cached, unused), stops on SIGTERM."""
+    async with agent_process(root, log) as first:
+        reply = await first.create(env_of(pkgs, "x.zip"))
+        assert await first.delete(reply.runtime_env_id) == 0
+        await first.sigterm()
+    assert pkgs.gets["x.zip"] == 1
+
+
+def leftovers(root: Path) -> list[str]:
+    return [
+        *listing(root / "tmp"),
+        *listing(root / "trash"),
+        *(p.name for p in root.glob(".old-*")),
+    ]
+
+
+async def check_recovered(
+    agent: AgentProc, root: Path, pkgs: PackageServer, kept: frozenset[str]
+) -> agent_pb2.RecoverySummary:
+    """Index and disk agree, every count is 0, leftovers go; return the recovery summary."""
+    assert agent.address, agent.log_text()
+    await wait_health_serving(agent.address)
+    index = read_index(root)
+    assert set(index.uris) == set(listing(root / "uris")), "rows and directories differ"
+    urls = {f"{pkgs.base_url}/{name}": name for name in ZIPS}
+    assert {urls[u] for _, u, _ in index.uris.values()} == kept
+    assert [n for _, _, n in index.uris.values()] == [0] * len(kept), index
+    assert index.env_counts == [], "envs of the dead agent's clients survived"
+
+    info = await agent.info()
+    assert {urls[u.uri] for u in info.uris} == kept
+    assert all(u.references == 0 and u.state == "unused" for u in info.uris), info.uris
+    assert info.total_envs == 0
+    assert info.recovery.rows_kept == len(kept), info.recovery
+    await wait_until(lambda: not leftovers(root), timeout_s=10, what="tmp/, trash/ emptied")
+    return info.recovery
+
+
+async def create_each(
+    agent: AgentProc, root: Path, pkgs: PackageServer, names: set[str], refetched: set[str]
+) -> None:
+    """Create an env of each package: a download only for REFETCHED; its row is committed and
+    its directory holds its files when the create returns."""
+    before = dict(pkgs.gets)
+    for name in sorted(names):
+        await agent.create(env_of(pkgs, name))
+        fetched = 1 if name in refetched else 0
+        assert pkgs.gets[name] == before.get(name, 0) + fetched, (name, pkgs.gets)
+        url = f"{pkgs.base_url}/{name}"
+        row = [d for d, (_, u, _) in read_index(root).uris.items() if u == url]
+        assert len(row) == 1, f"{name}'s row not committed when its create returned"
+        assert (root / "uris" / row[0] / FILES[name]).is_file()
+    assert sorted(read_index(root).uris) == listing(root / "uris")
+
+
+@pytest.mark.parametrize("point", sorted(SCENARIOS))
+async def test_restart_after_sigkill_at_crash_point_agrees_with_disk_and_reuses_packages(
+    base: Path, point: str
+) -> None:
+    """After kill -9 at POINT: rows == dirs, tmp/trash empty, counts 0, no re-download of
+    committed packages, one re-download of a lost one."""
+    scenario, root = SCENARIOS[point], base / "root"
+    async with package_server() as pkgs:
+        for name, body in ZIPS.items():
+            pkgs.add(name, body)
+        await install_x_and_stop(root, base / "1-clean.log", pkgs)
+
+        async with agent_process(
+            root, base / "2-armed.log", *scenario.args, crash_at=point
+        ) as armed:
+            try:
+                assert armed.address, "it exited before serving"
+                await scenario.workload(armed, pkgs, root)
+            except (AssertionError, grpc.aio.AioRpcError) as exc:
+                raise AssertionError(premature(point, root, armed, exc)) from exc
+            assert await armed.died() == -signal.SIGKILL, armed.log_text()
+        assert len(listing(root / "uris")) == scenario.dead_uris, "it did not die at the point"
+        assert staging(root) == scenario.dead_staging, "it did not die at the point"
+        assert len(listing(root / "trash")) == scenario.dead_trash, "it did not die at the point"
+
+        async with agent_process(root, base / "3-restart.log") as agent:
+            r = await check_recovered(agent, root, pkgs, scenario.kept)
+            assert r.rows_dropped == scenario.rows_dropped, r
+            assert r.orphans_deleted == scenario.orphans, r
+            assert r.envs_forgotten == 1, r  # the env the armed agent had committed
+            assert r.bytes_freed == scenario.bytes_freed, r
+            await create_each(
+                agent, root, pkgs, set(scenario.kept | scenario.refetched), set(scenario.refetched)
+            )
+
+
+async def test_sigkill_while_recovery_deletes_leftovers_is_finished_by_the_next_start(
+    base: Path,
+) -> None:
+    """A kill -9 while recovery deletes a previous run's staging leftovers: the next start
+    deletes them, keeps the cache and serves it without downloads."""
+    root = base / "root"
+    async with package_server() as pkgs:
+        for name, body in ZIPS.items():
+            pkgs.add(name, body)
+        await install_x_and_stop(root, base / "1-clean.log", pkgs)
+        (root / "tmp" / "stale").mkdir()
+        (root / "tmp" / "stale" / "package.zip").write_bytes(b"z" * 1234)
+
+        async with agent_process(
+            root, base / "2-armed.log", crash_at="during_trash_deletion"
+        ) as armed:
+            assert await armed.died() == -signal.SIGKILL, armed.log_text()
+        assert list(root.glob(".old-tmp-*")), "it did not die while deleting the leftovers"
+
+        async with agent_process(root, base / "3-restart.log") as agent:
+            r = await check_recovered(agent, root, pkgs, frozenset({"x.zip"}))
+            assert (r.rows_dropped, r.orphans_deleted, r.envs_forgotten) == (0, 0, 0), r
+            assert r.bytes_freed == 1234, r
+            await create_each(agent, root, pkgs, {"x.zip"}, set())
