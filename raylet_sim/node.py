@@ -72,10 +72,12 @@ class Node:
         if self._stopping:
             return
         workers = len(self.pool.workers)
+        # known before the kills: a task that fails because its worker is killed, or because the
+        # pool is closing, fails as AgentDied, not as a task of its own
+        self.died = AgentDied(self.sidecar.pid, code, workers)
         log.error("the agent exited with code %d; killing %d workers", code, workers)
         self.pool.abandon_agent()
         await self.pool.kill_all()
-        self.died = AgentDied(self.sidecar.pid, code, workers)
         self._died.set()
 
     async def wait_died(self) -> AgentDied:
