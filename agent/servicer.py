@@ -143,6 +143,7 @@ def info_reply(service: AgentService, limit: int) -> agent_pb2.GetRuntimeEnvsInf
             unused_bytes=stats.unused_bytes,
             budget_bytes=stats.budget_bytes,
             downloads=stats.downloads,
+            extractions=stats.extractions,
             evictions=stats.evictions,
             hits=stats.hits,
         ),

@@ -67,6 +67,7 @@ class StoreStats:
     unused_bytes: int
     budget_bytes: int
     downloads: int
+    extractions: int
     evictions: int
     hits: int
 
@@ -103,6 +104,7 @@ class UriStore:
         self._unused_bytes = 0
         self._background: set[asyncio.Task[None]] = set()
         self.downloads = 0
+        self.extractions = 0
         self.evictions = 0
         self.hits = 0
         for sub in ("uris", "tmp", "trash"):
@@ -175,6 +177,7 @@ class UriStore:
                 limits=self._archive_limits,
                 label=label,
             )
+            self.extractions += 1
             crash_point("after_extract")
             if entry.path.exists():  # a leftover no record claims (a crash between steps)
                 self.delete_in_background([self._to_trash(entry.path)])
@@ -305,6 +308,7 @@ class UriStore:
             unused_bytes=self._unused_bytes,
             budget_bytes=self.budget_bytes,
             downloads=self.downloads,
+            extractions=self.extractions,
             evictions=self.evictions,
             hits=self.hits,
         )

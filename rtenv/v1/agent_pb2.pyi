@@ -112,20 +112,22 @@ class UriInfo(_message.Message):
     def __init__(self, uri: _Optional[str] = ..., kind: _Optional[str] = ..., references: _Optional[int] = ..., state: _Optional[str] = ..., size_bytes: _Optional[int] = ..., last_used_ms: _Optional[int] = ..., local_path: _Optional[str] = ...) -> None: ...
 
 class CacheStats(_message.Message):
-    __slots__ = ("used_bytes", "unused_bytes", "budget_bytes", "downloads", "evictions", "hits")
+    __slots__ = ("used_bytes", "unused_bytes", "budget_bytes", "downloads", "evictions", "hits", "extractions")
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     UNUSED_BYTES_FIELD_NUMBER: _ClassVar[int]
     BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     DOWNLOADS_FIELD_NUMBER: _ClassVar[int]
     EVICTIONS_FIELD_NUMBER: _ClassVar[int]
     HITS_FIELD_NUMBER: _ClassVar[int]
+    EXTRACTIONS_FIELD_NUMBER: _ClassVar[int]
     used_bytes: int
     unused_bytes: int
     budget_bytes: int
     downloads: int
     evictions: int
     hits: int
-    def __init__(self, used_bytes: _Optional[int] = ..., unused_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., downloads: _Optional[int] = ..., evictions: _Optional[int] = ..., hits: _Optional[int] = ...) -> None: ...
+    extractions: int
+    def __init__(self, used_bytes: _Optional[int] = ..., unused_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., downloads: _Optional[int] = ..., evictions: _Optional[int] = ..., hits: _Optional[int] = ..., extractions: _Optional[int] = ...) -> None: ...
 
 class RecoverySummary(_message.Message):
     __slots__ = ("rows_kept", "rows_dropped", "orphans_deleted", "bytes_freed", "envs_forgotten", "seconds")
