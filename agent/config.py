@@ -14,6 +14,28 @@ GiB = 1024**3
 
 
 @dataclass(frozen=True)
+class DiskFloor:
+    """Free space an install must leave on the root's file system: the smaller of the two
+    given (the default: 1 GiB or 5%, whichever is less, so a huge disk keeps no huge reserve)."""
+
+    bytes_: int | None = GiB
+    percent: float | None = 5.0
+
+    def floor(self, total_bytes: int) -> int:
+        candidates = []
+        if self.bytes_ is not None:
+            candidates.append(self.bytes_)
+        if self.percent is not None:
+            candidates.append(int(total_bytes * self.percent / 100))
+        return min(candidates) if candidates else 0
+
+    def __str__(self) -> str:
+        if self.bytes_ is not None and self.percent is not None:
+            return f"auto (min of {self.bytes_} B and {self.percent:g}%)"
+        return f"{self.percent:g}%" if self.percent is not None else f"{self.bytes_} B"
+
+
+@dataclass(frozen=True)
 class Settings:
     root: Path
     address: str = ""  # "" = unix:<root>/agent.sock
@@ -28,6 +50,13 @@ class Settings:
     max_message_bytes: int = 4 * 1024 * 1024
     persist: bool = True  # keep the cache index in <root>/state.db (off: forget on restart)
     reset_state: bool = False  # move an unusable state.db aside and start from an empty cache
+    token_file: str = ""  # with a token, every RPC but health checks must carry it
+    allow_file_roots: tuple[str, ...] = ()  # file:// packages only from under these ("" = any)
+    min_free_disk: DiskFloor = field(default_factory=DiskFloor)
+    max_concurrent_installs: int = 8  # more wait in a queue
+    metrics_address: str = ""  # HOST:PORT for Prometheus; "" = off
+    log_format: str = "text"  # or "json"
+    log_level: str = "INFO"
     env: EnvLimits = field(default_factory=EnvLimits)
     archive: ArchiveLimits = field(default_factory=ArchiveLimits)
     fetch: FetchLimits = field(default_factory=FetchLimits)

@@ -1,0 +1,258 @@
+"""Every setting of ``rtenv-agent serve`` in one table: its flag, environment variable, TOML key,
+default, and what happens at its limit.
+
+Precedence: a flag, then ``RTENV_<NAME>``, then the TOML file given by ``--config`` (or
+``RTENV_CONFIG``), then the default. ``rtenv-agent config`` prints the effective values and where
+each came from. The README's settings table is this table (a test keeps them in step).
+
+Pure: parsing and resolving take their inputs (argv namespace, environ, TOML text) as values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from agent.config import DiskFloor, Settings
+from agent.errors import AgentError
+
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+class ConfigError(AgentError):
+    """A setting's value is not valid; the message names the setting and where it came from."""
+
+
+def parse_bytes(text: str) -> int:
+    """'10GiB', '500M', '4096' -> bytes (binary units)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(i?b)?\s*", str(text).lower())
+    if match is None:
+        raise ValueError(f"{text!r} is not a size such as 4096, 500M or 10GiB")
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_floor(text: str) -> DiskFloor:
+    """'1GiB', '5%' or 'auto' (the smaller of 1 GiB and 5% of the file system)."""
+    text = str(text).strip().lower()
+    if text == "auto":
+        return DiskFloor()
+    if text.endswith("%"):
+        percent = float(text[:-1])
+        if not 0 <= percent < 100:
+            raise ValueError(f"{text!r}: a percentage from 0 to 100")
+        return DiskFloor(bytes_=None, percent=percent)
+    return DiskFloor(bytes_=parse_bytes(text), percent=None)
+
+
+def parse_bool(text: str) -> bool:
+    lowered = str(text).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"{text!r} is not a boolean (true/false)")
+
+
+def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value <= 0:
+            raise ValueError(f"{text!r} must be above 0")
+        return value
+
+    return parse
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # the flag without dashes; RTENV_<NAME upper, - as _>; TOML key with _
+    field: str  # dotted path into Settings
+    parse: Callable[[str], Any]
+    help: str
+    at_limit: str = ""  # what happens when the limit is reached (for the README table)
+    flag: bool = False  # a switch: --name sets it
+    repeat: bool = False  # a list: the flag repeats, the env var is ':'-separated
+    metavar: str | None = None
+
+    @property
+    def env_var(self) -> str:
+        return "RTENV_" + self.name.upper().replace("-", "_")
+
+    @property
+    def toml_key(self) -> str:
+        return self.name.replace("-", "_")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("address", "address", str, "unix:PATH or HOST:PORT (default unix:ROOT/agent.sock)",
+           "a path over 107 bytes, or a non-loopback host without allow-remote: refused at start"),
+    Option("allow-remote", "allow_remote", parse_bool, "allow a non-loopback TCP address",
+           flag=True),
+    Option("token-file", "token_file", str,
+           "a file holding a token every RPC must carry (metadata 'authorization: Bearer T')",
+           "a call without the token: UNAUTHENTICATED (health checks are exempt)"),
+    Option("allow-file-root", "allow_file_roots", str,
+           "a folder file:// packages may come from (repeat it); none: any",
+           "a file:// URI outside them: PERMISSION_DENIED", repeat=True, metavar="DIR"),
+    Option("cache-budget", "cache_budget_bytes", parse_bytes,
+           "bytes of unused packages kept cached", "least recently used evicted until it fits"),
+    Option("min-free-disk", "min_free_disk", parse_floor,
+           "free space an install must leave: bytes, a percentage, or auto (min of 1GiB, 5%)",
+           "unused packages evicted, then RESOURCE_EXHAUSTED naming needed and free bytes"),
+    Option("max-concurrent-installs", "max_concurrent_installs", _positive(int),
+           "installs (download and unpack) at once", "further installs wait in a queue"),
+    Option("default-setup-timeout", "default_setup_timeout_s", _positive(float),
+           "seconds an env's setup may take when the request names none",
+           "DEADLINE_EXCEEDED; an install nobody else waits for is cancelled, its files removed"),
+    Option("max-setup-timeout", "max_setup_timeout_s", _positive(float),
+           "the most a request may ask for (setup_timeout_seconds -1 means this)",
+           "larger requests are capped to it"),
+    Option("max-message-bytes", "max_message_bytes", _positive(parse_bytes),
+           "largest gRPC request", "RESOURCE_EXHAUSTED from gRPC"),
+    Option("max-env-json-bytes", "env.max_json_bytes", _positive(parse_bytes),
+           "largest serialized runtime env", "INVALID_ARGUMENT naming size and limit"),
+    Option("max-uris", "env.max_uris", _positive(int), "distinct URIs per env",
+           "INVALID_ARGUMENT naming count and limit"),
+    Option("max-env-var-bytes", "env.max_env_var_bytes", _positive(parse_bytes),
+           "bytes of a worker's env vars, PYTHONPATH included (kept well under ARG_MAX)",
+           "INVALID_ARGUMENT naming size and limit; one variable over 128KiB likewise"),
+    Option("max-download-bytes", "fetch.max_download_bytes", _positive(parse_bytes),
+           "largest package download", "FAILED_PRECONDITION naming size and limit"),
+    Option("download-attempts", "fetch.attempts", _positive(int),
+           "tries of a download that fails transiently (5xx, reset, timeout)",
+           "UNAVAILABLE after the last try"),
+    Option("max-archive-entries", "archive.max_entries", _positive(int), "entries per zip",
+           "FAILED_PRECONDITION naming count and limit"),
+    Option("max-uncompressed-bytes", "archive.max_uncompressed_bytes", _positive(parse_bytes),
+           "bytes one zip may unpack to", "FAILED_PRECONDITION naming size and limit"),
+    Option("max-compression-ratio", "archive.max_ratio", _positive(float),
+           "unpacked bytes per zip byte, past 16MiB unpacked", "FAILED_PRECONDITION (zip bomb)"),
+    Option("request-log-capacity", "request_log_capacity", _positive(int),
+           "request ids remembered for idempotent retries",
+           "the oldest answered ids are forgotten (never one in flight)"),
+    Option("python", "py_executable", str, "the python workers are started with"),
+    Option("state-db", "persist", parse_bool,
+           "keep the cache index in ROOT/state.db (false: a restart forgets the cache)"),
+    Option("reset-state", "reset_state", parse_bool,
+           "move an unusable ROOT/state.db aside (kept, renamed) and start from an empty cache",
+           flag=True),
+    Option("metrics-address", "metrics_address", str,
+           "HOST:PORT to serve Prometheus metrics on (off by default; loopback unless "
+           "allow-remote)"),
+    Option("log-format", "log_format", str, "text or json"),
+    Option("log-level", "log_level", str, "DEBUG, INFO, WARNING or ERROR"),
+)  # fmt: skip
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every option as a flag whose default is None, so that an absent flag is known."""
+    parser.add_argument("--root", type=Path, required=True, help="the agent's directory")
+    parser.add_argument("--parent-pid", type=int, help="shut down when this process exits")
+    parser.add_argument("--config", type=Path, help="a TOML file of settings (or RTENV_CONFIG)")
+    defaults = Settings(root=Path("ROOT"))
+    for opt in OPTIONS:
+        default = _get(defaults, opt.field)
+        text = f"{opt.help} (default {_show(default)}; env {opt.env_var})"
+        if opt.flag:
+            parser.add_argument(f"--{opt.name}", action="store_const", const="true", help=text)
+        elif opt.repeat:
+            parser.add_argument(f"--{opt.name}", action="append", metavar=opt.metavar, help=text)
+        else:
+            parser.add_argument(f"--{opt.name}", metavar=opt.metavar, help=text)
+    parser.add_argument("--no-state-db", action="store_const", const="false", dest="state_db",
+                        help="the same as --state-db false")  # fmt: skip
+
+
+def resolve(
+    args: argparse.Namespace, environ: Mapping[str, str], read: Callable[[Path], str]
+) -> tuple[Settings, dict[str, str]]:
+    """The effective settings and, per option, where its value came from."""
+    config_path = args.config or (
+        Path(environ["RTENV_CONFIG"]) if "RTENV_CONFIG" in environ else None
+    )
+    table: dict[str, Any] = {}
+    if config_path is not None:
+        try:
+            table = tomllib.loads(read(config_path))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"config file {config_path}: {exc}") from exc
+        unknown = sorted(set(table) - {o.toml_key for o in OPTIONS})
+        if unknown:
+            raise ConfigError(f"config file {config_path}: unknown settings {unknown}")
+    settings = Settings(root=args.root, parent_pid=args.parent_pid)
+    sources: dict[str, str] = {}
+    for opt in OPTIONS:
+        raw, source = _raw(opt, args, environ, table, config_path)
+        if raw is None:
+            sources[opt.name] = "default"
+            continue
+        try:
+            values = [opt.parse(str(v)) for v in raw] if opt.repeat else opt.parse(str(raw))
+        except ValueError as exc:
+            raise ConfigError(f"{opt.name} from {source}: {exc}") from exc
+        settings = _set(settings, opt.field, tuple(values) if opt.repeat else values)
+        sources[opt.name] = source
+    return settings, sources
+
+
+def _raw(
+    opt: Option,
+    args: argparse.Namespace,
+    environ: Mapping[str, str],
+    table: Mapping[str, Any],
+    config_path: Path | None,
+) -> tuple[Any, str]:
+    flag_value = getattr(args, opt.name.replace("-", "_"), None)
+    if flag_value is not None:
+        return flag_value, f"--{opt.name}"
+    if opt.env_var in environ:
+        value = environ[opt.env_var]
+        return (value.split(":") if opt.repeat else value), opt.env_var
+    if opt.toml_key in table:
+        item: Any = table[opt.toml_key]
+        if opt.repeat and not isinstance(item, list):
+            item = [item]
+        return item, f"{config_path}"
+    return None, "default"
+
+
+def effective(settings: Settings, sources: Mapping[str, str]) -> str:
+    """``rtenv-agent config``: one line per option, its value and its source."""
+    lines = [f"{'root':<26} {settings.root}"]
+    for opt in OPTIONS:
+        value = _show(_get(settings, opt.field))
+        lines.append(f"{opt.name:<26} {value:<28} ({sources.get(opt.name, 'default')})")
+    return "\n".join(lines)
+
+
+def _get(settings: Settings, path: str) -> Any:
+    value: Any = settings
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _set(settings: Any, path: str, value: Any) -> Any:
+    head, _, rest = path.partition(".")
+    if not rest:
+        return replace(settings, **{head: value})
+    return replace(settings, **{head: _set(getattr(settings, head), rest, value)})
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ":".join(map(str, value)) or "(none)"
+    if value is None or value == "":
+        return "(none)"
+    return str(value)
+
+
+def settings_table(options: Sequence[Option] = OPTIONS) -> list[tuple[str, str, str]]:
+    """(setting, default, at the limit) rows, for the README."""
+    defaults = Settings(root=Path("ROOT"))
+    return [(o.name, _show(_get(defaults, o.field)), o.at_limit or "-") for o in options]
