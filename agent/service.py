@@ -54,6 +54,7 @@ class Created:
     env_id: str
     context: WorkerContext
     uris: tuple[str, ...]  # "kind:uri"
+    hit: bool  # every package was installed already: no await, no I/O
 
 
 class AgentService:
@@ -80,10 +81,14 @@ class AgentService:
     # -- create ----------------------------------------------------------------------------
     async def create(self, serialized: str, timeout_s: int, request_id: str) -> Created:
         env = parse_runtime_env(serialized, self.settings.env)
-        timeout = self._setup_timeout(env, timeout_s)
-        return await self._requests.run(
-            "create", request_id, env.env_id, lambda: self._create(env, timeout)
-        )
+        try:
+            timeout = self._setup_timeout(env, timeout_s)
+            return await self._requests.run(
+                "create", request_id, env.env_id, lambda: self._create(env, timeout)
+            )
+        except AgentError as exc:
+            exc.env_id = env.env_id
+            raise
 
     async def _create(self, env: RuntimeEnv, setup_timeout_s: float) -> Created:
         env_id = env.env_id
@@ -104,7 +109,7 @@ class AgentService:
             self.store.touch(env.uri_keys)
             self.tables.commit_create(env_id)
             self._note(env)
-            return self._created(record)
+            return self._created(record, hit=True)
         try:
             async with asyncio.timeout(setup_timeout_s):
                 await asyncio.gather(*(self.store.ensure(key) for key in env.uri_keys))
@@ -117,13 +122,13 @@ class AgentService:
             if isinstance(exc, TimeoutError):
                 raise SetupTimeout(
                     f"runtime env {env_id} was not set up within {setup_timeout_s:g}s "
-                    "(setup_timeout_seconds); the downloads go on and stay cached"
+                    "(setup_timeout_seconds); installs no other create waits for were cancelled"
                 ) from exc
             raise
         record.state = EnvState.READY
         self.tables.commit_create(env_id)
         self._note(env)
-        return self._created(record)
+        return self._created(record, hit=False)
 
     def _abort(self, env: RuntimeEnv, exc: BaseException) -> None:
         released = self.tables.abort_create(env.env_id)
@@ -144,11 +149,12 @@ class AgentService:
             self._db.note_env(env.env_id, self.tables.env_count(env.env_id))
             self.store.note(env.uri_keys)
 
-    def _created(self, record: EnvRecord) -> Created:
+    def _created(self, record: EnvRecord, *, hit: bool) -> Created:
         return Created(
             env_id=record.env.env_id,
             context=record.context,
             uris=tuple(str(key) for key in record.env.uri_keys),
+            hit=hit,
         )
 
     def _setup_timeout(self, env: RuntimeEnv, requested: int) -> float:
@@ -175,7 +181,11 @@ class AgentService:
         async def op() -> int:
             return self._delete(env_id)
 
-        return await self._requests.run("delete", request_id, env_id, op)
+        try:
+            return await self._requests.run("delete", request_id, env_id, op)
+        except AgentError as exc:
+            exc.env_id = env_id
+            raise
 
     def _delete(self, env_id: str) -> int:
         env = self.records[env_id].env if env_id in self.records else None

@@ -28,6 +28,7 @@ import logging
 import os
 import time
 import uuid
+import zipfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from enum import Enum
 from pathlib import Path
 
 from agent.archive import ArchiveLimits, extract_zip, remove_tree
+from agent.config import DiskFloor
 from agent.crash import crash_point
 from agent.errors import DiskExhausted
 from agent.fetch import Fetcher
@@ -59,6 +61,7 @@ class UriEntry:
     size: int = 0  # bytes unpacked, measured once at install
     last_used_ms: int = 0
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    waiters: int = 0  # ensure() calls awaiting the install
 
 
 @dataclass
@@ -90,6 +93,9 @@ class UriStore:
         refcount: Callable[[UriKey], int],
         budget_bytes: int,
         archive_limits: ArchiveLimits,
+        disk_floor: DiskFloor | None = None,
+        install_slots: int = 8,
+        on_install: Callable[[bool, int, float], None] | None = None,
         clock: Clock = time.time,
     ) -> None:
         self.root = root
@@ -98,6 +104,9 @@ class UriStore:
         self._refcount = refcount
         self.budget_bytes = budget_bytes
         self._archive_limits = archive_limits
+        self._disk_floor = disk_floor
+        self._install_slots = asyncio.Semaphore(install_slots)  # more installs wait here
+        self._on_install = on_install
         self._clock = clock
         self._entries: dict[UriKey, UriEntry] = {}
         self._unused: OrderedDict[UriKey, None] = OrderedDict()  # least recently used first
@@ -128,8 +137,9 @@ class UriStore:
     async def ensure(self, key: UriKey) -> Path:
         """Return the key's directory, installing it first if needed (single-flight).
 
-        Cancelling the caller does not cancel the install: others may be waiting on it, and a
-        finished install stays cached.
+        An install runs for as long as someone waits for it: cancelling one caller leaves it to
+        the others; when the last one leaves (a cancelled create, a setup timeout), the install
+        is cancelled too, its download stopped and its files removed.
         """
         entry = self._entries.get(key)
         if entry is not None and entry.state is UriState.READY:
@@ -141,8 +151,15 @@ class UriStore:
             entry.task = asyncio.create_task(self._install(entry), name=f"install {key}")
             entry.task.add_done_callback(_retrieve_exception)
             self._entries[key] = entry
-        assert entry.task is not None
-        await asyncio.shield(entry.task)
+        task = entry.task
+        assert task is not None
+        entry.waiters += 1
+        try:
+            await asyncio.shield(task)
+        finally:
+            entry.waiters -= 1
+            if entry.waiters == 0 and not task.done():
+                task.cancel()
         return entry.path
 
     def touch(self, keys: Iterable[UriKey]) -> None:
@@ -161,13 +178,20 @@ class UriStore:
         label = str(key)
         staging = self.root / "tmp" / uuid.uuid4().hex
         started = time.monotonic()
+        fetched = 0
+        queued = True
         try:
+            await self._install_slots.acquire()  # a queue, not a failure
+            queued = False
             staging.mkdir()
             archive = staging / "package.zip"
             parsed = parse_uri(key.kind.value, key.uri)
+            log.info("installing %s", label)
+            await self._make_room(0, label)
             fetched = await self._fetcher.fetch(parsed, archive, label=label)
             self.downloads += 1
             crash_point("after_download")
+            await self._make_room(await asyncio.to_thread(declared_size, archive), label)
             unpacked = staging / "unpacked"
             size = await asyncio.to_thread(
                 extract_zip,
@@ -190,13 +214,19 @@ class UriStore:
         except BaseException as exc:
             if self._entries.get(key) is entry:
                 del self._entries[key]
+            if self._on_install is not None:
+                self._on_install(False, fetched, time.monotonic() - started)
             if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
                 raise DiskExhausted(f"{label}: no space left on the agent's disk") from exc
             raise
         finally:
+            if not queued:
+                self._install_slots.release()
             await asyncio.to_thread(remove_tree, staging)
         entry.state = UriState.READY
         entry.task = None
+        if self._on_install is not None:
+            self._on_install(True, fetched, time.monotonic() - started)
         log.info(
             "installed %s: %d bytes fetched, %d bytes unpacked, %.2fs",
             label,
@@ -252,8 +282,35 @@ class UriStore:
 
     def enforce_budget(self) -> None:
         """Evict unused keys, least recently used first, until their bytes fit the budget."""
+        trashed = self._evict_while(lambda: self._unused_bytes > self.budget_bytes)
+        if trashed:
+            self.delete_in_background(trashed)
+
+    async def _make_room(self, needed: int, label: str) -> None:
+        """Disk pressure: leave the floor free after ``needed`` more bytes, evicting unused
+        packages (and waiting for their deletion) if that is what it takes; else refuse."""
+        if self._disk_floor is None:
+            return
+        total, free = disk_space(self.root)
+        floor = self._disk_floor.floor(total)
+        if free - needed >= floor:
+            return
+        short, unused_before = floor + needed - free, self._unused_bytes
+        trashed = self._evict_while(lambda: unused_before - self._unused_bytes < short)
+        await asyncio.to_thread(_remove_all, trashed)  # the room exists once they are gone
+        total, free = disk_space(self.root)
+        if free - needed < floor:
+            raise DiskExhausted(
+                f"{label}: installing needs {needed} bytes and keeps {floor} free (the "
+                f"min-free-disk setting), but {free} bytes are free on the agent's disk after "
+                f"evicting {len(trashed)} unused package(s)"
+            )
+
+    def _evict_while(self, go_on: Callable[[], bool]) -> list[Path]:
+        """Evict unused keys, least recently used first, while ``go_on()``; return the trashed
+        paths (renamed out of uris/, still to be deleted)."""
         trashed = []
-        while self._unused_bytes > self.budget_bytes and self._unused:
+        while go_on() and self._unused:
             key, _ = self._unused.popitem(last=False)
             entry = self._entries.pop(key)
             self._unused_bytes -= entry.size
@@ -263,8 +320,7 @@ class UriStore:
                 # directory is gone is dropped by recovery, so the order of the two is safe
             self.evictions += 1
             log.info("evicted %s (%d bytes, unused)", key, entry.size)
-        if trashed:
-            self.delete_in_background(trashed)
+        return trashed
 
     def _to_trash(self, path: Path) -> Path:
         """Move a package out of uris/ in one rename; its deletion comes later, in a thread."""
@@ -292,6 +348,10 @@ class UriStore:
         await self.drain()
 
     # -- views -----------------------------------------------------------------------------
+    def installs_in_flight(self) -> int:
+        """Installs running or queued."""
+        return sum(1 for e in self._entries.values() if e.state is UriState.INSTALLING)
+
     def entries(self) -> Iterator[UriEntry]:
         return iter(self._entries.values())
 
@@ -327,6 +387,22 @@ class UriStore:
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
+
+
+def disk_space(path: Path) -> tuple[int, int]:
+    """(total, free for us) bytes of the file system holding ``path``: one statvfs call."""
+    st = os.statvfs(path)
+    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+
+
+def declared_size(archive: Path) -> int:
+    """Bytes a zip says it unpacks to (its central directory); 0 if it is no zip (the extraction
+    then says so). Blocking: call it in a thread."""
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            return sum(info.file_size for info in zf.infolist())
+    except (zipfile.BadZipFile, OSError):
+        return 0
 
 
 def package_dir(root: Path, key: UriKey) -> Path:

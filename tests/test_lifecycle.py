@@ -105,7 +105,8 @@ async def test_delete_during_create_is_refused_until_the_create_returns() -> Non
 
 
 async def test_create_whose_client_deadline_passes_leaves_nothing() -> None:
-    """A client deadline during the download: references given back; the install is evicted."""
+    """A client deadline during the download: references given back, and the install, which
+    nobody waits for any more, cancelled: no download counted, no file left."""
     async with package_server() as pkgs, running_agent(cache_budget_bytes=0) as a:
         wd = pkgs.add(WD, workdir_zip({"main.py": "M = 1\n"}))
         gate = pkgs.hold(WD)
@@ -115,18 +116,17 @@ async def test_create_whose_client_deadline_passes_leaves_nothing() -> None:
         assert len(a.service.tables) == 1
         await rpc_error(call, grpc.StatusCode.DEADLINE_EXCEEDED)
         await wait_until(lambda: len(a.service.tables) == 0, what="the create to give back")
-        info = await a.info()
-        assert [(u.references, u.state) for u in info.uris] == [(0, "installing")]
+        await wait_until(lambda: not list(a.service.store.entries()), what="the install to stop")
         a.service.check_invariants()
-
         gate.set()
-        await wait_until(lambda: not list(a.service.store.entries()), what="the install to end")
         info = await settled(a, cached=0)
-        assert (info.cache.downloads, info.cache.evictions) == (1, 1)
+        assert (info.cache.downloads, info.cache.evictions) == (0, 0)
         await still_serves(a, pkgs)
 
 
-async def test_install_whose_creates_were_all_cancelled_completes_and_stays_cached() -> None:
+async def test_install_whose_creates_were_all_cancelled_is_cancelled_and_leaves_nothing() -> None:
+    """Both creates waiting on one download are cancelled: the download stops, its staging
+    files go, and the next create downloads afresh."""
     async with package_server() as pkgs, running_agent() as a:
         wd = pkgs.add(WD, workdir_zip({"main.py": "M = 1\n"}))
         gate = pkgs.hold(WD)
@@ -145,19 +145,14 @@ async def test_install_whose_creates_were_all_cancelled_completes_and_stays_cach
         await wait_until(lambda: len(a.service.tables) == 0, what="the creates to give back")
         assert [await call.code() for call in calls] == [grpc.StatusCode.CANCELLED] * 2
 
+        await wait_until(lambda: not list(a.service.store.entries()), what="the install to stop")
+        info = await settled(a, cached=0)
+        assert info.envs == []  # a cancelled create is not a failure to report
         gate.set()
 
-        async def cached() -> bool:
-            return [u.state for u in (await a.info()).uris] == ["unused"]
-
-        await wait_until(cached, what="the orphaned install to become unused")
-        info = await settled(a, cached=1)
-        assert (Path(info.uris[0].local_path) / "main.py").is_file()
-        assert info.envs == []  # a cancelled create is not a failure to report
-
         reply = await a.create(env_json(wd))
-        assert reply.context.cwd == info.uris[0].local_path
-        assert pkgs.gets[WD] == 1
+        assert (Path(reply.context.cwd) / "main.py").is_file()
+        assert pkgs.gets[WD] == 2
         assert await a.delete(reply.runtime_env_id) == 0
         await still_serves(a, pkgs)
 
@@ -409,16 +404,12 @@ async def test_setup_timeout_answers_deadline_exceeded_and_gives_back_references
             "setup_timeout_seconds",
         )
         assert len(a.service.tables) == 0
+        await wait_until(lambda: not list(a.service.store.entries()), what="the install to stop")
         info = await a.info()
         assert [(e.state, e.references) for e in info.envs] == [("failed", 0)]
-        assert [(u.references, u.state) for u in info.uris] == [(0, "installing")]
+        assert info.uris == []
         a.service.check_invariants()
-
-        gate.set()  # the download goes on without its create and stays cached
-
-        async def cached() -> bool:
-            return [u.state for u in (await a.info()).uris] == ["unused"]
-
-        await wait_until(cached, what="the install to finish unused")
-        await settled(a, cached=1)
+        gate.set()  # too late: the download was cancelled with the setup
+        info = await settled(a, cached=0)
+        assert info.cache.downloads == 0
         await still_serves(a, pkgs)
