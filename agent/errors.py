@@ -21,6 +21,7 @@ a module boundary raw: the module that meets them converts them with ``raise ...
     │   │                                               too large, ratio too high, not a zip
     │   └── PackageRejected                             the source refused (4xx other than 404),
     │                                                   or the download is larger than allowed
+    ├── PermissionDenied            PERMISSION_DENIED   a file:// package outside the allowed roots
     ├── DownloadFailed              UNAVAILABLE         transient failures outlasted the retries
     ├── DiskExhausted               RESOURCE_EXHAUSTED  no room to install
     └── SetupTimeout                DEADLINE_EXCEEDED   the env's setup outlasted its timeout
@@ -39,6 +40,7 @@ class AgentError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+        self.env_id = ""  # set where the env is known, for the log line
 
 
 class InvalidRuntimeEnv(AgentError):
@@ -79,6 +81,10 @@ class UnsafeArchive(FailedPrecondition):
 
 class PackageRejected(FailedPrecondition):
     pass
+
+
+class PermissionDenied(AgentError):
+    code = grpc.StatusCode.PERMISSION_DENIED
 
 
 class DownloadFailed(AgentError):

@@ -17,6 +17,7 @@ import asyncio
 import errno
 import hashlib
 import logging
+import os
 import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from agent.errors import (
     IntegrityError,
     PackageNotFound,
     PackageRejected,
+    PermissionDenied,
 )
 from agent.runtime_env import ParsedUri
 
@@ -61,10 +63,12 @@ class Fetcher:
         limits: FetchLimits,
         *,
         sleep: Sleep = asyncio.sleep,
+        file_roots: tuple[str, ...] = (),
     ) -> None:
         self._session = session
         self._limits = limits
         self._sleep = sleep
+        self._file_roots = tuple(os.path.realpath(root) for root in file_roots)
 
     async def fetch(self, uri: ParsedUri, dest: Path, *, label: str) -> int:
         """Write the package to ``dest``; verify its digest if the URI names one; return bytes."""
@@ -88,6 +92,13 @@ class Fetcher:
 
     def _copy_file(self, uri: ParsedUri, dest: Path, label: str) -> int:
         source = Path(uri.path)
+        if self._file_roots:
+            real = os.path.realpath(source)  # links resolved: no way around the roots
+            if not any(real == r or real.startswith(r + os.sep) for r in self._file_roots):
+                raise PermissionDenied(
+                    f"{label}: {real} is outside the folders file:// packages may come from "
+                    f"({', '.join(self._file_roots)}; the allow-file-root setting)"
+                )
         try:
             size = source.stat().st_size
             if source.is_dir():

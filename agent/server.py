@@ -20,13 +20,16 @@ from types import TracebackType
 
 import aiohttp
 import grpc
+from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from agent.access import TokenInterceptor, read_token
 from agent.config import Settings
 from agent.errors import AgentError
 from agent.fetch import Fetcher, Sleep
+from agent.metrics import Metrics, start_metrics_server
 from agent.recovery import RecoverySummary, recover
 from agent.refs import RefTables
 from agent.service import AgentService
@@ -68,6 +71,9 @@ class Agent:
         self._lock_fd: int | None = None
         self._db: StateDB | None = None
         self.recovery = RecoverySummary()
+        self.metrics = Metrics()
+        self.metrics_address = ""  # the bound HOST:PORT when metrics are served
+        self._metrics_runner: web.AppRunner | None = None
 
     async def start(self) -> None:
         if self.state is not AgentState.NEW:
@@ -91,26 +97,39 @@ class Agent:
                     _move_aside(db_path)
                 self._db = StateDB(db_path)
                 await self._db.open()
+            interceptors = []
+            if settings.token_file:
+                interceptors.append(TokenInterceptor(read_token(settings.token_file)))
             self._session = aiohttp.ClientSession(trust_env=False)
             tables = RefTables()
+            fetcher = Fetcher(
+                self._session, settings.fetch, sleep=self._sleep,
+                file_roots=settings.allow_file_roots,
+            )  # fmt: skip
             store = UriStore(
                 root,
-                Fetcher(self._session, settings.fetch, sleep=self._sleep),
+                fetcher,
                 db=self._db,
                 refcount=tables.uri_count,
                 budget_bytes=settings.cache_budget_bytes,
                 archive_limits=settings.archive,
+                disk_floor=settings.min_free_disk,
+                install_slots=settings.max_concurrent_installs,
+                on_install=self.metrics.observe_install,
             )
             self.recovery = await recover(store, self._db)
             self.service = AgentService(settings, store, tables, db=self._db)
+            self.metrics.watch(self.service)
             self._server = grpc.aio.server(
+                interceptors=interceptors,
                 options=[
                     ("grpc.max_receive_message_length", settings.max_message_bytes),
                     ("grpc.so_reuseport", 0),
-                ]
+                ],
             )
+            servicer = RuntimeEnvAgentServicer(self.service, self.recovery, self.metrics)
             agent_pb2_grpc.add_RuntimeEnvAgentServicer_to_server(  # type: ignore[no-untyped-call]
-                RuntimeEnvAgentServicer(self.service, self.recovery), self._server
+                servicer, self._server
             )
             self._health = health_aio.HealthServicer()
             health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
@@ -118,6 +137,8 @@ class Agent:
                 [SERVICE_NAME, "grpc.health.v1.Health", reflection.SERVICE_NAME], self._server
             )
             self.address = await self._bind(address)
+            if settings.metrics_address:
+                await self._serve_metrics(settings)
             await self._server.start()
             for name in ("", SERVICE_NAME):
                 await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -133,6 +154,20 @@ class Agent:
             settings.cache_budget_bytes,
             time.monotonic() - started,
         )
+
+    async def _serve_metrics(self, settings: Settings) -> None:
+        checked = check_address(settings.metrics_address, settings.allow_remote)
+        host, _, port = checked.rpartition(":")
+        if checked.startswith("unix:") or not port.isdigit():
+            raise StartupError(f"metrics-address {checked!r} must be HOST:PORT")
+        try:
+            self._metrics_runner, bound = await start_metrics_server(
+                self.metrics, host.strip("[]"), int(port)
+            )
+        except OSError as exc:
+            raise StartupError(f"cannot serve metrics on {checked}: {exc.strerror}") from exc
+        self.metrics_address = f"{host}:{bound}"
+        log.info("metrics on http://%s/metrics", self.metrics_address)
 
     async def _bind(self, address: str) -> str:
         assert self._server is not None
@@ -167,6 +202,9 @@ class Agent:
         log.info("stopped")
 
     async def _close(self) -> None:
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+            self._metrics_runner = None
         if self.service is not None:
             await self.service.store.close()
         if self._db is not None:
@@ -242,9 +280,15 @@ def _move_aside(db_path: Path) -> None:
 
 
 def _prepare_socket_path(address: str) -> Path:
-    """Make the socket's folder; remove a stale socket, never a live one (another agent's)."""
+    """Make the socket's folder (refusing one others may write to: they could replace the
+    socket); remove a stale socket, never a live one (another agent's)."""
     path = Path(address.removeprefix("unix:"))
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.parent.stat().st_mode & 0o002:
+        raise StartupError(
+            f"the socket's folder {path.parent} is writable by others, who could replace the "
+            "socket; choose a folder only the agent's user may write to"
+        )
     if path.is_socket():
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -291,8 +335,15 @@ async def serve(settings: Settings) -> int:
     """Run the agent until SIGTERM/SIGINT or the parent's death; return the exit code."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+
+    def on_signal() -> None:
+        if stop.is_set():  # a second signal: the operator wants it gone now
+            log.warning("second signal: exiting at once")
+            os._exit(1)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     agent = Agent(settings)
     await agent.start()
     print(f"rtenv-agent serving on {agent.address}", flush=True)

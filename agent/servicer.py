@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import grpc
 
 from agent.errors import AgentError
+from agent.metrics import Metrics
 from agent.recovery import RecoverySummary
 from agent.service import AgentService, EnvRecord, EnvState
 from agent.store import UriState
@@ -24,30 +27,49 @@ async def answer(
     context: grpc.aio.ServicerContext[object, object],
     request_id: str,
     call: Callable[[], Awaitable[T]],
+    metrics: Metrics | None = None,
 ) -> T:
-    """Run one RPC; map its error to a status and log it. The one place errors become statuses.
+    """Run one RPC; map its error to a status, count it and log it. The one place errors become
+    statuses.
 
     Expected errors (``AgentError``) are answered with their code and message and logged as one
-    line; anything else is a bug: logged with its traceback and answered INTERNAL.
-    Cancellation passes through untouched (the client has gone).
+    line with the env id and request id; anything else is a bug: logged with its traceback and
+    answered INTERNAL. Cancellation passes through untouched (the client has gone).
     """
+    code = grpc.StatusCode.OK
     try:
         return await call()
     except AgentError as exc:
-        log.warning("%s failed (request_id=%r): %s: %s", rpc, request_id, exc.code.name, exc)
+        code = exc.code
+        env_id = exc.env_id
+        log.warning(
+            "%s failed (env_id=%s request_id=%r): %s: %s", rpc, env_id or "-", request_id,
+            exc.code.name, exc, extra={"env_id": env_id, "request_id": request_id,
+                                       "rpc": rpc, "code": exc.code.name},
+        )  # fmt: skip
         await context.abort(exc.code, exc.message)
+    except asyncio.CancelledError:
+        code = grpc.StatusCode.CANCELLED
+        raise
     except Exception as exc:
+        code = grpc.StatusCode.INTERNAL
         log.exception("%s failed with a bug (request_id=%r)", rpc, request_id)
         await context.abort(
             grpc.StatusCode.INTERNAL, f"internal error in {rpc}: {type(exc).__name__}: {exc}"
         )
+    finally:
+        if metrics is not None:
+            metrics.requests.labels(rpc, code.name).inc()
     raise AssertionError("context.abort returned")
 
 
 class RuntimeEnvAgentServicer(agent_pb2_grpc.RuntimeEnvAgentServicer):
-    def __init__(self, service: AgentService, recovery: RecoverySummary) -> None:
+    def __init__(
+        self, service: AgentService, recovery: RecoverySummary, metrics: Metrics | None = None
+    ) -> None:
         self._service = service
         self._recovery = recovery
+        self._metrics = metrics
 
     async def CreateRuntimeEnv(
         self,
@@ -55,11 +77,16 @@ class RuntimeEnvAgentServicer(agent_pb2_grpc.RuntimeEnvAgentServicer):
         context: grpc.aio.ServicerContext[object, object],
     ) -> agent_pb2.CreateRuntimeEnvReply:
         async def call() -> agent_pb2.CreateRuntimeEnvReply:
+            started = time.perf_counter()
             created = await self._service.create(
                 request.serialized_runtime_env,
                 request.config.setup_timeout_seconds,
                 request.request_id,
             )
+            if self._metrics is not None:
+                self._metrics.create_seconds.labels("hit" if created.hit else "miss").observe(
+                    time.perf_counter() - started
+                )
             return agent_pb2.CreateRuntimeEnvReply(
                 runtime_env_id=created.env_id,
                 context=agent_pb2.RuntimeEnvContext(
@@ -70,7 +97,7 @@ class RuntimeEnvAgentServicer(agent_pb2_grpc.RuntimeEnvAgentServicer):
                 uris=created.uris,
             )
 
-        return await answer("CreateRuntimeEnv", context, request.request_id, call)
+        return await answer("CreateRuntimeEnv", context, request.request_id, call, self._metrics)
 
     async def DeleteRuntimeEnv(
         self,
@@ -83,7 +110,7 @@ class RuntimeEnvAgentServicer(agent_pb2_grpc.RuntimeEnvAgentServicer):
             )
             return agent_pb2.DeleteRuntimeEnvReply(remaining_references=remaining)
 
-        return await answer("DeleteRuntimeEnv", context, request.request_id, call)
+        return await answer("DeleteRuntimeEnv", context, request.request_id, call, self._metrics)
 
     async def GetRuntimeEnvsInfo(
         self,
@@ -102,7 +129,7 @@ class RuntimeEnvAgentServicer(agent_pb2_grpc.RuntimeEnvAgentServicer):
             )  # fmt: skip
             return reply
 
-        return await answer("GetRuntimeEnvsInfo", context, "", call)
+        return await answer("GetRuntimeEnvsInfo", context, "", call, self._metrics)
 
 
 def info_reply(service: AgentService, limit: int) -> agent_pb2.GetRuntimeEnvsInfoReply:

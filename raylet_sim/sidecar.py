@@ -33,13 +33,15 @@ class SidecarError(Exception):
 
 
 def socket_address(root: Path) -> str:
-    """The agent's socket: inside its root, or, if that path is too long for AF_UNIX, a short
-    path under the temp dir derived from the root (so it is stable for the same root)."""
+    """The agent's socket: inside its root, or, if that path is too long for AF_UNIX, in a short
+    private folder (mode 0700) under the temp dir, named after the root so it is stable."""
     path = root.resolve() / "agent.sock"
     if len(os.fsencode(str(path))) <= MAX_UNIX_PATH_BYTES:
         return f"unix:{path}"
     digest = hashlib.sha256(os.fsencode(str(root.resolve()))).hexdigest()[:16]
-    short = Path(tempfile.gettempdir()) / f"rtenv-{digest}.sock"
+    folder = Path(tempfile.gettempdir()) / f"rtenv-{digest}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    short = folder / "agent.sock"
     log.warning(
         "socket path %s is %d bytes, over the AF_UNIX limit of %d; using %s",
         path, len(os.fsencode(str(path))), MAX_UNIX_PATH_BYTES, short,

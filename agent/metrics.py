@@ -1,0 +1,115 @@
+"""Prometheus metrics, served over HTTP when ``--metrics-address`` is set.
+
+Events are counted as they happen (requests by RPC and status code, create latency split by
+cache hit or miss, installs with their bytes and seconds); levels are read at scrape time from
+the store and the file system (bytes in use and unused against the budget, installs in flight,
+free disk), so the request path pays one counter increment and nothing more.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from agent.service import AgentService
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+                    10, 30, 60, 300)  # fmt: skip
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "rtenv_requests", "RPCs answered, by method and status code", ["rpc", "code"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.create_seconds = Histogram(
+            "rtenv_create_seconds", "CreateRuntimeEnv latency, by whether every package was "
+            "already installed (hit) or not (miss)", ["cache"], buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )  # fmt: skip
+        self.installs = Counter(
+            "rtenv_installs", "package installs finished, by result", ["result"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.install_bytes = Counter(
+            "rtenv_install_bytes", "bytes downloaded by successful installs",
+            registry=self.registry,
+        )  # fmt: skip
+        self.install_seconds = Histogram(
+            "rtenv_install_seconds", "seconds from the start of an install to its end",
+            buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+
+    def observe_install(self, ok: bool, fetched_bytes: int, seconds: float) -> None:
+        self.installs.labels("ok" if ok else "error").inc()
+        if ok:
+            self.install_bytes.inc(fetched_bytes)
+        self.install_seconds.observe(seconds)
+
+    def watch(self, service: AgentService) -> None:
+        """Read the levels from this service at every scrape."""
+        self.registry.register(_Levels(service))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Levels(Collector):
+    def __init__(self, service: AgentService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[Metric]:
+        service = self._service
+        stats = service.store.stats()
+        cache = GaugeMetricFamily(
+            "rtenv_cache_bytes", "bytes of installed packages", labels=["state"]
+        )
+        cache.add_metric(["used"], stats.used_bytes)
+        cache.add_metric(["unused"], stats.unused_bytes)
+        yield cache
+        yield GaugeMetricFamily(
+            "rtenv_cache_budget_bytes", "bytes of unused packages kept", value=stats.budget_bytes
+        )
+        yield GaugeMetricFamily(
+            "rtenv_installs_in_flight", "installs running or queued",
+            value=service.store.installs_in_flight(),
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "rtenv_envs", "runtime envs with references", value=len(service.records)
+        )
+        yield CounterMetricFamily("rtenv_evictions", "packages evicted", value=stats.evictions)
+        yield CounterMetricFamily("rtenv_cache_hits", "packages found installed", value=stats.hits)
+        disk = os.statvfs(service.store.root)
+        yield GaugeMetricFamily(
+            "rtenv_free_disk_bytes", "free bytes on the root's file system (for the agent)",
+            value=disk.f_bavail * disk.f_frsize,
+        )  # fmt: skip
+
+
+async def start_metrics_server(metrics: Metrics, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve GET /metrics; return the runner (to stop it) and the bound port."""
+
+    async def handle(request: web.Request) -> web.Response:
+        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner, runner.addresses[0][1]
