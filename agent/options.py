@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -252,7 +253,17 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def settings_table(options: Sequence[Option] = OPTIONS) -> list[tuple[str, str, str]]:
-    """(setting, default, at the limit) rows, for the README."""
+def markdown_table(options: Sequence[Option] = OPTIONS) -> str:
+    """The README's settings table (a test keeps the README's copy equal to this)."""
     defaults = Settings(root=Path("ROOT"))
-    return [(o.name, _show(_get(defaults, o.field)), o.at_limit or "-") for o in options]
+    lines = [
+        "| setting (flag, `RTENV_…`, TOML key) | default | what it is | at the limit |",
+        "| --- | --- | --- | --- |",
+    ]
+    for o in options:
+        default = _show(_get(defaults, o.field)).replace(sys.executable, "the agent's python")
+        lines.append(
+            f"| `--{o.name}`, `{o.env_var}`, `{o.toml_key}` | {default} | {o.help} | "
+            f"{o.at_limit or '-'} |"
+        )
+    return "\n".join(lines)
