@@ -336,6 +336,8 @@ class WorkerPool:
             log.error(
                 "DeleteRuntimeEnv %s failed: %s %s", runtime_env_id, exc.code(), exc.details()
             )
+        except grpc.aio.UsageError as exc:  # the node closed its channel: the agent is going too
+            log.warning("DeleteRuntimeEnv %s not sent: %s", runtime_env_id, exc)
 
     # -- stopping --------------------------------------------------------------------------
     def _terminate(self, worker: Worker, *, polite: bool = True) -> None:
@@ -376,6 +378,8 @@ class WorkerPool:
     async def close(self) -> None:
         """Stop every worker and give every env reference back to the agent."""
         await self.kill_all(polite=True)
+        if self._reapers:  # SIGKILLed: reaped at once; their exits schedule the last deletes
+            await asyncio.wait(set(self._reapers), timeout=10)
         while self._deletes:
             await asyncio.gather(*set(self._deletes))
 
