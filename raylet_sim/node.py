@@ -17,7 +17,7 @@ import grpc
 
 from raylet_sim.client import AgentClient
 from raylet_sim.pool import TaskSpec, WorkerPool
-from raylet_sim.sidecar import DEFAULT_AGENT_COMMAND, AgentSidecar
+from raylet_sim.sidecar import DEFAULT_AGENT_COMMAND, FAST_RECONNECT, AgentSidecar
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,8 @@ class Node:
 
     async def start(self) -> None:
         await self.sidecar.start()
-        self._channel = grpc.aio.insecure_channel(self.sidecar.address)
+        # a restarted agent is up in well under gRPC's default first reconnect backoff (1 s)
+        self._channel = grpc.aio.insecure_channel(self.sidecar.address, options=FAST_RECONNECT)
         self.client = AgentClient(self._channel)
         self.pool = WorkerPool(
             self.client,

@@ -26,6 +26,12 @@ log = logging.getLogger(__name__)
 MAX_UNIX_PATH_BYTES = 107  # AF_UNIX sun_path holds 108 bytes with its NUL
 DEFAULT_AGENT_COMMAND = (sys.executable, "-m", "agent")
 _STDERR_TAIL_BYTES = 4000
+# gRPC's first reconnect waits a second by default; the agent is up (again) sooner than that
+FAST_RECONNECT = [
+    ("grpc.initial_reconnect_backoff_ms", 20),
+    ("grpc.min_reconnect_backoff_ms", 20),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
 
 
 class SidecarError(Exception):
@@ -95,13 +101,7 @@ class AgentSidecar:
     async def _wait_healthy(self) -> None:
         assert self.process is not None
         deadline = time.monotonic() + self._health_timeout_s
-        # gRPC's first reconnect waits a second by default; the agent is up sooner than that
-        options = [
-            ("grpc.initial_reconnect_backoff_ms", 20),
-            ("grpc.min_reconnect_backoff_ms", 20),
-            ("grpc.max_reconnect_backoff_ms", 200),
-        ]
-        async with grpc.aio.insecure_channel(self.address, options=options) as channel:
+        async with grpc.aio.insecure_channel(self.address, options=FAST_RECONNECT) as channel:
             health = cast(Any, health_pb2_grpc.HealthStub(channel))  # the stubs lack methods
             while time.monotonic() < deadline:
                 if self.process.returncode is not None:

@@ -247,13 +247,17 @@ async def _check_alive(node: Node, root: Path, budget: int, tally: Tally, where:
     """Between rounds, with the node up and quiet: the agent, the pool and the disk agree."""
     assert node.pool is not None
     assert node.client is not None
-    await node.pool.quiesce()
     tally.checks += 1
 
     def violation(what: str) -> None:
         tally.violations.append(f"{where}: {what}")
 
-    info = await _settled_info(node, root)
+    for _ in range(20):  # a worker that idles out during the snapshot makes it stale: again
+        await node.pool.quiesce()
+        exits = node.pool.stats.workers_exited
+        info = await _settled_info(node, root)
+        if node.pool.stats.workers_exited == exits:
+            break
     counts = {e.runtime_env_id: e.references for e in info.envs if e.state != "failed"}
     active = node.pool.active_keys_by_env()
     if counts != active:

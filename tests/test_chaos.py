@@ -1,0 +1,219 @@
+"""The chaos runner (scripts/chaos.py): a reduced run passes, and its checks can fail.
+
+The reduced run is the CI form of the chaos test: a real node (the agent as a sidecar process,
+real worker processes in watch mode), a faulty package server on 127.0.0.1, SIGKILLed workers and
+agents, eviction under a small budget. Any violation fails it. The other tests feed the runner's
+invariant checks a state that is wrong on purpose (they must report it) or one that is right but
+moving (they must not report it).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from raylet_sim.node import Node
+from raylet_sim.pool import TaskSpec
+from rtenv.v1 import agent_pb2
+from tests.helpers import env_json, running_agent, short_tempdir, wait_until, workdir_zip
+
+REPO = Path(__file__).resolve().parents[1]
+CHAOS_PY = REPO / "scripts" / "chaos.py"
+PROBE_PY = "import os\n\ndef pid():\n    return os.getpid()\n"
+QUIET = ("--log-level", "WARNING")
+
+
+def _load_chaos() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("rtenv_chaos_runner", CHAOS_PY)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+chaos = _load_chaos()
+
+
+# -- the reduced run -------------------------------------------------------------------------
+
+
+def _run_chaos(args: list[str], timeout_s: float) -> tuple[int, str]:
+    """Run the chaos script in its own process group; on a timeout kill the whole group."""
+    proc = subprocess.Popen(
+        [sys.executable, str(CHAOS_PY), *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"chaos run did not finish in {timeout_s}s:\n{out[-4000:]}") from None
+    return proc.returncode, out
+
+
+def _summary_field(out: str, name: str, pattern: str) -> tuple[str, ...]:
+    match = re.search(rf"^{name}\s+{pattern}$", out, re.MULTILINE)
+    assert match, f"no {name!r} line matching {pattern!r} in the summary:\n{out[-4000:]}"
+    return match.groups()
+
+
+@pytest.mark.timeout(150)
+def test_reduced_chaos_run_has_no_violation_and_exercises_every_kind_of_fault() -> None:
+    """CI's chaos run: agent and worker kills, evictions, faulty downloads; zero violations."""
+    args = ["--seed", "5", "--rounds", "8", "--agent-kills", "3", "--tasks", "40"]
+    code, out = _run_chaos(args, timeout_s=120)
+    (violations,) = _summary_field(out, "violations", r"(\d+)")
+    assert (code, int(violations)) == (0, 0), f"the chaos run failed:\n{out[-6000:]}"
+    kills, restarts = map(int, _summary_field(out, "agent", r"(\d+) SIGKILLs, (\d+) restarts"))
+    assert kills >= 3
+    assert restarts >= 3
+    started, killed = map(int, _summary_field(out, "workers", r"(\d+) started, (\d+) killed"))
+    assert started > 0
+    assert killed > 0
+    installs, evictions = map(
+        int, _summary_field(out, "packages", r"(\d+) installs, (\d+) evictions")
+    )
+    assert installs > 0
+    assert evictions > 0
+    (faults_text,) = _summary_field(out, "faults", r"(\{.*\})")
+    faults = ast.literal_eval(faults_text)
+    assert sum(n for kind, n in faults.items() if kind != "none") > 0, faults
+    (ok,) = _summary_field(out, "tasks", r"(\d+) ok, .*")
+    assert int(ok) > 0
+    assert re.search(r"^seed 5: 8 rounds in ", out, re.MULTILINE), out[-4000:]
+
+
+# -- the checks fail on a broken state ---------------------------------------------------------
+
+
+async def test_check_disk_reports_a_package_directory_deleted_behind_the_agents_back() -> None:
+    async with running_agent() as ra:
+        base = short_tempdir()
+        try:
+            package = base / "wd.zip"
+            package.write_bytes(workdir_zip({"probe.py": PROBE_PY}))
+            reply = await ra.create(env_json(working_dir=f"file://{package}"))
+            assert await ra.delete(reply.runtime_env_id) == 0  # unused now, still cached
+            await ra.settle()
+            found: list[str] = []
+            chaos._check_disk(ra.root, await ra.info(), found.append)
+            assert found == [], "a consistent state must pass the check"
+            (name,) = ra.uri_dirs()
+            shutil.rmtree(ra.root / "uris" / name)  # the agent and state.db still record it
+            chaos._check_disk(ra.root, await ra.info(), found.append)
+            assert len(found) == 2, found
+            assert "the agent's records disagree" in found[0]
+            assert name in found[0]
+            assert "state.db disagree" in found[1]
+            assert name in found[1]
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+async def test_check_disk_reports_leftovers_in_tmp_and_trash() -> None:
+    async with running_agent() as ra:
+        (ra.root / "tmp" / "stray").mkdir()
+        (ra.root / "trash" / "stray").mkdir()
+        found: list[str] = []
+        chaos._check_disk(ra.root, await ra.info(), found.append)
+        assert found == ["tmp/ did not drain", "trash/ did not drain"]
+
+
+@dataclass
+class ChaosNode:
+    node: Node
+    root: Path
+    env: str  # an env whose working dir holds probe.py
+
+
+@asynccontextmanager
+async def chaos_node() -> AsyncIterator[ChaosNode]:
+    """A real node (agent sidecar process, real workers) whose idle workers stay a minute."""
+    base = short_tempdir()
+    package = base / "wd.zip"
+    package.write_bytes(workdir_zip({"probe.py": PROBE_PY}))
+    node = Node(base / "root", idle_timeout_s=60.0, agent_args=QUIET)
+    try:
+        await node.start()
+        yield ChaosNode(node, base / "root", env_json(working_dir=f"file://{package}"))
+    finally:
+        await node.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+async def settled(root: Path) -> None:
+    """Wait until staging and trash are empty and state.db has a row per package directory."""
+
+    def quiet() -> bool:
+        empty = not any((root / "tmp").iterdir()) and not any((root / "trash").iterdir())
+        dirs = {p.name for p in (root / "uris").iterdir()}
+        return empty and chaos._rows(root) == dirs
+
+    await wait_until(quiet, what="the agent's root to settle")
+
+
+async def test_check_alive_reports_an_agent_reference_the_pool_does_not_hold() -> None:
+    async with chaos_node() as c:
+        assert c.node.pool is not None
+        assert c.node.client is not None
+        await c.node.run(TaskSpec(c.env, "probe:pid"))
+        other = env_json(env_vars={"LEAKED": "1"})
+        leaked = await c.node.client.create(other)  # a reference no pool slot accounts for
+        await settled(c.root)
+        tally = chaos.Tally(seed=0)
+        await chaos._check_alive(c.node, c.root, 10**9, tally, "here")
+        assert len(tally.violations) == 1, tally.violations
+        assert tally.violations[0].startswith("here: agent counts")
+        assert leaked.runtime_env_id in tally.violations[0]
+        await c.node.client.delete(leaked.runtime_env_id)
+
+
+@pytest.mark.timeout(60)
+async def test_check_alive_does_not_flag_a_worker_that_idles_out_during_the_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression (chaos seed 5, 1 run in 4): an idle worker's timeout fired while the check's
+    GetRuntimeEnvsInfo was in flight; the pool had dropped the env and sent its delete, the
+    agent's snapshot still counted it, and the check reported a count mismatch that was none."""
+    async with chaos_node() as c:
+        pool, client = c.node.pool, c.node.client
+        assert pool is not None
+        assert client is not None
+        await c.node.run(TaskSpec(c.env, "probe:pid"))  # one idle worker holds the env
+        await settled(c.root)
+        real_info = client.info
+
+        async def info_while_the_worker_retires(
+            limit: int = 0,
+        ) -> agent_pb2.GetRuntimeEnvsInfoReply:
+            reply = await real_info(limit)
+            for worker in list(pool.workers.values()):
+                assert worker.process.stdin is not None
+                worker.process.stdin.close()  # what the idle timer does: the worker exits
+                await wait_until(lambda: c.env not in pool.slots, what="the pool to drop the env")
+            return reply
+
+        monkeypatch.setattr(client, "info", info_while_the_worker_retires)
+        tally = chaos.Tally(seed=0)
+        await chaos._check_alive(c.node, c.root, 10**9, tally, "after round 0")
+        assert tally.violations == []
