@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 
 from agent.runtime_env import UriKey, UriKind
 from agent.state_db import StateDB, UriRow
-from agent.store import UriStore
+from agent.store import UriStore, du
 
 log = logging.getLogger(__name__)
 
@@ -119,10 +118,4 @@ def _rename_to_trash(root: Path, path: Path) -> Path:
 
 
 def _du_all(paths: list[Path]) -> int:
-    total = 0
-    for path in paths:
-        for dirpath, _, filenames in os.walk(path):
-            for name in filenames:
-                with contextlib.suppress(OSError):  # deleted meanwhile
-                    total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total
+    return sum(du(path) for path in paths)

@@ -22,10 +22,12 @@ evicted key can start at once. Blocking work (copy, hash, unzip, rmtree) runs in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import hashlib
 import logging
 import os
+import sys
 import time
 import uuid
 import zipfile
@@ -40,8 +42,10 @@ from agent.config import DiskFloor
 from agent.crash import crash_point
 from agent.errors import DiskExhausted
 from agent.fetch import Fetcher
+from agent.pip_spec import PipSpec
 from agent.runtime_env import UriKey, UriKind, parse_uri
 from agent.state_db import StateDB, UriRow
+from agent.venv import build_venv, relocate
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +100,8 @@ class UriStore:
         disk_floor: DiskFloor | None = None,
         install_slots: int = 8,
         on_install: Callable[[bool, int, float], None] | None = None,
+        python: str = sys.executable,
+        pip_installer: str = "pip",
         clock: Clock = time.time,
     ) -> None:
         self.root = root
@@ -107,6 +113,9 @@ class UriStore:
         self._disk_floor = disk_floor
         self._install_slots = asyncio.Semaphore(install_slots)  # more installs wait here
         self._on_install = on_install
+        self._python = python
+        self._pip_installer = pip_installer
+        self._pip_specs: dict[UriKey, PipSpec] = {}
         self._clock = clock
         self._entries: dict[UriKey, UriEntry] = {}
         self._unused: OrderedDict[UriKey, None] = OrderedDict()  # least recently used first
@@ -185,23 +194,28 @@ class UriStore:
             queued = False
             staging.mkdir()
             archive = staging / "package.zip"
-            parsed = parse_uri(key.kind.value, key.uri)
             log.info("installing %s", label)
             await self._make_room(0, label)
-            fetched = await self._fetcher.fetch(parsed, archive, label=label)
-            self.downloads += 1
-            crash_point("after_download")
-            await self._make_room(await asyncio.to_thread(declared_size, archive), label)
-            unpacked = staging / "unpacked"
-            size = await asyncio.to_thread(
-                extract_zip,
-                archive,
-                unpacked,
-                strip_top_level=key.kind is UriKind.WORKING_DIR,
-                limits=self._archive_limits,
-                label=label,
-            )
-            self.extractions += 1
+            digest = None
+            if key.kind is UriKind.PIP:
+                unpacked, size = await self._build_venv(key, staging, label, entry.path)
+            else:
+                parsed = parse_uri(key.kind.value, key.uri)
+                digest = parsed.sha256
+                fetched = await self._fetcher.fetch(parsed, archive, label=label)
+                self.downloads += 1
+                crash_point("after_download")
+                await self._make_room(await asyncio.to_thread(declared_size, archive), label)
+                unpacked = staging / "unpacked"
+                size = await asyncio.to_thread(
+                    extract_zip,
+                    archive,
+                    unpacked,
+                    strip_top_level=key.kind is UriKind.WORKING_DIR,
+                    limits=self._archive_limits,
+                    label=label,
+                )
+                self.extractions += 1
             crash_point("after_extract")
             if entry.path.exists():  # a leftover no record claims (a crash between steps)
                 self.delete_in_background([self._to_trash(entry.path)])
@@ -210,19 +224,24 @@ class UriStore:
             crash_point("after_rename_before_commit")
             entry.size = size
             entry.last_used_ms = self._now_ms()
-            await self._commit(entry, parsed.sha256)
+            await self._commit(entry, digest)
         except BaseException as exc:
             if self._entries.get(key) is entry:
                 del self._entries[key]
             if self._on_install is not None:
                 self._on_install(False, fetched, time.monotonic() - started)
             if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-                raise DiskExhausted(f"{label}: no space left on the agent's disk") from exc
+                raise DiskExhausted(
+                    f"{label}: no space left on the agent's disk during the install (its "
+                    "partial files are removed); free space, or lower cache-budget"
+                ) from exc
             raise
         finally:
             if not queued:
                 self._install_slots.release()
-            await asyncio.to_thread(remove_tree, staging)
+            # in the background: an await here could be cancelled between the commit and READY,
+            # leaving the package installed on disk and "installing" for ever in the store
+            self.delete_in_background([staging], trash=False)
         entry.state = UriState.READY
         entry.task = None
         if self._on_install is not None:
@@ -236,6 +255,27 @@ class UriStore:
         )
         if self._refcount(key) == 0:  # every create that wanted it went away meanwhile
             self.release([key])
+
+    def register_pip(self, key: UriKey, spec: PipSpec) -> None:
+        """What a pip:// key installs (its URI is only a hash). Kept while it may be needed."""
+        self._pip_specs[key] = spec
+
+    async def _build_venv(
+        self, key: UriKey, staging: Path, label: str, final: Path
+    ) -> tuple[Path, int]:
+        spec = self._pip_specs.get(key)
+        if spec is None:
+            raise AssertionError(f"{label}: no pip spec registered")
+        logs = self.root / "logs"
+        logs.mkdir(exist_ok=True)
+        log_path = logs / f"{final.name}-{uuid.uuid4().hex[:8]}.log"
+        venv = await build_venv(
+            spec, staging, python=self._python, installer=self._pip_installer,
+            log_path=log_path, label=label,
+        )  # fmt: skip
+        self.extractions += 1
+        await asyncio.to_thread(relocate, venv, final)
+        return venv, await asyncio.to_thread(du, venv)
 
     async def _commit(self, entry: UriEntry, digest: str | None) -> None:
         """Make the install durable before anyone is told of it; undo the rename if that fails."""
@@ -328,8 +368,10 @@ class UriStore:
         os.rename(path, trashed)
         return trashed
 
-    def delete_in_background(self, paths: list[Path]) -> None:
-        task = asyncio.create_task(asyncio.to_thread(_remove_all, paths), name="empty trash")
+    def delete_in_background(self, paths: list[Path], *, trash: bool = True) -> None:
+        """Delete ``paths`` in a thread. ``trash``: evicted packages (a crash point for tests);
+        otherwise staging left by an install."""
+        task = asyncio.create_task(asyncio.to_thread(_remove_all, paths, trash), name="delete")
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         task.add_done_callback(_retrieve_exception)
@@ -381,6 +423,7 @@ class UriStore:
                 assert entry.path.is_dir(), f"S4: {entry.path} missing"
             else:
                 assert entry.task is not None, f"S4: {key} installing without a task"
+                assert not entry.task.done(), f"S4: {key} installing with a finished task"
         assert set(self._unused) <= set(self._entries), "S1: unused key without an entry"
         total = sum(self._entries[k].size for k in self._unused)
         assert total == self._unused_bytes, f"S2: {total} != {self._unused_bytes}"
@@ -393,6 +436,16 @@ def disk_space(path: Path) -> tuple[int, int]:
     """(total, free for us) bytes of the file system holding ``path``: one statvfs call."""
     st = os.statvfs(path)
     return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+
+
+def du(path: Path) -> int:
+    """Bytes of the files under ``path`` (links not followed). Blocking: call it in a thread."""
+    total = 0
+    for dirpath, _, names in os.walk(path):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
 
 
 def declared_size(archive: Path) -> int:
@@ -411,9 +464,10 @@ def package_dir(root: Path, key: UriKey) -> Path:
     return root / "uris" / f"{key.kind.value}-{digest}"
 
 
-def _remove_all(paths: list[Path]) -> None:
+def _remove_all(paths: list[Path], trash: bool = True) -> None:
     for path in paths:
-        crash_point("during_trash_deletion")
+        if trash:
+            crash_point("during_trash_deletion")
         remove_tree(path)
 
 
