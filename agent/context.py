@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.runtime_env import EnvLimits, RuntimeEnv, UriKey, check_env_var_size
+from agent.runtime_env import EnvLimits, RuntimeEnv, UriKey, UriKind, check_env_var_size
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ def build_context(
     limits: EnvLimits,
 ) -> WorkerContext:
     """PYTHONPATH is the working dir, then each py_module root in order, then the env's own."""
-    paths = [str(path_for(key)) for key in env.uri_keys]
+    paths = [str(path_for(key)) for key in env.uri_keys if key.kind is not UriKind.PIP]
     env_vars = dict(env.env_vars)
     own = env_vars.get("PYTHONPATH")
     if own:
@@ -38,4 +38,7 @@ def build_context(
         env_vars["PYTHONPATH"] = os.pathsep.join(paths)
     cwd = str(path_for(env.uri_keys[0])) if env.working_dir is not None else ""
     check_env_var_size(env_vars, limits)
+    venvs = [key for key in env.uri_keys if key.kind is UriKind.PIP]
+    if venvs:  # the env's own virtualenv; the working dir and py_modules still come first
+        py_executable = str(path_for(venvs[0]) / "bin" / "python")
     return WorkerContext(env_vars=env_vars, cwd=cwd, py_executable=py_executable)

@@ -69,6 +69,15 @@ def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
+def _one_of(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"{text!r} is not one of {', '.join(choices)}")
+        return text
+
+    return parse
+
+
 @dataclass(frozen=True)
 class Option:
     name: str  # the flag without dashes; RTENV_<NAME upper, - as _>; TOML key with _
@@ -136,7 +145,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("request-log-capacity", "request_log_capacity", _positive(int),
            "request ids remembered for idempotent retries",
            "the oldest answered ids are forgotten (never one in flight)"),
-    Option("python", "py_executable", str, "the python workers are started with"),
+    Option("python", "py_executable", str,
+           "the python workers are started with, and pip venvs are made from"),
+    Option("pip-installer", "pip_installer", _one_of("pip", "uv"),
+           "what installs a pip env: pip, or uv when it is on PATH",
+           "an install that fails: FAILED_PRECONDITION with the last lines of its log"),
     Option("state-db", "persist", parse_bool,
            "keep the cache index in ROOT/state.db (false: a restart forgets the cache)"),
     Option("reset-state", "reset_state", parse_bool,
@@ -145,8 +158,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("metrics-address", "metrics_address", str,
            "HOST:PORT to serve Prometheus metrics on (off by default; loopback unless "
            "allow-remote)"),
-    Option("log-format", "log_format", str, "text or json"),
-    Option("log-level", "log_level", str, "DEBUG, INFO, WARNING or ERROR"),
+    Option("log-format", "log_format", _one_of("text", "json"), "text or json"),
+    Option("log-level", "log_level", _one_of("DEBUG", "INFO", "WARNING", "ERROR"),
+           "DEBUG, INFO, WARNING or ERROR"),
 )  # fmt: skip
 
 
@@ -158,7 +172,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = Settings(root=Path("ROOT"))
     for opt in OPTIONS:
         default = _get(defaults, opt.field)
-        text = f"{opt.help} (default {_show(default)}; env {opt.env_var})"
+        text = f"{opt.help} (default {_show(default)}; env {opt.env_var})".replace("%", "%%")
         if opt.flag:
             parser.add_argument(f"--{opt.name}", action="store_const", const="true", help=text)
         elif opt.repeat:

@@ -20,14 +20,15 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from agent.errors import InvalidRuntimeEnv
+from agent.pip_spec import PipSpec, parse_pip
 
 # Linux's MAX_ARG_STRLEN: one "KEY=value\0" string handed to execve may not exceed it.
 MAX_ARG_STRLEN = 128 * 1024
 _POINTER_BYTES = 8
 _MAX_URI_CHARS = 4096
 _SHA256_FRAGMENT = re.compile(r"sha256=([0-9a-fA-F]{64})")
-_SUPPORTED_FIELDS = ("working_dir", "py_modules", "env_vars", "config")
-_NOT_YET = {"pip", "conda", "uv", "container", "image_uri", "java_jars", "nsight", "mpi"}
+_SUPPORTED_FIELDS = ("working_dir", "py_modules", "env_vars", "pip", "config")
+_NOT_YET = {"conda", "uv", "container", "image_uri", "java_jars", "nsight", "mpi"}
 
 
 class UriKind(StrEnum):
@@ -35,6 +36,7 @@ class UriKind(StrEnum):
 
     WORKING_DIR = "working_dir"
     PY_MODULES = "py_modules"
+    PIP = "pip"  # a virtualenv built from a requirement set; its uri is pip://<hash>
 
 
 @dataclass(frozen=True, order=True)
@@ -76,7 +78,8 @@ class RuntimeEnv:
     eager_install: bool | None
     canonical: str
     env_id: str
-    uri_keys: tuple[UriKey, ...] = field(default=())  # distinct, working_dir first
+    uri_keys: tuple[UriKey, ...] = field(default=())  # distinct: working_dir, py_modules, pip
+    pip: PipSpec | None = None
 
 
 def parse_uri(field_name: str, value: object) -> ParsedUri:
@@ -160,7 +163,9 @@ def check_env_var_size(env_vars: Mapping[str, str], limits: EnvLimits) -> None:
         )
 
 
-def parse_runtime_env(text: str, limits: EnvLimits) -> RuntimeEnv:
+def parse_runtime_env(
+    text: str, limits: EnvLimits, *, file_roots: tuple[str, ...] = ()
+) -> RuntimeEnv:
     """Parse and validate a serialized runtime env; raise ``InvalidRuntimeEnv`` naming the field."""
     size = len(text.encode())
     if size > limits.max_json_bytes:
@@ -184,11 +189,14 @@ def parse_runtime_env(text: str, limits: EnvLimits) -> RuntimeEnv:
     env_vars = _parse_env_vars(obj.get("env_vars"))
     check_env_var_size(env_vars, limits)
     timeout, eager = _parse_config(obj.get("config"))
+    pip = parse_pip(obj.get("pip"), file_roots=file_roots)
 
     keys: list[UriKey] = []
     if working_dir is not None:
         keys.append(UriKey(UriKind.WORKING_DIR, working_dir))
     keys.extend(UriKey(UriKind.PY_MODULES, uri) for uri in py_modules)
+    if pip is not None:
+        keys.append(UriKey(UriKind.PIP, pip.uri))
     if len(keys) > limits.max_uris:
         raise InvalidRuntimeEnv(
             f"the env names {len(keys)} distinct URIs; the limit is {limits.max_uris}"
@@ -201,6 +209,8 @@ def parse_runtime_env(text: str, limits: EnvLimits) -> RuntimeEnv:
         identity["py_modules"] = list(py_modules)
     if env_vars:
         identity["env_vars"] = dict(env_vars)
+    if pip is not None:
+        identity["pip"] = pip.canonical()
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return RuntimeEnv(
         working_dir=working_dir,
@@ -211,6 +221,7 @@ def parse_runtime_env(text: str, limits: EnvLimits) -> RuntimeEnv:
         canonical=canonical,
         env_id=env_id_of(canonical),
         uri_keys=tuple(keys),
+        pip=pip,
     )
 
 

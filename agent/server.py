@@ -84,7 +84,7 @@ class Agent:
             address = check_address(settings.resolved_address(), settings.allow_remote)
             root = settings.root.resolve()
             try:
-                root.mkdir(parents=True, exist_ok=True)
+                root.mkdir(mode=0o755, parents=True, exist_ok=True)  # whatever the umask
                 self._lock_fd = _lock_root(root)
             except OSError as exc:
                 raise StartupError(
@@ -116,6 +116,8 @@ class Agent:
                 disk_floor=settings.min_free_disk,
                 install_slots=settings.max_concurrent_installs,
                 on_install=self.metrics.observe_install,
+                python=settings.py_executable,
+                pip_installer=settings.pip_installer,
             )
             self.recovery = await recover(store, self._db)
             self.service = AgentService(settings, store, tables, db=self._db)
@@ -283,7 +285,7 @@ def _prepare_socket_path(address: str) -> Path:
     """Make the socket's folder (refusing one others may write to: they could replace the
     socket); remove a stale socket, never a live one (another agent's)."""
     path = Path(address.removeprefix("unix:"))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     if path.parent.stat().st_mode & 0o002:
         raise StartupError(
             f"the socket's folder {path.parent} is writable by others, who could replace the "

@@ -24,7 +24,7 @@ from agent.context import WorkerContext, build_context
 from agent.errors import AgentError, InvalidRuntimeEnv, SetupTimeout
 from agent.idempotency import RequestLog
 from agent.refs import RefTables
-from agent.runtime_env import RuntimeEnv, parse_runtime_env
+from agent.runtime_env import RuntimeEnv, UriKey, UriKind, parse_runtime_env
 from agent.state_db import EnvRow, StateDB
 from agent.store import UriStore
 
@@ -80,7 +80,7 @@ class AgentService:
 
     # -- create ----------------------------------------------------------------------------
     async def create(self, serialized: str, timeout_s: int, request_id: str) -> Created:
-        env = parse_runtime_env(serialized, self.settings.env)
+        env = self._parse(serialized)
         try:
             timeout = self._setup_timeout(env, timeout_s)
             return await self._requests.run(
@@ -104,6 +104,8 @@ class AgentService:
         # Bookkeeping, atomically: no await from here to the first install.
         acquired = self.tables.begin_create(env_id, env.uri_keys)
         self.store.acquire(acquired)
+        if env.pip is not None:
+            self.store.register_pip(UriKey(UriKind.PIP, env.pip.uri), env.pip)
         self.records[env_id] = record
         if record.state is EnvState.READY:  # the hot path: no await, no I/O
             self.store.touch(env.uri_keys)
@@ -157,6 +159,10 @@ class AgentService:
             hit=hit,
         )
 
+    def _parse(self, serialized: str) -> RuntimeEnv:
+        settings = self.settings
+        return parse_runtime_env(serialized, settings.env, file_roots=settings.allow_file_roots)
+
     def _setup_timeout(self, env: RuntimeEnv, requested: int) -> float:
         if requested < -1:
             raise InvalidRuntimeEnv(
@@ -174,7 +180,7 @@ class AgentService:
     async def delete(self, env_id: str, serialized: str, request_id: str) -> int:
         """Drop one reference of the env named by id or by its JSON; return what is left."""
         if serialized:
-            env_id = parse_runtime_env(serialized, self.settings.env).env_id
+            env_id = self._parse(serialized).env_id
         if not env_id:
             raise InvalidRuntimeEnv("name the env: set runtime_env_id or serialized_runtime_env")
 

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import IO, Any
 
 import grpc
@@ -42,6 +43,12 @@ from rtenv.v1 import agent_pb2
 log = logging.getLogger(__name__)
 
 _READY_TIMEOUT_S = 30.0
+# A worker may run on an env's own venv python, which does not have raylet_sim installed: the
+# worker module (stdlib only) is found by appending its folder to sys.path, after the env's own.
+_BOOTSTRAP = (
+    f"import sys; sys.path.append({str(Path(__file__).resolve().parent.parent)!r}); "
+    "from raylet_sim.worker import main; main()"
+)
 _STOP_GRACE_S = 3.0
 
 
@@ -241,7 +248,7 @@ class WorkerPool:
             env[WATCH_ENV_VAR] = str(self._watch_interval_s)
         try:
             return await asyncio.create_subprocess_exec(
-                python, "-m", "raylet_sim.worker",
+                python, "-c", _BOOTSTRAP,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=self._stderr, cwd=context.cwd or None, env=env, start_new_session=True,
             )  # fmt: skip

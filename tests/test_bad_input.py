@@ -129,7 +129,7 @@ CASES = [
     case(
         "field-unknown", create({"workdir": "x"}), INVALID, "unknown runtime_env field(s) 'workdir'"
     ),
-    case("field-pip-not-yet", create({"pip": ["requests"]}), INVALID, "pip not supported yet"),
+    case("field-conda-not-yet", create({"conda": ["numpy"]}), INVALID, "conda not supported yet"),
     case("field-conda-not-yet", create({"conda": "env"}), INVALID, "conda not supported yet"),
     # -- working_dir --
     case("working_dir-int", create(wd(42)), INVALID, "working_dir must be a URI string, got int"),

@@ -73,7 +73,7 @@ def is_agent(pid: int) -> bool:
 
 
 def is_worker(pid: int) -> bool:
-    return "raylet_sim.worker" in cmdline(pid)
+    return any("raylet_sim.worker" in arg for arg in cmdline(pid))  # its bootstrap names it
 
 
 def workers_in(directory: Path) -> list[int]:

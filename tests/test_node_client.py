@@ -85,10 +85,10 @@ async def test_node_client_gets_the_status_code_of_a_bad_env(node_client: Path) 
     async with running_agent() as a:
         proc = await asyncio.create_subprocess_exec(
             "node", str(node_client), "--address", a.agent.address,
-            "--env", '{"pip": ["requests"]}',
+            "--env", '{"conda": ["numpy"]}',
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
         assert proc.returncode == 1
         assert "INVALID_ARGUMENT" in err.decode()
-        assert "pip" in err.decode()
+        assert "conda" in err.decode()

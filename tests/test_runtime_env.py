@@ -163,7 +163,7 @@ def test_parse_uri_rejects_bad_uris_naming_the_field(value: object, needle: str)
 @pytest.mark.parametrize(
     ("text", "needles"),
     [
-        ('{"pip": ["requests"]}', ["'pip'", "pip not supported yet", "supported: working_dir"]),
+        ('{"conda": ["numpy"]}', ["'conda'", "conda not supported yet", "supported: working_dir"]),
         ('{"conda": "env"}', ["'conda'", "not supported yet"]),
         ('{"workdir": "file:///x.zip"}', ["'workdir'", "supported: working_dir"]),
         ('{"working_dir": 3}', ["working_dir must be a URI string", "got int"]),
