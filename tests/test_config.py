@@ -1,0 +1,294 @@
+"""Settings: every option is a flag, an ``RTENV_`` variable and a TOML key, in that order of
+precedence over the default; ``rtenv-agent config`` shows the effective values and their sources;
+bad values exit 2 naming the setting and where it came from; ``serve --help`` and the README's
+table document every option."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent import options
+from agent.config import DiskFloor, Settings
+from agent.options import OPTIONS, ConfigError, Option
+
+REPO = Path(__file__).resolve().parents[1]
+BY_NAME = {opt.name: opt for opt in OPTIONS}
+CLI_TIMEOUT_S = 30.0
+
+# A valid, non-default value for every option, as text (a new option without one fails below).
+SAMPLES = {
+    "address": "unix:/tmp/x.sock",
+    "allow-remote": "true",
+    "token-file": "/etc/rtenv/token",
+    "allow-file-root": "/srv/pkgs",
+    "cache-budget": "3M",
+    "min-free-disk": "7%",
+    "max-concurrent-installs": "3",
+    "default-setup-timeout": "12.5",
+    "max-setup-timeout": "99",
+    "max-message-bytes": "2M",
+    "max-env-json-bytes": "64K",
+    "max-uris": "9",
+    "max-env-var-bytes": "100KiB",
+    "max-download-bytes": "1G",
+    "download-attempts": "2",
+    "max-archive-entries": "77",
+    "max-uncompressed-bytes": "5GiB",
+    "max-compression-ratio": "50",
+    "request-log-capacity": "123",
+    "python": "/usr/bin/python3",
+    "pip-installer": "uv",
+    "state-db": "false",
+    "reset-state": "true",
+    "metrics-address": "127.0.0.1:9100",
+    "log-format": "json",
+    "log-level": "DEBUG",
+}
+
+
+def namespace(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    options.add_arguments(parser)
+    return parser.parse_args(["--root", "/r", *argv])
+
+
+def field_value(settings: Settings, opt: Option) -> Any:
+    value: Any = settings
+    for part in opt.field.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def resolve(
+    argv: tuple[str, ...] = (), environ: Mapping[str, str] | None = None, toml: str | None = None
+) -> tuple[Settings, dict[str, str]]:
+    """``options.resolve`` with a TOML file at /etc/rtenv.toml holding ``toml`` (if given)."""
+    files = {Path("/etc/rtenv.toml"): toml} if toml is not None else {}
+    args = namespace(*argv, *(["--config", "/etc/rtenv.toml"] if toml is not None else []))
+
+    def read(path: Path) -> str:
+        if path not in files:
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return files[path]
+
+    return options.resolve(args, environ or {}, read)
+
+
+def test_every_option_has_a_sample_value() -> None:
+    assert set(SAMPLES) == set(BY_NAME), "give each option a sample value in SAMPLES"
+
+
+@pytest.mark.parametrize("channel", ["flag", "env", "toml"])
+@pytest.mark.parametrize("name", list(BY_NAME))
+def test_every_option_is_set_by_its_flag_env_var_and_toml_key(name: str, channel: str) -> None:
+    opt, text = BY_NAME[name], SAMPLES[name]
+    parsed = opt.parse(text)
+    expected = (parsed,) if opt.repeat else parsed
+    assert field_value(Settings(root=Path("/r")), opt) != expected, "the sample is the default"
+    if channel == "flag":
+        argv = (f"--{name}",) if opt.flag else (f"--{name}", text)
+        settings, sources = resolve(argv)
+        source = f"--{name}"
+    elif channel == "env":
+        settings, sources = resolve(environ={opt.env_var: text})
+        source = opt.env_var
+    else:
+        settings, sources = resolve(toml=f"{opt.toml_key} = {json.dumps(text)}\n")
+        source = "/etc/rtenv.toml"
+    assert field_value(settings, opt) == expected
+    assert sources[name] == source
+    assert {n for n, s in sources.items() if s != "default"} == {name}
+
+
+@pytest.mark.parametrize(
+    ("layers", "winner"),
+    [
+        (("flag", "env", "toml"), "--cache-budget"),
+        (("env", "toml"), "RTENV_CACHE_BUDGET"),
+        (("flag", "toml"), "--cache-budget"),
+        (("toml",), "/etc/rtenv.toml"),
+        ((), "default"),
+    ],
+)
+def test_precedence_is_flag_then_env_then_toml_then_default(
+    layers: tuple[str, ...], winner: str
+) -> None:
+    values = {"--cache-budget": 1, "RTENV_CACHE_BUDGET": 2, "/etc/rtenv.toml": 3, "default": 10240}
+    settings, sources = resolve(
+        ("--cache-budget", "1M") if "flag" in layers else (),
+        {"RTENV_CACHE_BUDGET": "2M"} if "env" in layers else {},
+        'cache_budget = "3M"\n' if "toml" in layers else None,
+    )
+    assert sources["cache-budget"] == winner
+    assert settings.cache_budget_bytes == values[winner] * 1024**2
+
+
+def test_toml_takes_native_types_and_lists_and_env_lists_split_on_colons() -> None:
+    toml = (
+        "max_uris = 9\nallow_remote = true\nmax_compression_ratio = 12.5\n"
+        'allow_file_root = ["/a", "/b"]\nmin_free_disk = "10%"\nstate_db = false\n'
+    )
+    settings, _ = resolve(toml=toml)
+    assert (settings.env.max_uris, settings.allow_remote, settings.persist) == (9, True, False)
+    assert settings.archive.max_ratio == 12.5
+    assert settings.allow_file_roots == ("/a", "/b")
+    assert settings.min_free_disk == DiskFloor(bytes_=None, percent=10.0)
+    settings, _ = resolve(environ={"RTENV_ALLOW_FILE_ROOT": "/x:/y"})
+    assert settings.allow_file_roots == ("/x", "/y")
+    settings, _ = resolve(("--allow-file-root", "/p", "--allow-file-root", "/q", "--no-state-db"))
+    assert (settings.allow_file_roots, settings.persist) == (("/p", "/q"), False)
+
+
+def test_rtenv_config_names_the_file_when_config_is_absent_and_config_flag_wins() -> None:
+    files = {Path("/env.toml"): "max_uris = 5\n", Path("/flag.toml"): "max_uris = 6\n"}
+    environ = {"RTENV_CONFIG": "/env.toml"}
+    settings, sources = options.resolve(namespace(), environ, files.__getitem__)
+    assert (settings.env.max_uris, sources["max-uris"]) == (5, "/env.toml")
+    settings, sources = options.resolve(
+        namespace("--config", "/flag.toml"), environ, files.__getitem__
+    )
+    assert (settings.env.max_uris, sources["max-uris"]) == (6, "/flag.toml")
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "toml", "words"),
+    [
+        (("--cache-budget", "lots"), {}, None, ["cache-budget from --cache-budget", "'lots'"]),
+        ((), {"RTENV_MAX_URIS": "0"}, None, ["max-uris from RTENV_MAX_URIS", "above 0"]),
+        ((), {}, 'cache_budget = "lots"\n', ["cache-budget from /etc/rtenv.toml"]),
+        ((), {}, "cache_budgets = 1\n", ["/etc/rtenv.toml", "unknown settings ['cache_budgets']"]),
+        ((), {}, "cache_budget = \n", ["config file /etc/rtenv.toml:"]),
+        (("--min-free-disk", "150%"), {}, None, ["min-free-disk from --min-free-disk"]),
+        ((), {"RTENV_STATE_DB": "maybe"}, None, ["state-db from RTENV_STATE_DB", "boolean"]),
+    ],
+    ids=["flag-size", "env-zero", "toml-size", "toml-unknown-key", "toml-syntax", "floor", "bool"],
+)
+def test_bad_value_is_a_config_error_naming_the_setting_and_its_source(
+    argv: tuple[str, ...], environ: dict[str, str], toml: str | None, words: list[str]
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        resolve(argv, environ, toml)
+    for word in words:
+        assert word in caught.value.message, caught.value.message
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+def run_agent(*argv: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m agent ARGV`` to its end (bounded), with no RTENV_ variable but ``env``'s."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("RTENV_")}
+    environ.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "agent", *argv],
+        cwd=REPO, env=environ, capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
+    )  # fmt: skip
+
+
+def effective_lines(stdout: str) -> dict[str, tuple[str, str]]:
+    """``rtenv-agent config`` output -> {option: (value, source)}."""
+    rows = {}
+    for line in stdout.splitlines()[1:]:
+        match = re.fullmatch(r"(\S+)\s+(.*?)\s+\(([^()]*)\)", line)
+        assert match is not None, line
+        rows[match.group(1)] = (match.group(2), match.group(3))
+    return rows
+
+
+def test_config_command_prints_each_effective_value_with_its_source(tmp_path: Path) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text('cache_budget = "3M"\nmax_uris = 7\nlog_format = "json"\n')
+    result = run_agent(
+        "config", "--root", str(tmp_path / "root"), "--config", str(config),
+        "--cache-budget", "1M", env={"RTENV_MAX_URIS": "8", "RTENV_DOWNLOAD_ATTEMPTS": "2"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0].split() == ["root", str(tmp_path / "root")]
+    rows = effective_lines(result.stdout)
+    assert set(rows) == set(BY_NAME)
+    assert rows["cache-budget"] == (str(1024**2), "--cache-budget")
+    assert rows["max-uris"] == ("8", "RTENV_MAX_URIS")
+    assert rows["download-attempts"] == ("2", "RTENV_DOWNLOAD_ATTEMPTS")
+    assert rows["log-format"] == ("json", str(config))
+    assert rows["max-archive-entries"] == ("100000", "default")
+    assert rows["min-free-disk"] == ("auto (min of 1073741824 B and 5%)", "default")
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "toml", "words"),
+    [
+        (("--cache-budget", "lots"), {}, "", ["cache-budget from --cache-budget", "'lots'"]),
+        ((), {"RTENV_MAX_URIS": "-1"}, "", ["max-uris from RTENV_MAX_URIS"]),
+        ((), {}, "max_urls = 3\n", ["unknown settings ['max_urls']", "agent.toml"]),
+        ((), {}, "max_uris = [\n", ["config file", "agent.toml"]),
+        ((), {}, 'max_setup_timeout = "soon"\n', ["max-setup-timeout from", "agent.toml"]),
+    ],
+    ids=["flag", "env", "toml-unknown-key", "toml-syntax", "toml-value"],
+)
+def test_config_command_exits_2_on_a_bad_value_naming_setting_and_source_without_traceback(
+    tmp_path: Path, argv: tuple[str, ...], env: dict[str, str], toml: str, words: list[str]
+) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text(toml)
+    result = run_agent("config", "--root", str(tmp_path), "--config", str(config), *argv, env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith("rtenv-agent: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for word in words:
+        assert word in result.stderr, result.stderr
+
+
+def test_config_command_exits_2_when_the_config_file_is_missing(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    result = run_agent("config", "--root", str(tmp_path), env={"RTENV_CONFIG": str(missing)})
+    assert result.returncode == 2, result.stdout
+    assert f"config file {missing}:" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["config", "serve"])
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--log-level", "LOUD"), ("--log-format", "xml")], ids=["level", "format"]
+)
+def test_bad_log_level_or_format_exits_2_naming_the_setting_and_its_source(
+    tmp_path: Path, command: str, flag: str, value: str
+) -> None:
+    """``config`` must refuse what ``serve`` refuses, and both say which setting and where from."""
+    result = run_agent(command, "--root", str(tmp_path / "root"), flag, value)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"{flag[2:]} from {flag}" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_serve_help_documents_every_option_with_its_default_and_env_var() -> None:
+    result = run_agent("serve", "--help")
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = " ".join(result.stdout.split())
+    defaults = effective_lines(run_agent("config", "--root", "ROOT").stdout)
+    for opt in OPTIONS:
+        assert f"--{opt.name}" in text, opt.name
+        default = defaults[opt.name][0]
+        assert f"(default {default}; env {opt.env_var})" in text, (opt.name, default)
+    assert "--config" in text
+    assert "RTENV_CONFIG" in text
+
+
+def test_readme_settings_table_is_the_generated_one() -> None:
+    readme = (REPO / "README.md").read_text()
+    match = re.search(r"<!-- settings-table[^>]*-->\n(.*?)\n<!-- /settings-table -->", readme, re.S)
+    assert match is not None, "README.md lost its <!-- settings-table --> markers"
+    assert match.group(1) == options.markdown_table(), (
+        "README.md's settings table is stale: replace the lines between the settings-table "
+        "markers with the output of "
+        "`.venv/bin/python -c 'from agent.options import markdown_table; print(markdown_table())'`"
+    )

@@ -1,0 +1,235 @@
+"""Disk pressure on a real, small tmpfs as the agent's root: an install that would leave less
+than min-free-disk evicts unused packages first, then fails RESOURCE_EXHAUSTED naming what it
+needs and what is free; a real ENOSPC mid-install leaves no partial files; the agent keeps serving.
+
+Needs root (mount); each test is skipped with the reason when a tmpfs cannot be mounted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import zipfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent.config import DiskFloor
+from tests.helpers import (
+    PackageServer,
+    RunningAgent,
+    env_json,
+    make_zip,
+    package_server,
+    running_agent,
+    short_tempdir,
+)
+
+MiB = 1024**2
+TMPFS_BYTES = 8 * MiB
+RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+@contextmanager
+def tmpfs(size_bytes: int = TMPFS_BYTES) -> Iterator[Path]:
+    """A fresh tmpfs of ``size_bytes``, unmounted afterwards; skip the test if none can be had."""
+    mount_point = short_tempdir()
+    try:
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(mount_point)],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    except FileNotFoundError as exc:
+        result = subprocess.CompletedProcess([], 1, "", str(exc))
+    if result.returncode != 0:
+        shutil.rmtree(mount_point, ignore_errors=True)
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True, timeout=30)
+        mount_point.rmdir()
+
+
+@asynccontextmanager
+async def agent_on(fs: Path, *, min_free_disk: DiskFloor) -> AsyncIterator[RunningAgent]:
+    """A real agent whose root is on the tmpfs ``fs``."""
+    async with running_agent(root=fs / "root", min_free_disk=min_free_disk) as a:
+        yield replace(a, root=fs / "root")
+
+
+def free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def noise_zip(size: int) -> bytes:
+    """A working_dir zip unpacking to ``size`` bytes of incompressible data."""
+    return make_zip({"proj/data.bin": os.urandom(size)}, compression=zipfile.ZIP_STORED)
+
+
+def floor(bytes_: int) -> DiskFloor:
+    return DiskFloor(bytes_=bytes_, percent=None)
+
+
+async def cache_unused(a: RunningAgent, pkgs: PackageServer, names: list[str]) -> list[str]:
+    """Install each package and release it: unused, cached, in this LRU order. Return its dirs."""
+    dirs = []
+    for name in names:
+        before = set(a.uri_dirs())
+        reply = await a.create(env_json(f"{pkgs.base_url}/{name}"))
+        [added] = set(a.uri_dirs()) - before
+        dirs.append(added)
+        assert await a.delete(reply.runtime_env_id) == 0
+    info = await a.info()
+    assert {u.state for u in info.uris} == {"unused"}
+    return dirs
+
+
+async def assert_clean_and_serving(
+    a: RunningAgent, pkgs: PackageServer, *, install: bool = True
+) -> None:
+    """No staging or trash left, no reference held; a create (of a small package, or of env
+    vars only where the floor leaves no room at all) still works."""
+    await a.settle()
+    assert (list((a.root / "tmp").iterdir()), list((a.root / "trash").iterdir())) == ([], [])
+    assert len(a.service.tables) == 0
+    a.service.check_invariants()
+    if not install:
+        reply = await a.create(env_json(env_vars={"AFTER": "pressure"}))
+        assert reply.context.env_vars["AFTER"] == "pressure"
+        assert await a.delete(reply.runtime_env_id) == 0
+        return
+    url = pkgs.add("small.zip", make_zip({"proj/ok.txt": "ok"}))
+    reply = await a.create(env_json(url, env_vars={"AFTER": "pressure"}))
+    assert (Path(reply.context.cwd) / "ok.txt").read_text() == "ok"
+    assert await a.delete(reply.runtime_env_id) == 0
+
+
+async def test_install_crossing_the_floor_evicts_the_oldest_unused_package_then_succeeds() -> None:
+    with tmpfs() as fs:
+        async with package_server() as pkgs:
+            for name in ("p1.zip", "p2.zip", "p3.zip"):
+                pkgs.add(name, noise_zip(MiB))
+            new = noise_zip(MiB)
+            url = pkgs.add("new.zip", new)
+            # Fill the cache, then restart with a floor that the new package (its zip, then as
+            # much unpacked) crosses by half a package: one eviction makes room.
+            async with agent_on(fs, min_free_disk=floor(0)) as a:
+                p1, p2, p3 = await cache_unused(a, pkgs, ["p1.zip", "p2.zip", "p3.zip"])
+            limit = free_bytes(fs) - len(new) - MiB // 2
+            async with agent_on(fs, min_free_disk=floor(limit)) as a:
+                assert a.agent.recovery.rows_kept == 3
+                reply = await a.create(env_json(url))
+                assert (Path(reply.context.cwd) / "data.bin").stat().st_size == MiB
+                info = await a.info()
+                assert info.cache.evictions == 1
+                assert p1 not in a.uri_dirs(), (
+                    "the least recently used package was not the one evicted"
+                )
+                assert {p2, p3} <= set(a.uri_dirs())
+                assert sorted(u.state for u in info.uris) == ["ready", "unused", "unused"]
+                assert await a.delete(reply.runtime_env_id) == 0
+                await assert_clean_and_serving(a, pkgs)
+
+
+async def test_install_too_large_even_after_evicting_everything_is_resource_exhausted() -> None:
+    with tmpfs() as fs:
+        async with package_server() as pkgs:
+            for name in ("p1.zip", "p2.zip"):
+                pkgs.add(name, noise_zip(MiB))
+            big = pkgs.add("big.zip", noise_zip(3 * MiB))
+            limit = 4 * MiB
+            async with agent_on(fs, min_free_disk=floor(limit)) as a:
+                await cache_unused(a, pkgs, ["p1.zip", "p2.zip"])
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await a.create(env_json(big))
+                details = caught.value.details() or ""
+                assert caught.value.code() == RESOURCE_EXHAUSTED, details
+                match = re.search(
+                    rf"installing needs {3 * MiB} bytes and keeps {limit} free \(the "
+                    r"min-free-disk setting\), but (\d+) bytes are free on the agent's disk "
+                    r"after evicting 2 unused package\(s\)",
+                    details,
+                )
+                assert match is not None, details
+                assert 0 < int(match.group(1)) - 3 * MiB < limit, details
+                assert pkgs.gets["big.zip"] == 1
+                assert (a.uri_dirs(), (await a.info()).cache.evictions) == ([], 2)
+                await assert_clean_and_serving(a, pkgs)
+
+
+async def test_floor_already_crossed_refuses_before_downloading() -> None:
+    with tmpfs() as fs:
+        async with package_server() as pkgs:
+            url = pkgs.add("p.zip", noise_zip(MiB))
+            too_much = TMPFS_BYTES + MiB
+            async with agent_on(fs, min_free_disk=floor(too_much)) as a:
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await a.create(env_json(url))
+                details = caught.value.details() or ""
+                assert caught.value.code() == RESOURCE_EXHAUSTED, details
+                assert f"installing needs 0 bytes and keeps {too_much} free" in details
+                assert pkgs.gets["p.zip"] == 0, "it downloaded with no room for the result"
+                assert a.uri_dirs() == []
+                await assert_clean_and_serving(a, pkgs, install=False)
+
+
+async def test_enospc_while_unpacking_is_resource_exhausted_and_leaves_no_partial_files() -> None:
+    """Thousands of 1-byte files: the zip declares a few KiB, but each file takes a page of the
+    tmpfs, so the extraction itself runs out of space (the floor is 0)."""
+    with tmpfs() as fs:
+        async with package_server() as pkgs:
+            files = {f"proj/f{i:05}.txt": b"x" for i in range(2500)}
+            url = pkgs.add("many.zip", make_zip(files, compression=zipfile.ZIP_STORED))
+            async with agent_on(fs, min_free_disk=floor(0)) as a:
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await a.create(env_json(url))
+                details = caught.value.details() or ""
+                assert caught.value.code() == RESOURCE_EXHAUSTED, details
+                assert f"working_dir:{url}: no space left on the agent's disk" in details
+                cache = (await a.info()).cache
+                assert (cache.downloads, cache.extractions) == (1, 0), "not mid-extraction"
+                assert a.uri_dirs() == []
+                assert list(a.service.store.entries()) == []
+                await assert_clean_and_serving(a, pkgs)
+
+
+async def test_enospc_while_downloading_is_resource_exhausted_and_serving_resumes() -> None:
+    """The disk fills (outside the agent's control) while the download is held at the server."""
+    with tmpfs() as fs:
+        async with package_server() as pkgs:
+            url = pkgs.add("wd.zip", noise_zip(2 * MiB))
+            gate = pkgs.hold("wd.zip")
+            filler = fs / "filler"
+            try:
+                async with agent_on(fs, min_free_disk=floor(0)) as a:
+                    create = asyncio.create_task(a.create(env_json(url)))
+                    await asyncio.wait_for(pkgs.requested("wd.zip").wait(), 10)
+                    with filler.open("wb") as f:
+                        os.posix_fallocate(f.fileno(), 0, free_bytes(fs) - 128 * 1024)
+                    gate.set()
+                    with pytest.raises(grpc.aio.AioRpcError) as caught:
+                        await asyncio.wait_for(create, 30)
+                    details = caught.value.details() or ""
+                    assert caught.value.code() == RESOURCE_EXHAUSTED, details
+                    assert "no space left on the agent's disk" in details
+                    assert (await a.info()).cache.downloads == 0, "not mid-download"
+                    await a.settle()
+                    assert (a.uri_dirs(), list((a.root / "tmp").iterdir())) == ([], [])
+                    filler.unlink()
+                    reply = await a.create(env_json(url))
+                    assert (Path(reply.context.cwd) / "data.bin").stat().st_size == 2 * MiB
+                    assert pkgs.gets["wd.zip"] == 2
+                    assert await a.delete(reply.runtime_env_id) == 0
+                    await assert_clean_and_serving(a, pkgs)
+            finally:
+                gate.set()
+                filler.unlink(missing_ok=True)

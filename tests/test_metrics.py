@@ -1,0 +1,142 @@
+"""Prometheus metrics on --metrics-address: scraped over real HTTP from a real agent, the
+figures move with creates (miss, then hit), a failing create, deletes and an eviction."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Mapping
+
+import aiohttp
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.config import Settings
+from agent.server import Agent, StartupError
+from tests.helpers import env_json, package_server, running_agent, short_tempdir, workdir_zip
+
+Labels = frozenset[tuple[str, str]]
+Samples = dict[tuple[str, Labels], float]
+SIZE = 1000  # bytes unpacked per package
+
+
+async def scrape(address: str) -> Samples:
+    """GET /metrics and parse it: {(sample name, labels): value}."""
+    async with (
+        aiohttp.ClientSession(trust_env=False) as session,
+        session.get(f"http://{address}/metrics", timeout=aiohttp.ClientTimeout(10)) as resp,
+    ):
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/plain")
+        text = await resp.text()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples: Samples, name: str, labels: Mapping[str, str] | None = None) -> float:
+    """A sample's value; 0 for a labelled series not yet seen (a counter that never moved)."""
+    key = (name, frozenset((labels or {}).items()))
+    if key not in samples:
+        assert labels, f"{name} missing from the scrape"
+        return 0.0
+    return samples[key]
+
+
+def requests(samples: Samples, rpc: str, code: str) -> float:
+    return value(samples, "rtenv_requests_total", {"rpc": rpc, "code": code})
+
+
+def created(samples: Samples, cache: str) -> float:
+    return value(samples, "rtenv_create_seconds_count", {"cache": cache})
+
+
+async def test_metrics_move_with_creates_hits_failures_deletes_and_evictions() -> None:
+    async with (
+        package_server() as pkgs,
+        running_agent(metrics_address="127.0.0.1:0", cache_budget_bytes=int(SIZE * 1.5)) as a,
+    ):
+        host, _, port = a.agent.metrics_address.rpartition(":")
+        assert (host, port.isdigit(), port != "0") == ("127.0.0.1", True, True)
+        zips = {n: workdir_zip({"data.txt": n * SIZE}) for n in "ab"}
+        urls = {n: pkgs.add(f"{n}.zip", body) for n, body in zips.items()}
+        before = await scrape(a.agent.metrics_address)
+        assert value(before, "rtenv_free_disk_bytes") > 0
+        assert value(before, "rtenv_cache_budget_bytes") == int(SIZE * 1.5)
+        assert value(before, "rtenv_installs_in_flight") == 0
+        assert value(before, "rtenv_evictions_total") == 0
+
+        first = await a.create(env_json(urls["a"]))  # a miss: installs a
+        await a.create(env_json(urls["a"]))  # a hit: same env, no install
+        gate = pkgs.hold("b.zip")
+        pending = asyncio.create_task(a.create(env_json(urls["b"])))
+        await asyncio.wait_for(pkgs.requested("b.zip").wait(), 10)
+        during = await scrape(a.agent.metrics_address)
+        assert value(during, "rtenv_installs_in_flight") == 1
+        gate.set()
+        second = await asyncio.wait_for(pending, 10)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await a.create(env_json(f"{pkgs.base_url}/absent.zip"))
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+        middle = await scrape(a.agent.metrics_address)
+        assert created(middle, "miss") - created(before, "miss") == 2
+        assert created(middle, "hit") - created(before, "hit") == 1
+        assert requests(middle, "CreateRuntimeEnv", "OK") == 3
+        assert requests(middle, "CreateRuntimeEnv", "NOT_FOUND") == 1
+        assert value(middle, "rtenv_installs_total", {"result": "ok"}) == 2
+        assert value(middle, "rtenv_installs_total", {"result": "error"}) == 1
+        assert value(middle, "rtenv_install_bytes_total") == len(zips["a"]) + len(zips["b"])
+        assert value(middle, "rtenv_install_seconds_count") == 3
+        assert value(middle, "rtenv_cache_bytes", {"state": "used"}) == 2 * SIZE
+        assert value(middle, "rtenv_cache_bytes", {"state": "unused"}) == 0
+        assert value(middle, "rtenv_installs_in_flight") == 0
+        assert value(middle, "rtenv_envs") == 2
+        assert value(middle, "rtenv_cache_hits_total") > value(before, "rtenv_cache_hits_total")
+
+        assert await a.delete(first.runtime_env_id) == 1
+        assert await a.delete(first.runtime_env_id) == 0  # a unused: fits the budget
+        cached = await scrape(a.agent.metrics_address)
+        assert value(cached, "rtenv_cache_bytes", {"state": "used"}) == SIZE
+        assert value(cached, "rtenv_cache_bytes", {"state": "unused"}) == SIZE
+        assert value(cached, "rtenv_evictions_total") == 0
+        assert await a.delete(second.runtime_env_id) == 0  # b unused too: a is evicted
+        await a.settle()
+
+        after = await scrape(a.agent.metrics_address)
+        assert value(after, "rtenv_evictions_total") == 1
+        assert value(after, "rtenv_cache_bytes", {"state": "used"}) == 0
+        assert value(after, "rtenv_cache_bytes", {"state": "unused"}) == SIZE
+        assert value(after, "rtenv_envs") == 0
+        assert requests(after, "DeleteRuntimeEnv", "OK") == 3
+        assert value(after, "rtenv_free_disk_bytes") > 0
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await a.delete(first.runtime_env_id)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        last = await scrape(a.agent.metrics_address)
+        assert requests(last, "DeleteRuntimeEnv", "NOT_FOUND") == 1
+        await a.info()
+        assert requests(await scrape(a.agent.metrics_address), "GetRuntimeEnvsInfo", "OK") == 1
+
+
+async def test_metrics_are_off_by_default() -> None:
+    async with running_agent() as a:
+        assert a.agent.metrics_address == ""
+        assert a.agent.settings.metrics_address == ""
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0:0", "192.0.2.1:0"])
+async def test_metrics_on_a_non_loopback_address_is_refused_without_allow_remote(
+    address: str,
+) -> None:
+    base = short_tempdir()
+    try:
+        agent = Agent(Settings(root=base / "root", metrics_address=address))
+        with pytest.raises(StartupError) as caught:
+            await agent.start()
+        assert f"address {address!r} is not a loopback address" in caught.value.message
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -1,0 +1,229 @@
+"""Installs beyond max-concurrent-installs wait in a queue; a SIGTERM'd agent process stops
+accepting, lets in-flight RPCs finish within its grace, cancels the installs left and removes
+their files, flushes its database; a second SIGTERM makes it exit at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import sqlite3
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from rtenv.v1 import agent_pb2, agent_pb2_grpc
+from tests.helpers import (
+    env_json,
+    make_zip,
+    package_server,
+    running_agent,
+    short_tempdir,
+    wait_until,
+)
+from tests.helpers import workdir_zip as wd_zip
+from tests.test_process import STOP_S, Served, serving
+
+GRACE_S = 2.0  # Agent.stop()'s grace for in-flight RPCs, as serve() uses it
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    path = short_tempdir()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_installs_beyond_max_concurrent_installs_queue_and_all_succeed() -> None:
+    async with package_server() as pkgs, running_agent(max_concurrent_installs=2) as a:
+        names = [f"p{i}.zip" for i in range(5)]
+        urls = [pkgs.add(name, wd_zip({"name.txt": name})) for name in names]
+        gates = {name: pkgs.hold(name) for name in names}
+
+        def staging() -> int:
+            return len(list((a.root / "tmp").iterdir()))
+
+        def gets() -> int:
+            return sum(pkgs.gets.values())
+
+        try:
+            creates = [asyncio.create_task(a.create(env_json(url))) for url in urls]
+            await wait_until(
+                lambda: a.service.store.installs_in_flight() == 5 and gets() == 2,
+                what="5 installs begun, 2 of them downloading",
+            )
+            await a.info()  # a round trip: a queued install had every chance to start
+            assert (gets(), staging()) == (2, 2), "more than 2 installs at once"
+            assert not any(c.done() for c in creates), "an install over the limit failed"
+
+            first = next(name for name in names if pkgs.gets[name])
+            gates[first].set()
+            reply = await asyncio.wait_for(creates[names.index(first)], 10)
+            assert (Path(reply.context.cwd) / "name.txt").read_text() == first
+            await wait_until(lambda: gets() == 3, what="a queued install to take the free slot")
+            await a.info()
+            await a.settle()  # the finished install's staging goes in the background
+            assert (gets(), staging()) == (3, 2)
+            assert a.service.store.installs_in_flight() == 4
+
+            for gate in gates.values():
+                gate.set()
+            replies = await asyncio.wait_for(asyncio.gather(*creates), 10)
+            for name, reply in zip(names, replies, strict=True):
+                assert (Path(reply.context.cwd) / "name.txt").read_text() == name
+            assert dict(pkgs.gets) == dict.fromkeys(names, 1)
+            await a.settle()
+            assert (a.service.store.installs_in_flight(), staging()) == (0, 0)
+            a.service.check_invariants()
+        finally:
+            for gate in gates.values():
+                gate.set()
+
+
+# -- shutdown of a whole process -------------------------------------------------------------
+
+
+def stub_for(channel: grpc.aio.Channel) -> agent_pb2_grpc.RuntimeEnvAgentStub:
+    return agent_pb2_grpc.RuntimeEnvAgentStub(channel)  # type: ignore[no-untyped-call]
+
+
+def create_call(
+    stub: agent_pb2_grpc.RuntimeEnvAgentStub, url: str
+) -> grpc.aio.UnaryUnaryCall[agent_pb2.CreateRuntimeEnvRequest, agent_pb2.CreateRuntimeEnvReply]:
+    request = agent_pb2.CreateRuntimeEnvRequest(serialized_runtime_env=env_json(url))
+    call: grpc.aio.UnaryUnaryCall[
+        agent_pb2.CreateRuntimeEnvRequest, agent_pb2.CreateRuntimeEnvReply
+    ] = stub.CreateRuntimeEnv(request, timeout=30)
+    return call
+
+
+async def refuses_new_calls(address: str) -> bool:
+    """Whether a call on a new connection is refused (the server no longer accepts)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            await stub_for(channel).GetRuntimeEnvsInfo(
+                agent_pb2.GetRuntimeEnvsInfoRequest(), timeout=1
+            )
+        except grpc.aio.AioRpcError as exc:
+            return exc.code() == grpc.StatusCode.UNAVAILABLE
+    return False
+
+
+def staged_bytes(root: Path) -> int:
+    """Bytes under tmp/ (files may vanish while we look)."""
+    total = 0
+    for path in (root / "tmp").rglob("*"):
+        with contextlib.suppress(FileNotFoundError):
+            total += path.stat().st_size if path.is_file() else 0
+    return total
+
+
+async def wait_log(agent: Served, text: str) -> None:
+    await wait_until(lambda: text in agent.log_text(), what=f"{text!r} in the agent's log")
+
+
+def db_rows(root: Path) -> tuple[dict[str, int], dict[str, tuple[str, int]]]:
+    """({env_id: refcount}, {uri: (dir, refcount)}) from a stopped agent's state.db."""
+    conn = sqlite3.connect(root / "state.db")
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        envs = dict(conn.execute("SELECT env_id, refcount FROM envs").fetchall())
+        uris = {u: (d, n) for u, d, n in conn.execute("SELECT uri, dir, refcount FROM uris")}
+    finally:
+        conn.close()
+    return envs, uris
+
+
+async def test_sigterm_refuses_new_calls_lets_in_flight_creates_finish_and_flushes(
+    base: Path,
+) -> None:
+    root = base / "root"
+    async with package_server() as pkgs:
+        a_url = pkgs.add("a.zip", wd_zip({"a.txt": "a"}))
+        b_url = pkgs.add("b.zip", wd_zip({"b.txt": "b"}))
+        gate = pkgs.hold("b.zip")
+        try:
+            async with (
+                serving(base / "agent.log", "--root", str(root)) as agent,
+                grpc.aio.insecure_channel(agent.address) as channel,
+            ):
+                stub = stub_for(channel)
+                first = await create_call(stub, a_url)
+                await create_call(stub, a_url)  # a hit: its count is written behind
+                in_flight = create_call(stub, b_url)
+                await asyncio.wait_for(pkgs.requested("b.zip").wait(), 10)
+
+                agent.proc.send_signal(signal.SIGTERM)
+                await wait_until(lambda: refuses_new_calls(agent.address), what="refusal")
+                assert agent.proc.returncode is None, "it did not wait for the in-flight create"
+                gate.set()
+                second = await asyncio.wait_for(in_flight, 10)
+                assert (Path(second.context.cwd) / "b.txt").read_text() == "b"
+                assert await asyncio.wait_for(agent.proc.wait(), STOP_S) == 0, agent.log_text()
+        finally:
+            gate.set()
+    envs, uris = db_rows(root)
+    assert envs == {first.runtime_env_id: 2, second.runtime_env_id: 1}
+    assert {u: n for u, (_, n) in uris.items()} == {a_url: 1, b_url: 1}
+    assert sorted(d for d, _ in uris.values()) == sorted(p.name for p in (root / "uris").iterdir())
+    assert list((root / "tmp").iterdir()) == []
+
+
+async def test_sigterm_cancels_an_install_outlasting_the_grace_and_removes_its_files(
+    base: Path,
+) -> None:
+    root = base / "root"
+    async with package_server() as pkgs:
+        body = make_zip({"big.bin": os.urandom(4 * 1024**2)}, compression=zipfile.ZIP_STORED)
+        url = pkgs.add("slow.zip", body)
+        pkgs.slow("slow.zip", 0.2)  # 64 KiB every 0.2 s: far longer than the grace
+        async with (
+            serving(base / "agent.log", "--root", str(root)) as agent,
+            grpc.aio.insecure_channel(agent.address) as channel,
+        ):
+            call = create_call(stub_for(channel), url)
+            await wait_until(lambda: staged_bytes(root) > 0, what="a partial download in tmp/")
+            started = time.monotonic()
+            agent.proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(agent.proc.wait(), STOP_S) == 0, agent.log_text()
+            assert time.monotonic() - started < GRACE_S + 3
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call
+            assert caught.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+    assert list((root / "tmp").iterdir()) == [], "the cancelled install left its files"
+    assert list((root / "uris").iterdir()) == []
+    assert db_rows(root) == ({}, {})
+
+
+async def test_second_sigterm_during_the_graceful_wait_exits_at_once_non_zero(base: Path) -> None:
+    async with package_server() as pkgs:
+        url = pkgs.add("held.zip", wd_zip({"h.txt": "h"}))
+        gate = pkgs.hold("held.zip")
+        try:
+            async with (
+                serving(base / "agent.log", "--root", str(base / "root")) as agent,
+                grpc.aio.insecure_channel(agent.address) as channel,
+            ):
+                call = create_call(stub_for(channel), url)
+                await asyncio.wait_for(pkgs.requested("held.zip").wait(), 10)
+                agent.proc.send_signal(signal.SIGTERM)
+                await wait_log(agent, "shutting down")  # now waiting on the in-flight create
+                assert agent.proc.returncode is None
+                started = time.monotonic()
+                agent.proc.send_signal(signal.SIGTERM)
+                code = await asyncio.wait_for(agent.proc.wait(), STOP_S)
+                assert time.monotonic() - started < GRACE_S, "it waited out the grace"
+                assert code == 1, agent.log_text()
+                assert "second signal: exiting at once" in agent.log_text()
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await call
+        finally:
+            gate.set()
