@@ -19,9 +19,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.disk import du
 from agent.runtime_env import UriKey, UriKind
 from agent.state_db import StateDB, UriRow
-from agent.store import UriStore, du
+from agent.store import UriStore
 
 log = logging.getLogger(__name__)
 

@@ -7,15 +7,11 @@ which adds signals and the parent-death watch.
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import ipaddress
 import logging
 import os
 import signal
-import socket
 import time
 from enum import Enum
-from pathlib import Path
 from types import TracebackType
 
 import aiohttp
@@ -27,13 +23,19 @@ from grpc_reflection.v1alpha import reflection
 
 from agent.access import TokenInterceptor, read_token
 from agent.config import Settings
-from agent.errors import AgentError
 from agent.fetch import Fetcher, Sleep
 from agent.metrics import Metrics, start_metrics_server
 from agent.recovery import RecoverySummary, recover
 from agent.refs import RefTables
 from agent.service import AgentService
 from agent.servicer import RuntimeEnvAgentServicer
+from agent.startup import (
+    StartupError,
+    check_address,
+    lock_root,
+    move_aside,
+    prepare_socket_path,
+)
 from agent.state_db import FILE_NAME, StateDB
 from agent.store import UriStore
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
@@ -41,7 +43,6 @@ from rtenv.v1 import agent_pb2, agent_pb2_grpc
 log = logging.getLogger(__name__)
 
 SERVICE_NAME: str = agent_pb2.DESCRIPTOR.services_by_name["RuntimeEnvAgent"].full_name
-MAX_UNIX_PATH_BYTES = 107  # sun_path is 108 bytes with the terminating NUL
 
 
 class AgentState(Enum):
@@ -50,12 +51,6 @@ class AgentState(Enum):
     SERVING = "serving"
     STOPPING = "stopping"
     STOPPED = "stopped"
-
-
-class StartupError(AgentError):
-    """The agent cannot start as configured (address, root, lock)."""
-
-    code = grpc.StatusCode.FAILED_PRECONDITION
 
 
 class Agent:
@@ -85,7 +80,7 @@ class Agent:
             root = settings.root.resolve()
             try:
                 root.mkdir(mode=0o755, parents=True, exist_ok=True)  # whatever the umask
-                self._lock_fd = _lock_root(root)
+                self._lock_fd = lock_root(root)
             except OSError as exc:
                 raise StartupError(
                     f"cannot use {root} as the agent's root: {exc.strerror or exc}"
@@ -94,7 +89,7 @@ class Agent:
             if settings.persist:
                 db_path = root / FILE_NAME
                 if settings.reset_state:
-                    _move_aside(db_path)
+                    move_aside(db_path)
                 self._db = StateDB(db_path)
                 await self._db.open()
             interceptors = []
@@ -174,7 +169,7 @@ class Agent:
     async def _bind(self, address: str) -> str:
         assert self._server is not None
         if address.startswith("unix:"):
-            path = _prepare_socket_path(address)
+            path = prepare_socket_path(address)
             old_umask = os.umask(0o177)
             try:
                 self._server.add_insecure_port(address)
@@ -233,104 +228,6 @@ class Agent:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
-
-
-def check_address(address: str, allow_remote: bool) -> str:
-    """Validate a listen address before binding; raise a clear error naming what is wrong."""
-    if address.startswith("unix:"):
-        path = address.removeprefix("unix:")
-        if path.startswith("//"):
-            path = path[2:]
-        if not path:
-            raise StartupError("the unix socket address names no path")
-        size = len(os.fsencode(os.path.abspath(path)))
-        if size > MAX_UNIX_PATH_BYTES:
-            raise StartupError(
-                f"unix socket path {path!r} is {size} bytes; the kernel allows "
-                f"{MAX_UNIX_PATH_BYTES} (AF_UNIX sun_path); choose a shorter --root or --address"
-            )
-        return f"unix:{os.path.abspath(path)}"
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise StartupError(f"address {address!r} is neither unix:PATH nor HOST:PORT")
-    bare = host.strip("[]")
-    if not allow_remote and not _is_loopback(bare):
-        raise StartupError(
-            f"address {address!r} is not a loopback address; pass --allow-remote to listen "
-            "beyond this node"
-        )
-    return address
-
-
-def _move_aside(db_path: Path) -> None:
-    """--reset-state: keep the old database (and its WAL) beside the new one, never delete it
-    nor overwrite one an earlier reset kept."""
-    stamp = time.strftime("%Y%m%dT%H%M%S")
-    suffixes = ("", "-wal", "-shm")
-    for n in range(1000):
-        name = f"{db_path.name}.reset-{stamp}" + (f"-{n}" if n else "")
-        if not any(db_path.with_name(name + s).exists() for s in suffixes):
-            break
-    else:
-        raise StartupError(f"{db_path.parent} holds 1000 kept databases of {stamp}; clear some")
-    for suffix in suffixes:
-        old = db_path.with_name(db_path.name + suffix)
-        if old.exists():
-            aside = db_path.with_name(name + suffix)
-            os.rename(old, aside)
-            log.warning("--reset-state: moved %s to %s", old, aside)
-
-
-def _prepare_socket_path(address: str) -> Path:
-    """Make the socket's folder (refusing one others may write to: they could replace the
-    socket); remove a stale socket, never a live one (another agent's)."""
-    path = Path(address.removeprefix("unix:"))
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if path.parent.stat().st_mode & 0o002:
-        raise StartupError(
-            f"the socket's folder {path.parent} is writable by others, who could replace the "
-            "socket; choose a folder only the agent's user may write to"
-        )
-    if path.is_socket():
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            path.unlink(missing_ok=True)  # nobody listens: stale
-        else:
-            raise StartupError(
-                f"unix socket {path} is in use by another process; choose another --address"
-            )
-        finally:
-            probe.close()
-    elif path.exists():
-        raise StartupError(f"{path} exists and is not a socket; choose another --address")
-    return path
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _lock_root(root: Path) -> int:
-    """Hold an exclusive lock on the root for the agent's lifetime: one agent per root."""
-    fd = os.open(root / "agent.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as exc:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise StartupError(
-            f"another agent (pid {holder}) is serving root {root}; one agent per root"
-        ) from exc
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    return fd
 
 
 async def serve(settings: Settings) -> int:

@@ -22,24 +22,22 @@ evicted key can start at once. Blocking work (copy, hash, unzip, rmtree) runs in
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
-import hashlib
 import logging
 import os
 import sys
 import time
 import uuid
-import zipfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from agent.archive import ArchiveLimits, extract_zip, remove_tree
+from agent.archive import ArchiveLimits, extract_zip
 from agent.config import DiskFloor
 from agent.crash import crash_point
+from agent.disk import declared_size, disk_space, du, package_dir, remove_all
 from agent.errors import DiskExhausted
 from agent.fetch import Fetcher
 from agent.pip_spec import PipSpec
@@ -337,7 +335,7 @@ class UriStore:
             return
         short, unused_before = floor + needed - free, self._unused_bytes
         trashed = self._evict_while(lambda: unused_before - self._unused_bytes < short)
-        await asyncio.to_thread(_remove_all, trashed)  # the room exists once they are gone
+        await asyncio.to_thread(remove_all, trashed)  # the room exists once they are gone
         total, free = disk_space(self.root)
         if free - needed < floor:
             raise DiskExhausted(
@@ -371,7 +369,7 @@ class UriStore:
     def delete_in_background(self, paths: list[Path], *, trash: bool = True) -> None:
         """Delete ``paths`` in a thread. ``trash``: evicted packages (a crash point for tests);
         otherwise staging left by an install."""
-        task = asyncio.create_task(asyncio.to_thread(_remove_all, paths, trash), name="delete")
+        task = asyncio.create_task(asyncio.to_thread(remove_all, paths, trash), name="delete")
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         task.add_done_callback(_retrieve_exception)
@@ -430,45 +428,6 @@ class UriStore:
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
-
-
-def disk_space(path: Path) -> tuple[int, int]:
-    """(total, free for us) bytes of the file system holding ``path``: one statvfs call."""
-    st = os.statvfs(path)
-    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
-
-
-def du(path: Path) -> int:
-    """Bytes of the files under ``path`` (links not followed). Blocking: call it in a thread."""
-    total = 0
-    for dirpath, _, names in os.walk(path):
-        for name in names:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total
-
-
-def declared_size(archive: Path) -> int:
-    """Bytes a zip says it unpacks to (its central directory); 0 if it is no zip (the extraction
-    then says so). Blocking: call it in a thread."""
-    try:
-        with zipfile.ZipFile(archive) as zf:
-            return sum(info.file_size for info in zf.infolist())
-    except (zipfile.BadZipFile, OSError):
-        return 0
-
-
-def package_dir(root: Path, key: UriKey) -> Path:
-    """The layout: ``<root>/uris/<kind>-<32 hex of sha256(uri)>``."""
-    digest = hashlib.sha256(key.uri.encode()).hexdigest()[:32]
-    return root / "uris" / f"{key.kind.value}-{digest}"
-
-
-def _remove_all(paths: list[Path], trash: bool = True) -> None:
-    for path in paths:
-        if trash:
-            crash_point("during_trash_deletion")
-        remove_tree(path)
 
 
 def _retrieve_exception(task: asyncio.Task[None]) -> None:

@@ -13,7 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.config import Settings
-from agent.server import Agent, StartupError
+from agent.server import Agent
+from agent.startup import StartupError
 from tests.helpers import env_json, package_server, running_agent, short_tempdir, workdir_zip
 
 Labels = frozenset[tuple[str, str]]

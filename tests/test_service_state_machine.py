@@ -38,7 +38,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-import agent.store
+import agent.disk
 from agent.archive import remove_tree
 from agent.config import Settings
 from agent.runtime_env import EnvLimits, parse_runtime_env
@@ -337,7 +337,7 @@ async def test_a_create_cancelled_while_its_install_cleans_up_does_not_wedge_the
             release.wait(20)
         remove_tree(path)
 
-    monkeypatch.setattr(agent.store, "remove_tree", held_staging_cleanup)
+    monkeypatch.setattr(agent.disk, "remove_tree", held_staging_cleanup)
     base = short_tempdir()
     try:
         package = base / "p.zip"
