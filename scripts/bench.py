@@ -1,283 +1,211 @@
-"""Benchmarks: the agent as its users feel it, next to a baseline measured in the same run.
+"""Benchmarks: the agent as its users feel it, next to the physical limit measured in the same
+run on the same machine. Absolute times on a shared machine are context; the ratios are the
+result. Writes a table to stdout and every figure, with its baseline, ratio and goal, to
+bench-results.json (``--out``); ``--plot`` also writes the latency distributions as a PNG.
 
-Machines here are shared and noisy: absolute times are context, the ratios are the result.
-Workloads (``--only NAME`` runs some):
+Workloads (``--only NAME``, repeatable; the parts are in ``scripts/benchlib/``):
 
-- persistence: cache-hit create+delete pairs per second through a real agent process over its
-  unix socket, with the cache index (state.db) and without it (--no-state-db), same run,
-  interleaved rounds. The ratio is the hot-path cost of persistence.
-- recovery: start time of an agent whose root holds 10,000 cached packages with their rows,
-  against the start time of an agent on an empty root.
+- hot: cache-hit create+delete pairs through the real agent over its unix socket, at
+  concurrency 1 (create latency) and 64 (pairs/s), against a bare grpc.aio server answering the
+  same requests with the agent's own replies (same transport, sizes and client code); both
+  also on uvloop when it is installed.
+- persistence: the hot workload with state.db and without it (--no-state-db).
+- cold-large: one create of an env whose working_dir is a ~60 MB zip (thousands of small files,
+  a few large ones) over http from an empty cache, against a sequential aiohttp download +
+  zipfile.extractall of the same file, and against curl -o + unzip -q.
+- stampede: 50 distinct envs sharing that zip created at once from cold: wall, latencies,
+  downloads and extractions, against one cold create.
+- loop-blocking: GetRuntimeEnvsInfo every 10 ms while a cold-large install runs, against the
+  same calls on the idle agent.
+- churn: create+delete pairs over 200 small zips chosen by Zipf(1.1) at concurrency 16 under a
+  5 MB budget: pairs/s, hit rate against an exact LRU simulation, unused bytes against the budget.
+- worker-starts: raylet_sim's pool starts 500 short-lived workers over 20 installed envs at
+  concurrency 8, against the same processes spawned bare; agent RPCs per worker start.
+- recovery: start time with 10,000 cached packages against an empty root; RSS with 100,000
+  envs in the tables (as many as fit in a bounded time, said so).
 
-Writes a table to stdout and every figure with its baseline and ratio to bench-results.json.
+The disk of a shared machine can be slow for minutes after mass deletions and the page cache
+drops idle files, so: each package is read through just before it is timed, file creation next
+to the cache is probed (and printed) before each workload, every baseline runs next to its
+measurement, nothing is deleted until the end, and ``--workdir`` (e.g. /dev/shm) puts the run
+where runs are comparable. ``--smoke`` shrinks everything (the test suite runs it).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import io
-import json
 import os
+import platform
 import shutil
-import signal
-import statistics
 import sys
 import tempfile
 import time
-import zipfile
+import traceback
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from benchlib.churn import bench_churn
+from benchlib.cold import bench_cold_large, bench_loop_blocking, bench_stampede
+from benchlib.config import SMOKE, Sizes, with_overrides
+from benchlib.figures import WorkloadResult, fmt, plot, table, write_json
+from benchlib.hot import bench_hot, bench_persistence
+from benchlib.procs import probe_file_creation, uvloop_available
+from benchlib.recovery import bench_recovery
+from benchlib.shared import Shared
+from benchlib.workers import bench_worker_starts
 
-from agent.runtime_env import UriKey, UriKind
-from agent.state_db import FILE_NAME, StateDB, UriRow
-from agent.store import package_dir
-from rtenv.v1 import agent_pb2, agent_pb2_grpc
+Workload = Callable[[Path, Sizes, Shared], Awaitable[WorkloadResult]]
 
-# gRPC waits a second before its first reconnect by default: that, not the agent, would be timed
-FAST_RECONNECT = [
-    ("grpc.initial_reconnect_backoff_ms", 20),
-    ("grpc.min_reconnect_backoff_ms", 20),
-    ("grpc.max_reconnect_backoff_ms", 100),
-]
-
-
-@dataclass
-class Figure:
-    workload: str
-    metric: str
-    value: float
-    baseline: float
-    baseline_name: str
-    unit: str
-
-    @property
-    def ratio(self) -> float:
-        return self.value / self.baseline if self.baseline else float("nan")
-
-
-# -- an agent process ----------------------------------------------------------------------
-
-
-class AgentProcess:
-    def __init__(self, root: Path, *extra: str) -> None:
-        self.root = root
-        self.address = f"unix:{root / 'agent.sock'}"
-        self._extra = extra
-        self.proc: asyncio.subprocess.Process | None = None
-        self.ready_s = 0.0
-
-    async def __aenter__(self) -> AgentProcess:
-        started = time.monotonic()
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agent", "serve", "--root", str(self.root),
-            "--log-level", "WARNING", *self._extra,
-        )  # fmt: skip
-        await _wait_serving(self.address, self.proc, 60.0)
-        self.ready_s = time.monotonic() - started
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.proc is not None
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), 20)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-
-
-async def _wait_serving(address: str, proc: asyncio.subprocess.Process, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with grpc.aio.insecure_channel(address, options=FAST_RECONNECT) as channel:
-        health = cast(Any, health_pb2_grpc.HealthStub(channel))
-        while time.monotonic() < deadline:
-            if proc.returncode is not None:
-                raise SystemExit(f"the agent exited with {proc.returncode}")
-            try:
-                reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.aio.AioRpcError:
-                pass
-            await asyncio.sleep(0.005)
-    raise SystemExit(f"the agent did not serve within {timeout_s}s")
-
-
-def _small_zip(path: Path, name: str) -> None:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        zf.writestr(f"{name}/__init__.py", "VALUE = 1\n")
-    path.write_bytes(buf.getvalue())
-
-
-# -- persistence ---------------------------------------------------------------------------
-
-
-async def _pairs_per_second(address: str, env: str, pairs: int, concurrency: int) -> float:
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = agent_pb2_grpc.RuntimeEnvAgentStub(channel)  # type: ignore[no-untyped-call]
-        first = await stub.CreateRuntimeEnv(
-            agent_pb2.CreateRuntimeEnvRequest(serialized_runtime_env=env), timeout=60
-        )  # holds the env: every pair below is a cache hit
-        left = pairs
-
-        async def worker() -> None:
-            nonlocal left
-            while left > 0:
-                left -= 1
-                reply = await stub.CreateRuntimeEnv(
-                    agent_pb2.CreateRuntimeEnvRequest(serialized_runtime_env=env), timeout=30
-                )
-                await stub.DeleteRuntimeEnv(
-                    agent_pb2.DeleteRuntimeEnvRequest(runtime_env_id=reply.runtime_env_id),
-                    timeout=30,
-                )
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
-        await stub.DeleteRuntimeEnv(
-            agent_pb2.DeleteRuntimeEnvRequest(runtime_env_id=first.runtime_env_id), timeout=30
-        )
-    return pairs / elapsed
-
-
-async def bench_persistence(work: Path, pairs: int, rounds: int) -> list[Figure]:
-    pkg = work / "pkg.zip"
-    _small_zip(pkg, "hotmod")
-    env = json.dumps({"py_modules": [f"file://{pkg}"], "env_vars": {"A": "1"}})
-    figures = []
-    for concurrency in (1, 16):
-        rates: dict[bool, list[float]] = {True: [], False: []}
-        for _ in range(rounds):  # interleaved, so drift on the machine hits both alike
-            for persist in (True, False):
-                root = work / f"root-{persist}-{concurrency}"
-                extra = () if persist else ("--no-state-db",)
-                async with AgentProcess(root, *extra) as agent:
-                    rate = await _pairs_per_second(agent.address, env, pairs, concurrency)
-                rates[persist].append(rate)
-                shutil.rmtree(root)
-        figures.append(
-            Figure(
-                "persistence",
-                f"cache-hit create+delete pairs/s, concurrency {concurrency}",
-                statistics.median(rates[True]),
-                statistics.median(rates[False]),
-                "the same agent without state.db (--no-state-db)",
-                "pairs/s",
-            )
-        )
-    return figures
-
-
-# -- recovery ------------------------------------------------------------------------------
-
-
-async def _fill_root(root: Path, rows: int) -> None:
-    """A root as a long-running agent would leave it: ``rows`` packages and their rows."""
-    (root / "uris").mkdir(parents=True)
-    db = StateDB(root / FILE_NAME)
-    await db.open()
-    now = int(time.time() * 1000)
-    for i in range(rows):
-        key = UriKey(UriKind.PY_MODULES, f"https://packages.invalid/p{i}.zip")
-        path = package_dir(root, key)
-        (path / f"m{i}").mkdir(parents=True)
-        (path / f"m{i}" / "__init__.py").write_text("VALUE = 1\n")
-        await db.record_install(UriRow(key.kind.value, key.uri, path.name, 10, None, now + i))
-    await db.close()
-
-
-async def bench_recovery(work: Path, rows: int, rounds: int) -> list[Figure]:
-    full, empty, own = [], [], []
-    filled = work / "filled"
-    await _fill_root(filled, rows)
-    for i in range(rounds):
-        root = work / f"recover-{i}"
-        shutil.copytree(filled, root, symlinks=True)
-        async with AgentProcess(root) as agent:
-            full.append(agent.ready_s)
-            async with grpc.aio.insecure_channel(agent.address) as channel:
-                stub = agent_pb2_grpc.RuntimeEnvAgentStub(channel)  # type: ignore[no-untyped-call]
-                info = await stub.GetRuntimeEnvsInfo(agent_pb2.GetRuntimeEnvsInfoRequest(limit=1))
-            if info.recovery.rows_kept != rows:
-                raise SystemExit(f"recovery kept {info.recovery.rows_kept} of {rows} rows")
-            own.append(info.recovery.seconds)
-        shutil.rmtree(root)
-        root = work / f"empty-{i}"
-        async with AgentProcess(root) as agent:
-            empty.append(agent.ready_s)
-        shutil.rmtree(root)
-    return [
-        Figure(
-            "recovery",
-            f"recovery step itself, {rows} packages (agent's own timing)",
-            statistics.median(own),
-            statistics.median(empty),
-            "start to SERVING on an empty root",
-            "s",
-        ),
-        Figure(
-            "recovery",
-            f"start to SERVING with {rows} cached packages",
-            statistics.median(full),
-            statistics.median(empty),
-            "start to SERVING on an empty root",
-            "s",
-        ),
-    ]
-
-
-# -- driver --------------------------------------------------------------------------------
-
-WORKLOADS: dict[str, Callable[[Path, argparse.Namespace], Awaitable[list[Figure]]]] = {
-    "persistence": lambda work, a: bench_persistence(work, a.pairs, a.rounds),
-    "recovery": lambda work, a: bench_recovery(work, a.rows, a.rounds),
+WORKLOADS: dict[str, Workload] = {
+    "hot": lambda work, sizes, shared: bench_hot(work, sizes),
+    "persistence": lambda work, sizes, shared: bench_persistence(work, sizes),
+    "cold-large": bench_cold_large,
+    "stampede": bench_stampede,
+    "loop-blocking": bench_loop_blocking,
+    "churn": bench_churn,
+    "worker-starts": lambda work, sizes, shared: bench_worker_starts(work, sizes),
+    "recovery": lambda work, sizes, shared: bench_recovery(work, sizes),
 }
 
 
-def _table(figures: list[Figure]) -> str:
-    lines = [f"{'workload':<12} {'metric':<52} {'value':>10} {'baseline':>10} {'ratio':>7}"]
-    for f in figures:
-        lines.append(
-            f"{f.workload:<12} {f.metric:<52} {f.value:>10.3f} {f.baseline:>10.3f} {f.ratio:>7.2f}"
-        )
-        lines.append(f"{'':<12}   baseline: {f.baseline_name}; unit {f.unit}")
-    return "\n".join(lines)
-
-
-async def main(args: argparse.Namespace) -> None:
-    work = Path(tempfile.mkdtemp(prefix="rtenv-bench-", dir="/tmp"))
-    figures: list[Figure] = []
+async def run(args: argparse.Namespace, sizes: Sizes) -> int:
+    base = Path(args.workdir) if args.workdir else Path(tempfile.gettempdir())
+    base.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="rtenv-bench-", dir=base))
+    print(f"work folder {work} (nothing in it is deleted until the end)", flush=True)
+    results: list[WorkloadResult] = []
+    failed: list[str] = []
+    shared = Shared(work, sizes)
+    started = time.monotonic()
     try:
         for name in args.only or list(WORKLOADS):
-            (work / name).mkdir()
-            figures += await WORKLOADS[name](work / name, args)
+            folder = work / name
+            folder.mkdir()
+            rate = await asyncio.to_thread(probe_file_creation, folder / "probe")
+            load = os.getloadavg()[0]
+            print(
+                f"[{name}] file creation next to the cache: {rate:,.0f} files/s; "
+                f"load average {load:.2f}",
+                flush=True,
+            )
+            t0 = time.monotonic()
+            try:
+                result = await WORKLOADS[name](folder, sizes, shared)
+            except Exception:
+                failed.append(name)
+                print(f"[{name}] FAILED:\n{traceback.format_exc()}", flush=True)
+                continue
+            result.disk_probe_files_per_s = rate
+            result.load_average = load
+            result.seconds = time.monotonic() - t0
+            results.append(result)
+            for f in result.figures:
+                ratio = f"{f.ratio:.2f}x" if f.ratio is not None else "-"
+                print(f"[{name}] {f.metric}: {fmt(f.value)} {f.unit} ({ratio})", flush=True)
+            print(f"[{name}] done in {result.seconds:.0f}s", flush=True)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
-    print(_table(figures))
-    _write_results(Path(args.out), figures, args)
-    print(f"\nwrote {args.out}")
+        await shared.close()
+        if args.keep:
+            print(f"kept {work}")
+        else:  # the mass deletion, at the very end
+            await asyncio.to_thread(shutil.rmtree, work, True)
+    elapsed = time.monotonic() - started
+    print()
+    print(table(results))
+    print(f"\n{len(results)} workloads in {elapsed:.0f}s; {', '.join(failed) or 'none'} failed")
+    meta = {
+        "machine": _machine(),
+        "seconds": elapsed,
+        "smoke": args.smoke,
+        "workdir": str(base),
+        "uvloop_installed": uvloop_available(),
+        "failed": failed,
+        "sizes": sizes.to_json(),
+        "disk_probe_files_per_s": {r.name: r.disk_probe_files_per_s for r in results},
+    }
+    out = Path(args.out)
+    write_json(out, results, meta)
+    print(f"wrote {out}")
+    if args.plot is not None:
+        png = Path(args.plot) if args.plot else out.with_suffix(".png")
+        problem = plot(png, results)
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
+        print(f"wrote {png}")
+    return 1 if failed else 0
 
 
-def _write_results(path: Path, figures: list[Figure], args: argparse.Namespace) -> None:
-    results = [{**asdict(f), "ratio": f.ratio} for f in figures]
-    meta = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "args": vars(args)}
-    path.write_text(json.dumps({"meta": meta, "figures": results}, indent=2) + "\n")
+def _machine() -> dict[str, object]:
+    """What the numbers were measured on (context for the absolute times)."""
+    model = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        mem_kb = int(f.readline().split()[1])
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_kb / 2**20, 1),
+        "kernel": platform.release(),
+        "load_average_at_end": os.getloadavg(),
+        "unzip": shutil.which("unzip") is not None,
+    }
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = Sizes()
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--only", action="append", choices=list(WORKLOADS), help="run this workload")
+    p.add_argument("--out", default="bench-results.json", help="the JSON results file")
+    p.add_argument(
+        "--plot",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PNG",
+        help="write the latency distributions as a PNG (default: --out with .png); "
+        "needs matplotlib (pip install -e '.[bench]')",
+    )
+    p.add_argument("--workdir", help="where the run's files go (default: the temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the run's files")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes: checks the script works")
+    p.add_argument("--no-uvloop", action="store_true", help="do not measure uvloop")
+    knobs = p.add_argument_group("sizes (defaults: the full run; --smoke shrinks them all)")
+    for flag, name, kind in (
+        ("--hot-rounds", "hot_rounds", int),
+        ("--cold-rounds", "cold_rounds", int),
+        ("--seed", "seed", int),
+        ("--hot-pairs-c1", "hot_pairs_c1", int),
+        ("--hot-pairs-c64", "hot_pairs_c64", int),
+        ("--stampede-envs", "stampede_envs", int),
+        ("--churn-pairs", "churn_pairs", int),
+        ("--churn-zips", "churn_zips", int),
+        ("--churn-budget", "churn_budget_bytes", int),
+        ("--rows", "recovery_rows", int),
+        ("--recovery-rounds", "recovery_rounds", int),
+        ("--rss-envs", "rss_envs", int),
+        ("--rss-seconds", "rss_time_limit_s", float),
+        ("--worker-starts", "worker_starts", int),
+        ("--worker-envs", "worker_envs", int),
+    ):
+        knobs.add_argument(flag, dest=name, type=kind, help=f"default {getattr(d, name)}")
+    return p
+
+
+def main() -> int:
+    args = _parser().parse_args()
+    sizes = with_overrides(SMOKE if args.smoke else Sizes(), vars(args))
+    if args.no_uvloop:
+        sizes = with_overrides(sizes, {"uvloop": False})
+    return asyncio.run(run(args, sizes))
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--only", action="append", choices=sorted(WORKLOADS))
-    parser.add_argument("--pairs", type=int, default=2000, help="pairs per persistence round")
-    parser.add_argument("--rows", type=int, default=10_000, help="cached packages to recover")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per figure (median)")
-    parser.add_argument("--out", default="bench-results.json")
-    asyncio.run(main(parser.parse_args()))
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""hot and persistence: cache-hit create+delete pairs through a real agent process over its unix
+socket, next to a bare grpc.aio server answering the same requests with the same replies.
+
+hot: one env is held (created once), so every pair is the agent's fast path. Each round runs,
+for each server in turn (the order rotates per round), a phase at concurrency 1 (create
+latency) and one at concurrency 64 (pairs per second), each after a short warm-up, with the
+server's CPU read from /proc around the measured part.
+
+persistence: the same phases on an agent with state.db and one without (--no-state-db).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from benchlib import rpc
+from benchlib.config import Sizes
+from benchlib.figures import Goal, Measure, WorkloadResult, percentile
+from benchlib.packages import build_small_zip
+from benchlib.procs import AgentProcess, EchoProcess, ProcWatch, uvloop_available
+from rtenv.v1 import agent_pb2
+
+HIGH = 64
+
+
+@dataclass
+class Served:
+    """One server under test and what its phases measured over the rounds.
+
+    Throughput and CPU per RPC are the best round's: on a shared machine another job can only
+    slow a round down (more time, more CPU per call through cache and scheduler churn), so the
+    best of several interleaved rounds is the closest to what the server itself costs, and each
+    server gets the same chance at a quiet round. Latencies are pooled over every round.
+    """
+
+    name: str
+    address: str
+    pid: int
+    c1_create_s: list[float] = field(default_factory=list)
+    c64_rates: list[float] = field(default_factory=list)
+    c64_cpu_per_rpc_s: list[float] = field(default_factory=list)
+    measure: Measure = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.measure = Measure(self.name)
+
+    @property
+    def p50_ms(self) -> float:
+        return percentile(self.c1_create_s, 0.5) * 1000
+
+    @property
+    def p99_ms(self) -> float:
+        return percentile(self.c1_create_s, 0.99) * 1000
+
+    @property
+    def rate(self) -> float:
+        return max(self.c64_rates)
+
+    @property
+    def cpu_ms_per_rpc(self) -> float:
+        return min(self.c64_cpu_per_rpc_s) * 1000
+
+    def rounds_text(self) -> str:
+        rates = "/".join(f"{x:.0f}" for x in self.c64_rates)
+        cpu = "/".join(f"{x * 1e6:.0f}" for x in self.c64_cpu_per_rpc_s)
+        return f"{self.name}: {rates} pairs/s, {cpu} us CPU/RPC"
+
+
+async def _phase(server: Served, env: str, pairs: int, concurrency: int, sizes: Sizes) -> None:
+    deadline = time.monotonic() + sizes.phase_timeout_s
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = rpc.stub(channel)
+        await rpc.pairs(
+            stub, lambda i: env, sizes.hot_warmup_pairs, concurrency, deadline_s=deadline
+        )
+        watch = ProcWatch(server.pid)
+        watch.start()
+        calls = await rpc.pairs(stub, lambda i: env, pairs, concurrency, deadline_s=deadline)
+        usage = watch.stop()
+    rpcs = 2 * calls.pairs + calls.errors
+    m = Measure(server.name, calls.wall_s, rpcs, [], usage.cpu_s, usage.peak_rss_bytes)
+    m.errors = calls.errors
+    if concurrency == 1:
+        server.c1_create_s += calls.create_s
+        m.latencies_s = calls.create_s
+    else:
+        server.c64_rates.append(calls.pairs / calls.wall_s)
+        server.c64_cpu_per_rpc_s.append(usage.cpu_s / max(rpcs, 1))
+    server.measure.add(m)
+
+
+async def _rounds(servers: list[Served], env: str, sizes: Sizes, rounds: int) -> None:
+    for r in range(rounds):
+        order = servers[r % len(servers) :] + servers[: r % len(servers)]
+        for server in order:
+            await _phase(server, env, sizes.hot_pairs_c1, 1, sizes)
+            await _phase(server, env, sizes.hot_pairs_c64, HIGH, sizes)
+
+
+async def _hold(address: str, env: str) -> tuple[dict[str, str], str]:
+    """Create the env once and keep that reference; return the agent's replies (hex) to a
+    create, a delete and an info, for the echo server to answer with."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = rpc.stub(channel)
+        request = agent_pb2.CreateRuntimeEnvRequest(serialized_runtime_env=env)
+        held = await stub.CreateRuntimeEnv(request, timeout=60)
+        created = await stub.CreateRuntimeEnv(request, timeout=60)
+        deleted = await stub.DeleteRuntimeEnv(
+            agent_pb2.DeleteRuntimeEnvRequest(runtime_env_id=created.runtime_env_id), timeout=60
+        )
+        info = await stub.GetRuntimeEnvsInfo(agent_pb2.GetRuntimeEnvsInfoRequest(limit=1))
+    replies = {
+        "create": created.SerializeToString().hex(),
+        "delete": deleted.SerializeToString().hex(),
+        "info": info.SerializeToString().hex(),
+    }
+    return replies, held.runtime_env_id
+
+
+async def _hot_env(work: Path) -> str:
+    pkg = work / "hot.zip"
+    await asyncio.to_thread(build_small_zip, pkg, "hotmod", 1024, 7)
+    return json.dumps({"py_modules": [f"file://{pkg}"], "env_vars": {"A": "1"}})
+
+
+async def _cache(agent: AgentProcess, measure: Measure) -> None:
+    cache = (await rpc.info(agent.address)).cache
+    measure.downloads = cache.downloads  # file:// packages: the agent is the source
+    measure.extractions = cache.extractions
+
+
+async def bench_hot(work: Path, sizes: Sizes) -> WorkloadResult:
+    result = WorkloadResult("hot")
+    env = await _hot_env(work)
+    with_uvloop = sizes.uvloop and uvloop_available()
+    async with AsyncExitStack() as stack:
+        agent = await stack.enter_async_context(AgentProcess(work / "agent-root"))
+        replies, _ = await _hold(agent.address, env)
+        replies_path = work / "replies.json"
+        replies_path.write_text(json.dumps(replies))
+        echo = await stack.enter_async_context(EchoProcess(work, "echo", replies_path))
+        servers = [
+            Served("agent", agent.address, agent.pid),
+            Served("echo", echo.address, echo.pid),
+        ]
+        agent_uv: AgentProcess | None = None
+        if with_uvloop:
+            uv = await stack.enter_async_context(
+                EchoProcess(work, "echo-uvloop", replies_path, uvloop=True)
+            )
+            agent_uv = await stack.enter_async_context(
+                AgentProcess(work / "agent-uvloop-root", uvloop=True)
+            )
+            await _hold(agent_uv.address, env)
+            servers += [
+                Served("echo on uvloop", uv.address, uv.pid),
+                Served("agent on uvloop", agent_uv.address, agent_uv.pid),
+            ]
+        await _rounds(servers, env, sizes, sizes.hot_rounds)
+        await _cache(agent, servers[0].measure)
+        if agent_uv is not None:
+            await _cache(agent_uv, servers[3].measure)
+    a, e = servers[0], servers[1]
+    echo_name = "bare grpc.aio server, same socket, messages and client code (echo)"
+    result.figure(
+        f"pairs/s, concurrency {HIGH}", a.rate, e.rate, f"{echo_name}: 2 calls a pair", "pairs/s",
+        Goal("ratio", ">=", 0.8),
+    )  # fmt: skip
+    result.figure(
+        f"server CPU per RPC, concurrency {HIGH}", a.cpu_ms_per_rpc, e.cpu_ms_per_rpc,
+        f"{echo_name}: CPU per call", "ms", Goal("ratio", "<=", 1.2),
+    )  # fmt: skip
+    result.figure(
+        "create p50 latency, concurrency 1", a.p50_ms, e.p50_ms, echo_name, "ms",
+        Goal("ratio", "<=", 1.3),
+    )  # fmt: skip
+    result.figure("create p99 latency, concurrency 1", a.p99_ms, e.p99_ms, echo_name, "ms")
+    if with_uvloop:
+        eu, au = servers[2], servers[3]
+        result.figure(
+            f"echo on uvloop: pairs/s, concurrency {HIGH}", eu.rate, e.rate,
+            "the same echo server on the default asyncio loop", "pairs/s",
+        )  # fmt: skip
+        result.figure(
+            f"echo on uvloop: CPU per call, c{HIGH}", eu.cpu_ms_per_rpc, e.cpu_ms_per_rpc,
+            "the same echo server on the default asyncio loop", "ms",
+        )  # fmt: skip
+        for base, base_name in ((e, "echo, default loop"), (eu, "echo on uvloop")):
+            result.figure(
+                f"agent on uvloop: pairs/s, c{HIGH} vs {base.name}", au.rate, base.rate,
+                f"{base_name}: 2 calls a pair", "pairs/s",
+            )  # fmt: skip
+        result.figure(
+            f"agent on uvloop: CPU per RPC, c{HIGH}", au.cpu_ms_per_rpc, e.cpu_ms_per_rpc,
+            "echo, default loop: CPU per call", "ms",
+        )  # fmt: skip
+        result.figure(
+            "agent on uvloop: create p50, c1", au.p50_ms, e.p50_ms, "echo, default loop", "ms"
+        )
+        result.notes.append(
+            "agent on uvloop = the agent's own CLI started by a launcher that installs uvloop's "
+            "event-loop policy first (the agent is unchanged)"
+        )
+    elif sizes.uvloop:
+        result.notes.append("uvloop is not installed: only the default asyncio loop measured")
+    result.measures = [s.measure for s in servers]
+    _round_notes(result, servers, sizes)
+    return result
+
+
+def _round_notes(result: WorkloadResult, servers: list[Served], sizes: Sizes) -> None:
+    result.notes.append(
+        f"{sizes.hot_rounds} interleaved rounds, each {sizes.hot_pairs_c1} pairs at c1 and "
+        f"{sizes.hot_pairs_c64} at c{HIGH} per server after {sizes.hot_warmup_pairs} warm-up "
+        "pairs; pairs/s and CPU per RPC are the best round's, latencies pooled (c1 creates)"
+    )
+    result.notes.append("rounds at c64: " + "; ".join(s.rounds_text() for s in servers))
+
+
+async def bench_persistence(work: Path, sizes: Sizes) -> WorkloadResult:
+    result = WorkloadResult("persistence")
+    env = await _hot_env(work)
+    async with AsyncExitStack() as stack:
+        with_db = await stack.enter_async_context(AgentProcess(work / "db-root"))
+        no_db = await stack.enter_async_context(AgentProcess(work / "nodb-root", "--no-state-db"))
+        servers = [
+            Served("agent with state.db", with_db.address, with_db.pid),
+            Served("agent --no-state-db", no_db.address, no_db.pid),
+        ]
+        for agent in (with_db, no_db):
+            await _hold(agent.address, env)
+        await _rounds(servers, env, sizes, sizes.hot_rounds)
+        for agent, server in zip((with_db, no_db), servers, strict=True):
+            await _cache(agent, server.measure)
+    d, n = servers
+    base = "the same agent without state.db (--no-state-db)"
+    result.figure(
+        f"hot pairs/s, concurrency {HIGH}", d.rate, n.rate, base, "pairs/s",
+        Goal("ratio", ">=", 0.9, "costs < 10%: ratio >= 0.9x"),
+    )  # fmt: skip
+    result.figure("hot create p50, concurrency 1", d.p50_ms, n.p50_ms, base, "ms")
+    result.figure(
+        f"server CPU per RPC, concurrency {HIGH}", d.cpu_ms_per_rpc, n.cpu_ms_per_rpc, base, "ms"
+    )
+    result.measures = [s.measure for s in servers]
+    _round_notes(result, servers, sizes)
+    return result
