@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import grpc
 from aiohttp import web
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -50,10 +51,22 @@ class Metrics:
             "rtenv_install_bytes", "bytes downloaded by successful installs",
             registry=self.registry,
         )  # fmt: skip
+        self._request_children: dict[tuple[str, grpc.StatusCode], Any] = {}
+        self._create_hit = self.create_seconds.labels("hit")
+        self._create_miss = self.create_seconds.labels("miss")
         self.install_seconds = Histogram(
             "rtenv_install_seconds", "seconds from the start of an install to its end",
             buckets=_LATENCY_BUCKETS, registry=self.registry,
         )  # fmt: skip
+
+    def count_request(self, rpc: str, code: grpc.StatusCode) -> None:
+        child = self._request_children.get((rpc, code))
+        if child is None:  # labels() looks up and locks: do it once per pair
+            child = self._request_children[(rpc, code)] = self.requests.labels(rpc, code.name)
+        child.inc()
+
+    def observe_create(self, hit: bool, seconds: float) -> None:
+        (self._create_hit if hit else self._create_miss).observe(seconds)
 
     def observe_install(self, ok: bool, fetched_bytes: int, seconds: float) -> None:
         self.installs.labels("ok" if ok else "error").inc()

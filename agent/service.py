@@ -31,6 +31,7 @@ from agent.store import UriStore
 log = logging.getLogger(__name__)
 
 _MAX_FAILURES_KEPT = 100
+_PARSED_KEPT = 4096  # parsed envs remembered by their JSON text
 
 
 class EnvState(Enum):
@@ -77,6 +78,7 @@ class AgentService:
         self.records: dict[str, EnvRecord] = {}
         self.failures: deque[EnvRecord] = deque(maxlen=_MAX_FAILURES_KEPT)
         self._requests = RequestLog(settings.request_log_capacity)
+        self._parsed: dict[str, RuntimeEnv] = {}  # insertion order: oldest first
 
     # -- create ----------------------------------------------------------------------------
     async def create(self, serialized: str, timeout_s: int, request_id: str) -> Created:
@@ -160,8 +162,17 @@ class AgentService:
         )
 
     def _parse(self, serialized: str) -> RuntimeEnv:
-        settings = self.settings
-        return parse_runtime_env(serialized, settings.env, file_roots=settings.allow_file_roots)
+        """Parse, remembering recent good answers: a scheduler sends the same JSON again and
+        again, and parsing (JSON, canonical form, hash) is most of a cache-hit create's work.
+        The value is immutable and a pure function of the text and the settings."""
+        env = self._parsed.get(serialized)
+        if env is None:
+            settings = self.settings
+            env = parse_runtime_env(serialized, settings.env, file_roots=settings.allow_file_roots)
+            if len(self._parsed) >= _PARSED_KEPT:
+                del self._parsed[next(iter(self._parsed))]  # the oldest parsed
+            self._parsed[serialized] = env
+        return env
 
     def _setup_timeout(self, env: RuntimeEnv, requested: int) -> float:
         if requested < -1:

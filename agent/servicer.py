@@ -13,13 +13,14 @@ import grpc
 from agent.errors import AgentError
 from agent.metrics import Metrics
 from agent.recovery import RecoverySummary
-from agent.service import AgentService, EnvRecord, EnvState
+from agent.service import AgentService, Created, EnvRecord, EnvState
 from agent.store import UriState
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+_REPLIES_KEPT = 4096
 
 
 async def answer(
@@ -59,7 +60,7 @@ async def answer(
         )
     finally:
         if metrics is not None:
-            metrics.requests.labels(rpc, code.name).inc()
+            metrics.count_request(rpc, code)
     raise AssertionError("context.abort returned")
 
 
@@ -70,6 +71,7 @@ class RuntimeEnvAgentServicer(agent_pb2_grpc.RuntimeEnvAgentServicer):
         self._service = service
         self._recovery = recovery
         self._metrics = metrics
+        self._replies: dict[str, agent_pb2.CreateRuntimeEnvReply] = {}  # oldest first
 
     async def CreateRuntimeEnv(
         self,
@@ -84,10 +86,17 @@ class RuntimeEnvAgentServicer(agent_pb2_grpc.RuntimeEnvAgentServicer):
                 request.request_id,
             )
             if self._metrics is not None:
-                self._metrics.create_seconds.labels("hit" if created.hit else "miss").observe(
-                    time.perf_counter() - started
-                )
-            return agent_pb2.CreateRuntimeEnvReply(
+                self._metrics.observe_create(created.hit, time.perf_counter() - started)
+            return self._reply(created)
+
+        return await answer("CreateRuntimeEnv", context, request.request_id, call, self._metrics)
+
+    def _reply(self, created: Created) -> agent_pb2.CreateRuntimeEnvReply:
+        """The reply of a create: the same for every create of an env, so built once and kept
+        (grpc serialises it; nothing changes it)."""
+        reply = self._replies.get(created.env_id)
+        if reply is None:
+            reply = agent_pb2.CreateRuntimeEnvReply(
                 runtime_env_id=created.env_id,
                 context=agent_pb2.RuntimeEnvContext(
                     env_vars=created.context.env_vars,
@@ -96,8 +105,10 @@ class RuntimeEnvAgentServicer(agent_pb2_grpc.RuntimeEnvAgentServicer):
                 ),
                 uris=created.uris,
             )
-
-        return await answer("CreateRuntimeEnv", context, request.request_id, call, self._metrics)
+            if len(self._replies) >= _REPLIES_KEPT:
+                del self._replies[next(iter(self._replies))]
+            self._replies[created.env_id] = reply
+        return reply
 
     async def DeleteRuntimeEnv(
         self,
