@@ -41,11 +41,13 @@ class Node:
         idle_timeout_s: float = 5.0,
         worker_stderr: IO[bytes] | int | None = None,
         watch_interval_s: float | None = None,
+        env_keepalive_s: float = 0.0,
     ) -> None:
         self.sidecar = AgentSidecar(root, command=agent_command, extra_args=agent_args)
         self._idle_timeout_s = idle_timeout_s
         self._worker_stderr = worker_stderr
         self._watch_interval_s = watch_interval_s
+        self._env_keepalive_s = env_keepalive_s
         self._channel: grpc.aio.Channel | None = None
         self.client: AgentClient | None = None
         self.pool: WorkerPool | None = None
@@ -64,6 +66,7 @@ class Node:
             idle_timeout_s=self._idle_timeout_s,
             worker_stderr=self._worker_stderr,
             watch_interval_s=self._watch_interval_s,
+            env_keepalive_s=self._env_keepalive_s,
         )
         self._watcher = asyncio.create_task(self._watch(), name="watch the agent")
 

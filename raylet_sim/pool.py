@@ -12,7 +12,8 @@ one; when a key's count reaches 0 the pool calls DeleteRuntimeEnv. So the pool h
 agent reference per active key, however many workers share it.
 
 Invariants (``check_invariants``):
-  P1. a slot's count = its live workers + starts in flight; a slot at 0 is removed at once.
+  P1. a slot's count = its live workers + starts in flight; a slot at 0 is removed at once,
+      or, with ``env_keepalive_s``, when its keep-alive expires unless a start reuses it first.
   P2. a slot with a runtime_env_id holds one agent reference; it is deleted exactly once, when
       the slot is removed, or, for a create that finishes after its slot was removed, then.
 """
@@ -104,6 +105,7 @@ class EnvSlot:
     runtime_env_id: str = ""
     context: agent_pb2.RuntimeEnvContext | None = None
     creating: asyncio.Task[agent_pb2.RuntimeEnvContext] | None = None
+    expiry: asyncio.TimerHandle | None = None  # at count 0, kept until this fires (keep-alive)
 
 
 @dataclass
@@ -124,12 +126,14 @@ class WorkerPool:
         worker_stderr: IO[bytes] | int | None = None,
         on_worker_exit: Callable[[Worker, int], None] | None = None,
         watch_interval_s: float | None = None,
+        env_keepalive_s: float = 0.0,
     ) -> None:
         self._client = client
         self._idle_timeout_s = idle_timeout_s
         self._stderr = worker_stderr
         self._on_worker_exit = on_worker_exit
         self._watch_interval_s = watch_interval_s
+        self._env_keepalive_s = env_keepalive_s  # 0: the last worker's exit deletes at once
         self.violations: list[str] = []  # files of a live worker's env that vanished or changed
         self.slots: dict[str, EnvSlot] = {}
         self.workers: dict[int, Worker] = {}
@@ -185,6 +189,9 @@ class WorkerPool:
                 worker.state = WorkerState.BUSY
                 return worker
         slot = self.slots.setdefault(env_key, EnvSlot())
+        if slot.expiry is not None:  # kept alive at count 0: reused, no create
+            slot.expiry.cancel()
+            slot.expiry = None
         slot.count += 1  # this start counts one; its worker's exit, or its failure, uncounts it
         try:
             context = await self._ensure_env(env_key, slot)
@@ -318,6 +325,20 @@ class WorkerPool:
         slot.count -= 1
         if slot.count > 0:
             return
+        if self._env_keepalive_s > 0 and slot.context is not None and not self._closing:
+            # keep the env (and its agent reference) a while for the next start of this key
+            slot.expiry = asyncio.get_running_loop().call_later(
+                self._env_keepalive_s, self._expire, env_key, slot
+            )
+            return
+        self._drop_slot(env_key, slot)
+
+    def _expire(self, env_key: str, slot: EnvSlot) -> None:
+        slot.expiry = None
+        if self.slots.get(env_key) is slot and slot.count == 0:
+            self._drop_slot(env_key, slot)
+
+    def _drop_slot(self, env_key: str, slot: EnvSlot) -> None:
         del self.slots[env_key]
         self._idle.pop(env_key, None)
         if slot.runtime_env_id:
@@ -387,6 +408,10 @@ class WorkerPool:
         await self.kill_all(polite=True)
         if self._reapers:  # SIGKILLed: reaped at once; their exits schedule the last deletes
             await asyncio.wait(set(self._reapers), timeout=10)
+        for key, slot in list(self.slots.items()):  # envs kept alive: given back now
+            if slot.count == 0 and slot.expiry is not None:
+                slot.expiry.cancel()
+                self._expire(key, slot)
         while self._deletes:
             await asyncio.gather(*set(self._deletes))
 
@@ -412,7 +437,8 @@ class WorkerPool:
         for worker in self.workers.values():
             live[worker.env_key] = live.get(worker.env_key, 0) + 1
         for key, slot in self.slots.items():
-            assert slot.count >= 1, f"P1: slot {key!r} kept at count {slot.count}"
+            kept = slot.count == 0 and slot.expiry is not None
+            assert slot.count >= 1 or kept, f"P1: slot {key!r} kept at count {slot.count}"
             assert slot.count >= live.get(key, 0), f"P1: slot {key!r} under its live workers"
         assert set(live) <= set(self.slots), "P1: a live worker's key has no slot"
 

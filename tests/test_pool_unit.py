@@ -135,7 +135,9 @@ class Harness:
 
 
 @asynccontextmanager
-async def harness(idle_timeout_s: float = 30.0) -> AsyncIterator[Harness]:
+async def harness(
+    idle_timeout_s: float = 30.0, env_keepalive_s: float = 0.0
+) -> AsyncIterator[Harness]:
     """A stub agent on a unix socket, a client with fast retries, and a pool; all stopped."""
     base = short_tempdir()
     (base / "stubmod.py").write_text(STUBMOD)
@@ -147,7 +149,7 @@ async def harness(idle_timeout_s: float = 30.0) -> AsyncIterator[Harness]:
     await server.start()
     channel = grpc.aio.insecure_channel(address)
     client = AgentClient(channel, FAST)
-    pool = WorkerPool(client, idle_timeout_s=idle_timeout_s)
+    pool = WorkerPool(client, idle_timeout_s=idle_timeout_s, env_keepalive_s=env_keepalive_s)
     try:
         yield Harness(stub, client, pool)
     finally:
@@ -261,6 +263,34 @@ async def test_an_idle_worker_exits_after_its_idle_timeout_and_the_env_is_delete
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
         await drained(h)
+
+
+async def test_an_env_kept_alive_is_reused_by_the_next_start_without_a_create() -> None:
+    """With env_keepalive_s, the last worker's exit keeps the env (and its reference) a while:
+    the next start of the key reuses it, no create, no delete; close() gives it back."""
+    async with harness(env_keepalive_s=30.0) as h:
+        first = await h.pool.pop_worker(key("warm"))
+        os.kill(first.pid, signal.SIGKILL)
+        await wait_until(absent(h.pool.workers, first.worker_id), what="the worker reaped")
+        assert h.pool.slots[key("warm")].count == 0
+        assert h.stub.deletes() == []
+        h.pool.check_invariants()
+        second = await h.pool.pop_worker(key("warm"))
+        assert second.pid != first.pid
+        assert len(h.stub.creates()) == 1
+        h.pool.push_worker(second)
+        await drained(h)
+        assert len(h.stub.deletes()) == 1
+
+
+async def test_an_env_kept_alive_is_deleted_when_its_keepalive_expires() -> None:
+    """No start of the key within env_keepalive_s: the delete goes, and the slot with it."""
+    async with harness(env_keepalive_s=0.2) as h:
+        worker = await h.pool.pop_worker(key("cold"))
+        os.kill(worker.pid, signal.SIGKILL)
+        await wait_until(lambda: len(h.stub.deletes()) == 1, what="the keep-alive to expire")
+        assert key("cold") not in h.pool.slots
+        assert all(n == 0 for n in h.stub.refs.values())
 
 
 async def test_a_create_retried_after_unavailable_carries_the_same_request_id() -> None:

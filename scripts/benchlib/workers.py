@@ -83,7 +83,14 @@ async def _pool_starts(agent: AgentProcess, keys: list[str], sizes: Sizes) -> tu
     deadline = time.monotonic() + sizes.phase_timeout_s
     async with grpc.aio.insecure_channel(agent.address) as channel:
         client = AgentClient(channel)
-        pool = WorkerPool(client, idle_timeout_s=60.0, worker_stderr=asyncio.subprocess.DEVNULL)
+        # envs kept 5 s after their last worker, as a scheduler keeps a warm env: a short-lived
+        # worker then does not cost a create and a delete at the agent
+        pool = WorkerPool(
+            client,
+            idle_timeout_s=60.0,
+            worker_stderr=asyncio.subprocess.DEVNULL,
+            env_keepalive_s=5.0,
+        )
 
         async def runner() -> None:
             nonlocal issued, errors
