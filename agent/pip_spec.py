@@ -16,15 +16,30 @@ import hashlib
 import json
 import os
 import platform
-import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
 from agent.errors import InvalidRuntimeEnv
 
-_NAME = re.compile(r"^([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(.*)$", re.DOTALL)
-_FORBIDDEN = ("--target", "-t", "--prefix", "--user", "--root", "--src")
+# pip install options allowed in an env, by their full spelling only (pip would also take any
+# unambiguous prefix, such as --targ for --target: an allow-list of whole names refuses those),
+# each with whether it takes a value. Short options only alone and with their value apart.
+_ALLOWED: dict[str, bool] = {
+    "--index-url": True, "-i": True, "--extra-index-url": True, "--no-index": False,
+    "--find-links": True, "-f": True, "--trusted-host": True, "--pre": False,
+    "--no-deps": False, "--only-binary": True, "--no-binary": True, "--prefer-binary": False,
+    "--no-build-isolation": False, "--use-pep517": False, "--no-use-pep517": False,
+    "--upgrade": False, "-U": False, "--upgrade-strategy": True, "--force-reinstall": False,
+    "--ignore-installed": False, "-I": False, "--require-hashes": False, "--constraint": True,
+    "-c": True, "--config-settings": True, "-C": True, "--no-cache-dir": False,
+    "--no-compile": False, "--compile": False, "--timeout": True, "--retries": True,
+    "--progress-bar": True, "--quiet": False, "-q": False, "--verbose": False, "-v": False,
+    "--no-warn-script-location": False, "--editable": True, "-e": True,
+}  # fmt: skip
 _EDITABLE = ("-e", "--editable")
 MAX_REQUIREMENTS = 512
 _MAX_ITEM_CHARS = 4096
@@ -55,23 +70,27 @@ class PipSpec:
         return {"packages": list(self.packages), "pip_install_options": list(self.options)}
 
 
-def normalize_name(name: str) -> str:
-    """PEP 503."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def normalize_requirement(text: str, field: str) -> str:
-    stripped = "".join(text.split())  # "Foo >= 1.0" and "foo>=1.0" are one requirement
-    match = _NAME.match(stripped)
-    if not stripped or match is None:
+    """One requirement in a canonical spelling (PEP 508 parsed by ``packaging``): the name per
+    PEP 503, extras sorted, the specifier set and marker as packaging prints them. Whitespace
+    inside a marker's quoted values is meaning, and is kept."""
+    try:
+        req = Requirement(text)
+    except InvalidRequirement as exc:
         raise InvalidRuntimeEnv(
             f"{field} {text!r} is not a requirement (a name, optionally with extras, a version "
-            "specifier or a marker, such as 'requests>=2.31')"
-        )
-    name, rest = match.groups()
-    if rest and rest[0] not in "[<>=!~;@(":
-        raise InvalidRuntimeEnv(f"{field} {text!r}: unexpected {rest[0]!r} after the name")
-    return normalize_name(name) + rest
+            f"specifier or a marker, such as 'requests>=2.31'): {exc}"
+        ) from exc
+    out: str = canonicalize_name(req.name)
+    if req.extras:
+        out += "[" + ",".join(sorted(canonicalize_name(e) for e in req.extras)) + "]"
+    if req.url:
+        out += f" @ {req.url}"
+    else:
+        out += str(req.specifier)
+    if req.marker is not None:
+        out += f"; {req.marker}"
+    return out
 
 
 def parse_pip(value: object, *, file_roots: Sequence[str] = ()) -> PipSpec | None:
@@ -115,21 +134,35 @@ def parse_pip(value: object, *, file_roots: Sequence[str] = ()) -> PipSpec | Non
 
 
 def _check_options(options: Sequence[str], file_roots: Sequence[str]) -> None:
-    for i, option in enumerate(options):
-        flag = option.split("=", 1)[0]
-        if flag in _FORBIDDEN or any(option.startswith(f) and len(f) == 2 for f in ("-t",)):
+    """Every option must be on the allow-list, spelled in full; editable installs only of
+    paths inside the allowed file roots."""
+    i = 0
+    while i < len(options):
+        option = options[i]
+        flag, eq, attached = option.partition("=")
+        takes_value = _ALLOWED.get(flag)
+        if takes_value is None or (eq and (not takes_value or not flag.startswith("--"))):
             raise InvalidRuntimeEnv(
-                f"pip.pip_install_options: {option!r} would install outside the env's own venv "
-                "on a shared node; refused"
+                f"pip.pip_install_options: {option!r} is not an option an env may pass (options "
+                "that write outside the env's venv, such as --target, --prefix, --user, --root, "
+                "are refused; so are abbreviations and short options run together)"
             )
+        value = attached
+        if takes_value and not eq:
+            if i + 1 >= len(options):
+                raise InvalidRuntimeEnv(f"pip.pip_install_options: {option!r} needs a value")
+            i += 1
+            value = options[i]
         if flag in _EDITABLE:
-            target = option.split("=", 1)[1] if "=" in option else (
-                options[i + 1] if i + 1 < len(options) else ""
-            )  # fmt: skip
-            real = os.path.realpath(target)
-            roots = [os.path.realpath(r) for r in file_roots]
-            if not any(real == r or real.startswith(r + os.sep) for r in roots):
-                raise InvalidRuntimeEnv(
-                    f"pip.pip_install_options: editable install of {target!r} is outside the "
-                    "allowed file roots (allow-file-root); refused"
-                )
+            _check_editable(value, file_roots)
+        i += 1
+
+
+def _check_editable(target: str, file_roots: Sequence[str]) -> None:
+    real = os.path.realpath(target.removeprefix("file://"))
+    roots = [os.path.realpath(r) for r in file_roots]
+    if not any(real == r or real.startswith(r + os.sep) for r in roots):
+        raise InvalidRuntimeEnv(
+            f"pip.pip_install_options: editable install of {target!r} is outside the allowed "
+            "file roots (allow-file-root); refused"
+        )

@@ -23,6 +23,7 @@ from agent.disk import du
 from agent.runtime_env import UriKey, UriKind
 from agent.state_db import StateDB, UriRow
 from agent.store import UriStore
+from agent.venv import kill_orphaned_installers
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,9 @@ async def recover(store: UriStore, db: StateDB | None) -> RecoverySummary:
     started = time.monotonic()
     root = store.root
     rows, envs = await db.load() if db is not None else ([], [])
+    orphans_killed = await asyncio.to_thread(kill_orphaned_installers, root / "tmp")
+    if orphans_killed:
+        log.warning("killed %d installer process group(s) a crash left running", orphans_killed)
     scan = await asyncio.to_thread(_scan, root)
     kept: list[tuple[UriKey, UriRow]] = []
     dropped: list[tuple[str, str]] = []

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import shutil
 import signal
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,28 +36,40 @@ class InstallerFailed(FailedPrecondition):
     pass
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+# The installer's group leader, between the agent and the installer: it runs the installer as
+# its child, in its group, and when the agent dies (PDEATHSIG sends it SIGTERM) it kills the whole
+# group, installer children included. (Not a preexec_fn: Python code between fork and exec in a
+# process serving gRPC crashes now and then.)
+_GROUP_LEADER = (
+    "import ctypes, os, signal, subprocess, sys\n"
+    "def die(*_):\n"
+    "    os.killpg(0, signal.SIGKILL)\n"
+    "signal.signal(signal.SIGTERM, die)\n"
+    f"ctypes.CDLL(None, use_errno=True).prctl({_PR_SET_PDEATHSIG}, signal.SIGTERM)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    die()\n"
+    "sys.exit(subprocess.call(sys.argv[2:]))\n"
+)
+PGID_FILE = "installer.pgid"  # in the staging folder: recovery kills what a crash left running
 
 
-async def _run(args: Sequence[str], log_path: Path, label: str) -> None:
+async def _run(args: Sequence[str], log_path: Path, label: str, staging: Path) -> None:
     out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.write(out, f"$ {' '.join(args)}\n".encode())
         proc = await asyncio.create_subprocess_exec(
-            *args, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
-            start_new_session=True, preexec_fn=_die_with_parent,
+            sys.executable, "-c", _GROUP_LEADER, str(os.getpid()), *args,
+            stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
         )  # fmt: skip
     finally:
         os.close(out)
+    (staging / PGID_FILE).write_text(str(proc.pid))
     try:
         code = await proc.wait()
-    except BaseException:  # cancelled: the whole group goes, now
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
+    except BaseException:  # cancelled: the whole group goes, now, children included
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
         raise
     if code != 0:
         tail = await asyncio.to_thread(_tail, log_path)
@@ -85,15 +97,15 @@ async def build_venv(
     venv = staging / "venv"
     uv = shutil.which("uv") if installer == "uv" else None
     if uv is not None:
-        await _run([uv, "venv", "--quiet", "--python", python, str(venv)], log_path, label)
+        await _run([uv, "venv", "--quiet", "--python", python, str(venv)], log_path, label, staging)
         install = [uv, "pip", "install", "--python", str(venv / "bin" / "python")]
     else:
-        await _run([python, "-m", "venv", "--without-pip", str(venv)], log_path, label)
+        await _run([python, "-m", "venv", "--without-pip", str(venv)], log_path, label, staging)
         install = [
             python, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
             "--disable-pip-version-check", "--no-input",
         ]  # fmt: skip
-    await _run([*install, *spec.options, *spec.packages], log_path, label)
+    await _run([*install, *spec.options, *spec.packages], log_path, label, staging)
     return venv
 
 
@@ -111,3 +123,39 @@ def relocate(venv: Path, final: Path) -> None:
     cfg = venv / "pyvenv.cfg"
     if cfg.exists():
         cfg.write_bytes(cfg.read_bytes().replace(old, new))
+
+
+def kill_orphaned_installers(tmp: Path) -> int:
+    """Recovery: an agent killed mid-install leaves its installer's children running (only the
+    process it started dies with it). Kill each group recorded in a staging folder, if one of
+    its processes still names that folder (a pid may have been reused). Return groups killed."""
+    killed = 0
+    for pgid_file in tmp.glob(f"*/{PGID_FILE}"):
+        try:
+            pgid = int(pgid_file.read_text())
+        except (OSError, ValueError):
+            continue
+        staging = str(pgid_file.parent).encode()
+        if any(staging in _cmdline(pid) for pid in _group_members(pgid)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+                killed += 1
+    return killed
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = Path(entry.path, "stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:  # field 5: pgrp
+                    members.append(int(entry.name))
+    return members
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
