@@ -1,0 +1,345 @@
+"""pip envs through a real in-process agent: real venvs built by real pip from an offline
+wheelhouse, one per distinct set, the installer's failures and timeouts, and eviction."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from agent.pip_spec import parse_pip
+from agent.runtime_env import UriKey, UriKind
+from agent.venv import InstallerFailed, build_venv
+from rtenv.v1 import agent_pb2
+from tests.helpers import RunningAgent, env_json, running_agent, wait_until, workdir_zip
+from tests.pip_wheels import (
+    SCRIPT,
+    alive,
+    isolate_pip,
+    pip_env,
+    processes_mentioning,
+    read_pids,
+    reaped,
+    run,
+    slow_env,
+    slow_sdist,
+    survivors,
+    wheelhouse,
+)
+
+BUILD_S = 60.0  # deadline for one venv build on a loaded machine
+PROBE = """\
+import importlib, importlib.util, json, sys
+out = {"executable": sys.executable, "prefix": sys.prefix, "path": sys.path,
+       "grpc": importlib.util.find_spec("grpc") is not None}
+for name in sys.argv[1:]:
+    try:
+        module = importlib.import_module(name)
+        out[name] = [module.VALUE, module.__file__]
+    except ImportError:
+        out[name] = None
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def wheels() -> Path:
+    return wheelhouse()
+
+
+@pytest.fixture(autouse=True)
+def hermetic_pip(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent's installers see no pip configuration of this machine, only their options."""
+    isolate_pip(monkeypatch)
+
+
+async def probe(context: agent_pb2.RuntimeEnvContext, *modules: str) -> dict[str, Any]:
+    """Start the context's python as a worker would be, and report what it sees."""
+    env = {**os.environ, **context.env_vars}
+    code, out, err = await run(
+        context.py_executable, "-c", PROBE, *modules, env=env, cwd=context.cwd or None
+    )
+    assert code == 0, err
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def pip_dirs(ra: RunningAgent) -> list[str]:
+    return [name for name in ra.uri_dirs() if name.startswith("pip-")]
+
+
+def logs(ra: RunningAgent) -> list[Path]:
+    folder = ra.root / "logs"
+    return sorted(folder.iterdir()) if folder.exists() else []
+
+
+async def nothing_left(ra: RunningAgent) -> None:
+    """No venv anywhere, no staging, no installer process, and the books agree. (A create that
+    timed out is answered at once; its cancelled install winds down after the answer.)"""
+    staging = f"{ra.root / 'tmp'}/"
+    store = ra.service.store
+    await wait_until(lambda: store.installs_in_flight() == 0, what="the install wound down")
+    await wait_until(lambda: not processes_mentioning(staging), what="installers gone")
+    await ra.settle()
+    assert os.listdir(ra.root / "tmp") == []
+    assert pip_dirs(ra) == []
+    info = await ra.info()
+    assert [u.uri for u in info.uris if u.kind == "pip"] == []
+    assert info.total_envs == 0
+    ra.service.check_invariants()
+
+
+async def still_serves(ra: RunningAgent) -> None:
+    reply = await ra.create(env_json(env_vars={"AFTER": "failure"}))
+    assert await ra.delete(reply.runtime_env_id) == 0
+
+
+def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    assert isinstance(exc, grpc.aio.AioRpcError), exc
+    return exc.code(), exc.details() or ""
+
+
+# -- building and using a venv ---------------------------------------------------------------
+
+
+async def test_installer_spawns_survive_grpc_traffic_in_the_agent() -> None:
+    """The installer's spawn (build_venv, the python a stand-in that exits 0) never dies before
+    it runs while the agent's process serves RPCs: 200 spawns under 4 streams of calls."""
+    spec = parse_pip(["anything"])
+    assert spec is not None
+    async with running_agent() as ra:
+        done = asyncio.Event()
+
+        async def traffic() -> None:
+            while not done.is_set():
+                await ra.info()
+
+        streams = [asyncio.create_task(traffic()) for _ in range(4)]
+        crash = ""
+        try:
+            for i in range(100):  # two spawns each: the venv, then the installer
+                staging = ra.root / "tmp" / f"probe-{i}"
+                staging.mkdir()
+                try:
+                    await build_venv(
+                        spec, staging, python="/bin/true", installer="pip",
+                        log_path=ra.root / "probe.log", label="probe",
+                    )  # fmt: skip
+                except InstallerFailed as exc:
+                    crash = f"build {i + 1} of 100: {exc.message.split(';')[0]}"
+                    break
+        finally:
+            done.set()
+            await asyncio.gather(*streams)
+        assert not crash, f"a spawn died before it ran /bin/true ({crash})"
+
+
+async def test_the_context_runs_the_venv_python_which_imports_the_wheel_after_the_working_dir(
+    wheels: Path, tmp_path: Path
+) -> None:
+    zip_path = tmp_path / "wd.zip"
+    zip_path.write_bytes(workdir_zip({"wdmod.py": "VALUE = 'from the working dir'\n"}))
+    text = pip_env(["Alpha_Pkg"], wheels, working_dir=zip_path.as_uri())
+    spec = parse_pip(json.loads(text)["pip"])
+    assert spec is not None
+    async with running_agent() as ra:
+        reply = await ra.create(text, timeout_s=int(BUILD_S))
+        venv = ra.service.store.path_for(UriKey(UriKind.PIP, spec.uri))
+        assert venv.parent == ra.root.resolve() / "uris"
+        assert venv.name.startswith("pip-")
+        assert f"pip:{spec.uri}" in reply.uris
+        context = reply.context
+        assert context.py_executable == str(venv / "bin" / "python")
+        pythonpath = context.env_vars["PYTHONPATH"].split(os.pathsep)
+        assert pythonpath == [context.cwd], "the working dir is on the path; the venv is not"
+
+        seen = await probe(context, "alpha_pkg", "wdmod")
+        assert seen["executable"] == context.py_executable
+        assert seen["prefix"] == str(venv)
+        assert seen["alpha_pkg"][0] == "alpha 1.0"
+        assert seen["alpha_pkg"][1].startswith(f"{venv}/lib/")
+        assert seen["wdmod"] == ["from the working dir", f"{context.cwd}/wdmod.py"]
+        assert not seen["grpc"], "the venv sees the agent's own packages"
+        site = next(i for i, p in enumerate(seen["path"]) if p.endswith("site-packages"))
+        assert seen["path"].index(context.cwd) < site, seen["path"]
+
+        staging = str(ra.root / "tmp").encode()
+        for script in [venv / "pyvenv.cfg", *(venv / "bin").iterdir()]:
+            if script.is_file() and not script.is_symlink():
+                assert staging not in script.read_bytes(), f"{script} names the staging path"
+        # the console script pip wrote runs: its shebang names the venv where it is now
+        assert await run(str(venv / "bin" / SCRIPT)) == (0, "alpha 1.0\n", "")
+        info = await ra.info()
+        [entry] = [u for u in info.uris if u.kind == "pip"]
+        assert (entry.uri, entry.references, entry.local_path) == (spec.uri, 1, str(venv))
+        assert await ra.delete(reply.runtime_env_id) == 0
+
+
+async def test_twenty_concurrent_creates_of_one_set_build_one_venv_and_another_set_a_second(
+    wheels: Path,
+) -> None:
+    spellings = [
+        ["alpha-pkg", "beta-pkg"],
+        ["Beta_Pkg", "ALPHA.pkg"],
+        ["beta-pkg", "alpha_pkg", "Alpha-Pkg"],
+        [" alpha-pkg", "beta-pkg "],
+    ]
+    same = [pip_env(spellings[i % 4], wheels, env_vars={"I": str(i)}) for i in range(20)]
+    other = pip_env(["gamma-pkg"], wheels)
+    async with running_agent() as ra:
+        replies = await asyncio.wait_for(
+            asyncio.gather(*(ra.create(t, timeout_s=int(BUILD_S)) for t in [*same, other])),
+            BUILD_S * 2,
+        )
+        *ours, theirs = replies
+        assert len({r.runtime_env_id for r in ours}) == 20, "the env_vars make twenty envs"
+        assert len({r.context.py_executable for r in ours}) == 1
+        assert theirs.context.py_executable != ours[0].context.py_executable
+        assert len(pip_dirs(ra)) == 2
+        assert len(logs(ra)) == 2, "one installer run per distinct set"
+        info = await ra.info()
+        assert info.cache.extractions == 2
+        assert sorted(u.references for u in info.uris if u.kind == "pip") == [1, 20]
+
+        mine = await probe(ours[0].context, "alpha_pkg", "beta_pkg", "gamma_pkg")
+        assert (mine["alpha_pkg"][0], mine["beta_pkg"][0], mine["gamma_pkg"]) == (
+            "alpha 1.0", "beta 1.0", None,
+        )  # fmt: skip
+        yours = await probe(theirs.context, "alpha_pkg", "beta_pkg", "gamma_pkg")
+        # alpha came in as gamma's dependency, from the same wheelhouse
+        assert (yours["alpha_pkg"][0], yours["beta_pkg"], yours["gamma_pkg"][0]) == (
+            "alpha 1.0", None, "gamma 1.0",
+        )  # fmt: skip
+        ra.service.check_invariants()
+
+
+# -- failures --------------------------------------------------------------------------------
+
+
+async def test_an_unresolvable_requirement_fails_with_the_installers_words_and_leaves_nothing(
+    wheels: Path,
+) -> None:
+    text = pip_env(["doesnotexist==1.0"], wheels)
+    words = "No matching distribution found for doesnotexist==1.0"  # pip's own
+    async with running_agent() as ra:
+        for attempt in (1, 2):  # a failure is not cached: the next create runs pip again
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await ra.create(text, timeout_s=int(BUILD_S))
+            code, details = status_of(failed.value)
+            assert code == grpc.StatusCode.FAILED_PRECONDITION, details
+            assert words in details
+            assert len(logs(ra)) == attempt
+            [log] = [path for path in logs(ra) if str(path) in details]
+            assert words in log.read_text()
+            await nothing_left(ra)
+        await still_serves(ra)
+
+
+async def test_a_setup_timeout_kills_the_installer_and_leaves_no_partial_venv(
+    tmp_path: Path,
+) -> None:
+    slow = tmp_path / "slow"
+    slow_sdist(slow)
+    text = slow_env(slow)
+    with reaped(set()) as found:
+        async with running_agent() as ra:
+            staging = f"{ra.root / 'tmp'}/"
+
+            async def watch() -> None:  # note every installer process while the create runs
+                for _ in range(100_000):
+                    found.update(processes_mentioning(staging))
+                    await asyncio.sleep(0.05)
+
+            watcher = asyncio.create_task(watch())
+            started = time.monotonic()
+            try:
+                with pytest.raises(grpc.aio.AioRpcError) as failed:
+                    await ra.create(text, timeout_s=1)
+            finally:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+            code, details = status_of(failed.value)
+            assert code == grpc.StatusCode.DEADLINE_EXCEEDED, details
+            assert time.monotonic() - started < 15, "the timeout did not cut the install"
+            assert found, "no installer process was ever seen"
+            await wait_until(lambda: not survivors(found), what=f"{found} killed")
+            await nothing_left(ra)
+            await still_serves(ra)
+
+
+async def test_an_install_outlives_a_cancelled_waiter_and_its_last_waiters_timeout_kills_its_group(
+    tmp_path: Path,
+) -> None:
+    slow = tmp_path / "slow"
+    pidfile = slow_sdist(slow)
+
+    def env(tag: str) -> str:
+        return slow_env(slow, env_vars={"TAG": tag})
+
+    spec = parse_pip(json.loads(env("a"))["pip"])
+    assert spec is not None
+    key = UriKey(UriKind.PIP, spec.uri)
+    with reaped(set()) as found:
+        async with running_agent() as ra:
+
+            def waiters() -> int:
+                entry = ra.service.store.entry(key)
+                return -1 if entry is None else int(entry.waiters)
+
+            first = asyncio.create_task(ra.create(env("a"), timeout_s=120))
+            await wait_until(pidfile.exists, timeout_s=BUILD_S, what="pip running the backend")
+            found.update(read_pids(pidfile))
+            found.update(processes_mentioning(f"{ra.root / 'tmp'}/"))
+            assert len(found) >= 4, "pip, pip under the venv, the backend and its child"
+
+            second = asyncio.create_task(ra.create(env("b"), timeout_s=3))
+            await wait_until(lambda: waiters() == 2, timeout_s=2, what="b joins the install")
+            first.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await first
+            await wait_until(lambda: waiters() == 1, timeout_s=2, what="a gone from the agent")
+            assert all(map(alive, found)), "the install died with a waiter others still had"
+
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await second
+            code, details = status_of(failed.value)
+            assert code == grpc.StatusCode.DEADLINE_EXCEEDED, details
+            await wait_until(lambda: not survivors(found), what=f"group {found} killed")
+            await nothing_left(ra)
+            await still_serves(ra)
+
+
+# -- eviction --------------------------------------------------------------------------------
+
+
+async def test_a_venv_in_use_is_never_evicted_and_goes_once_released(
+    wheels: Path, tmp_path: Path
+) -> None:
+    zip_path = tmp_path / "other.zip"
+    zip_path.write_bytes(workdir_zip({"f.txt": "x" * 1000}))
+    async with running_agent(cache_budget_bytes=0) as ra:
+        held = await ra.create(pip_env(["alpha-pkg"], wheels), timeout_s=int(BUILD_S))
+        [venv] = pip_dirs(ra)
+        other = await ra.create(env_json(working_dir=zip_path.as_uri()))
+        assert await ra.delete(other.runtime_env_id) == 0
+        await ra.settle()
+        info = await ra.info()
+        assert info.cache.evictions == 1, "the released package went, over a budget of 0"
+        assert pip_dirs(ra) == [venv], "the venv in use went with it"
+        assert (await probe(held.context, "alpha_pkg"))["alpha_pkg"][0] == "alpha 1.0"
+
+        assert await ra.delete(held.runtime_env_id) == 0
+        await ra.settle()
+        assert pip_dirs(ra) == []
+        info = await ra.info()
+        assert info.cache.evictions == 2
+        assert list(info.uris) == []
+        ra.service.check_invariants()

@@ -1,0 +1,245 @@
+"""The ``pip`` field, pure: Ray's two forms, PEP 503 normalisation into one content-addressed
+``pip://<hash>``, install options kept in order as part of the identity, dangerous options and bad
+shapes refused by name."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.errors import InvalidRuntimeEnv
+from agent.pip_spec import PipSpec, parse_pip
+from agent.runtime_env import EnvLimits, UriKey, UriKind, parse_runtime_env
+
+ROOTS = ("/srv/allowed",)
+OFFLINE = ["--no-index", "--find-links", "/srv/wheels"]
+
+
+def spec(value: object, roots: tuple[str, ...] = ()) -> PipSpec:
+    parsed = parse_pip(value, file_roots=roots)
+    assert parsed is not None
+    return parsed
+
+
+def with_options(*options: str, packages: tuple[str, ...] = ("demo",)) -> dict[str, Any]:
+    return {"packages": list(packages), "pip_install_options": list(options)}
+
+
+def env_of(**fields: Any) -> str:
+    return json.dumps(fields)
+
+
+# -- forms and identity ----------------------------------------------------------------------
+
+
+def test_the_list_form_and_the_object_form_name_the_same_venv() -> None:
+    listed = spec(["requests>=2.31", "numpy"])
+    dicted = spec({"packages": ["numpy", "requests>=2.31"]})
+    assert listed == dicted
+    assert listed.packages == ("numpy", "requests>=2.31")
+    assert listed.options == ()
+    assert re.fullmatch(r"pip://[0-9a-f]{32}", listed.uri), listed.uri
+    assert listed.uri == f"pip://{listed.digest}"
+
+
+@pytest.mark.parametrize("spelling", ["Foo_Bar", "foo-bar", "FOO.bar", "foo__bar", "Foo-_.Bar"])
+def test_pep503_spellings_of_a_name_are_one_requirement(spelling: str) -> None:
+    assert spec([spelling]).packages == ("foo-bar",)
+    assert spec([spelling]).uri == spec(["foo-bar"]).uri
+
+
+def test_whitespace_around_a_requirement_and_its_parts_is_dropped() -> None:
+    assert spec([" Foo_Bar [extra] >= 1.0 , < 2 "]).packages == ("foo-bar[extra]<2,>=1.0",)
+    assert spec(["\tfoo >= 1.0\t"]).uri == spec(["foo>=1.0"]).uri
+
+
+def test_duplicates_collapse_and_order_does_not_matter() -> None:
+    variants = [["a", "b", "c"], ["c", "B", "a", "b"], ["A", "b", "c", "a", " c "]]
+    specs = [spec({"packages": v, "pip_install_options": OFFLINE}) for v in variants]
+    assert {s.packages for s in specs} == {("a", "b", "c")}
+    assert len({s.uri for s in specs}) == 1
+
+
+def test_the_same_set_in_another_order_and_spelling_is_the_same_env() -> None:
+    first = env_of(pip={"packages": ["Foo_Bar", "baz>=1"], "pip_install_options": OFFLINE})
+    second = env_of(pip={"pip_install_options": OFFLINE, "packages": ["baz >= 1", "FOO.bar"]})
+    a, b = (parse_runtime_env(e, EnvLimits()) for e in (first, second))
+    assert a.env_id == b.env_id
+    assert a.canonical == b.canonical
+    assert a.pip is not None
+    assert a.uri_keys == b.uri_keys == (UriKey(UriKind.PIP, a.pip.uri),)
+
+
+def test_the_list_form_without_options_equals_the_object_form_without_options() -> None:
+    a = parse_runtime_env(env_of(pip=["x", "y"]), EnvLimits())
+    b = parse_runtime_env(env_of(pip={"packages": ["y", "x"]}), EnvLimits())
+    assert a.env_id == b.env_id
+
+
+def test_install_options_keep_their_order_and_are_part_of_the_identity() -> None:
+    given = spec(with_options("--no-index", "--find-links", "/w"))
+    assert given.options == ("--no-index", "--find-links", "/w")
+    reordered = spec(with_options("--find-links", "/w", "--no-index"))
+    bare = spec(["demo"])
+    assert len({given.uri, reordered.uri, bare.uri}) == 3
+    ids = {
+        parse_runtime_env(env_of(pip=p), EnvLimits()).env_id
+        for p in (with_options("--no-index", "--find-links", "/w"), ["demo"])
+    }
+    assert len(ids) == 2
+
+
+def test_different_sets_name_different_venvs() -> None:
+    sets = [["a"], ["a", "b"], ["a==1"], ["b"], ["a[x]"], ["a>=1"]]
+    assert len({spec(s).uri for s in sets}) == len(sets)
+
+
+def test_the_uri_also_hashes_the_interpreter_and_the_platform() -> None:
+    here = spec(["a"])
+    assert here.python == f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert here.platform.startswith(sys.platform)
+    assert replace(here, python="3.99").uri != here.uri
+    assert replace(here, platform="plan9-mips").uri != here.uri
+
+
+def test_an_empty_set_adds_no_pip_key_and_no_uri() -> None:
+    empties: list[object] = [[], {"packages": []}, {}, {"pip_install_options": OFFLINE}, None]
+    for empty in empties:
+        assert parse_pip(empty) is None, empty
+    bare = parse_runtime_env("{}", EnvLimits())
+    for text in (env_of(pip=[]), env_of(pip={"packages": []}), env_of(pip=None)):
+        env = parse_runtime_env(text, EnvLimits())
+        assert env.pip is None
+        assert env.uri_keys == ()
+        assert env.env_id == bare.env_id, text
+
+
+# -- dangerous options -----------------------------------------------------------------------
+
+DANGEROUS = [
+    (["--target", "/x"], "--target"),
+    (["--target=/x"], "--target=/x"),
+    (["-t", "/x"], "-t"),
+    (["-t/x"], "-t/x"),
+    (["--prefix", "/x"], "--prefix"),
+    (["--prefix=/x"], "--prefix=/x"),
+    (["--user"], "--user"),
+    (["--root", "/x"], "--root"),
+    (["--root=/x"], "--root=/x"),
+    (["--no-index", "--user"], "--user"),
+    (["-e", "/elsewhere/proj"], "/elsewhere/proj"),
+    (["--editable", "/elsewhere/proj"], "/elsewhere/proj"),
+    (["--editable=/elsewhere/proj"], "/elsewhere/proj"),
+    (["-e", "/srv/allowed/../elsewhere"], "/srv/allowed/../elsewhere"),
+    (["-e", "/srv/allowed-not/proj"], "/srv/allowed-not/proj"),
+]
+
+
+@pytest.mark.parametrize(("options", "named"), DANGEROUS)
+def test_a_dangerous_option_is_refused_by_name(options: list[str], named: str) -> None:
+    with pytest.raises(InvalidRuntimeEnv) as refused:
+        parse_pip(with_options(*options), file_roots=ROOTS)
+    assert repr(named) in refused.value.message, refused.value.message
+    assert "pip_install_options" in refused.value.message
+
+
+def test_a_dangerous_option_refuses_the_whole_runtime_env() -> None:
+    text = env_of(env_vars={"A": "1"}, pip=with_options("--no-index", "--target", "/x"))
+    with pytest.raises(InvalidRuntimeEnv, match="'--target'"):
+        parse_runtime_env(text, EnvLimits(), file_roots=ROOTS)
+
+
+def test_an_editable_install_inside_an_allowed_root_is_accepted() -> None:
+    for options in (["-e", "/srv/allowed/proj"], ["--editable=/srv/allowed/proj/sub"]):
+        assert spec(with_options(*options), ROOTS).options == tuple(options)
+
+
+def test_an_editable_install_is_refused_when_no_root_is_allowed() -> None:
+    with pytest.raises(InvalidRuntimeEnv, match="allow-file-root"):
+        parse_pip(with_options("-e", "/srv/allowed/proj"), file_roots=())
+
+
+def test_an_editable_symlink_leading_out_of_an_allowed_root_is_refused(tmp_path: Path) -> None:
+    allowed, outside = tmp_path / "allowed", tmp_path / "outside"
+    allowed.mkdir()
+    outside.mkdir()
+    (allowed / "proj").mkdir()
+    (allowed / "link").symlink_to(outside)
+    roots = (str(allowed),)
+    assert spec(with_options("-e", str(allowed / "proj")), roots).options
+    with pytest.raises(InvalidRuntimeEnv, match="outside the allowed file roots"):
+        parse_pip(with_options("-e", str(allowed / "link")), file_roots=roots)
+
+
+# pip parses its options with optparse: a long option may be shortened to any unambiguous prefix,
+# short options cluster, and a short option's value may be attached. pip 23.2 installs to /x with
+# each of these (checked against pip's own parser), so each must be refused like its full form.
+SPELLED_OTHERWISE = [
+    ["--targ=/x"],
+    ["--prefi=/x"],
+    ["-Ut", "/x"],
+    ["-e/elsewhere/proj"],
+    ["--edit=/elsewhere/proj"],
+]
+
+
+@pytest.mark.parametrize("options", SPELLED_OTHERWISE, ids=lambda o: " ".join(o))
+def test_a_dangerous_option_spelled_as_pip_also_accepts_it_is_refused(options: list[str]) -> None:
+    with pytest.raises(InvalidRuntimeEnv):
+        parse_pip(with_options(*options), file_roots=ROOTS)
+
+
+# -- bad shapes ------------------------------------------------------------------------------
+
+BAD = [
+    "requests",
+    42,
+    True,
+    {"packages": "requests"},
+    {"packages": ["ok", 3]},
+    {"packages": [None]},
+    {"packages": ["ok"], "pip_install_options": "--no-index"},
+    {"packages": ["ok"], "pip_install_options": [1]},
+    {"packages": ["ok"], "pip_check": False},
+    [""],
+    ["   "],
+    ["!!!"],
+    ["-e ."],
+    ["ok", "==1.0"],
+    ["a\nb"],
+    ["a\x00"],
+    ["x" * 5000],
+]
+
+
+@pytest.mark.parametrize("value", BAD, ids=lambda v: repr(v)[:40])
+def test_a_pip_field_of_the_wrong_shape_is_refused(value: object) -> None:
+    with pytest.raises(InvalidRuntimeEnv):
+        parse_pip(value)
+    with pytest.raises(InvalidRuntimeEnv):
+        parse_runtime_env(env_of(pip=value), EnvLimits())
+
+
+def test_an_unknown_pip_key_is_refused_by_name() -> None:
+    with pytest.raises(InvalidRuntimeEnv, match="pip_check"):
+        parse_pip({"packages": ["ok"], "pip_check": False})
+
+
+# PEP 508 whitespace is not always insignificant: it separates tokens, and inside a quoted marker
+# value it is part of the value. Dropping all of it turns 'foo bar' (which pip refuses) into the
+# different package 'foobar', and makes two different markers the same venv.
+def test_whitespace_between_two_names_is_not_one_name() -> None:
+    with pytest.raises(InvalidRuntimeEnv):
+        parse_pip(["foo bar"])
+
+
+def test_whitespace_inside_a_quoted_marker_value_is_part_of_the_identity() -> None:
+    spaced = spec(['foo; os_name in "posix nt"'])
+    joined = spec(['foo; os_name in "posixnt"'])
+    assert spaced.uri != joined.uri, (spaced.packages, joined.packages)
