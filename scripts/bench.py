@@ -23,6 +23,9 @@ Workloads (``--only NAME``, repeatable; the parts are in ``scripts/benchlib/``):
   concurrency 8, against the same processes spawned bare; agent RPCs per worker start.
 - recovery: start time with 10,000 cached packages against an empty root; RSS with 100,000
   envs in the tables (as many as fit in a bounded time, said so).
+- pip: 10 concurrent jobs with one requirement set (a shared venv built once by the agent)
+  against one venv per job built at once by the same pip from the same offline wheels: wall
+  time and disk bytes.
 
 The disk of a shared machine can be slow for minutes after mass deletions and the page cache
 drops idle files, so: each package is read through just before it is timed, file creation next
@@ -50,6 +53,7 @@ from benchlib.cold import bench_cold_large, bench_loop_blocking, bench_stampede
 from benchlib.config import SMOKE, Sizes, with_overrides
 from benchlib.figures import WorkloadResult, fmt, plot, table, write_json
 from benchlib.hot import bench_hot, bench_persistence
+from benchlib.pipenv import bench_pip
 from benchlib.procs import probe_file_creation, uvloop_available
 from benchlib.recovery import bench_recovery
 from benchlib.shared import Shared
@@ -66,6 +70,7 @@ WORKLOADS: dict[str, Workload] = {
     "churn": bench_churn,
     "worker-starts": lambda work, sizes, shared: bench_worker_starts(work, sizes),
     "recovery": lambda work, sizes, shared: bench_recovery(work, sizes),
+    "pip": lambda work, sizes, shared: bench_pip(work, sizes),
 }
 
 

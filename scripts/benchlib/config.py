@@ -45,6 +45,9 @@ class Sizes:
     worker_envs: int = 20
     worker_concurrency: int = 8
     worker_rounds: int = 2
+    # pip
+    pip_jobs: int = 10
+    pip_payload_kib: int = 256
     # a bound on any one phase, so nothing can run away
     phase_timeout_s: float = 600.0
 
@@ -57,6 +60,8 @@ class Sizes:
 
 
 SMOKE = Sizes(
+    pip_jobs=2,
+    pip_payload_kib=4,
     hot_rounds=1,
     hot_pairs_c1=40,
     hot_pairs_c64=150,

@@ -1,0 +1,134 @@
+"""pip: N concurrent jobs with the same requirement set share one venv built once by the agent,
+against one venv per job (what per-job installs would cost), built at once by the same pip.
+
+Offline: the wheels are written by hand (a zip with its .dist-info) into a local wheelhouse, and
+every install runs with --no-index --find-links. Figures: wall time and disk bytes, as ratios.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import os
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import grpc
+
+from benchlib import rpc
+from benchlib.config import Sizes
+from benchlib.figures import Measure, WorkloadResult
+from benchlib.procs import AgentProcess
+from rtenv.v1 import agent_pb2
+
+_PACKAGES = ("benchalpha", "benchbeta", "benchgamma")
+
+
+def _wheel(directory: Path, name: str, payload_kib: int) -> None:
+    """A pure-python wheel, version 1.0, whose module holds ``payload_kib`` KiB of data."""
+    info = f"{name}-1.0.dist-info"
+    files = {
+        f"{name}/__init__.py": f"VALUE = {name!r}\n".encode(),
+        f"{name}/data.txt": (name * (payload_kib * 1024 // len(name) + 1)).encode(),
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: bench\n"
+        b"Root-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append(f"{name}-1.0.dist-info/RECORD,,")
+    files[f"{name}-1.0.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
+    with zipfile.ZipFile(directory / f"{name}-1.0-py3-none-any.whl", "w") as zf:
+        for path, data in files.items():
+            zf.writestr(path, data)
+
+
+def _du(path: Path) -> int:
+    return sum(os.lstat(os.path.join(d, f)).st_size for d, _, names in os.walk(path) for f in names)
+
+
+def _clean_env() -> dict[str, str]:
+    """No pip configuration of this machine: only the options given."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    return env
+
+
+async def _per_job_venv(target: Path, wheelhouse: Path) -> None:
+    for args in (
+        [sys.executable, "-m", "venv", "--without-pip", str(target)],
+        [sys.executable, "-m", "pip", "--python", str(target / "bin" / "python"), "install",
+         "--disable-pip-version-check", "--no-input", "--no-index", "--find-links",
+         str(wheelhouse), *_PACKAGES],
+    ):  # fmt: skip
+        proc = await asyncio.create_subprocess_exec(
+            *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            env=_clean_env(),
+        )  # fmt: skip
+        _, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"{args[2:5]} failed: {err.decode()[-500:]}")
+
+
+async def bench_pip(work: Path, sizes: Sizes) -> WorkloadResult:
+    result = WorkloadResult("pip")
+    wheelhouse = work / "wheelhouse"
+    wheelhouse.mkdir()
+    for name in _PACKAGES:
+        _wheel(wheelhouse, name, sizes.pip_payload_kib)
+    jobs = sizes.pip_jobs
+    options = ["--no-index", "--find-links", str(wheelhouse)]
+
+    shared = Measure("agent: one shared venv")
+    os.environ.update({"PIP_CONFIG_FILE": os.devnull})  # the agent process inherits it
+    async with AgentProcess(work / "root") as agent:
+        async with grpc.aio.insecure_channel(agent.address) as channel:
+            stub = rpc.stub(channel)
+
+            async def job(i: int) -> None:
+                packages = list(_PACKAGES) if i % 2 else list(reversed(_PACKAGES))
+                env = {"pip": {"packages": packages, "pip_install_options": options},
+                       "env_vars": {"JOB": str(i)}}  # fmt: skip
+                t0 = time.perf_counter()
+                await stub.CreateRuntimeEnv(
+                    agent_pb2.CreateRuntimeEnvRequest(serialized_runtime_env=json.dumps(env)),
+                    timeout=600,
+                )
+                shared.latencies_s.append(time.perf_counter() - t0)
+
+            started = time.perf_counter()
+            await asyncio.gather(*(job(i) for i in range(jobs)))
+            shared.wall_s = time.perf_counter() - started
+            shared.requests = jobs
+            info = await stub.GetRuntimeEnvsInfo(agent_pb2.GetRuntimeEnvsInfoRequest())
+        shared.extractions = info.cache.extractions
+        venvs = [u for u in info.uris if u.kind == "pip"]
+        shared_bytes = sum(_du(Path(u.local_path)) for u in venvs)
+
+    per_job = Measure("one venv per job (same pip, same wheels)")
+    started = time.perf_counter()
+    await asyncio.gather(*(_per_job_venv(work / f"job{i}", wheelhouse) for i in range(jobs)))
+    per_job.wall_s = time.perf_counter() - started
+    per_job.requests = jobs
+    per_job_bytes = sum(_du(work / f"job{i}") for i in range(jobs))
+
+    result.measures += [shared, per_job]
+    result.figure(
+        f"wall, {jobs} concurrent jobs, one requirement set", shared.wall_s, per_job.wall_s,
+        f"{jobs} per-job venvs built at once", "s",
+    )  # fmt: skip
+    result.figure(
+        f"disk bytes, {jobs} jobs", float(shared_bytes), float(per_job_bytes),
+        f"{jobs} per-job venvs", "bytes",
+    )  # fmt: skip
+    result.notes.append(
+        f"{len(venvs)} venv(s) built by the agent for {jobs} jobs ({shared.extractions} "
+        f"install(s)); requirement lists given in two orders"
+    )
+    return result
