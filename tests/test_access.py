@@ -4,9 +4,7 @@ roots; the socket private (0600) in a folder others cannot write to."""
 from __future__ import annotations
 
 import os
-import shutil
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,21 +17,12 @@ from agent.access import TokenError
 from agent.config import Settings
 from agent.server import Agent
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import RunningAgent, env_json, running_agent, short_tempdir, workdir_zip
+from tests.helpers import RunningAgent, env_json, running_agent, workdir_zip
 from tests.test_process import refused, run_cli
 
 TOKEN = "s3cret-token-for-tests"
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
 PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    path = short_tempdir()
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def bearer(token: str) -> tuple[tuple[str, str], ...]:

@@ -13,12 +13,11 @@ from __future__ import annotations
 import asyncio
 import io
 import os
-import shutil
 import signal
 import sqlite3
 import sys
 import zipfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +32,6 @@ from tests.helpers import (
     env_json,
     make_zip,
     package_server,
-    short_tempdir,
     wait_until,
 )
 from tests.test_process import REPO, START_S, STOP_S, stop, wait_health_serving
@@ -268,16 +266,6 @@ def premature(point: str, root: Path, armed: AgentProc, exc: BaseException) -> s
 
 def test_every_crash_point_has_a_scenario() -> None:
     assert set(SCENARIOS) == set(POINTS)
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    """A short directory (unix socket paths) for the root and the logs, removed afterwards."""
-    path = short_tempdir()
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 async def install_x_and_stop(root: Path, log: Path, pkgs: PackageServer) -> None:

@@ -5,9 +5,8 @@ serving. (The defaults are hit in test_bad_input and test_lifecycle.)"""
 from __future__ import annotations
 
 import os
-import shutil
 import zipfile
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable
 from pathlib import Path
 
 import grpc
@@ -20,22 +19,12 @@ from tests.helpers import (
     make_zip,
     package_server,
     running_agent,
-    short_tempdir,
     wait_until,
     workdir_zip,
 )
 from tests.test_process import serving
 
 LIMIT = 64 * 1024
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    path = short_tempdir()
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 async def refused(call: Awaitable[object], code: grpc.StatusCode, *words: str) -> None:

@@ -7,10 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import shutil
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,19 +17,10 @@ import grpc
 import pytest
 
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import env_json, short_tempdir, workdir_zip
+from tests.helpers import env_json, workdir_zip
 from tests.test_process import STOP_S, serving
 
 Line = dict[str, Any]
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    path = short_tempdir()
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def json_lines(log: Path) -> list[Line]:

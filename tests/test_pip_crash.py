@@ -7,15 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
-from tests.helpers import short_tempdir, wait_until
+from tests.helpers import wait_until
 from tests.pip_wheels import (
     isolate_pip,
     pip_env,
@@ -44,15 +42,6 @@ def agent_environ(monkeypatch: pytest.MonkeyPatch) -> None:
     and gRPC's fork support off, the workaround for the bug pinned by test_pip_env.py's
     test_installer_spawns_survive_grpc_traffic_in_the_agent."""
     isolate_pip(monkeypatch)
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    path = short_tempdir()
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def pip_dirs(root: Path) -> list[str]:

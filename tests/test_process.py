@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import signal
 import stat
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import env_json, short_tempdir, workdir_zip
+from tests.helpers import env_json, workdir_zip
 
 REPO = Path(__file__).resolve().parents[1]
 SERVICE = "rtenv.v1.RuntimeEnvAgent"
@@ -31,16 +30,6 @@ START_S = 30.0  # deadline for a process to start serving or to exit
 STOP_S = 10.0  # deadline for a process to exit once told to
 NO_PROXY = [("grpc.enable_http_proxy", 0)]
 Proc = asyncio.subprocess.Process
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    """A short directory for roots and sockets, removed afterwards."""
-    path = short_tempdir()
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 async def stop(proc: Proc) -> None:

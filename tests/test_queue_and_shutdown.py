@@ -7,12 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import sqlite3
 import time
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -24,22 +22,12 @@ from tests.helpers import (
     make_zip,
     package_server,
     running_agent,
-    short_tempdir,
     wait_until,
 )
 from tests.helpers import workdir_zip as wd_zip
 from tests.test_process import STOP_S, Served, serving
 
 GRACE_S = 2.0  # Agent.stop()'s grace for in-flight RPCs, as serve() uses it
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    path = short_tempdir()
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 async def test_installs_beyond_max_concurrent_installs_queue_and_all_succeed() -> None:

@@ -8,17 +8,16 @@ from a package server on 127.0.0.1, releases them and stops on SIGTERM.
 from __future__ import annotations
 
 import re
-import shutil
 import signal
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from agent.state_db import SCHEMA_VERSION
-from tests.helpers import PackageServer, package_server, short_tempdir, wait_until
+from tests.helpers import PackageServer, package_server, wait_until
 from tests.test_crash_recovery import (
     ZIPS,
     agent_process,
@@ -32,16 +31,6 @@ from tests.test_crash_recovery import (
 from tests.test_process import refused
 
 RESET_NAME = re.compile(r"state\.db\.reset-\d{8}T\d{6}")
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    """A short directory (unix socket paths) for the root and the logs, removed afterwards."""
-    path = short_tempdir()
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 async def build_root(root: Path, log: Path, pkgs: PackageServer) -> None:

@@ -1,0 +1,22 @@
+"""Fixtures shared by the test tiers."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import short_tempdir
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    """A short directory (unix socket paths fit in it) for roots, sockets and logs, removed
+    afterwards."""
+    path = short_tempdir()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
