@@ -122,7 +122,7 @@ class PackageServer:
         await site.start()
         self.base_url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
 
-    async def _handle(self, request: web.Request) -> web.Response:
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
         self.gets[name] += 1
         body = self.packages.get(name)

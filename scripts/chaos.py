@@ -38,35 +38,20 @@ from aiohttp import web
 
 from raylet_sim.node import AgentDied, Node
 from raylet_sim.pool import TASK_ERROR, TaskFailed, TaskSpec, WorkerState
-from raylet_sim.samples import EnvSpec, build_samples
+from raylet_sim.samples import EnvSpec, PackageServer, build_samples
 from rtenv.v1 import agent_pb2
 
 # -- the package server ---------------------------------------------------------------------
 
 
-class ChaosServer:
-    """Serves packages on 127.0.0.1, with faults drawn from a seeded generator per request."""
+class ChaosServer(PackageServer):
+    """The demo's package server, with faults drawn from a seeded generator per request."""
 
     def __init__(self, rng: random.Random, fault_rate: float) -> None:
-        self.packages: dict[str, bytes] = {}
-        self.gets: Counter[str] = Counter()
+        super().__init__()
         self.faults: Counter[str] = Counter()
         self._rng = rng
         self._fault_rate = fault_rate
-        self._runner: web.AppRunner | None = None
-        self.base_url = ""
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_get("/{name}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.base_url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
