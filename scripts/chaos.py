@@ -378,11 +378,11 @@ async def _check_restarted(node: Node, root: Path, tally: Tally, where: str) -> 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seed", type=int, default=None, help="replay a run (default: random)")
-    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--tasks", type=int, default=150, help="tasks per round")
     parser.add_argument("--envs", type=int, default=24)
     parser.add_argument("--concurrency", type=int, default=6)
-    parser.add_argument("--agent-kills", type=int, default=30, help="rounds that kill the agent")
+    parser.add_argument("--agent-kills", type=int, default=60, help="rounds that kill the agent")
     parser.add_argument("--budget-kib", type=int, default=160, help="cache budget (KiB)")
     parser.add_argument("--fault-rate", type=float, default=0.2, help="faulty package GETs")
     parser.add_argument("--workdir", help="where the agent's root goes (a temp dir)")
