@@ -412,8 +412,7 @@ class WorkerPool:
             if slot.count == 0 and slot.expiry is not None:
                 slot.expiry.cancel()
                 self._expire(key, slot)
-        while self._deletes:
-            await asyncio.gather(*set(self._deletes))
+        await self.quiesce()  # creates still in flight end in deletes too
 
     async def quiesce(self, max_rounds: int = 100) -> None:
         """Wait until no create or delete is in flight (a create may end in a delete)."""
