@@ -365,7 +365,9 @@ class WorkerPool:
                 "DeleteRuntimeEnv %s failed: %s %s", runtime_env_id, exc.code(), exc.details()
             )
         except grpc.aio.UsageError as exc:  # the node closed its channel: the agent is going too
-            log.warning("DeleteRuntimeEnv %s not sent: %s", runtime_env_id, exc)
+            # after the agent's death its references died with it: nothing was lost
+            level = logging.DEBUG if self._agent_gone else logging.WARNING
+            log.log(level, "DeleteRuntimeEnv %s not sent: %s", runtime_env_id, exc)
 
     # -- stopping --------------------------------------------------------------------------
     def _terminate(self, worker: Worker, *, polite: bool = True) -> None:
