@@ -213,10 +213,6 @@ class Agent:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    async def wait_for_termination(self) -> None:
-        assert self._server is not None
-        await self._server.wait_for_termination()
-
     async def __aenter__(self) -> Agent:
         await self.start()
         return self

@@ -107,7 +107,6 @@ class StateDB:
         self._dirty = asyncio.Event()  # something is noted
         self._full = asyncio.Event()  # enough is noted to write at once
         self._flusher: asyncio.Task[None] | None = None
-        self.commits = 0
 
     # -- running statements on the thread -------------------------------------------------
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -204,7 +203,6 @@ class StateDB:
                     " refcount, installed_ms) VALUES (?, ?, ?, ?, ?, ?, 0, ?)",
                     (row.kind, row.uri, row.dir, row.size, row.digest, row.last_used_ms, now),
                 )
-            self.commits += 1
 
         await self._run(write)
 
@@ -221,7 +219,6 @@ class StateDB:
                     " VALUES (?, ?, ?, ?, ?)",
                     (row.env_id, row.canonical, json.dumps(row.keys), refcount, row.created_ms),
                 )
-            self.commits += 1
 
         await self._run(write)
 
@@ -235,7 +232,6 @@ class StateDB:
                 conn.executemany("DELETE FROM uris WHERE kind = ? AND uri = ?", gone)
                 conn.execute("UPDATE uris SET refcount = 0 WHERE refcount != 0")
                 conn.execute("DELETE FROM envs")
-            self.commits += 1
 
         await self._run(write)
 
@@ -276,7 +272,6 @@ class StateDB:
         def write(conn: sqlite3.Connection) -> None:
             with _transaction(conn):
                 _apply(conn, batch, crash_midway=True)
-            self.commits += 1
 
         await self._run(write)
 

@@ -91,7 +91,6 @@ class Worker:
     env_key: str
     process: asyncio.subprocess.Process
     state: WorkerState = WorkerState.STARTING
-    tasks_run: int = 0
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)  # idle or stop
 
     @property
@@ -169,7 +168,6 @@ class WorkerPool:
         if not line:
             code = await proc.wait()
             raise TaskFailed(WORKER_DIED, f"worker {worker.pid} exited with {code} mid-task")
-        worker.tasks_run += 1
         reply = json.loads(line)
         self.violations += reply.get("violations", [])
         if not reply["ok"]:

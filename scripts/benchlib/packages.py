@@ -21,14 +21,6 @@ class BigSpec:
     large_random_mb: tuple[int, ...] = (14, 12)  # incompressible: stored nearly as is
     large_text_mb: tuple[int, ...] = (40,)  # hex-like text: deflates to about half
 
-    def scaled(self, factor: float) -> BigSpec:
-        return BigSpec(
-            small_files=max(20, int(self.small_files * factor)),
-            small_max_bytes=self.small_max_bytes,
-            large_random_mb=tuple(max(1, int(x * factor)) for x in self.large_random_mb),
-            large_text_mb=tuple(max(1, int(x * factor)) for x in self.large_text_mb),
-        )
-
 
 def build_big_zip(path: Path, spec: BigSpec, seed: int = 1) -> int:
     rng = random.Random(seed)
