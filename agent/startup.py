@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import grpc
 
@@ -191,7 +192,12 @@ def check_root_dirs(root: Path) -> None:
     folder in tmp/, write in it, rename it into uris/, then into trash/, remove it. A failure
     names the folder and the operation (blocking: call in a thread)."""
     for sub in ROOT_DIRS:
-        _root_step(root / sub, "make the folder", lambda p=root / sub: p.mkdir(exist_ok=True))
+        path = root / sub
+        if path.is_symlink() and not path.exists():
+            _refuse_root_dir(path, f"it is a symlink to {os.readlink(path)}, which does not exist")
+        if path.exists() and not path.is_dir():
+            _refuse_root_dir(path, "it exists and is not a folder")
+        _root_step(path, "make the folder", path.mkdir, 0o755, False, True)
     name = f".probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     staged, installed, trashed = (root / sub / name for sub in ("tmp", "uris", "trash"))
     try:
@@ -209,10 +215,14 @@ def _root_step(folder: Path, what: str, step: Callable[..., object], *args: obje
     try:
         step(*args)
     except OSError as exc:
-        raise StartupError(
-            f"{folder} is not usable by the agent: cannot {what}: {exc.strerror or exc}; "
-            "fix its ownership, permissions or mount, or choose another --root"
-        ) from exc
+        _refuse_root_dir(folder, f"cannot {what}: {exc.strerror or exc}", exc)
+
+
+def _refuse_root_dir(folder: Path, why: str, cause: OSError | None = None) -> NoReturn:
+    raise StartupError(
+        f"{folder} is not usable by the agent: {why}; fix its ownership, permissions or mount, "
+        "or choose another --root"
+    ) from cause
 
 
 def move_aside(db_path: Path) -> None:

@@ -149,8 +149,8 @@ async def test_python_that_does_not_exist_or_does_not_run_exits_2(base: Path, ki
 @pytest.mark.parametrize(
     ("sub", "make", "reason"),
     [
-        ("tmp", "file", "cannot make the folder: File exists"),
-        ("uris", "dangling-symlink", "cannot make the folder: File exists"),
+        ("tmp", "file", "it exists and is not a folder"),
+        ("uris", "dangling-symlink", "it is a symlink to {base}/nowhere, which does not exist"),
     ],
 )
 async def test_root_folder_that_cannot_be_a_folder_exits_2_naming_it(
@@ -166,7 +166,8 @@ async def test_root_folder_that_cannot_be_a_folder_exits_2_naming_it(
     code, err = await refused(base / "refused.log", "--root", str(root))
     assert code == 2, err
     line = one_line(err)
-    assert f"{root / sub} is not usable by the agent: {reason}" in line, line
+    expected = reason.format(base=base)
+    assert f"{root / sub} is not usable by the agent: {expected}" in line, line
     assert "choose another --root" in line
 
 
