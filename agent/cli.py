@@ -147,7 +147,10 @@ def _info(args: argparse.Namespace) -> int:
                 metadata=metadata,
             )
         except grpc.RpcError as exc:
-            print(f"rtenv-agent info: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            hint = ""
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                hint = " (info: pass --token-file FILE)" if token is None else ""
+            print(f"rtenv-agent info: {exc.code().name}: {exc.details()}{hint}", file=sys.stderr)
             return 1
     if args.json:
         print(json_format.MessageToJson(reply, preserving_proto_field_name=True))

@@ -136,6 +136,7 @@ async def test_info_command_sends_the_token_from_its_token_file(base: Path) -> N
         assert code == 1, out
         assert "UNAUTHENTICATED: this agent wants a token and the call carried none" in err, err
         assert "authorization: Bearer <token>" in err, err
+        assert err.rstrip().endswith("(info: pass --token-file FILE)"), err
 
 
 @pytest.mark.parametrize(("content", "words"), [("", "is empty"), (None, "cannot read")])
