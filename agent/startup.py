@@ -34,6 +34,7 @@ ACCEPTED_ADDRESSES = (
     "or [::1]:50051"
 )
 ROOT_DIRS = ("uris", "tmp", "trash")
+_LOCK_TRIES, _LOCK_RETRY_S = 5, 0.02  # check_root_free holds a shared lock for microseconds
 PYTHON_CHECK_S = 30.0  # a python that has not answered by then does not run
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
 _HOST_NAME = re.compile(rf"{_LABEL}(\.{_LABEL})*")
@@ -292,12 +293,17 @@ def check_root_free(root: Path) -> None:
 def lock_root(root: Path) -> int:
     """Hold an exclusive lock on the root for the agent's lifetime: one agent per root."""
     fd = os.open(root / "agent.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as exc:
-        error = _held(fd, root)
-        os.close(fd)
-        raise error from exc
+    for attempt in range(_LOCK_TRIES):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError as exc:
+            if attempt + 1 < _LOCK_TRIES:  # outlast another starter's check_root_free
+                time.sleep(_LOCK_RETRY_S)
+                continue
+            error = _held(fd, root)
+            os.close(fd)
+            raise error from exc
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     return fd

@@ -5,6 +5,7 @@ untouched."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import re
 import shutil
@@ -12,11 +13,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from agent.startup import StartupError, check_root_free, lock_root
 from tests.test_process import (
     REPO,
     START_S,
@@ -255,3 +258,27 @@ def test_no_process_is_left_behind() -> None:
     children = Path(f"/proc/{mine}/task/{mine}/children")
     if children.exists():
         assert children.read_text().split() == [], "a child process outlived its test"
+
+
+def test_root_checks_create_nothing_and_the_lock_outlasts_another_starters_check(
+    base: Path,
+) -> None:
+    """check_root_free makes no lock file; its brief shared lock never makes lock_root refuse."""
+    root = base / "root"
+    root.mkdir()
+    check_root_free(root)
+    assert list(root.iterdir()) == [], "the check made a file"
+    fd = lock_root(root)
+    try:
+        with pytest.raises(StartupError, match=rf"another agent \(pid {os.getpid()}\)"):
+            check_root_free(root)
+    finally:
+        os.close(fd)
+    probe = os.open(root / "agent.lock", os.O_RDONLY)
+    fcntl.flock(probe, fcntl.LOCK_SH)  # another starter, in the middle of its check
+    timer = threading.Timer(0.03, os.close, (probe,))
+    timer.start()
+    try:
+        os.close(lock_root(root))
+    finally:
+        timer.join(STOP_S)
