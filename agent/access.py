@@ -48,29 +48,42 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or details.method.startswith(_OPEN_PREFIX):
             return handler
-        given = b""
+        given: bytes | None = None
         for key, value in details.invocation_metadata or ():
             if key == "authorization":
                 given = value.encode() if isinstance(value, str) else value
-        if hmac.compare_digest(given, self._expected):
+        if given is not None and hmac.compare_digest(given, self._expected):
             return handler
+        refusal = MISSING if given is None else WRONG
         if handler.request_streaming or handler.response_streaming:  # reflection
-            return grpc.stream_stream_rpc_method_handler(_refuse_stream)
-        return grpc.unary_unary_rpc_method_handler(_refuse)
+            return grpc.stream_stream_rpc_method_handler(_refuse_stream(refusal))
+        return grpc.unary_unary_rpc_method_handler(_refuse(refusal))
 
 
-_REFUSAL = (
-    "this agent wants a token: send metadata 'authorization: Bearer <token>' (the content of "
-    "its --token-file)"
+MISSING = (
+    "this agent wants a token and the call carried none: send metadata "
+    "'authorization: Bearer <token>' (the content of its --token-file)"
+)
+WRONG = (
+    "the call's token is not this agent's: send metadata 'authorization: Bearer <token>' with "
+    "the content of the agent's --token-file"
 )
 
 
-async def _refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, _REFUSAL)
+def _refuse(refusal: str) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[None]]:
+    async def refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, refusal)
+
+    return refuse
 
 
-async def _refuse_stream(
-    requests: Any, context: grpc.aio.ServicerContext[Any, Any]
-) -> AsyncIterator[Any]:
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, _REFUSAL)
-    yield  # an async generator, as a streaming handler must be
+def _refuse_stream(
+    refusal: str,
+) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[Any]]:
+    async def refuse(
+        requests: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, refusal)
+        yield  # an async generator, as a streaming handler must be
+
+    return refuse

@@ -1,5 +1,5 @@
-"""``rtenv-agent``: ``serve`` runs the agent; ``config`` prints its effective settings; ``info``
-prints what an agent holds."""
+"""rtenv-agent: serve runs the agent; config prints its effective settings; info prints what an
+agent holds."""
 
 from __future__ import annotations
 
@@ -7,34 +7,90 @@ import argparse
 import asyncio
 import os
 import sys
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Callable, Sequence
+from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import grpc
+from google.protobuf import json_format
 
 from agent import logs, options
+from agent.access import read_token
 from agent.errors import AgentError
 from agent.server import serve
+from agent.startup import check_address
+from agent.units import human_bytes, parse_duration, plural
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
+
+CONNECT_TIMEOUT_S = 2.0  # info: an agent that is running accepts a connection at once
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Wraps help at spaces only: a path or a flag is never cut at its hyphens."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(
+            " ".join(text.split()), width, break_on_hyphens=False, break_long_words=False
+        )
+
+
+def _arg(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A units parser as an argparse type: its message, not argparse's 'invalid value'."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
+def _version() -> str:
+    try:
+        return metadata.version("runtime-env-agent")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rtenv-agent", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    options.add_arguments(sub.add_parser("serve", help="run the agent"))
-    options.add_arguments(
-        sub.add_parser("config", help="print the effective settings and where each came from")
+    parser = argparse.ArgumentParser(
+        prog="rtenv-agent", description=__doc__, formatter_class=_HelpFormatter
     )
-    i = sub.add_parser("info", help="print the envs and URIs an agent holds")
-    i.add_argument("--address", required=True, help="unix:PATH or HOST:PORT")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    options.add_arguments(
+        sub.add_parser("serve", help="run the agent", formatter_class=_HelpFormatter)
+    )
+    options.add_arguments(
+        sub.add_parser(
+            "config",
+            help="print the effective settings and where each came from",
+            formatter_class=_HelpFormatter,
+        )
+    )
+    i = sub.add_parser(
+        "info", help="print the envs and URIs an agent holds", formatter_class=_HelpFormatter
+    )
+    where = i.add_mutually_exclusive_group(required=True)
+    where.add_argument("--address", help="unix:PATH or HOST:PORT of the agent")
+    where.add_argument(
+        "--root", type=Path, help="the agent's root: the same as --address unix:ROOT/agent.sock"
+    )
     i.add_argument("--limit", type=int, default=0, help="at most this many envs (0: the cap)")
-    i.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the agent")
+    i.add_argument(
+        "--timeout", type=_arg(parse_duration), default=10.0,
+        help="time to wait for the answer (90, 90s, 2m; default 10s)",
+    )  # fmt: skip
     i.add_argument("--token-file", help="a file holding the agent's token, if it wants one")
+    i.add_argument("--json", action="store_true", help="print the reply as JSON (exact bytes)")
     return parser
 
 
 def format_info(reply: agent_pb2.GetRuntimeEnvsInfoReply) -> str:
-    """The info reply as two tables and a cache line."""
+    """The info reply as two tables and a cache line, sizes in binary units."""
     lines = [f"{'ENV ID':<34}{'REFS':>5}  {'STATE':<9}URIS"]
     for env in reply.envs:
         uris = ", ".join(env.uris) or "-"
@@ -42,50 +98,70 @@ def format_info(reply: agent_pb2.GetRuntimeEnvsInfoReply) -> str:
         if env.error:
             lines.append(f"{'':<41}error: {env.error}")
     lines.append("")
-    lines.append(f"{'KIND':<13}{'REFS':>5}  {'STATE':<11}{'BYTES':>12}  URI")
+    lines.append(f"{'KIND':<13}{'REFS':>5}  {'STATE':<11}{'SIZE':>10}  URI")
     for uri in reply.uris:
-        lines.append(
-            f"{uri.kind:<13}{uri.references:>5}  {uri.state:<11}{uri.size_bytes:>12}  {uri.uri}"
-        )
+        size = human_bytes(uri.size_bytes)
+        lines.append(f"{uri.kind:<13}{uri.references:>5}  {uri.state:<11}{size:>10}  {uri.uri}")
     c = reply.cache
     lines.append("")
     lines.append(
-        f"envs {reply.total_envs}, cache: used {c.used_bytes} B, unused {c.unused_bytes} B "
-        f"of budget {c.budget_bytes} B; downloads {c.downloads}, hits {c.hits}, "
-        f"evictions {c.evictions}"
+        f"{plural(reply.total_envs, 'env')}, cache: used {human_bytes(c.used_bytes)}, "
+        f"unused {human_bytes(c.unused_bytes)} of budget {human_bytes(c.budget_bytes)}; "
+        f"{plural(c.downloads, 'download')}, {plural(c.hits, 'hit')}, "
+        f"{plural(c.evictions, 'eviction')}"
     )
     r = reply.recovery
     lines.append(
-        f"at start: {r.rows_kept} packages kept, {r.rows_dropped} rows dropped, "
-        f"{r.orphans_deleted} orphans deleted, {r.bytes_freed} B freed, "
-        f"{r.envs_forgotten} envs forgotten, in {r.seconds:.3f}s"
+        f"at start: {plural(r.rows_kept, 'package')} kept, {plural(r.rows_dropped, 'row')} "
+        f"dropped, {plural(r.orphans_deleted, 'orphan')} deleted, {human_bytes(r.bytes_freed)} "
+        f"freed, {plural(r.envs_forgotten, 'env')} forgotten, in {r.seconds:.3f}s"
     )
     return "\n".join(lines)
 
 
 def _info(args: argparse.Namespace) -> int:
-    metadata = []
-    if args.token_file:
-        token = Path(args.token_file).read_text().strip()
-        metadata.append(("authorization", f"Bearer {token}"))
-    with grpc.insecure_channel(args.address) as channel:
+    address = args.address or f"unix:{args.root.absolute() / 'agent.sock'}"
+    try:
+        address = check_address(address, allow_remote=True)
+        token = read_token(args.token_file) if args.token_file else None
+    except AgentError as exc:
+        print(f"rtenv-agent info: {exc.message}", file=sys.stderr)
+        return 2
+    metadata = [("authorization", f"Bearer {token.decode()}")] if token else []
+    channel_options = [("grpc.enable_http_proxy", 0)]
+    with grpc.insecure_channel(address, options=channel_options) as channel:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=CONNECT_TIMEOUT_S)
+        except grpc.FutureTimeoutError:
+            print(
+                f"rtenv-agent info: cannot connect to {address} within {CONNECT_TIMEOUT_S:g}s "
+                "(is the agent running? it prints its address when it starts)",
+                file=sys.stderr,
+            )
+            return 1
         stub = agent_pb2_grpc.RuntimeEnvAgentStub(channel)  # type: ignore[no-untyped-call]
         try:
             reply = stub.GetRuntimeEnvsInfo(
                 agent_pb2.GetRuntimeEnvsInfoRequest(limit=args.limit),
                 timeout=args.timeout,
-                wait_for_ready=True,
                 metadata=metadata,
             )
         except grpc.RpcError as exc:
-            print(f"rtenv-agent info: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            hint = ""
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                hint = " (info: pass --token-file FILE)" if token is None else ""
+            print(f"rtenv-agent info: {exc.code().name}: {exc.details()}{hint}", file=sys.stderr)
             return 1
-    print(format_info(reply))
+    if args.json:
+        print(json_format.MessageToJson(reply, preserving_proto_field_name=True))
+    else:
+        print(format_info(reply))
     return 0
 
 
 def _use_uvloop_if_installed() -> None:
-    """uvloop (the optional extra 'fast') runs the same code with less overhead per RPC."""
+    """uvloop (the optional extra 'fast') runs the same code with less overhead per RPC (the
+    start-up log says which loop runs)."""
     try:
         import uvloop  # type: ignore[import-not-found,unused-ignore]
     except ImportError:

@@ -9,6 +9,7 @@ from pathlib import Path
 from agent.archive import ArchiveLimits
 from agent.fetch import FetchLimits
 from agent.runtime_env import EnvLimits
+from agent.units import exact_bytes
 
 GiB = 1024**3
 
@@ -31,8 +32,8 @@ class DiskFloor:
 
     def __str__(self) -> str:
         if self.bytes_ is not None and self.percent is not None:
-            return f"auto (min of {self.bytes_} B and {self.percent:g}%)"
-        return f"{self.percent:g}%" if self.percent is not None else f"{self.bytes_} B"
+            return f"auto (min of {exact_bytes(self.bytes_)} and {self.percent:g}%)"
+        return f"{self.percent:g}%" if self.percent is not None else exact_bytes(self.bytes_ or 0)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ Pure: parsing and resolving take their inputs (argv namespace, environ, TOML tex
 from __future__ import annotations
 
 import argparse
-import re
+import difflib
 import sys
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -21,20 +21,21 @@ from typing import Any
 
 from agent.config import DiskFloor, Settings
 from agent.errors import AgentError
+from agent.units import (
+    exact_bytes,
+    human_duration,
+    parse_bytes,
+    parse_duration,
+    parse_float,
+    parse_int,
+    quoted,
+)
 
-_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+__all__ = ["OPTIONS", "ConfigError", "Option", "parse_bytes", "parse_duration"]
 
 
 class ConfigError(AgentError):
     """A setting's value is not valid; the message names the setting and where it came from."""
-
-
-def parse_bytes(text: str) -> int:
-    """'10GiB', '500M', '4096' -> bytes (binary units)."""
-    match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(i?b)?\s*", str(text).lower())
-    if match is None:
-        raise ValueError(f"{text!r} is not a size such as 4096, 500M or 10GiB")
-    return int(match.group(1)) * _UNITS[match.group(2)]
 
 
 def parse_floor(text: str) -> DiskFloor:
@@ -43,9 +44,9 @@ def parse_floor(text: str) -> DiskFloor:
     if text == "auto":
         return DiskFloor()
     if text.endswith("%"):
-        percent = float(text[:-1])
+        percent = parse_float(text[:-1])
         if not 0 <= percent < 100:
-            raise ValueError(f"{text!r}: a percentage from 0 to 100")
+            raise ValueError(f"{quoted(text)}: a percentage from 0 to 100")
         return DiskFloor(bytes_=None, percent=percent)
     return DiskFloor(bytes_=parse_bytes(text), percent=None)
 
@@ -56,24 +57,28 @@ def parse_bool(text: str) -> bool:
         return True
     if lowered in ("0", "false", "no", "off", ""):
         return False
-    raise ValueError(f"{text!r} is not a boolean (true/false)")
+    raise ValueError(f"{quoted(text)} is not a boolean (true/false)")
 
 
 def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         value = kind(text)
         if value <= 0:
-            raise ValueError(f"{text!r} must be above 0")
+            raise ValueError(f"{quoted(text)} must be above 0")
         return value
 
     return parse
 
 
 def _one_of(*choices: str) -> Callable[[str], str]:
+    """One of ``choices``, in any case ('debug' is DEBUG)."""
+    by_folded = {choice.casefold(): choice for choice in choices}
+
     def parse(text: str) -> str:
-        if text not in choices:
-            raise ValueError(f"{text!r} is not one of {', '.join(choices)}")
-        return text
+        choice = by_folded.get(str(text).strip().casefold())
+        if choice is None:
+            raise ValueError(f"{quoted(text)} is not one of {', '.join(choices)}")
+        return choice
 
     return parse
 
@@ -88,6 +93,7 @@ class Option:
     flag: bool = False  # a switch: --name sets it
     repeat: bool = False  # a list: the flag repeats, the env var is ':'-separated
     metavar: str | None = None
+    unit: str = ""  # "bytes" or "seconds": shown as 10.0 GiB or 10m
 
     @property
     def env_var(self) -> str:
@@ -99,54 +105,63 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("address", "address", str, "unix:PATH or HOST:PORT (default unix:ROOT/agent.sock)",
-           "a path over 107 bytes, or a non-loopback host without allow-remote: refused at start"),
+    Option("address", "address", str,
+           "unix:PATH, HOST:PORT or [IPv6]:PORT",
+           "a malformed address, a path over 107 bytes, a port in use, or a non-loopback host "
+           "without allow-remote: refused at start, before the root is touched"),
     Option("allow-remote", "allow_remote", parse_bool, "allow a non-loopback TCP address",
            flag=True),
     Option("token-file", "token_file", str,
            "a file holding a token every RPC must carry (metadata 'authorization: Bearer T')",
-           "a call without the token: UNAUTHENTICATED (health checks are exempt)"),
+           "a call without the token, or with another: UNAUTHENTICATED saying which "
+           "(health checks are exempt)"),
     Option("allow-file-root", "allow_file_roots", str,
            "a folder file:// packages may come from (repeat it); none: any",
            "a file:// URI outside them: PERMISSION_DENIED", repeat=True, metavar="DIR"),
     Option("cache-budget", "cache_budget_bytes", parse_bytes,
-           "bytes of unused packages kept cached", "least recently used evicted until it fits"),
+           "size of the unused packages kept cached", "least recently used evicted until it fits",
+           unit="bytes"),
     Option("min-free-disk", "min_free_disk", parse_floor,
-           "free space an install must leave: bytes, a percentage, or auto (min of 1GiB, 5%)",
+           "free space an install must leave: a size, a percentage, or auto (min of 1GiB, 5%)",
            "unused packages evicted, then RESOURCE_EXHAUSTED naming needed and free bytes"),
-    Option("max-concurrent-installs", "max_concurrent_installs", _positive(int),
+    Option("max-concurrent-installs", "max_concurrent_installs", _positive(parse_int),
            "installs (download and unpack) at once", "further installs wait in a queue"),
-    Option("default-setup-timeout", "default_setup_timeout_s", _positive(float),
-           "seconds an env's setup may take when the request names none",
-           "DEADLINE_EXCEEDED; an install nobody else waits for is cancelled, its files removed"),
-    Option("max-setup-timeout", "max_setup_timeout_s", _positive(float),
+    Option("default-setup-timeout", "default_setup_timeout_s", _positive(parse_duration),
+           "time an env's setup may take when the request names none",
+           "DEADLINE_EXCEEDED; an install nobody else waits for is cancelled, its files removed",
+           unit="seconds"),
+    Option("max-setup-timeout", "max_setup_timeout_s", _positive(parse_duration),
            "the most a request may ask for (setup_timeout_seconds -1 means this)",
-           "larger requests are capped to it"),
+           "larger requests are capped to it", unit="seconds"),
     Option("max-message-bytes", "max_message_bytes", _positive(parse_bytes),
-           "largest gRPC request", "RESOURCE_EXHAUSTED from gRPC"),
+           "largest gRPC request", "RESOURCE_EXHAUSTED from gRPC", unit="bytes"),
     Option("max-env-json-bytes", "env.max_json_bytes", _positive(parse_bytes),
-           "largest serialized runtime env", "INVALID_ARGUMENT naming size and limit"),
-    Option("max-uris", "env.max_uris", _positive(int), "distinct URIs per env",
+           "largest serialized runtime env", "INVALID_ARGUMENT naming size and limit",
+           unit="bytes"),
+    Option("max-uris", "env.max_uris", _positive(parse_int), "distinct URIs per env",
            "INVALID_ARGUMENT naming count and limit"),
     Option("max-env-var-bytes", "env.max_env_var_bytes", _positive(parse_bytes),
-           "bytes of a worker's env vars, PYTHONPATH included (kept well under ARG_MAX)",
-           "INVALID_ARGUMENT naming size and limit; one variable over 128KiB likewise"),
+           "size of a worker's env vars, PYTHONPATH included (kept well under ARG_MAX)",
+           "INVALID_ARGUMENT naming size and limit; one variable over 128KiB likewise",
+           unit="bytes"),
     Option("max-download-bytes", "fetch.max_download_bytes", _positive(parse_bytes),
-           "largest package download", "FAILED_PRECONDITION naming size and limit"),
-    Option("download-attempts", "fetch.attempts", _positive(int),
+           "largest package download", "FAILED_PRECONDITION naming size and limit", unit="bytes"),
+    Option("download-attempts", "fetch.attempts", _positive(parse_int),
            "tries of a download that fails transiently (5xx, reset, timeout)",
            "UNAVAILABLE after the last try"),
-    Option("max-archive-entries", "archive.max_entries", _positive(int), "entries per zip",
+    Option("max-archive-entries", "archive.max_entries", _positive(parse_int), "entries per zip",
            "FAILED_PRECONDITION naming count and limit"),
     Option("max-uncompressed-bytes", "archive.max_uncompressed_bytes", _positive(parse_bytes),
-           "bytes one zip may unpack to", "FAILED_PRECONDITION naming size and limit"),
-    Option("max-compression-ratio", "archive.max_ratio", _positive(float),
+           "size one zip may unpack to", "FAILED_PRECONDITION naming size and limit",
+           unit="bytes"),
+    Option("max-compression-ratio", "archive.max_ratio", _positive(parse_float),
            "unpacked bytes per zip byte, past 16MiB unpacked", "FAILED_PRECONDITION (zip bomb)"),
-    Option("request-log-capacity", "request_log_capacity", _positive(int),
+    Option("request-log-capacity", "request_log_capacity", _positive(parse_int),
            "request ids remembered for idempotent retries",
            "the oldest answered ids are forgotten (never one in flight)"),
     Option("python", "py_executable", str,
-           "the python workers are started with, and pip venvs are made from"),
+           "the python workers are started with, and pip venvs are made from",
+           "one that does not exist or does not run: refused at start"),
     Option("pip-installer", "pip_installer", _one_of("pip", "uv"),
            "what installs a pip env: pip, or uv when it is on PATH",
            "an install that fails: FAILED_PRECONDITION with the last lines of its log"),
@@ -160,7 +175,7 @@ OPTIONS: tuple[Option, ...] = (
            "allow-remote)"),
     Option("log-format", "log_format", _one_of("text", "json"), "text or json"),
     Option("log-level", "log_level", _one_of("DEBUG", "INFO", "WARNING", "ERROR"),
-           "DEBUG, INFO, WARNING or ERROR"),
+           "DEBUG, INFO, WARNING or ERROR (any case)"),
 )  # fmt: skip
 
 
@@ -171,8 +186,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="a TOML file of settings (or RTENV_CONFIG)")
     defaults = Settings(root=Path("ROOT"))
     for opt in OPTIONS:
-        default = _get(defaults, opt.field)
-        text = f"{opt.help} (default {_show(default)}; env {opt.env_var})".replace("%", "%%")
+        default = _value_text(defaults, opt)
+        text = f"{opt.help} (default {default}; env {opt.env_var})".replace("%", "%%")
         if opt.flag:
             parser.add_argument(f"--{opt.name}", action="store_const", const="true", help=text)
         elif opt.repeat:
@@ -192,13 +207,17 @@ def resolve(
     )
     table: dict[str, Any] = {}
     if config_path is not None:
+        named_by = "--config" if args.config else "RTENV_CONFIG"
         try:
             table = tomllib.loads(read(config_path))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"config file {config_path}: {exc}") from exc
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise ConfigError(f"config file {config_path}: {reason} (named by {named_by})") from exc
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {config_path}: not TOML: {exc}") from exc
         unknown = sorted(set(table) - {o.toml_key for o in OPTIONS})
         if unknown:
-            raise ConfigError(f"config file {config_path}: unknown settings {unknown}")
+            raise ConfigError(f"config file {config_path}: {_unknown_keys(unknown)}")
     settings = Settings(root=args.root, parent_pid=args.parent_pid)
     sources: dict[str, str] = {}
     for opt in OPTIONS:
@@ -213,6 +232,17 @@ def resolve(
         settings = _set(settings, opt.field, tuple(values) if opt.repeat else values)
         sources[opt.name] = source
     return settings, sources
+
+
+def _unknown_keys(keys: Sequence[str]) -> str:
+    """'unknown setting 'max_urls' (did you mean 'max_uris'?)', for each key."""
+    known = [o.toml_key for o in OPTIONS]
+    parts = []
+    for key in keys:
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        parts.append(f"unknown setting {quoted(key)}{hint}")
+    return "; ".join(parts) + "; `rtenv-agent config --help` lists every setting"
 
 
 def _raw(
@@ -240,7 +270,7 @@ def effective(settings: Settings, sources: Mapping[str, str]) -> str:
     """``rtenv-agent config``: one line per option, its value and its source."""
     lines = [f"{'root':<26} {settings.root}"]
     for opt in OPTIONS:
-        value = _show(_get(settings, opt.field))
+        value = _value_text(settings, opt)
         lines.append(f"{opt.name:<26} {value:<28} ({sources.get(opt.name, 'default')})")
     return "\n".join(lines)
 
@@ -259,6 +289,19 @@ def _set(settings: Any, path: str, value: Any) -> Any:
     return replace(settings, **{head: _set(getattr(settings, head), rest, value)})
 
 
+def _value_text(settings: Settings, opt: Option) -> str:
+    """An option's value as people read it: sizes in binary units, times in s, m or h, the
+    address an agent would really listen on."""
+    value = _get(settings, opt.field)
+    if opt.field == "address":
+        return settings.resolved_address()
+    if opt.unit == "bytes":
+        return exact_bytes(value)
+    if opt.unit == "seconds":
+        return human_duration(value)
+    return _show(value)
+
+
 def _show(value: Any) -> str:
     if isinstance(value, tuple):
         return ":".join(map(str, value)) or "(none)"
@@ -275,7 +318,7 @@ def markdown_table(options: Sequence[Option] = OPTIONS) -> str:
         "| --- | --- | --- | --- |",
     ]
     for o in options:
-        default = _show(_get(defaults, o.field)).replace(sys.executable, "the agent's python")
+        default = _value_text(defaults, o).replace(sys.executable, "the agent's python")
         lines.append(
             f"| `--{o.name}`, `{o.env_var}`, `{o.toml_key}` | {default} | {o.help} | "
             f"{o.at_limit or '-'} |"

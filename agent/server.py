@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 import time
 from enum import Enum
 from types import TracebackType
@@ -32,12 +33,18 @@ from agent.servicer import RuntimeEnvAgentServicer
 from agent.startup import (
     StartupError,
     check_address,
+    check_parent,
+    check_python,
+    check_root_dirs,
+    check_root_free,
     lock_root,
     move_aside,
     prepare_socket_path,
+    probe_address,
 )
 from agent.state_db import FILE_NAME, StateDB
 from agent.store import UriStore
+from agent.units import human_bytes
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -76,8 +83,13 @@ class Agent:
         self.state = AgentState.STARTING
         settings = self.settings
         try:
+            # What needs no root first: a refused start leaves the root untouched.
             address = check_address(settings.resolved_address(), settings.allow_remote)
             root = settings.root.resolve()
+            check_root_free(root)
+            probe_address(address)
+            if settings.py_executable != sys.executable:
+                await asyncio.to_thread(check_python, settings.py_executable)
             try:
                 root.mkdir(mode=0o755, parents=True, exist_ok=True)  # whatever the umask
                 self._lock_fd = lock_root(root)
@@ -85,6 +97,7 @@ class Agent:
                 raise StartupError(
                     f"cannot use {root} as the agent's root: {exc.strerror or exc}"
                 ) from exc
+            await asyncio.to_thread(check_root_dirs, root)
             started = time.monotonic()
             if settings.persist:
                 db_path = root / FILE_NAME
@@ -145,10 +158,10 @@ class Agent:
             raise
         self.state = AgentState.SERVING
         log.info(
-            "serving on %s (root %s, budget %d bytes, started in %.2fs)",
+            "serving on %s (root %s, budget %s, started in %.2fs)",
             self.address,
             root,
-            settings.cache_budget_bytes,
+            human_bytes(settings.cache_budget_bytes),
             time.monotonic() - started,
         )
 
@@ -227,7 +240,8 @@ class Agent:
 
 
 async def serve(settings: Settings) -> int:
-    """Run the agent until SIGTERM/SIGINT or the parent's death; return the exit code."""
+    """Run the agent until SIGTERM, SIGINT or SIGHUP (each a graceful stop) or the parent's
+    death; return the exit code."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
 
@@ -237,10 +251,13 @@ async def serve(settings: Settings) -> int:
             os._exit(1)
         stop.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, on_signal)
+    if settings.parent_pid is not None:
+        check_parent(settings.parent_pid)
     agent = Agent(settings)
     await agent.start()
+    log.info("event loop: %s", describe_loop(loop))
     print(f"rtenv-agent serving on {agent.address}", flush=True)
     watcher = None
     if settings.parent_pid is not None:
@@ -253,11 +270,20 @@ async def serve(settings: Settings) -> int:
     return 0
 
 
+def describe_loop(loop: asyncio.AbstractEventLoop) -> str:
+    """'uvloop 0.21.0', or 'asyncio' and how to get uvloop."""
+    module = type(loop).__module__
+    if module.startswith("uvloop"):
+        version = getattr(sys.modules.get("uvloop"), "__version__", "")
+        return f"uvloop {version}".strip()
+    return "asyncio (uvloop not in use; pip install uvloop for less overhead per RPC)"
+
+
 async def _watch_parent(pid: int, stop: asyncio.Event) -> None:
     """Set ``stop`` when process ``pid`` exits (fate sharing)."""
     try:
         fd = os.pidfd_open(pid)
-    except ProcessLookupError:
+    except ProcessLookupError:  # gone since check_parent
         log.error("parent %d is already gone; shutting down", pid)
         stop.set()
         return

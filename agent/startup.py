@@ -1,24 +1,43 @@
-"""Start-up checks and preparations of the agent's process: its address, its socket's folder,
-the lock that makes it the only agent of its root, and --reset-state. Each refusal is a
-StartupError naming what is wrong and what to do."""
+"""Start-up checks and preparations of the agent's process: its address (well formed, free),
+its parent and its python (alive, running), its socket's folder, the lock that makes it the only
+agent of its root, the root's folders (writable), and --reset-state. Each refusal is a
+StartupError naming what is wrong and what to do; the checks that need no root come first, so a
+refused start leaves the root untouched."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import ipaddress
 import logging
 import os
+import re
+import shutil
 import socket
+import subprocess
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import grpc
 
 from agent.errors import AgentError
+from agent.units import quoted
 
 log = logging.getLogger(__name__)
 
 MAX_UNIX_PATH_BYTES = 107  # sun_path is 108 bytes with the terminating NUL
+ACCEPTED_ADDRESSES = (
+    "unix:PATH, HOST:PORT or [IPv6]:PORT, such as unix:/run/rtenv/agent.sock, 127.0.0.1:50051 "
+    "or [::1]:50051"
+)
+ROOT_DIRS = ("uris", "tmp", "trash")
+_LOCK_TRIES, _LOCK_RETRY_S = 5, 0.02  # check_root_free holds a shared lock for microseconds
+PYTHON_CHECK_S = 30.0  # a python that has not answered by then does not run
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
+_HOST_NAME = re.compile(rf"{_LABEL}(\.{_LABEL})*")
 
 
 class StartupError(AgentError):
@@ -42,16 +61,169 @@ def check_address(address: str, allow_remote: bool) -> str:
                 f"{MAX_UNIX_PATH_BYTES} (AF_UNIX sun_path); choose a shorter --root or --address"
             )
         return f"unix:{os.path.abspath(path)}"
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise StartupError(f"address {address!r} is neither unix:PATH nor HOST:PORT")
-    bare = host.strip("[]")
+    bare = split_host_port(address)[0]
     if not allow_remote and not _is_loopback(bare):
         raise StartupError(
-            f"address {address!r} is not a loopback address; pass --allow-remote to listen "
+            f"address {quoted(address)} is not a loopback address; pass --allow-remote to listen "
             "beyond this node"
         )
     return address
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """(host without brackets, port) of a well-formed HOST:PORT; else a StartupError saying what
+    is malformed and showing the accepted forms."""
+    host, sep, port = address.rpartition(":")
+    problem = ""
+    if "://" in address:
+        problem = f"{address.split('://')[0]}:// is not a scheme the agent takes"
+    elif not sep or not host:
+        problem = "it is neither unix:PATH nor HOST:PORT"
+    elif not port.isdigit() or int(port) > 65535:
+        problem = f"the port {quoted(port)} is not a number from 0 to 65535"
+    elif host.startswith("["):
+        if not host.endswith("]") or not _is_ipv6(host[1:-1]):
+            problem = f"{quoted(host)} is not an IPv6 address in brackets"
+    elif ":" in host:
+        problem = "an IPv6 address must be written in brackets, as [::1]:50051"
+    elif not _HOST_NAME.fullmatch(host):
+        problem = f"{quoted(host)} is not a host name or IP address"
+    if problem:
+        raise StartupError(
+            f"address {quoted(address)} is malformed: {problem}; use {ACCEPTED_ADDRESSES}"
+        )
+    return host.strip("[]"), int(port)
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        return ipaddress.ip_address(text).version == 6
+    except ValueError:
+        return False
+
+
+def probe_address(address: str) -> None:
+    """Before the root is touched: refuse an address another process listens on (a checked
+    address: unix:ABSPATH or HOST:PORT). The bind itself may still lose a race; it is checked
+    again then."""
+    if address.startswith("unix:"):
+        path = Path(address.removeprefix("unix:"))
+        if path.is_socket() and _unix_listener(path):
+            raise StartupError(
+                f"unix socket {path} is in use by another process; choose another --address"
+            )
+        if path.exists() and not path.is_socket():
+            raise StartupError(f"{path} exists and is not a socket; choose another --address")
+        return
+    host, port = split_host_port(address)
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise StartupError(f"cannot resolve {quoted(host)} of --address: {exc.strerror}") from exc
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                hint = (
+                    "another process listens there; choose another port (0 picks a free one)"
+                    if exc.errno == errno.EADDRINUSE
+                    else "choose another --address"
+                )
+                raise StartupError(f"cannot listen on {address}: {exc.strerror}; {hint}") from exc
+
+
+def _unix_listener(path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False  # nobody listens: stale
+    except OSError:
+        return True  # unknown (say, not ours to connect to): never taken over
+    finally:
+        probe.close()
+    return True
+
+
+def check_parent(pid: int) -> None:
+    """--parent-pid must name a live process: an agent whose parent is already gone would serve
+    nobody (and exit at once)."""
+    if pid <= 0:
+        raise StartupError(f"--parent-pid {pid} is not a process id")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        raise StartupError(
+            f"--parent-pid {pid}: no such process (it has already exited); start the agent "
+            "from a live parent, or without --parent-pid"
+        ) from None
+    except PermissionError:
+        pass  # alive, another user's
+
+
+def check_python(python: str) -> None:
+    """The python workers start with must exist and run Python 3 (blocking: call in a thread)."""
+    setting = f"python {quoted(python)} (the --python setting)"
+    if shutil.which(python) is None:
+        raise StartupError(
+            f"{setting} does not exist or is not executable; name a Python 3 interpreter"
+        )
+    try:
+        ran = subprocess.run(
+            [python, "-c", "import sys; print(sys.version_info[0])"],
+            stdin=subprocess.DEVNULL, capture_output=True, timeout=PYTHON_CHECK_S, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise StartupError(f"{setting} did not answer within {PYTHON_CHECK_S:g}s") from None
+    except OSError as exc:
+        raise StartupError(f"{setting} does not run: {exc.strerror or exc}") from exc
+    if ran.returncode != 0 or ran.stdout.strip() != b"3":
+        said = (ran.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        raise StartupError(
+            f"{setting} does not run as Python 3 (exit {ran.returncode}: {quoted(said)})"
+        )
+
+
+def check_root_dirs(root: Path) -> None:
+    """Make uris/, tmp/ and trash/ and prove the agent can use them as an install does: make a
+    folder in tmp/, write in it, rename it into uris/, then into trash/, remove it. A failure
+    names the folder and the operation (blocking: call in a thread)."""
+    for sub in ROOT_DIRS:
+        path = root / sub
+        if path.is_symlink() and not path.exists():
+            _refuse_root_dir(path, f"it is a symlink to {os.readlink(path)}, which does not exist")
+        if path.exists() and not path.is_dir():
+            _refuse_root_dir(path, "it exists and is not a folder")
+        _root_step(path, "make the folder", path.mkdir, 0o755, False, True)
+    name = f".probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staged, installed, trashed = (root / sub / name for sub in ("tmp", "uris", "trash"))
+    try:
+        _root_step(root / "tmp", "make a folder in it", staged.mkdir)
+        _root_step(root / "tmp", "write a file in it", (staged / "probe").write_bytes, b"probe")
+        _root_step(root / "uris", "rename a folder from tmp/ into it", staged.rename, installed)
+        _root_step(root / "trash", "rename a folder from uris/ into it", installed.rename, trashed)
+        _root_step(root / "trash", "remove a folder in it", shutil.rmtree, trashed)
+    finally:
+        for leftover in (staged, installed, trashed):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _root_step(folder: Path, what: str, step: Callable[..., object], *args: object) -> None:
+    try:
+        step(*args)
+    except OSError as exc:
+        _refuse_root_dir(folder, f"cannot {what}: {exc.strerror or exc}", exc)
+
+
+def _refuse_root_dir(folder: Path, why: str, cause: OSError | None = None) -> NoReturn:
+    raise StartupError(
+        f"{folder} is not usable by the agent: {why}; fix its ownership, permissions or mount, "
+        "or choose another --root"
+    ) from cause
 
 
 def move_aside(db_path: Path) -> None:
@@ -84,17 +256,11 @@ def prepare_socket_path(address: str) -> Path:
             "socket; choose a folder only the agent's user may write to"
         )
     if path.is_socket():
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            path.unlink(missing_ok=True)  # nobody listens: stale
-        else:
+        if _unix_listener(path):
             raise StartupError(
                 f"unix socket {path} is in use by another process; choose another --address"
             )
-        finally:
-            probe.close()
+        path.unlink(missing_ok=True)  # nobody listens: stale
     elif path.exists():
         raise StartupError(f"{path} exists and is not a socket; choose another --address")
     return path
@@ -109,17 +275,40 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def check_root_free(root: Path) -> None:
+    """Before anything is made: refuse a root another agent serves (its lock is held), without
+    creating the lock file."""
+    try:
+        fd = os.open(root / "agent.lock", os.O_RDONLY)
+    except OSError:
+        return  # no lock file (or no root yet): lock_root decides
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        raise _held(fd, root) from exc
+    finally:
+        os.close(fd)  # and with it the shared lock
+
+
 def lock_root(root: Path) -> int:
     """Hold an exclusive lock on the root for the agent's lifetime: one agent per root."""
     fd = os.open(root / "agent.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as exc:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise StartupError(
-            f"another agent (pid {holder}) is serving root {root}; one agent per root"
-        ) from exc
+    for attempt in range(_LOCK_TRIES):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError as exc:
+            if attempt + 1 < _LOCK_TRIES:  # outlast another starter's check_root_free
+                time.sleep(_LOCK_RETRY_S)
+                continue
+            error = _held(fd, root)
+            os.close(fd)
+            raise error from exc
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     return fd
+
+
+def _held(fd: int, root: Path) -> StartupError:
+    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+    return StartupError(f"another agent (pid {holder}) is serving root {root}; one agent per root")

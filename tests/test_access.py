@@ -103,6 +103,26 @@ async def test_health_check_needs_no_token_and_reflection_does(base: Path) -> No
         assert "rtenv.v1.RuntimeEnvAgent" in names
 
 
+@pytest.mark.parametrize(
+    ("metadata", "says"),
+    [
+        ((), "the call carried none"),
+        (bearer("wrong"), "the call's token is not this agent's"),
+        ((("authorization", TOKEN),), "the call's token is not this agent's"),
+    ],
+    ids=["missing", "wrong", "no-bearer"],
+)
+async def test_a_missing_token_and_a_wrong_token_are_told_apart(
+    base: Path, metadata: tuple[tuple[str, str], ...], says: str
+) -> None:
+    (base / "token").write_text(TOKEN + "\n")
+    async with running_agent(token_file=str(base / "token")) as a:
+        call = a.stub.GetRuntimeEnvsInfo(
+            agent_pb2.GetRuntimeEnvsInfoRequest(), timeout=10, metadata=metadata
+        )
+        await refused_rpc(call, UNAUTHENTICATED, says, "authorization: Bearer <token>")
+
+
 async def test_info_command_sends_the_token_from_its_token_file(base: Path) -> None:
     (base / "token").write_text(TOKEN + "\n")
     async with running_agent(token_file=str(base / "token"), cache_budget_bytes=12345) as a:
@@ -111,11 +131,12 @@ async def test_info_command_sends_the_token_from_its_token_file(base: Path) -> N
             "info", "--address", address, "--token-file", str(base / "token")
         )
         assert code == 0, err
-        assert "of budget 12345 B" in out
+        assert "of budget 12.1 KiB" in out
         code, out, err = await run_cli("info", "--address", address, "--timeout", "5")
         assert code == 1, out
-        assert "UNAUTHENTICATED: this agent wants a token" in err, err
+        assert "UNAUTHENTICATED: this agent wants a token and the call carried none" in err, err
         assert "authorization: Bearer <token>" in err, err
+        assert err.rstrip().endswith("(info: pass --token-file FILE)"), err
 
 
 @pytest.mark.parametrize(("content", "words"), [("", "is empty"), (None, "cannot read")])

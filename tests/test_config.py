@@ -166,7 +166,7 @@ def test_rtenv_config_names_the_file_when_config_is_absent_and_config_flag_wins(
         (("--cache-budget", "lots"), {}, None, ["cache-budget from --cache-budget", "'lots'"]),
         ((), {"RTENV_MAX_URIS": "0"}, None, ["max-uris from RTENV_MAX_URIS", "above 0"]),
         ((), {}, 'cache_budget = "lots"\n', ["cache-budget from /etc/rtenv.toml"]),
-        ((), {}, "cache_budgets = 1\n", ["/etc/rtenv.toml", "unknown settings ['cache_budgets']"]),
+        ((), {}, "cache_budgets = 1\n", ["/etc/rtenv.toml", "unknown setting 'cache_budgets'"]),
         ((), {}, "cache_budget = \n", ["config file /etc/rtenv.toml:"]),
         (("--min-free-disk", "150%"), {}, None, ["min-free-disk from --min-free-disk"]),
         ((), {"RTENV_STATE_DB": "maybe"}, None, ["state-db from RTENV_STATE_DB", "boolean"]),
@@ -185,12 +185,14 @@ def test_bad_value_is_a_config_error_naming_the_setting_and_its_source(
 # -- the command line ------------------------------------------------------------------------
 
 
-def run_agent(*argv: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_agent(
+    *argv: str, env: Mapping[str, str] | None = None, python: str = sys.executable
+) -> subprocess.CompletedProcess[str]:
     """``python -m agent ARGV`` to its end (bounded), with no RTENV_ variable but ``env``'s."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("RTENV_")}
     environ.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "agent", *argv],
+        [python, "-m", "agent", *argv],
         cwd=REPO, env=environ, capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
     )  # fmt: skip
 
@@ -216,12 +218,12 @@ def test_config_command_prints_each_effective_value_with_its_source(tmp_path: Pa
     assert result.stdout.splitlines()[0].split() == ["root", str(tmp_path / "root")]
     rows = effective_lines(result.stdout)
     assert set(rows) == set(BY_NAME)
-    assert rows["cache-budget"] == (str(1024**2), "--cache-budget")
+    assert rows["cache-budget"] == ("1.0 MiB", "--cache-budget")
     assert rows["max-uris"] == ("8", "RTENV_MAX_URIS")
     assert rows["download-attempts"] == ("2", "RTENV_DOWNLOAD_ATTEMPTS")
     assert rows["log-format"] == ("json", str(config))
     assert rows["max-archive-entries"] == ("100000", "default")
-    assert rows["min-free-disk"] == ("auto (min of 1073741824 B and 5%)", "default")
+    assert rows["min-free-disk"] == ("auto (min of 1.0 GiB and 5%)", "default")
 
 
 @pytest.mark.parametrize(
@@ -229,7 +231,7 @@ def test_config_command_prints_each_effective_value_with_its_source(tmp_path: Pa
     [
         (("--cache-budget", "lots"), {}, "", ["cache-budget from --cache-budget", "'lots'"]),
         ((), {"RTENV_MAX_URIS": "-1"}, "", ["max-uris from RTENV_MAX_URIS"]),
-        ((), {}, "max_urls = 3\n", ["unknown settings ['max_urls']", "agent.toml"]),
+        ((), {}, "max_urls = 3\n", ["unknown setting 'max_urls'", "agent.toml"]),
         ((), {}, "max_uris = [\n", ["config file", "agent.toml"]),
         ((), {}, 'max_setup_timeout = "soon"\n', ["max-setup-timeout from", "agent.toml"]),
     ],
@@ -270,11 +272,23 @@ def test_bad_log_level_or_format_exits_2_naming_the_setting_and_its_source(
     assert "Traceback" not in result.stderr
 
 
-def test_serve_help_documents_every_option_with_its_default_and_env_var() -> None:
-    result = run_agent("serve", "--help")
+def test_serve_help_documents_every_option_with_its_default_and_env_var(base: Path) -> None:
+    """Whatever the checkout's path: here the python runs from a path full of hyphens (as in a
+    clone under ``two-cmd-x1/p``), whose default --python argparse used to cut at a hyphen."""
+    hyphens = base / "two-cmd-x1" / "p"
+    hyphens.mkdir(parents=True)
+    (hyphens / "a-long-venv-name-with-hyphens").symlink_to(sys.prefix)
+    python = (
+        hyphens / "a-long-venv-name-with-hyphens" / Path(sys.executable).relative_to(sys.prefix)
+    )
+    narrow = {"COLUMNS": "60"}
+    result = run_agent("serve", "--help", env=narrow, python=str(python))
     assert result.returncode == 0, result.stderr[-2000:]
+    assert str(python) in result.stdout, "the python's path was cut where it has a hyphen"
     text = " ".join(result.stdout.split())
-    defaults = effective_lines(run_agent("config", "--root", "ROOT").stdout)
+    config = run_agent("config", "--root", "ROOT", env=narrow, python=str(python))
+    defaults = effective_lines(config.stdout)
+    assert defaults["python"][0] == str(python)
     for opt in OPTIONS:
         assert f"--{opt.name}" in text, opt.name
         default = defaults[opt.name][0]

@@ -162,8 +162,8 @@ async def test_serves_on_a_0600_socket_in_the_root_is_healthy_and_info_prints_th
         code, out, err = await run_cli("info", "--address", agent.address)
         assert code == 0, err
         assert re.search(r"^ENV ID\s+REFS\s+STATE\s+URIS$", out, re.M), out
-        assert re.search(r"^KIND\s+REFS\s+STATE\s+BYTES\s+URI$", out, re.M), out
-        assert "envs 0, cache:" in out
+        assert re.search(r"^KIND\s+REFS\s+STATE\s+SIZE\s+URI$", out, re.M), out
+        assert "0 envs, cache:" in out
 
         async with grpc.aio.insecure_channel(agent.address) as channel:
             stub = agent_pb2_grpc.RuntimeEnvAgentStub(channel)  # type: ignore[no-untyped-call]
@@ -176,8 +176,9 @@ async def test_serves_on_a_0600_socket_in_the_root_is_healthy_and_info_prints_th
         assert code == 0, err
         uri = re.escape(f"file://{package}")
         assert re.search(rf"^{env_id}\s+1\s+ready\s+working_dir:{uri}$", out, re.M), out
-        assert re.search(rf"^working_dir\s+1\s+ready\s+\d+\s+{uri}$", out, re.M), out
-        assert "envs 1, cache:" in out
+        assert re.search(rf"^working_dir\s+1\s+ready\s+\d+ B\s+{uri}$", out, re.M), out
+        assert "1 env, cache:" in out, "a count of one is singular"
+        assert "1 download, 0 hits" in out, out
 
 
 async def test_sigterm_makes_it_exit_0_promptly_and_log_that_it_stopped(base: Path) -> None:
@@ -209,14 +210,16 @@ async def test_exits_on_its_own_when_its_parent_pid_dies(base: Path) -> None:
         await stop(parent)
 
 
-async def test_exits_at_once_when_its_parent_pid_is_already_gone(base: Path) -> None:
+async def test_parent_pid_already_gone_exits_2_before_serving_and_touches_no_root(
+    base: Path,
+) -> None:
     gone = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
     assert await asyncio.wait_for(gone.wait(), START_S) == 0
     args = ("--root", str(base / "root"), "--parent-pid", str(gone.pid))
-    async with serving(base / "agent.log", *args) as agent:
-        code = await asyncio.wait_for(agent.proc.wait(), STOP_S)
-        assert code == 0, agent.log_text()
-        assert f"parent {gone.pid} is already gone" in agent.log_text()
+    code, err = await refused(base / "refused.log", *args)
+    assert code == 2, err
+    assert f"--parent-pid {gone.pid}: no such process" in err, err
+    assert not (base / "root").exists()
 
 
 @pytest.mark.parametrize("via", ["root", "address"])
@@ -265,7 +268,7 @@ async def test_agent_on_another_root_cannot_take_over_a_live_socket_path(base: P
         assert str(base / "shared.sock") in err, err
         code, out, err = await run_cli("info", "--address", shared)
         assert code == 0, err
-        assert "of budget 1048576 B" in out, "the socket no longer leads to the first agent"
+        assert "of budget 1.0 MiB" in out, "the socket no longer leads to the first agent"
 
 
 async def test_root_that_is_a_regular_file_exits_2_with_a_message_naming_it(base: Path) -> None:

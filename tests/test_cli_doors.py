@@ -1,0 +1,284 @@
+"""Every door of ``rtenv-agent``, as a whole process: a mistake gets one line saying what is wrong
+and what to do (exit 2 for a usage error), never a traceback, and a refused start leaves the root
+untouched."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.startup import StartupError, check_root_free, lock_root
+from tests.test_process import (
+    REPO,
+    START_S,
+    STOP_S,
+    refused,
+    run_cli,
+    serving,
+    stop,
+    wait_health_serving,
+)
+
+ACCEPTED = "use unix:PATH, HOST:PORT or [IPv6]:PORT"
+
+
+def one_line(err: str) -> str:
+    """The whole of stderr, which must be a single line."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# -- info ------------------------------------------------------------------------------------
+
+
+async def test_info_on_a_socket_nobody_serves_fails_fast_saying_cannot_connect(base: Path) -> None:
+    """Within the 2 s connect wait, whatever --timeout allows the answer (60 s here)."""
+    address = f"unix:{base / 'nobody.sock'}"
+    started = time.monotonic()
+    code, out, err = await run_cli("info", "--address", address, "--timeout", "60")
+    elapsed = time.monotonic() - started
+    assert code == 1, out
+    line = one_line(err)
+    assert line.startswith(f"rtenv-agent info: cannot connect to {address} within 2s"), line
+    assert "(is the agent running?" in line
+    assert elapsed < 30, f"took {elapsed:.1f}s: it waited for the answer's timeout"
+
+
+async def test_info_root_is_a_shortcut_for_its_default_socket(base: Path) -> None:
+    root = base / "root"
+    async with serving(base / "agent.log", "--root", str(root), "--cache-budget", "3M") as agent:
+        await wait_health_serving(agent.address)
+        code, out, err = await run_cli("info", "--root", str(root))
+        assert code == 0, err
+        assert "of budget 3.0 MiB" in out, out
+        code, out, err = await run_cli("info", "--root", str(root), "--json")
+        assert code == 0, err
+        assert '"budget_bytes": "3145728"' in out, "JSON keeps exact bytes"
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (("--token-file", "/nonexistent/token"), "cannot read the token file /nonexistent/token"),
+        (("--timeout", "soon"), "'soon' is not a duration"),
+        (("--address", "tcp://127.0.0.1:1"), "is malformed"),
+    ],
+    ids=["token-file", "timeout", "address"],
+)
+async def test_info_usage_mistakes_exit_2_in_one_line(
+    base: Path, argv: tuple[str, ...], words: str
+) -> None:
+    if "--address" not in argv:
+        argv = ("--address", f"unix:{base / 'a.sock'}", *argv)
+    code, _, err = await run_cli("info", *argv)
+    assert code == 2, err
+    assert words in err, err
+    assert "Traceback" not in err
+
+
+async def test_version_and_help_show_no_markup() -> None:
+    code, out, err = await run_cli("--version")
+    assert code == 0, err
+    assert re.fullmatch(r"rtenv-agent \d+\.\d+\.\d+\S*\n", out), out
+    code, out, err = await run_cli("--help")
+    assert code == 0, err
+    assert "``" not in out, out
+    assert "--version" in out
+
+
+# -- serve: refused before the root is touched -----------------------------------------------
+
+
+async def test_port_in_use_is_one_line_and_the_root_is_never_made(base: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        address = f"127.0.0.1:{holder.getsockname()[1]}"
+        code, err = await refused(base / "refused.log", "--root", str(base / "root"),
+                                  "--address", address)  # fmt: skip
+    assert code == 2, err
+    line = one_line(err)
+    assert line.startswith(f"rtenv-agent: cannot listen on {address}: Address already in use")
+    assert "another process listens there; choose another port (0 picks a free one)" in line
+    assert not (base / "root").exists(), "the root was made (and state.db with it)"
+
+
+async def test_tcp_scheme_is_called_malformed_not_non_loopback(base: Path) -> None:
+    code, err = await refused(base / "refused.log", "--root", str(base / "root"),
+                              "--address", "tcp://127.0.0.1:5000")  # fmt: skip
+    assert code == 2, err
+    line = one_line(err)
+    assert "address 'tcp://127.0.0.1:5000' is malformed: tcp:// is not a scheme" in line
+    assert ACCEPTED in line
+    assert not (base / "root").exists()
+
+
+@pytest.mark.parametrize("kind", ["missing", "not-python"])
+async def test_python_that_does_not_exist_or_does_not_run_exits_2(base: Path, kind: str) -> None:
+    python = base / "bin" / "python-x"
+    if kind == "not-python":
+        python.parent.mkdir()
+        python.write_text("#!/bin/sh\necho 'not a python' >&2\nexit 3\n")
+        python.chmod(0o755)
+    root = base / "root"
+    code, err = await refused(base / "refused.log", "--root", str(root), "--python", str(python))
+    assert code == 2, err
+    line = one_line(err)
+    assert f"python '{python}' (the --python setting)" in line, line
+    if kind == "missing":
+        assert "does not exist or is not executable" in line, line
+    else:
+        assert "does not run as Python 3 (exit 3: 'not a python')" in line, line
+    assert not root.exists()
+
+
+# -- serve: the root's folders ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sub", "make", "reason"),
+    [
+        ("tmp", "file", "it exists and is not a folder"),
+        ("uris", "dangling-symlink", "it is a symlink to {base}/nowhere, which does not exist"),
+    ],
+)
+async def test_root_folder_that_cannot_be_a_folder_exits_2_naming_it(
+    base: Path, sub: str, make: str, reason: str
+) -> None:
+    """Works as any user, root included: no permission bit is involved."""
+    root = base / "root"
+    root.mkdir()
+    if make == "file":
+        (root / sub).write_text("")
+    else:
+        (root / sub).symlink_to(base / "nowhere")
+    code, err = await refused(base / "refused.log", "--root", str(root))
+    assert code == 2, err
+    line = one_line(err)
+    expected = reason.format(base=base)
+    assert f"{root / sub} is not usable by the agent: {expected}" in line, line
+    assert "choose another --root" in line
+
+
+def _can_mount_in_a_namespace(base: Path) -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    (base / "m").mkdir()
+    try:
+        probe = subprocess.run(
+            ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o ro tmpfs {base / 'm'}"],
+            capture_output=True, timeout=STOP_S, check=False,
+        )  # fmt: skip
+    finally:
+        (base / "m").rmdir()
+    return probe.returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("sub", "reason"),
+    [
+        ("tmp", "cannot make a folder in it: Read-only file system"),
+        ("uris", "cannot rename a folder from tmp/ into it: Invalid cross-device link"),
+    ],
+)
+async def test_read_only_root_folder_is_found_at_start_not_at_the_first_create(
+    base: Path, sub: str, reason: str
+) -> None:
+    """A read-only tmpfs over ROOT/SUB, mounted in a private mount namespace of the agent's own
+    (so it vanishes with it): unwritable for root too, which chmod would not be."""
+    if not _can_mount_in_a_namespace(base):
+        pytest.skip("needs unshare -m and mount (root, or user namespaces)")
+    root = base / "root"
+    (root / sub).mkdir(parents=True)
+    script = 'mount -t tmpfs -o ro tmpfs "$0" && exec "$@"'
+    log = base / "agent.log"
+    with log.open("wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            "unshare", "-m", "sh", "-c", script, str(root / sub),
+            sys.executable, "-m", "agent", "serve", "--root", str(root),
+            stdout=asyncio.subprocess.PIPE, stderr=err, cwd=REPO,
+        )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), START_S)
+        assert not line, f"it served: {line!r}"
+        code = await asyncio.wait_for(proc.wait(), STOP_S)
+    finally:
+        await stop(proc)
+    text = log.read_text(errors="replace")
+    assert code == 2, text
+    message = one_line(text)
+    assert f"{root / sub} is not usable by the agent: {reason}" in message, message
+    assert not [p.name for p in (root / "tmp").iterdir()], "the probe was left behind"
+
+
+# -- serve: signals and the start-up log -----------------------------------------------------
+
+
+async def test_sighup_stops_gracefully_as_sigterm_does(base: Path) -> None:
+    async with serving(base / "agent.log", "--root", str(base / "root")) as agent:
+        await wait_health_serving(agent.address)
+        agent.proc.send_signal(signal.SIGHUP)
+        code = await asyncio.wait_for(agent.proc.wait(), STOP_S)
+        log = agent.log_text()
+        assert code == 0, log
+        assert "shutting down" in log
+        assert re.search(r"INFO agent\.server: stopped$", log, re.M), log
+        assert not (base / "root" / "agent.sock").exists(), "no cleanup"
+
+
+async def test_start_up_log_says_the_event_loop_and_the_budget_in_binary_units(
+    base: Path,
+) -> None:
+    async with serving(base / "agent.log", "--root", str(base / "root")) as agent:
+        await wait_health_serving(agent.address)
+        log = agent.log_text()
+    assert re.search(r"INFO agent\.server: event loop: (uvloop \S+|asyncio \(uvloop not in use)",
+                     log), log  # fmt: skip
+    assert "budget 10.0 GiB," in log, log
+
+
+def test_no_process_is_left_behind() -> None:
+    """Every test above stops what it started by its PID (a guard for the suite's hygiene)."""
+    mine = os.getpid()
+    children = Path(f"/proc/{mine}/task/{mine}/children")
+    if children.exists():
+        assert children.read_text().split() == [], "a child process outlived its test"
+
+
+def test_root_checks_create_nothing_and_the_lock_outlasts_another_starters_check(
+    base: Path,
+) -> None:
+    """check_root_free makes no lock file; its brief shared lock never makes lock_root refuse."""
+    root = base / "root"
+    root.mkdir()
+    check_root_free(root)
+    assert list(root.iterdir()) == [], "the check made a file"
+    fd = lock_root(root)
+    try:
+        with pytest.raises(StartupError, match=rf"another agent \(pid {os.getpid()}\)"):
+            check_root_free(root)
+    finally:
+        os.close(fd)
+    probe = os.open(root / "agent.lock", os.O_RDONLY)
+    fcntl.flock(probe, fcntl.LOCK_SH)  # another starter, in the middle of its check
+    timer = threading.Timer(0.03, os.close, (probe,))
+    timer.start()
+    try:
+        os.close(lock_root(root))
+    finally:
+        timer.join(STOP_S)
