@@ -244,7 +244,10 @@ def _check_url(
     """The local path ``value`` names (a ``file:`` URL, ``vcs+file:`` when ``vcs``, or an
     absolute path when ``path``), checked against the roots; None when it is remote (http(s),
     or a VCS over http(s), ssh, git, svn when ``vcs``). Anything else is refused."""
-    parts = urllib.parse.urlsplit(value)
+    try:
+        parts = urllib.parse.urlsplit(value)
+    except ValueError as exc:  # such as an unclosed [ of an IPv6 host
+        raise InvalidRuntimeEnv(f"{where} {_shown(value)} is not a valid URL: {exc}") from exc
     scheme = parts.scheme.lower()
     base, plus, transport = scheme.partition("+")
     if vcs and plus and base in _VCS:
@@ -254,7 +257,8 @@ def _check_url(
             raise InvalidRuntimeEnv(
                 f"{where} {_shown(value)}: a VCS URL must use http(s), ssh, git, svn or file"
             )
-        local = _file_url_path(parts, value, where).rsplit("@", 1)[0]  # pip drops an @revision
+        # pip cuts an @revision off the path before it decodes it: so must this check
+        local = _file_url_path(parts._replace(path=parts.path.rsplit("@", 1)[0]), value, where)
     elif scheme in _REMOTE:
         return None
     elif scheme == "file":
@@ -281,8 +285,10 @@ def _file_url_path(parts: urllib.parse.SplitResult, value: str, where: str) -> s
     if parts.netloc not in ("", "localhost"):
         raise InvalidRuntimeEnv(f"{where} {_shown(value)}: a file: URL must name no host")
     path = urllib.request.url2pathname(parts.path)
-    if not os.path.isabs(path):
-        raise InvalidRuntimeEnv(f"{where} {_shown(value)}: a file: URL must be absolute")
+    if not os.path.isabs(path) or "\x00" in path:
+        raise InvalidRuntimeEnv(
+            f"{where} {_shown(value)}: a file: URL must be absolute, and decode to no NUL"
+        )
     return path
 
 

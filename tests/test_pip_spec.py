@@ -223,6 +223,8 @@ OUTSIDE_ROOTS = [
     {"packages": ["a @ file:///srv/allowed/../elsewhere/a.whl ; os_name == 'posix'"]},
     {"packages": ["a @ git+file:///srv/elsewhere/repo"]},
     {"packages": ["a @ git+file:///srv/elsewhere/repo@/srv/allowed"]},
+    # pip cuts the revision at the last literal @ and then decodes: it clones /srv here
+    {"packages": ["a @ git+file:///srv/allowed/..@x%40y"]},
     with_options("--find-links", "/srv/elsewhere"),
     with_options("--find-links=file:///srv/elsewhere"),
     with_options("-f", "/srv/allowed-not"),
@@ -270,6 +272,9 @@ NEVER = [
     {"packages": ["/abs/pkg.whl"]},
     {"packages": ["file:///abs/pkg.whl"]},
     {"packages": ["git+file:///repo"]},
+    {"packages": ["a @ file:///srv/allowed/a%00.whl"]},
+    {"packages": ["a @ http://[::1/a.whl"]},
+    with_options("-f", "http://[::1"),
 ]
 
 
