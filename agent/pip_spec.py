@@ -1,4 +1,5 @@
-"""The ``pip`` field: a dependency set, normalised and named by its content. Pure.
+"""The ``pip`` field: a dependency set, normalised and named by its content. Pure but for
+``realpath`` and ``isdir`` of the local paths it names.
 
 Ray's two forms are accepted: a list of requirement strings, or
 ``{"packages": [...], "pip_install_options": [...]}``. Requirement names are normalised as PEP 503
@@ -6,8 +7,16 @@ says (lowercase, runs of ``-_.`` become ``-``), whitespace is dropped, and the l
 de-duplicated; the set, the options, the Python version and the platform are hashed into
 ``pip://<hash>``, so the same set written in another order or spelling is the same venv.
 
-Options that would make pip write outside the venv (``--target``, ``--prefix``, ``--user``,
-``--root``), and editable installs of paths outside the allowed file roots, are refused up front.
+Every place pip would read packages from is checked up front: a direct reference
+(``name @ file:///x.whl``, ``name @ git+file:///repo``), ``--find-links``, ``--index-url``,
+``--extra-index-url`` and ``--editable``. A local one must be an absolute path or a ``file:``
+URL; with allowed file roots set it must lie inside one (links resolved: PERMISSION_DENIED
+otherwise), a ``--find-links`` must then be a folder (an HTML page's links lead anywhere) and a
+local index is refused (its pages, likewise). Options that make pip read a file of requirements
+(``-r``, ``-c``, which may name further files, and whose lines pip quotes in its errors), pass
+arguments to a build backend (``--config-settings``) or write outside the venv are refused by
+name; only the options of ``_ALLOWED`` pass. Requirement strings are PEP 508, so never a bare
+path; their markers compare the interpreter's properties and name no file.
 """
 
 from __future__ import annotations
@@ -17,13 +26,15 @@ import json
 import os
 import platform
 import sys
+import urllib.parse
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from agent.errors import InvalidRuntimeEnv
+from agent.errors import InvalidRuntimeEnv, PermissionDenied
 
 # pip install options allowed in an env, by their full spelling only (pip would also take any
 # unambiguous prefix, such as --targ for --target: an allow-list of whole names refuses those),
@@ -34,15 +45,36 @@ _ALLOWED: dict[str, bool] = {
     "--no-deps": False, "--only-binary": True, "--no-binary": True, "--prefer-binary": False,
     "--no-build-isolation": False, "--use-pep517": False, "--no-use-pep517": False,
     "--upgrade": False, "-U": False, "--upgrade-strategy": True, "--force-reinstall": False,
-    "--ignore-installed": False, "-I": False, "--require-hashes": False, "--constraint": True,
-    "-c": True, "--config-settings": True, "-C": True, "--no-cache-dir": False,
-    "--no-compile": False, "--compile": False, "--timeout": True, "--retries": True,
-    "--progress-bar": True, "--quiet": False, "-q": False, "--verbose": False, "-v": False,
-    "--no-warn-script-location": False, "--editable": True, "-e": True,
+    "--ignore-installed": False, "-I": False, "--require-hashes": False,
+    "--no-cache-dir": False, "--no-compile": False, "--compile": False, "--timeout": True,
+    "--retries": True, "--progress-bar": True, "--quiet": False, "-q": False,
+    "--verbose": False, "-v": False, "--no-warn-script-location": False, "--editable": True,
+    "-e": True,
 }  # fmt: skip
+# Refused by name, each with why: a refusal says what to do instead.
+_FILE_LIST = "list the requirements in pip.packages instead"
+_WRITES = "writes outside the env's venv"
+_REFUSED: dict[str, str] = {
+    "-r": f"reads a requirements file (which may name further files); {_FILE_LIST}",
+    "--requirement": f"reads a requirements file (which may name further files); {_FILE_LIST}",
+    "-c": f"reads a constraints file (which may name further files); {_FILE_LIST}",
+    "--constraint": f"reads a constraints file (which may name further files); {_FILE_LIST}",
+    "-C": "passes arguments to a package's build backend, which may take them as paths",
+    "--config-settings": "passes arguments to a package's build backend, which may take them "
+    "as paths",
+    "-t": _WRITES, "--target": _WRITES, "--prefix": _WRITES, "--root": _WRITES,
+    "--user": _WRITES, "--src": _WRITES, "--cache-dir": _WRITES, "--log": _WRITES,
+    "--report": _WRITES, "--build": _WRITES, "-b": _WRITES,
+}  # fmt: skip
+_FIND_LINKS = ("-f", "--find-links")
+_INDEXES = ("-i", "--index-url", "--extra-index-url")
 _EDITABLE = ("-e", "--editable")
+_REMOTE = frozenset({"http", "https"})
+_VCS = frozenset({"git", "hg", "svn", "bzr"})
+_VCS_REMOTE = frozenset({"http", "https", "ssh", "git", "svn"})
 MAX_REQUIREMENTS = 512
 _MAX_ITEM_CHARS = 4096
+_SHOWN_CHARS = 80
 
 
 @dataclass(frozen=True)
@@ -70,17 +102,32 @@ class PipSpec:
         return {"packages": list(self.packages), "pip_install_options": list(self.options)}
 
 
+def _shown(text: str) -> str:
+    """Client input echoed in a message: quoted, and cut to a bounded length."""
+    if len(text) <= _SHOWN_CHARS:
+        return repr(text)
+    return f"{text[:_SHOWN_CHARS]!r}... ({len(text)} characters)"
+
+
 def normalize_requirement(text: str, field: str) -> str:
     """One requirement in a canonical spelling (PEP 508 parsed by ``packaging``): the name per
     PEP 503, extras sorted, the specifier set and marker as packaging prints them. Whitespace
     inside a marker's quoted values is meaning, and is kept."""
+    return _canonical(_requirement(text, field))
+
+
+def _requirement(text: str, field: str) -> Requirement:
     try:
-        req = Requirement(text)
+        return Requirement(text)
     except InvalidRequirement as exc:
+        reason = (str(exc).splitlines() or [""])[0][:200]
         raise InvalidRuntimeEnv(
-            f"{field} {text!r} is not a requirement (a name, optionally with extras, a version "
-            f"specifier or a marker, such as 'requests>=2.31'): {exc}"
+            f"{field} {_shown(text)} is not a requirement (a name, optionally with extras, a "
+            f"version specifier or a marker, such as 'requests>=2.31'): {reason}"
         ) from exc
+
+
+def _canonical(req: Requirement) -> str:
     out: str = canonicalize_name(req.name)
     if req.extras:
         out += "[" + ",".join(sorted(canonicalize_name(e) for e in req.extras)) + "]"
@@ -89,7 +136,7 @@ def normalize_requirement(text: str, field: str) -> str:
     else:
         out += str(req.specifier)
     if req.marker is not None:
-        out += f"; {req.marker}"
+        out += f" ; {req.marker}" if req.url else f"; {req.marker}"  # a URL ends at a space
     return out
 
 
@@ -103,7 +150,8 @@ def parse_pip(value: object, *, file_roots: Sequence[str] = ()) -> PipSpec | Non
         unknown = sorted(set(value) - {"packages", "pip_install_options"})
         if unknown:
             raise InvalidRuntimeEnv(
-                f"unknown pip field(s) {unknown}; supported: packages, pip_install_options"
+                f"unknown pip field(s) {[_shown(str(k)) for k in unknown[:5]]}; supported: "
+                "packages, pip_install_options"
             )
         packages = value.get("packages", [])
         options = value.get("pip_install_options", [])
@@ -118,51 +166,132 @@ def parse_pip(value: object, *, file_roots: Sequence[str] = ()) -> PipSpec | Non
             )
         for item in items:
             if len(item) > _MAX_ITEM_CHARS or "\x00" in item or "\n" in item:
-                raise InvalidRuntimeEnv(f"{field}: {item[:60]!r}... is not a valid item")
-    _check_options(options, file_roots)
-    normalised = sorted(
-        {normalize_requirement(p, f"pip.packages[{i}]") for i, p in enumerate(packages)}
-    )
+                raise InvalidRuntimeEnv(
+                    f"{field}: {_shown(item)} is not a valid item (at most {_MAX_ITEM_CHARS} "
+                    "characters, no NUL, no newline)"
+                )
+    roots = tuple(os.path.realpath(r) for r in file_roots)
+    _check_options(options, roots)
+    normalised = set()
+    for i, text in enumerate(packages):
+        field = f"pip.packages[{i}]"
+        requirement = _requirement(text, field)
+        if requirement.url:
+            _check_url(requirement.url, field, roots, vcs=True, path=False)
+        normalised.add(_canonical(requirement))
     if not normalised:
         return None
     return PipSpec(
-        packages=tuple(normalised),
+        packages=tuple(sorted(normalised)),
         options=tuple(options),
         python=f"{sys.version_info.major}.{sys.version_info.minor}",
         platform=f"{sys.platform}-{platform.machine()}",
     )
 
 
-def _check_options(options: Sequence[str], file_roots: Sequence[str]) -> None:
-    """Every option must be on the allow-list, spelled in full; editable installs only of
-    paths inside the allowed file roots."""
+def _check_options(options: Sequence[str], roots: tuple[str, ...]) -> None:
+    """Every option must be on the allow-list, spelled in full; each place it names to read
+    packages from must be allowed."""
+    field = "pip.pip_install_options"
     i = 0
     while i < len(options):
         option = options[i]
         flag, eq, attached = option.partition("=")
         takes_value = _ALLOWED.get(flag)
+        if flag in _REFUSED:
+            raise InvalidRuntimeEnv(f"{field}: {_shown(option)} is refused: {_REFUSED[flag]}")
         if takes_value is None or (eq and (not takes_value or not flag.startswith("--"))):
             raise InvalidRuntimeEnv(
-                f"pip.pip_install_options: {option!r} is not an option an env may pass (options "
-                "that write outside the env's venv, such as --target, --prefix, --user, --root, "
-                "are refused; so are abbreviations and short options run together)"
+                f"{field}: {_shown(option)} is not an option an env may pass (options that "
+                "write outside the env's venv, such as --target, --prefix, --user, --root, or "
+                "read files of requirements, such as -r, -c, are refused; so are abbreviations "
+                "and short options run together)"
             )
         value = attached
         if takes_value and not eq:
             if i + 1 >= len(options):
-                raise InvalidRuntimeEnv(f"pip.pip_install_options: {option!r} needs a value")
+                raise InvalidRuntimeEnv(f"{field}: {_shown(option)} needs a value")
             i += 1
             value = options[i]
-        if flag in _EDITABLE:
-            _check_editable(value, file_roots)
+        where = f"{field}: {flag}"
+        if flag in _FIND_LINKS:
+            path = _check_url(value, where, roots, vcs=False)
+            if path is not None and roots and not os.path.isdir(os.path.realpath(path)):
+                raise InvalidRuntimeEnv(
+                    f"{where} {_shown(value)} is not a folder: with allow-file-root set, a "
+                    "local --find-links must be a folder of archives (pip would follow an HTML "
+                    "page's links wherever they lead)"
+                )
+        elif flag in _INDEXES:
+            path = _check_url(value, where, roots, vcs=False)
+            if path is not None and roots:
+                raise PermissionDenied(
+                    f"{where} {_shown(value)} is a local index, refused with allow-file-root "
+                    "set (its pages may link anywhere); name a folder of archives inside the "
+                    "allowed roots with --find-links instead"
+                )
+        elif flag in _EDITABLE and _check_url(value, where, roots, vcs=True) and not roots:
+            raise PermissionDenied(
+                f"{where} {_shown(value)}: an editable install of a local path needs the "
+                "allow-file-root setting, and the path inside one of its folders"
+            )
         i += 1
 
 
-def _check_editable(target: str, file_roots: Sequence[str]) -> None:
-    real = os.path.realpath(target.removeprefix("file://"))
-    roots = [os.path.realpath(r) for r in file_roots]
-    if not any(real == r or real.startswith(r + os.sep) for r in roots):
+def _check_url(
+    value: str, where: str, roots: tuple[str, ...], *, vcs: bool, path: bool = True
+) -> str | None:
+    """The local path ``value`` names (a ``file:`` URL, ``vcs+file:`` when ``vcs``, or an
+    absolute path when ``path``), checked against the roots; None when it is remote (http(s),
+    or a VCS over http(s), ssh, git, svn when ``vcs``). Anything else is refused."""
+    try:
+        parts = urllib.parse.urlsplit(value)
+    except ValueError as exc:  # such as an unclosed [ of an IPv6 host
+        raise InvalidRuntimeEnv(f"{where} {_shown(value)} is not a valid URL: {exc}") from exc
+    scheme = parts.scheme.lower()
+    base, plus, transport = scheme.partition("+")
+    if vcs and plus and base in _VCS:
+        if transport in _VCS_REMOTE:
+            return None
+        if transport != "file":
+            raise InvalidRuntimeEnv(
+                f"{where} {_shown(value)}: a VCS URL must use http(s), ssh, git, svn or file"
+            )
+        # pip cuts an @revision off the path before it decodes it: so must this check
+        local = _file_url_path(parts._replace(path=parts.path.rsplit("@", 1)[0]), value, where)
+    elif scheme in _REMOTE:
+        return None
+    elif scheme == "file":
+        local = _file_url_path(parts, value, where)
+    elif path and not scheme and os.path.isabs(value):
+        local = value
+    else:
+        what = "a URL (http, https, file" + (", or git+ and the like)" if vcs else ")")
         raise InvalidRuntimeEnv(
-            f"pip.pip_install_options: editable install of {target!r} is outside the allowed "
-            "file roots (allow-file-root); refused"
+            f"{where} {_shown(value)} is not {what}"
+            + (" nor an absolute path (a relative one would mean the agent's working directory)"
+               if path else "")
+        )  # fmt: skip
+    if roots and not _inside(os.path.realpath(local), roots):
+        raise PermissionDenied(
+            f"{where} {_shown(value)} is outside the folders pip may read from "
+            f"({', '.join(roots)}; the allow-file-root setting)"
         )
+    return local
+
+
+def _file_url_path(parts: urllib.parse.SplitResult, value: str, where: str) -> str:
+    """The path pip makes of a ``file:`` URL: percent-escapes decoded, as ``url_to_path`` does."""
+    if parts.netloc not in ("", "localhost"):
+        raise InvalidRuntimeEnv(f"{where} {_shown(value)}: a file: URL must name no host")
+    path = urllib.request.url2pathname(parts.path)
+    if not os.path.isabs(path) or "\x00" in path:
+        raise InvalidRuntimeEnv(
+            f"{where} {_shown(value)}: a file: URL must be absolute, and decode to no NUL"
+        )
+    return path
+
+
+def _inside(real: str, roots: tuple[str, ...]) -> bool:
+    """``real`` is one of the (real) roots or below one; a root of / admits every path."""
+    return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots)

@@ -3,9 +3,17 @@
 ``python -m venv --without-pip`` makes the venv (fast: no ensurepip), then the installer puts
 the requirements in it: ``pip --python <venv python> install`` (the agent's own pip), or ``uv pip
 install`` when ``pip-installer`` is ``uv`` and uv is on PATH. The installer's output goes to a
-log file under the root; a failure is FAILED_PRECONDITION with the log's last lines. The
+log file under the root; a failure is FAILED_PRECONDITION with the installer's own last error
+lines (those it writes at the start of a line; what a package's build printed, which pip
+indents, can quote any file the build read, and stays in the log), each cut short. The
 installer runs in its own process group, and is killed with its whole group if the install is
 cancelled (a setup timeout, the last create gone); it also dies with the agent (PDEATHSIG).
+
+The installer sees only the env's options: no pip configuration file (``PIP_CONFIG_FILE`` is
+the null device, which makes pip skip the global, user and site files), no ``PIP_*`` variable
+(removed, and ``--isolated``), no ``UV_*`` variable (``UV_NO_CONFIG`` set), and its working
+directory is the staging folder, so nothing of the agent's environment, home or working
+directory redirects where it reads packages from or writes them to.
 
 Scripts that the installer wrote carry the staging path in their shebang; they are rewritten to
 the final path before the one rename into place.
@@ -28,7 +36,9 @@ from agent.pip_spec import PipSpec
 
 log = logging.getLogger(__name__)
 
-_TAIL_LINES = 20
+_TAIL_LINES = 10  # at most this many of the installer's lines go back to the client
+_TAIL_LINE_CHARS = 200  # each cut to this
+_TAIL_READ_BYTES = 64 * 1024  # of the log's end, read to find them
 _PR_SET_PDEATHSIG = 1
 
 
@@ -53,13 +63,28 @@ _GROUP_LEADER = (
 PGID_FILE = "installer.pgid"  # in the staging folder: recovery kills what a crash left running
 
 
+def installer_environ() -> dict[str, str]:
+    """The agent's environment without what would configure pip or uv behind the env's back
+    (``_PIP_RUNNING_IN_SUBPROCESS`` too: with it, ``pip --python`` installs into the agent's
+    own environment)."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("PIP_", "_PIP_", "UV_"))
+    }
+    env["PIP_CONFIG_FILE"] = os.devnull
+    env["UV_NO_CONFIG"] = "1"
+    return env
+
+
 async def _run(args: Sequence[str], log_path: Path, label: str, staging: Path) -> None:
     out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        os.write(out, f"$ {' '.join(args)}\n".encode())
+        os.write(out, f"{_COMMAND}{' '.join(args)}\n".encode())
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-c", _GROUP_LEADER, str(os.getpid()), *args,
             stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+            env=installer_environ(), cwd=staging,
         )  # fmt: skip
     finally:
         os.close(out)
@@ -74,14 +99,37 @@ async def _run(args: Sequence[str], log_path: Path, label: str, staging: Path) -
     if code != 0:
         tail = await asyncio.to_thread(_tail, log_path)
         raise InstallerFailed(
-            f"{label}: {os.path.basename(args[0])} exited with {code}; the end of its log "
-            f"({log_path}):\n{tail}"
+            f"{label}: {os.path.basename(args[0])} exited with {code}; its last error lines "
+            f"(the whole output is in {log_path} on the agent's node):\n{tail}"
         )
 
 
+_COMMAND = "$ "  # starts the line the log gets before each command's output
+
+
 def _tail(path: Path) -> str:
-    lines = path.read_text(errors="replace").splitlines()
-    return "\n".join(lines[-_TAIL_LINES:])
+    """The installer's own last lines from the end of its log: lines that start at the first
+    column (pip indents what a build printed), each cut to a bounded length and with control
+    characters replaced. Only newlines split lines: a build's carriage return must not make
+    its output look like the installer's."""
+    with path.open("rb") as f:
+        f.seek(0, os.SEEK_END)
+        start = max(0, f.tell() - _TAIL_READ_BYTES)
+        f.seek(start)
+        lines = f.read().decode(errors="replace").split("\n")
+    if start:
+        lines = lines[1:]  # begun before what was read
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith(_COMMAND):  # this command's output only
+            lines = lines[i + 1 :]
+            break
+    own = [line for line in lines if line and not line[0].isspace()]
+    return "\n".join(_cut(line) for line in own[-_TAIL_LINES:])
+
+
+def _cut(line: str) -> str:
+    shown = "".join(c if c.isprintable() else "?" for c in line[:_TAIL_LINE_CHARS])
+    return shown + ("..." if len(line) > _TAIL_LINE_CHARS else "")
 
 
 async def build_venv(
@@ -102,8 +150,8 @@ async def build_venv(
     else:
         await _run([python, "-m", "venv", "--without-pip", str(venv)], log_path, label, staging)
         install = [
-            python, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
-            "--disable-pip-version-check", "--no-input",
+            python, "-m", "pip", "--python", str(venv / "bin" / "python"), "--isolated",
+            "install", "--disable-pip-version-check", "--no-input",
         ]  # fmt: skip
     await _run([*install, *spec.options, *spec.packages], log_path, label, staging)
     return venv

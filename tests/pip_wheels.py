@@ -121,6 +121,74 @@ def pip_env(packages: Sequence[str], find_links: Path | str, **extra: Any) -> st
     return json.dumps(env)
 
 
+# -- local projects, built by a backend of their own -----------------------------------------
+
+_LOCAL_BACKEND = """\
+import base64, hashlib, os, zipfile
+NAME, VALUE, FAIL_WITH = {name!r}, {value!r}, {fail_with!r}
+
+
+def _wheel(directory, files):
+    if FAIL_WITH:  # a build that fails, quoting a file it read
+        print("the backend read:", open(FAIL_WITH).read())
+        raise RuntimeError(open(FAIL_WITH).read())
+    dist = NAME + "-1.0"
+    meta = f"Metadata-Version: 2.1\\nName: {{NAME}}\\nVersion: 1.0\\n"
+    files[dist + ".dist-info/METADATA"] = meta
+    files[dist + ".dist-info/WHEEL"] = (
+        "Wheel-Version: 1.0\\nGenerator: test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"
+    )
+    record = []
+    for path, text in files.items():
+        digest = hashlib.sha256(text.encode()).digest()
+        b64 = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+        record.append(f"{{path}},sha256={{b64}},{{len(text.encode())}}")
+    files[dist + ".dist-info/RECORD"] = "\\n".join([*record, dist + ".dist-info/RECORD,,"]) + "\\n"
+    name = dist + "-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(directory, name), "w") as zf:
+        for path, text in files.items():
+            zf.writestr(path, text)
+    return name
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    return _wheel(wheel_directory, {{NAME + "/__init__.py": f"VALUE = {{VALUE!r}}\\n"}})
+
+
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    here = os.path.dirname(os.path.abspath(__file__))
+    return _wheel(wheel_directory, {{NAME + ".pth": here + "\\n"}})
+"""
+
+
+def local_project(folder: Path, module: str, value: str, *, fail_with: Path | None = None) -> Path:
+    """A project in ``folder`` that installs ``module`` (whose VALUE is ``value``), built by an
+    in-tree backend that needs nothing (no setuptools, no index): pip builds it offline, as a
+    wheel or editable. With ``fail_with``, its build prints that file and fails quoting it."""
+    (folder / module).mkdir(parents=True)
+    (folder / module / "__init__.py").write_text(f"VALUE = {value!r}\n")
+    (folder / "pyproject.toml").write_text(
+        "[build-system]\nrequires = []\n"
+        'build-backend = "local_backend"\nbackend-path = ["."]\n'
+        f'[project]\nname = "{module}"\nversion = "1.0"\n'
+    )
+    backend = _LOCAL_BACKEND.format(
+        name=module, value=value, fail_with=str(fail_with) if fail_with else ""
+    )
+    (folder / "local_backend.py").write_text(backend)
+    return folder
+
+
+def git_repo(folder: Path) -> Path:
+    """Commit everything in ``folder`` into a new git repository there (git's own config and
+    the user's ignored)."""
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+    ident = ["-c", "user.name=test", "-c", "user.email=test@localhost"]
+    for args in (["init", "-q"], ["add", "-A"], [*ident, "commit", "-q", "-m", "project"]):
+        subprocess.run(["git", *args], cwd=folder, env=env, check=True, timeout=30)
+    return folder
+
+
 # -- a build that never ends -----------------------------------------------------------------
 
 _BACKEND = """\

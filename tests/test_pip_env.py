@@ -220,6 +220,77 @@ async def test_twenty_concurrent_creates_of_one_set_build_one_venv_and_another_s
         ra.service.check_invariants()
 
 
+def _stand_in(folder: Path, body: str) -> str:
+    """A 'python' for build_venv: a shell script with ``body``, given the installer's argv."""
+    script = folder / "python-stand-in"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+async def test_the_installer_sees_no_pip_or_uv_configuration_of_the_agents_environment(
+    base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: PIP_* (a find-links, a constraints file, a target: any of pip's options),
+    _PIP_RUNNING_IN_SUBPROCESS (pip --python then installs into the agent's own environment)
+    and UV_* reached the installer, which ran in the agent's working directory."""
+    for key, value in {
+        "PIP_FIND_LINKS": "/elsewhere", "PIP_TARGET": "/elsewhere", "PIP_CONFIG_FILE": "/x.conf",
+        "_PIP_RUNNING_IN_SUBPROCESS": "1", "UV_INDEX_URL": "file:///elsewhere", "KEEP_ME": "1",
+    }.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    spec = parse_pip(["anything"])
+    assert spec is not None
+    staging = base / "staging"
+    staging.mkdir()
+    seen = base / "seen"
+    python = _stand_in(base, f'{{ pwd; echo "$@"; env; }} >> {seen}')
+    await build_venv(
+        spec, staging, python=python, installer="pip", log_path=base / "log", label="probe"
+    )
+    lines = seen.read_text().splitlines()
+    assert lines.count(str(staging)) == 2, "both commands run in the staging folder"
+    assert any("--isolated install" in line for line in lines), lines
+    configured = sorted({line for line in lines if line.startswith(("PIP_", "_PIP_", "UV_"))})
+    assert configured == [f"PIP_CONFIG_FILE={os.devnull}", "UV_NO_CONFIG=1"]
+    assert "KEEP_ME=1" in lines
+
+
+async def test_a_failure_sends_back_the_installers_own_last_lines_cut_short(base: Path) -> None:
+    """What a build printed (indented by pip, or hidden behind a carriage return) never goes
+    back; the installer's lines do, at most 10, each at most 200 characters and printable,
+    found in the log's last 64 KiB however long it is. The log keeps everything."""
+    secret = "SECRET-FROM-A-FILE"
+    output = base / "output"
+    with output.open("w") as out:
+        out.write(f"ERROR: early line, more than 64 KiB from the end {secret}\n")
+        out.write(f"      {'x' * 100} build output\n" * 2000)
+        out.write(f"      the build read: {secret}\n")
+        out.write(f"  progress\rERROR: {secret}\n")
+        out.write(f"\tindented with a tab {secret}\n")
+        out.write("error: one too many\n")
+        for i in range(10):
+            out.write(f"ERROR: line {i} \x1b[31mred\x1b[0m {'y' * (30 * i)}\n")
+    spec = parse_pip(["anything"])
+    assert spec is not None
+    staging = base / "staging"
+    staging.mkdir()
+    log_path = base / "log"
+    python = _stand_in(base, f"cat {output}; exit 1")
+    with pytest.raises(InstallerFailed) as failed:
+        await build_venv(
+            spec, staging, python=python, installer="pip", log_path=log_path, label="probe"
+        )
+    message = failed.value.message
+    assert secret not in message
+    assert secret in log_path.read_text()
+    shown = message.split("\n")[1:]
+    assert [line.split()[:3] for line in shown] == [["ERROR:", "line", str(i)] for i in range(10)]
+    assert all(len(line) <= 203 and line.isprintable() for line in shown), shown
+    assert shown[-1].endswith("..."), shown[-1]
+    assert str(log_path) in message
+
+
 # -- failures --------------------------------------------------------------------------------
 
 

@@ -1,6 +1,6 @@
 """The ``pip`` field, pure: Ray's two forms, PEP 503 normalisation into one content-addressed
 ``pip://<hash>``, install options kept in order as part of the identity, dangerous options and bad
-shapes refused by name."""
+shapes refused by name, every place pip would read from checked against the allowed roots."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.requirements import Requirement
 
-from agent.errors import InvalidRuntimeEnv
-from agent.pip_spec import PipSpec, parse_pip
+from agent.errors import AgentError, InvalidRuntimeEnv, PermissionDenied
+from agent.pip_spec import PipSpec, normalize_requirement, parse_pip
 from agent.runtime_env import EnvLimits, UriKey, UriKind, parse_runtime_env
 
 ROOTS = ("/srv/allowed",)
@@ -143,7 +144,8 @@ DANGEROUS = [
 
 @pytest.mark.parametrize(("options", "named"), DANGEROUS)
 def test_a_dangerous_option_is_refused_by_name(options: list[str], named: str) -> None:
-    with pytest.raises(InvalidRuntimeEnv) as refused:
+    """INVALID_ARGUMENT for an option refused, PERMISSION_DENIED for a path outside the roots."""
+    with pytest.raises((InvalidRuntimeEnv, PermissionDenied)) as refused:
         parse_pip(with_options(*options), file_roots=ROOTS)
     assert repr(named) in refused.value.message, refused.value.message
     assert "pip_install_options" in refused.value.message
@@ -161,7 +163,7 @@ def test_an_editable_install_inside_an_allowed_root_is_accepted() -> None:
 
 
 def test_an_editable_install_is_refused_when_no_root_is_allowed() -> None:
-    with pytest.raises(InvalidRuntimeEnv, match="allow-file-root"):
+    with pytest.raises(PermissionDenied, match="allow-file-root"):
         parse_pip(with_options("-e", "/srv/allowed/proj"), file_roots=())
 
 
@@ -173,7 +175,7 @@ def test_an_editable_symlink_leading_out_of_an_allowed_root_is_refused(tmp_path:
     (allowed / "link").symlink_to(outside)
     roots = (str(allowed),)
     assert spec(with_options("-e", str(allowed / "proj")), roots).options
-    with pytest.raises(InvalidRuntimeEnv, match="outside the allowed file roots"):
+    with pytest.raises(PermissionDenied, match="outside the folders pip may read from"):
         parse_pip(with_options("-e", str(allowed / "link")), file_roots=roots)
 
 
@@ -191,8 +193,146 @@ SPELLED_OTHERWISE = [
 
 @pytest.mark.parametrize("options", SPELLED_OTHERWISE, ids=lambda o: " ".join(o))
 def test_a_dangerous_option_spelled_as_pip_also_accepts_it_is_refused(options: list[str]) -> None:
-    with pytest.raises(InvalidRuntimeEnv):
+    with pytest.raises((InvalidRuntimeEnv, PermissionDenied)):
         parse_pip(with_options(*options), file_roots=ROOTS)
+
+
+# -- places pip reads from -------------------------------------------------------------------
+
+WHEEL = "/srv/allowed/w/a-1.0-py3-none-any.whl"
+INSIDE = [
+    with_options("--find-links", "https://host/links"),
+    with_options("-i", "https://host/simple", "--extra-index-url", "http://127.0.0.1/s"),
+    with_options("-e", "git+https://host/repo#egg=demo"),
+    with_options("-e", "file:///srv/allowed/proj"),
+    with_options("-e", "git+file:///srv/allowed/repo@v1#egg=demo"),
+    {"packages": [f"a @ file://{WHEEL}", f"b @ file://localhost{WHEEL}"]},
+    {"packages": ["a @ git+file:///srv/allowed/repo@main", "b @ git+ssh://git@host/r.git"]},
+    {"packages": ["a @ https://host/a.whl", "b @ hg+https://host/b", "c @ svn+svn://host/c"]},
+]
+
+
+@pytest.mark.parametrize("value", INSIDE, ids=lambda v: repr(v)[:60])
+def test_remote_places_and_local_ones_inside_the_roots_are_accepted(value: object) -> None:
+    assert spec(value, ROOTS).packages
+
+
+OUTSIDE_ROOTS = [
+    {"packages": ["a @ file:///srv/elsewhere/a.whl"]},
+    {"packages": ["a @ file:///srv/allowed/%2E%2E/elsewhere/a.whl"]},
+    {"packages": ["a @ file:///srv/allowed/../elsewhere/a.whl ; os_name == 'posix'"]},
+    {"packages": ["a @ git+file:///srv/elsewhere/repo"]},
+    {"packages": ["a @ git+file:///srv/elsewhere/repo@/srv/allowed"]},
+    # pip cuts the revision at the last literal @ and then decodes: it clones /srv here
+    {"packages": ["a @ git+file:///srv/allowed/..@x%40y"]},
+    with_options("--find-links", "/srv/elsewhere"),
+    with_options("--find-links=file:///srv/elsewhere"),
+    with_options("-f", "/srv/allowed-not"),
+    with_options("-i", "file:///srv/elsewhere/simple"),
+    with_options("--extra-index-url", "/srv/allowed/simple"),  # a local index: its pages
+    with_options("-e", "file:///srv/allowed/%2E%2E/elsewhere"),
+    with_options("-e", "git+file:///srv/elsewhere/repo#egg=demo"),
+]
+
+
+@pytest.mark.parametrize("value", OUTSIDE_ROOTS, ids=lambda v: repr(v)[:60])
+def test_a_local_place_outside_the_roots_is_permission_denied(value: object) -> None:
+    with pytest.raises(PermissionDenied, match="allow-file-root"):
+        parse_pip(value, file_roots=ROOTS)
+
+
+def test_a_local_find_links_page_is_refused_with_roots_set_as_its_links_lead_anywhere(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "links.html").write_text("<a href='file:///elsewhere/a.whl'>a</a>")
+    roots = (str(tmp_path),)
+    assert spec(with_options("-f", str(tmp_path / "wheels")), roots).options
+    with pytest.raises(InvalidRuntimeEnv, match="not a folder"):
+        parse_pip(with_options("-f", str(tmp_path / "links.html")), file_roots=roots)
+    assert spec(with_options("-f", str(tmp_path / "links.html"))).options, "no roots: as before"
+
+
+NEVER = [
+    with_options("--find-links", "wheels"),
+    with_options("--find-links", "~/wheels"),
+    with_options("--find-links", "ftp://host/w"),
+    with_options("--find-links", "file://host/w"),
+    with_options("--find-links", "file:w"),
+    with_options("--index-url", "git+https://host/r"),
+    with_options("-e", "."),
+    with_options("-e", "git+ext::sh -c id"),
+    with_options("-e", "svn+lp:proj"),
+    {"packages": ["a @ ./p"]},
+    {"packages": ["a @ /abs/p.whl"]},
+    {"packages": ["a @ file:p.whl"]},
+    {"packages": ["a @ ftp://host/a.whl"]},
+    {"packages": ["a @ git+ext::sh"]},
+    {"packages": ["./pkg"]},
+    {"packages": ["/abs/pkg.whl"]},
+    {"packages": ["file:///abs/pkg.whl"]},
+    {"packages": ["git+file:///repo"]},
+    {"packages": ["a @ file:///srv/allowed/a%00.whl"]},
+    {"packages": ["a @ http://[::1/a.whl"]},
+    with_options("-f", "http://[::1"),
+]
+
+
+@pytest.mark.parametrize("roots", [(), ROOTS], ids=["no roots", "roots"])
+@pytest.mark.parametrize("value", NEVER, ids=lambda v: repr(v)[:60])
+def test_relative_paths_and_unknown_schemes_are_refused_whatever_the_roots(
+    value: object, roots: tuple[str, ...]
+) -> None:
+    with pytest.raises(InvalidRuntimeEnv):
+        parse_pip(value, file_roots=roots)
+
+
+@pytest.mark.parametrize(
+    "option",
+    ["-r", "--requirement", "-c", "--constraint", "-C", "--config-settings", "--src",
+     "--cache-dir", "--log", "--report", "--build"],
+)  # fmt: skip
+def test_options_that_read_files_or_reach_builds_are_refused_by_name(option: str) -> None:
+    for spelled in (with_options(option, "/srv/allowed/x"), with_options(f"{option}=/x")):
+        with pytest.raises(InvalidRuntimeEnv, match=r"refused|not an option") as refused:
+            parse_pip(spelled, file_roots=ROOTS)
+        assert option in refused.value.message
+
+
+def test_without_roots_local_places_are_accepted_as_before() -> None:
+    value = {
+        "packages": ["a @ file:///anywhere/a.whl", "b @ git+file:///anywhere/repo"],
+        "pip_install_options": ["-f", "/anywhere", "-i", "file:///anywhere/simple"],
+    }
+    assert spec(value).options == ("-f", "/anywhere", "-i", "file:///anywhere/simple")
+
+
+def test_a_root_of_slash_admits_every_absolute_path() -> None:
+    """Before: / was compared as '//' and admitted nothing."""
+    value = with_options("-e", "/srv/elsewhere/proj", "-f", "/opt/wheels")
+    assert spec(value, ("/",)).options == tuple(value["pip_install_options"])
+    assert spec(value, ("/srv/../",)).options
+
+
+def test_a_url_requirement_with_a_marker_normalises_to_what_packaging_reads_again() -> None:
+    """Before: 'a @ URL; marker', where PEP 508 wants a space before the semicolon."""
+    for text in (
+        "a @ https://host/a.whl ; python_version >= '3'",
+        "a @ file:///w/a.whl ;os_name=='nt'",
+    ):
+        normal = normalize_requirement(text, "f")
+        assert normalize_requirement(normal, "f") == normal
+        assert Requirement(normal).marker is not None
+
+
+def test_an_echoed_input_is_cut_short() -> None:
+    long = "a @ " + "x" * 3000
+    with pytest.raises(AgentError) as refused:
+        parse_pip([long])
+    assert len(refused.value.message) < 600, refused.value.message
+    with pytest.raises(AgentError) as refused:
+        parse_pip(with_options("-f", "rel" * 1000))
+    assert len(refused.value.message) < 600, refused.value.message
 
 
 # -- bad shapes ------------------------------------------------------------------------------
