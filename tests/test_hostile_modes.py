@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from agent.startup import prepare_socket_path
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.helpers import env_json, package_server, wait_until
 from tests.pip_wheels import hermetic_pip_environ, isolate_pip, pip_env, wheelhouse
@@ -211,3 +212,18 @@ async def test_a_restarted_agent_fixes_loose_folders_and_drops_a_package_others_
         assert mode_of(kept) == 0o755  # the same URI, the same folder: installed afresh
         assert loose_entries(root) == []
     assert "writable by others" in log.read_text()
+
+
+def test_the_socket_folder_and_every_parent_made_for_it_are_0700_under_umask_000(
+    base: Path,
+) -> None:
+    """A parent made open to others (0777 under umask 000) would let them rename the socket's
+    folder away and put their own in its place."""
+    address = f"unix:{base / 'run' / 'deeper' / 'agent.sock'}"
+    old = os.umask(0)
+    try:
+        prepare_socket_path(address)
+    finally:
+        os.umask(old)
+    assert mode_of(base / "run") == 0o700
+    assert mode_of(base / "run" / "deeper") == 0o700
