@@ -440,3 +440,20 @@ def test_make_dir_where_a_file_lies_raises(tmp_path: Path) -> None:
     (tmp_path / "uris").write_text("not a folder")
     with pytest.raises(FileExistsError):
         make_dir(tmp_path / "uris")
+
+
+def test_an_entry_that_unpacks_past_its_declared_size_is_refused_after_the_declared_bytes(
+    tmp_path: Path,
+) -> None:
+    """A central directory that under-declares an entry (1 MiB declared as 10 bytes, so the
+    size and ratio checks pass): no more than the declaration is written, then UnsafeArchive."""
+    data = bytearray(make_zip({"m/big.bin": b"\0" * 1024**2}))
+    central = data.rindex(b"PK\x01\x02")  # the one central directory header
+    local = data.index(b"PK\x03\x04")
+    data[central + 24 : central + 28] = (10).to_bytes(4, "little")  # uncompressed size
+    data[local + 22 : local + 26] = (10).to_bytes(4, "little")
+    with pytest.raises(UnsafeArchive) as info:
+        extract(tmp_path, bytes(data), strip=False)
+    assert LABEL in info.value.message
+    written = tmp_path / "box" / "dest" / "m" / "big.bin"
+    assert written.stat().st_size <= 10
