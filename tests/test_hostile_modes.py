@@ -172,6 +172,8 @@ async def test_an_agent_under_umask_000_keeps_nothing_others_may_write_and_no_se
             assert len(os.listdir(root / "uris")) == 4  # working dir, two modules, one venv
             assert mode_of(root / "agent.lock") == 0o600
             assert mode_of(root / "agent.sock") == 0o600
+            for db in ("state.db", "state.db-wal", "state.db-shm"):
+                assert mode_of(root / db) in (0o600, 0o644), db
             assert loose_entries(root) == []
             kinds = {p.name.split("-")[0] for p in (root / "uris").iterdir()}
             assert kinds == {"working_dir", "py_modules", "pip"}
