@@ -1,7 +1,10 @@
 """Recovery at start, before the agent reports SERVING: make the index and the disk agree.
 
 1. ``tmp/`` and ``trash/`` hold nothing anyone can use: renamed aside, deleted in a thread.
-2. A row whose directory is missing (or malformed) is dropped.
+2. A row whose directory is missing (or malformed) is dropped, and so is one whose directory is
+   not the agent's own or may have been written by others since (group or other writable: an
+   agent started under ``umask 000`` before modes were set explicitly): its files cannot be
+   vouched for, so it is deleted and installed again when next needed.
 3. A directory under ``uris/`` that no row vouches for (a crash between rename and commit) is
    deleted: the next create of its URI installs it again.
 4. Every count is set to 0 and every env forgotten: the previous clients died with the previous
@@ -19,6 +22,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.archive import is_loose, make_dir
 from agent.disk import du
 from agent.runtime_env import UriKey, UriKind
 from agent.state_db import StateDB, UriRow
@@ -57,10 +61,21 @@ async def recover(store: UriStore, db: StateDB | None) -> RecoverySummary:
     dropped: list[tuple[str, str]] = []
     for row in rows:
         key = _key_of(row)
-        if key is None or row.dir != store.path_for(key).name or row.dir not in scan.dirs:
+        if (
+            key is None
+            or row.dir != store.path_for(key).name
+            or row.dir not in scan.dirs
+            or row.dir in scan.loose
+        ):
             dropped.append((row.kind, row.uri))
         else:
             kept.append((key, row))
+    if scan.loose:
+        log.warning(
+            "%d package directories are another user's or writable by others; they are deleted "
+            "and will be installed again",
+            len(scan.loose),
+        )
     vouched = {row.dir for _, row in kept}
     orphans = [root / "uris" / name for name in scan.dirs if name not in vouched]
     freed = scan.leftover_bytes + await asyncio.to_thread(_du_all, orphans)
@@ -89,13 +104,16 @@ async def recover(store: UriStore, db: StateDB | None) -> RecoverySummary:
 @dataclass(frozen=True)
 class _Scan:
     dirs: frozenset[str]  # names under uris/
+    loose: frozenset[str]  # those of dirs that others may have written to (``is_loose``)
     leftover_bytes: int  # in tmp/, trash/ and earlier set-asides
 
 
 def _scan(root: Path) -> _Scan:
-    dirs = frozenset(entry.name for entry in os.scandir(root / "uris") if entry.is_dir())
+    found = [entry for entry in os.scandir(root / "uris") if entry.is_dir()]
+    loose = frozenset(e.name for e in found if is_loose(e.stat(follow_symlinks=False)))  # a link
+    # too: the agent never makes one there
     leftovers = [root / "tmp", root / "trash", *root.glob(".old-*")]
-    return _Scan(dirs, _du_all(leftovers))
+    return _Scan(frozenset(e.name for e in found), loose, _du_all(leftovers))
 
 
 def _key_of(row: UriRow) -> UriKey | None:
@@ -112,7 +130,7 @@ def _set_aside(root: Path) -> list[Path]:
         directory = root / sub
         if any(directory.iterdir()):
             os.rename(directory, root / f".old-{sub}-{uuid.uuid4().hex}")
-            directory.mkdir()
+            make_dir(directory)
     return sorted(root.glob(".old-*"))
 
 

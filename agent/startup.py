@@ -249,7 +249,7 @@ def prepare_socket_path(address: str) -> Path:
     """Make the socket's folder (refusing one others may write to: they could replace the
     socket); remove a stale socket, never a live one (another agent's)."""
     path = Path(address.removeprefix("unix:"))
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_folders(path.parent, 0o700)
     if path.parent.stat().st_mode & 0o002:
         raise StartupError(
             f"the socket's folder {path.parent} is writable by others, who could replace the "
@@ -264,6 +264,13 @@ def prepare_socket_path(address: str) -> Path:
     elif path.exists():
         raise StartupError(f"{path} exists and is not a socket; choose another --address")
     return path
+
+
+def make_folders(path: Path, mode: int) -> None:
+    """``mkdir -p`` where every folder made, not only the last, gets ``mode`` (or tighter under
+    the umask): a parent left open to others lets them rename the child and put their own."""
+    for folder in reversed([p for p in (path, *path.parents) if not p.exists()]):
+        folder.mkdir(mode=mode, exist_ok=True)
 
 
 def _is_loopback(host: str) -> bool:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from agent.archive import ArchiveLimits, extract_zip
+from agent.archive import ArchiveLimits, extract_zip, harden_tree, make_dir
 from agent.config import DiskFloor
 from agent.crash import crash_point
 from agent.disk import declared_size, disk_space, du, package_dir, remove_all
@@ -123,8 +123,9 @@ class UriStore:
         self.extractions = 0
         self.evictions = 0
         self.hits = 0
+        root.mkdir(mode=0o755, parents=True, exist_ok=True)
         for sub in ("uris", "tmp", "trash"):
-            (root / sub).mkdir(parents=True, exist_ok=True)
+            make_dir(root / sub)  # 0755 whatever the umask; loose modes of an earlier run fixed
 
     def adopt(self, key: UriKey, size: int, last_used_ms: int) -> None:
         """Recovery: a package the index vouches for and the disk holds. Nothing references it
@@ -190,7 +191,7 @@ class UriStore:
         try:
             await self._install_slots.acquire()  # a queue, not a failure
             queued = False
-            staging.mkdir()
+            staging.mkdir(mode=0o700)  # private: nobody else may touch a package being built
             archive = staging / "package.zip"
             log.info("installing %s", label)
             await self._make_room(0, label)
@@ -200,6 +201,8 @@ class UriStore:
             else:
                 parsed = parse_uri(key.kind.value, key.uri)
                 digest = parsed.sha256
+                os.close(os.open(archive, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # the
+                # fetcher writes into it and keeps its mode, whatever the umask
                 fetched = await self._fetcher.fetch(parsed, archive, label=label)
                 self.downloads += 1
                 crash_point("after_download")
@@ -265,7 +268,7 @@ class UriStore:
         if spec is None:
             raise AssertionError(f"{label}: no pip spec registered")
         logs = self.root / "logs"
-        logs.mkdir(exist_ok=True)
+        make_dir(logs)
         log_path = logs / f"{final.name}-{uuid.uuid4().hex[:8]}.log"
         venv = await build_venv(
             spec, staging, python=self._python, installer=self._pip_installer,
@@ -273,6 +276,7 @@ class UriStore:
         )  # fmt: skip
         self.extractions += 1
         await asyncio.to_thread(relocate, venv, final)
+        await asyncio.to_thread(harden_tree, venv, label)  # the installer ran under our umask
         return venv, await asyncio.to_thread(du, venv)
 
     async def _commit(self, entry: UriEntry, digest: str | None) -> None:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import stat
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from agent.archive import ArchiveLimits, extract_zip, remove_tree
-from agent.errors import UnsafeArchive
+import agent.archive as archive_module
+from agent.archive import ArchiveLimits, extract_zip, harden_tree, make_dir, remove_tree
+from agent.errors import FailedPrecondition, UnsafeArchive
 from tests.helpers import make_zip
 
 LABEL = "file:///pkgs/p.zip"
@@ -286,3 +290,170 @@ def test_corrupt_deflate_stream_is_unsafe_archive_not_a_raw_zlib_error(
         data[i] ^= 0xFF
     message = refused(tmp_path, bytes(data), strip=False)
     assert "zip" in message
+
+
+# -- modes: the agent's, whatever the archive and the umask -----------------------------------
+
+
+@contextlib.contextmanager
+def umask(mask: int) -> Iterator[None]:
+    """Run the block under ``mask`` (process-wide: only for these short, single-threaded tests)."""
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def mode_of(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+HOSTILE_ENTRIES = [
+    ("m/open.py", stat.S_IFREG | 0o777, b"x"),
+    ("m/rw.txt", stat.S_IFREG | 0o666, b"x"),
+    ("m/suid", stat.S_IFREG | 0o4755, b"x"),
+    ("m/sgid", stat.S_IFREG | 0o2755, b"x"),
+    ("m/sticky", stat.S_IFREG | 0o1644, b"x"),
+    ("m/owner_x_only", stat.S_IFREG | 0o100, b"x"),
+    ("m/read_only", stat.S_IFREG | 0o444, b"x"),
+    ("m/no_mode", 0, b"x"),
+    ("m/open_dir/", stat.S_IFDIR | 0o777, b""),
+    ("m/sticky_dir/", stat.S_IFDIR | 0o1777, b""),
+    ("m/closed_dir/", stat.S_IFDIR | 0o500, b""),
+    ("m/implicit/deep/f.py", stat.S_IFREG | 0o666, b"x"),
+]
+EXPECTED_MODES = {
+    "m/open.py": 0o755, "m/rw.txt": 0o644, "m/suid": 0o755, "m/sgid": 0o755,
+    "m/sticky": 0o644, "m/owner_x_only": 0o755, "m/read_only": 0o644, "m/no_mode": 0o644,
+    "m/open_dir": 0o755, "m/sticky_dir": 0o755, "m/closed_dir": 0o755,
+    "m/implicit": 0o755, "m/implicit/deep": 0o755, "m/implicit/deep/f.py": 0o644, "m": 0o755,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mask", [0o000, 0o022, 0o077])
+def test_files_get_0644_or_0755_and_folders_0755_whatever_the_zip_and_the_umask(
+    tmp_path: Path, mask: int
+) -> None:
+    """0777, 0666, setuid, setgid and sticky entries, and any umask: nothing group or other
+    writable, no special bit; an execute bit anywhere makes 0755."""
+    with umask(mask):
+        dest, _ = extract(tmp_path, zip_with_infos(HOSTILE_ENTRIES), strip=False)
+    found = {str(p.relative_to(dest)): mode_of(p) for p in dest.rglob("*")}
+    assert found == EXPECTED_MODES
+    assert mode_of(dest) == 0o755
+
+
+def test_the_tree_is_private_while_it_is_written(tmp_path: Path) -> None:
+    """Under umask 000, a file being written is 0600 and the destination 0700 until the end:
+    nobody can open a file for writing, or add one, before the modes are final."""
+    seen: list[tuple[int, int]] = []
+    real_write = archive_module._write
+
+    def spy(*args: Any, **kwargs: Any) -> int:
+        written = real_write(*args, **kwargs)
+        dest = tmp_path / "box" / "dest"
+        seen.append((mode_of(dest), mode_of(dest / "m" / "rw.txt")))
+        return written
+
+    with umask(0), pytest.MonkeyPatch.context() as mp:
+        mp.setattr("agent.archive._write", spy)
+        extract(tmp_path, zip_with_infos(HOSTILE_ENTRIES), strip=False)
+    assert seen == [(0o700, 0o644)]  # rw.txt had its final mode before the tree opened up
+
+
+def test_harden_tree_fixes_a_tree_built_under_umask_000_and_never_follows_a_link(
+    tmp_path: Path,
+) -> None:
+    """A venv-like tree another program built: folders 0755, files 0644/0755, special bits gone;
+    a link to a file or folder outside is left alone, and so is what it points to."""
+    outside_file = tmp_path / "outside.txt"
+    outside_file.write_text("o")
+    outside_file.chmod(0o666)
+    outside_dir = tmp_path / "outside"
+    outside_dir.mkdir()
+    outside_dir.chmod(0o777)
+    top = tmp_path / "venv"
+    with umask(0):
+        (top / "bin").mkdir(parents=True)
+        (top / "lib" / "site-packages" / "pkg").mkdir(parents=True)
+        (top / "bin" / "tool").write_text("#!/bin/sh\n")
+        (top / "bin" / "tool").chmod(0o4777)
+        (top / "lib" / "site-packages" / "pkg" / "__init__.py").write_text("")
+        (top / "pyvenv.cfg").write_text("home = /usr\n")
+        (top / "pyvenv.cfg").chmod(0o2666)
+        (top / "bin" / "python").symlink_to(outside_file)
+        (top / "lib" / "out").symlink_to(outside_dir)
+    harden_tree(top, LABEL)
+    assert {str(p.relative_to(top)): mode_of(p) for p in top.rglob("*") if not p.is_symlink()} == {
+        "bin": 0o755, "bin/tool": 0o755, "lib": 0o755, "lib/site-packages": 0o755,
+        "lib/site-packages/pkg": 0o755, "lib/site-packages/pkg/__init__.py": 0o644,
+        "pyvenv.cfg": 0o644,
+    }  # fmt: skip
+    assert mode_of(top) == 0o755
+    assert mode_of(outside_file) == 0o666
+    assert mode_of(outside_dir) == 0o777
+
+
+def test_harden_tree_that_cannot_set_a_mode_is_a_failed_precondition_naming_the_file(
+    tmp_path: Path,
+) -> None:
+    """chmod refused (a file of another user's in the tree): FailedPrecondition naming the file,
+    not a raw OSError. (The tests run as root, so the refusal is simulated.)"""
+    top = tmp_path / "venv"
+    top.mkdir()
+    (top / "f").write_text("x")
+    (top / "f").chmod(0o666)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "chmod", _refuse)
+        with pytest.raises(FailedPrecondition) as info:
+            harden_tree(top, LABEL)
+    assert LABEL in info.value.message
+    assert str(top / "f") in info.value.message
+
+
+def _refuse(path: object, mode: int, **_: object) -> None:
+    raise PermissionError(1, "Operation not permitted", str(path))
+
+
+@pytest.mark.parametrize("mask", [0o000, 0o077])
+def test_make_dir_makes_0755_whatever_the_umask(tmp_path: Path, mask: int) -> None:
+    with umask(mask):
+        make_dir(tmp_path / "uris")
+    assert mode_of(tmp_path / "uris") == 0o755
+
+
+@pytest.mark.parametrize(("before", "after"), [(0o777, 0o755), (0o1777, 0o755), (0o2770, 0o750),
+                                               (0o700, 0o700), (0o755, 0o755)])  # fmt: skip
+def test_make_dir_on_an_existing_folder_only_takes_loose_bits_away(
+    tmp_path: Path, before: int, after: int
+) -> None:
+    """A root left by an agent started under umask 000 is fixed; a stricter choice is kept."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    folder.chmod(before)
+    make_dir(folder)
+    assert mode_of(folder) == after
+
+
+def test_make_dir_where_a_file_lies_raises(tmp_path: Path) -> None:
+    (tmp_path / "uris").write_text("not a folder")
+    with pytest.raises(FileExistsError):
+        make_dir(tmp_path / "uris")
+
+
+def test_an_entry_that_unpacks_past_its_declared_size_is_refused_after_the_declared_bytes(
+    tmp_path: Path,
+) -> None:
+    """A central directory that under-declares an entry (1 MiB declared as 10 bytes, so the
+    size and ratio checks pass): no more than the declaration is written, then UnsafeArchive."""
+    data = bytearray(make_zip({"m/big.bin": b"\0" * 1024**2}))
+    central = data.rindex(b"PK\x01\x02")  # the one central directory header
+    local = data.index(b"PK\x03\x04")
+    data[central + 24 : central + 28] = (10).to_bytes(4, "little")  # uncompressed size
+    data[local + 22 : local + 26] = (10).to_bytes(4, "little")
+    with pytest.raises(UnsafeArchive) as info:
+        extract(tmp_path, bytes(data), strip=False)
+    assert LABEL in info.value.message
+    written = tmp_path / "box" / "dest" / "m" / "big.bin"
+    assert written.stat().st_size <= 10
