@@ -162,21 +162,21 @@ def source_open(path: Path) -> bool:
 
 
 async def test_a_setup_timeout_stops_the_copy_and_frees_its_space(tmp: Path) -> None:
-    """A 200 MiB file copied 512 bytes a hop (so it lasts) onto a tmpfs; the 1 s setup timeout
-    answers DEADLINE_EXCEEDED, and then the copy itself stops: the source is closed, staging is
-    empty, and the tmpfs's space comes back. Before: the copy ran on in its thread, writing into
-    an unlinked file."""
+    """A 900 MiB file copied 512 bytes a hop (so it lasts) onto a tmpfs; the 1 s setup timeout
+    answers DEADLINE_EXCEEDED, and within half a second the copy itself has stopped: the source
+    is closed, staging is empty, the tmpfs's space is back. Before: the copy ran on in its
+    thread to the end, writing into an unlinked file."""
     source = tmp / "big.zip"
     with source.open("wb") as f:
-        f.truncate(200 * MiB)  # sparse: reading it is fast, writing it fills the tmpfs
-    with tmpfs(256 * MiB) as fs:
+        f.truncate(900 * MiB)  # sparse: reading it is fast, writing it fills the tmpfs
+    with tmpfs(1024 * MiB) as fs:
         fetch = replace(FAST_FETCH, chunk_bytes=512)
         floor0 = DiskFloor(bytes_=0, percent=None)
         async with agent(root=fs / "root", fetch=fetch, min_free_disk=floor0) as a:
             before = free_bytes(fs)
             code, details = await refused(a, env_json(f"file://{source}"), timeout_s=1)
             assert code == grpc.StatusCode.DEADLINE_EXCEEDED, details
-            await wait_until(lambda: not source_open(source), timeout_s=5, what="copy stopped")
+            await wait_until(lambda: not source_open(source), timeout_s=0.5, what="copy stopped")
             await a.settle()
             assert list((a.root / "tmp").iterdir()) == []
             assert before - free_bytes(fs) < MiB, "the cancelled copy's space was not freed"
