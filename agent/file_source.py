@@ -83,7 +83,9 @@ def open_package(path: str, roots: FileRoots, label: str) -> tuple[int, int]:
         info = os.fstat(handle)
         if not stat.S_ISREG(info.st_mode):
             kind = _KINDS.get(stat.S_IFMT(info.st_mode), "not a regular file")
-            raise PackageRejected(f"{label} is {kind}; a package must be a regular zip file")
+            raise PackageRejected(
+                f"{label} is {kind}; a package must be a zip file, a regular file"
+            )
         if roots:
             opened = os.readlink(f"/proc/self/fd/{handle}")
             if not roots.allow_opened(opened):

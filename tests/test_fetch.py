@@ -216,7 +216,7 @@ async def test_missing_file_is_package_not_found(tmp_path: Path) -> None:
 
 async def test_directory_is_package_rejected(tmp_path: Path) -> None:
     (tmp_path / "pkg").mkdir()
-    with pytest.raises(PackageRejected, match="is a directory; a package must be a regular zip"):
+    with pytest.raises(PackageRejected, match="is a directory; a package must be a zip file"):
         await fetch(f"file://{tmp_path}/pkg", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

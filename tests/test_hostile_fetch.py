@@ -104,7 +104,10 @@ async def test_a_device_is_refused_without_reading_it(device: str, tmp: Path) ->
     async with agent() as a:
         code, details = await refused(a, env_json(f"file://{device}"))
         assert code == FAILED_PRECONDITION, details
-        assert f"file://{device} is a character device; a package must be a regular" in details
+        assert (
+            f"file://{device} is a character device; a package must be a zip file, a regular file"
+            in details
+        )
         assert (await a.info()).cache.downloads == 0
         await assert_serving(a, tmp)
 
@@ -118,7 +121,7 @@ async def test_a_fifo_is_refused_at_once_not_waited_on(tmp: Path) -> None:
         started = time.monotonic()
         code, details = await refused(a, env_json(f"file://{fifo}"))
         assert code == FAILED_PRECONDITION, details
-        assert "is a FIFO (named pipe); a package must be a regular zip file" in details
+        assert "is a FIFO (named pipe); a package must be a zip file, a regular file" in details
         assert time.monotonic() - started < 5
         await assert_serving(a, tmp)
 
@@ -131,7 +134,7 @@ async def test_a_unix_socket_is_refused(tmp: Path) -> None:
         async with agent() as a:
             code, details = await refused(a, env_json(f"file://{path}"))
             assert code == FAILED_PRECONDITION, details
-            assert "is a socket; a package must be a regular zip file" in details
+            assert "is a socket; a package must be a zip file, a regular file" in details
             await assert_serving(a, tmp)
 
 
