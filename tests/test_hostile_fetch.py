@@ -561,3 +561,33 @@ async def test_a_download_of_unknown_length_stops_at_the_floor() -> None:
             assert seen[0] >= 8 * MiB, f"free space fell to {seen[0]}"
             await a.settle()
             assert list((a.root / "tmp").iterdir()) == []
+
+
+async def test_a_download_in_flight_keeps_its_reservation_against_a_second_one() -> None:
+    """On a 28 MiB tmpfs with a 4 MiB floor, a 6 MiB download streams slowly; a 19 MiB one
+    would fit the free space, but not with what the first still expects to write: it is refused
+    before its first byte, naming the bytes held by the install in flight; the first completes.
+    Without the reservation both would stream until one was cut off midway."""
+    with tmpfs(28 * MiB) as fs:
+        async with package_server() as pkgs, agent_on_tmpfs(fs, 4 * MiB) as a:
+            first = pkgs.add("first.zip", noise_zip(6 * MiB))
+            second = pkgs.add("second.zip", noise_zip(19 * MiB))
+            pkgs.slow("first.zip", 0.02)
+            creating = asyncio.create_task(a.create(env_json(first)))
+            await wait_until(
+                lambda: any((a.root / "tmp").glob("*/package.zip")), what="first download"
+            )
+            code, details = await refused_while(a, env_json(second))
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+            assert "of them expected by other installs in flight" in details
+            assert pkgs.gets["second.zip"] == 1
+            reply = await asyncio.wait_for(creating, 60)
+            assert (Path(reply.context.cwd) / "data.bin").stat().st_size == 6 * MiB
+            assert await a.delete(reply.runtime_env_id) == 0
+
+
+async def refused_while(a: RunningAgent, serialized: str) -> tuple[grpc.StatusCode, str]:
+    """Create, expecting a refusal, while other creates may be in flight."""
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await a.create(serialized)
+    return caught.value.code(), caught.value.details() or ""
