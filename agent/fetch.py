@@ -12,8 +12,9 @@ way with aiohttp, asking for the identity encoding and storing the body byte for
 
 Outcomes: 404 or 410 is ``PackageNotFound`` at once. ``PackageRejected``, at once: another
 4xx (but 408 and 429), an answer other than 200, an answer that is not valid HTTP (more bytes
-than its Content-Length, an overlong header), a redirect to a non-http URL or a bad host, too
-many redirects, a body over the size limit. Transient, retried ``attempts`` times in all with
+than its Content-Length, an overlong header), a TLS certificate that fails verification, a
+redirect to a non-http URL or a bad host, too many redirects, a body over the size limit.
+Transient, retried ``attempts`` times in all with
 exponential backoff and jitter, then ``DownloadFailed`` (UNAVAILABLE): connection errors,
 timeouts, truncated bodies, 408, 429 and 5xx. A digest mismatch is ``IntegrityError``,
 never retried. The HTTP session, the sleep between retries and the random source of the jitter
@@ -220,6 +221,11 @@ class Fetcher:
             raise PackageRejected(
                 f"{label}: the server redirected to a URL the agent will not fetch: "
                 f"{str(exc)[:300]} (only http and https with a valid host)"
+            ) from exc
+        except aiohttp.ClientConnectorCertificateError as exc:  # not before the cert changes
+            raise PackageRejected(
+                f"{label}: the server's TLS certificate failed verification: "
+                f"{str(exc.certificate_error)[:300]}"
             ) from exc
         except aiohttp.ClientResponseError as exc:  # the parser's: not a status we looked at
             raise PackageRejected(

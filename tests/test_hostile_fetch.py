@@ -10,6 +10,7 @@ import gzip
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -591,3 +592,39 @@ async def refused_while(a: RunningAgent, serialized: str) -> tuple[grpc.StatusCo
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await a.create(serialized)
     return caught.value.code(), caught.value.details() or ""
+
+
+async def test_a_tls_certificate_that_fails_verification_is_final(tmp: Path) -> None:
+    """A self-signed certificate will not verify on the next try either: FAILED_PRECONDITION at
+    once, not UNAVAILABLE after every retry (before: a transient connection error)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl to make a certificate")
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    made = await asyncio.create_subprocess_exec(
+        "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+        "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+        "-addext", "subjectAltName=IP:127.0.0.1",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    assert await asyncio.wait_for(made.wait(), 60) == 0
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+
+    async def serve(_: web.Request) -> web.Response:
+        return web.Response(body=INSIDE)
+
+    app = web.Application()
+    app.router.add_get("/p.zip", serve)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
+    await site.start()
+    assert site._server is not None
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+    try:
+        async with agent() as a:
+            code, details = await refused(a, env_json(f"https://127.0.0.1:{port}/p.zip"))
+            assert code == FAILED_PRECONDITION, details
+            assert "the server's TLS certificate failed verification" in details
+    finally:
+        await runner.cleanup()
