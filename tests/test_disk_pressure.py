@@ -23,7 +23,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from agent.archive import ArchiveLimits
 from agent.config import DiskFloor
+from agent.disk import unpack_reservation
 from tests.helpers import (
     PackageServer,
     RunningAgent,
@@ -242,3 +244,14 @@ async def test_disk_filled_while_a_download_waits_is_refused_by_the_floor_then_s
             finally:
                 gate.set()
                 filler.unlink(missing_ok=True)
+
+
+def test_a_zip_the_extraction_will_refuse_reserves_no_disk_and_evicts_nothing() -> None:
+    """Pure: the space reserved for unpacking is what the zip declares, unless the extraction
+    refuses it before writing (over max_uncompressed_bytes, or a bomb's ratio): then none, so a
+    lying central directory never flushes the cache."""
+    limits = ArchiveLimits(max_uncompressed_bytes=100 * MiB, max_ratio=10, ratio_floor_bytes=MiB)
+    assert unpack_reservation(5 * MiB, MiB, limits) == 5 * MiB
+    assert unpack_reservation(101 * MiB, 50 * MiB, limits) == 0  # over max_uncompressed_bytes
+    assert unpack_reservation(20 * MiB, MiB, limits) == 0  # ratio 20 over 10, above the floor
+    assert unpack_reservation(MiB // 2, 1, limits) == MiB // 2  # ratio high, but under the floor
