@@ -9,7 +9,7 @@ import os
 import zipfile
 from pathlib import Path
 
-from agent.archive import remove_tree
+from agent.archive import ArchiveLimits, remove_tree
 from agent.crash import crash_point
 from agent.runtime_env import UriKey
 
@@ -38,6 +38,17 @@ def declared_size(archive: Path) -> int:
             return sum(info.file_size for info in zf.infolist())
     except (zipfile.BadZipFile, OSError):
         return 0
+
+
+def unpack_reservation(declared: int, archive_bytes: int, limits: ArchiveLimits) -> int:
+    """Disk to reserve for unpacking a zip that declares ``declared`` bytes: none when the
+    extraction will refuse it before writing a byte (over max_uncompressed_bytes or
+    max_ratio), so a bomb's declaration never evicts the cache. Pure."""
+    if declared > limits.max_uncompressed_bytes:
+        return 0
+    if declared / max(archive_bytes, 1) > limits.max_ratio and declared > limits.ratio_floor_bytes:
+        return 0
+    return declared
 
 
 def package_dir(root: Path, key: UriKey) -> Path:

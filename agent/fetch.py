@@ -1,29 +1,40 @@
 """Fetchers: bring a package named by a URI into a local file, then check its digest.
 
-``file://`` is copied in a thread; ``http(s)://`` is streamed to disk in chunks with aiohttp.
-The HTTP session and the sleep used between retries are injected, so the retry logic can be
-driven without waiting and the transport is whatever the caller built (the agent's one shared
-session, or a test's).
+Every read is bounded by the bytes actually read, never by a size a file system or a server
+declares: ``max_download_bytes`` is counted as the bytes arrive, and a declared size only serves
+to reserve disk space up front (``Space.expect``). Disk space is re-checked before every chunk is
+written (``Space.take``), so a download stops at the free-space floor, not at a full disk.
 
-Outcomes: a 404 or 410 is ``PackageNotFound`` at once; another 4xx, or a body over the size limit,
-is ``PackageRejected`` at once; connection errors, timeouts, truncated bodies, 429 and 5xx are
-transient and retried ``attempts`` times in all with exponential backoff, then
-``DownloadFailed`` (UNAVAILABLE). A digest mismatch is ``IntegrityError``, never retried.
+``file://`` is opened once and checked on what was opened (``file_source``), then copied chunk by
+chunk, each chunk one short hop to a thread: cancelling the install (a setup timeout, a
+cancelled create) stops the copy after at most one chunk. ``http(s)://`` is streamed the same
+way with aiohttp, asking for the identity encoding and storing the body byte for byte.
+
+Outcomes: 404 or 410 is ``PackageNotFound`` at once. ``PackageRejected``, at once: another
+4xx (but 408 and 429), an answer other than 200, an answer that is not valid HTTP (more bytes
+than its Content-Length, an overlong header), a TLS certificate that fails verification, a
+redirect to a non-http URL or a bad host, too many redirects, a body over the size limit.
+Transient, retried ``attempts`` times in all with
+exponential backoff and jitter, then ``DownloadFailed`` (UNAVAILABLE): connection errors,
+timeouts, truncated bodies, 408, 429 and 5xx. A digest mismatch is ``IntegrityError``,
+never retried. The HTTP session, the sleep between retries and the random source of the jitter
+are injected, so the retry logic can be driven without waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import hashlib
 import logging
 import os
-import shutil
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, TypeVar
 
-import aiofiles
 import aiohttp
 
 from agent.errors import (
@@ -34,11 +45,15 @@ from agent.errors import (
     PackageRejected,
     PermissionDenied,
 )
+from agent.file_source import FileRoots, open_package
 from agent.runtime_env import ParsedUri
 
 log = logging.getLogger(__name__)
 
 Sleep = Callable[[float], Awaitable[None]]
+Random = Callable[[], float]  # uniform in [0, 1)
+_T = TypeVar("_T")
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass(frozen=True)
@@ -47,9 +62,29 @@ class FetchLimits:
     attempts: int = 4  # tries in all, the first included
     backoff_initial_s: float = 0.2
     backoff_max_s: float = 5.0
+    backoff_jitter: float = 0.5  # each delay is shortened by up to this fraction, at random
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 60.0  # between two chunks
     chunk_bytes: int = 1024 * 1024
+    max_redirects: int = 10
+
+
+class Space(Protocol):
+    """Disk space for one download (the store's floor); the fetcher calls it as bytes come."""
+
+    async def expect(self, size: int) -> None:
+        """The source declares ``size`` bytes: make room for them before the first is written."""
+
+    async def take(self, written: int, more: int) -> None:
+        """``written`` bytes are on disk and up to ``more`` are about to follow."""
+
+
+class _Unlimited:
+    async def expect(self, size: int) -> None:
+        pass
+
+    async def take(self, written: int, more: int) -> None:
+        pass
 
 
 class _Transient(Exception):
@@ -63,22 +98,35 @@ class Fetcher:
         limits: FetchLimits,
         *,
         sleep: Sleep = asyncio.sleep,
+        rand: Random = random.random,
         file_roots: tuple[str, ...] = (),
     ) -> None:
         self._session = session
         self._limits = limits
         self._sleep = sleep
-        self._file_roots = tuple(os.path.realpath(root) for root in file_roots)
+        self._rand = rand
+        self.file_roots = FileRoots.of(file_roots)
 
-    async def fetch(self, uri: ParsedUri, dest: Path, *, label: str) -> int:
+    def check_origin(self, uri: ParsedUri, label: str) -> None:
+        """Pure: a file:// package must be named under today's roots, installed or not."""
+        if uri.scheme == "file" and not self.file_roots.allow_name(uri.path):
+            raise PermissionDenied(
+                f"{label}: {os.path.normpath(uri.path)[:300]} is outside the folders file:// "
+                f"packages may come from ({self.file_roots}; the allow-file-root setting)"
+            )
+
+    async def fetch(
+        self, uri: ParsedUri, dest: Path, *, label: str, space: Space | None = None
+    ) -> int:
         """Write the package to ``dest``; verify its digest if the URI names one; return bytes."""
+        room = space or _Unlimited()
         try:
             if uri.scheme == "file":
-                size = await asyncio.to_thread(self._copy_file, uri, dest, label)
+                size = await self._copy_file(uri, dest, label, room)
             else:
-                size = await self._download(uri, dest, label)
+                size = await self._download(uri, dest, label, room)
         except OSError as exc:
-            if exc.errno == errno.ENOSPC:
+            if exc.errno in _NO_SPACE:
                 raise DiskExhausted(f"{label}: no space left on the agent's disk") from exc
             raise
         if uri.sha256 is not None:
@@ -90,81 +138,158 @@ class Fetcher:
                 )
         return size
 
-    def _copy_file(self, uri: ParsedUri, dest: Path, label: str) -> int:
-        source = Path(uri.path)
-        if self._file_roots:
-            real = os.path.realpath(source)  # links resolved: no way around the roots
-            if not any(real == r or real.startswith(r + os.sep) for r in self._file_roots):
-                raise PermissionDenied(
-                    f"{label}: {real} is outside the folders file:// packages may come from "
-                    f"({', '.join(self._file_roots)}; the allow-file-root setting)"
-                )
+    # -- file:// ---------------------------------------------------------------------------
+    async def _copy_file(self, uri: ParsedUri, dest: Path, label: str, space: Space) -> int:
+        limit = self._limits.max_download_bytes
+        src, declared = await asyncio.to_thread(open_package, uri.path, self.file_roots, label)
         try:
-            size = source.stat().st_size
-            if source.is_dir():
-                raise PackageRejected(f"{label} is a directory; a package must be a zip file")
-            if size > self._limits.max_download_bytes:
-                raise PackageRejected(
-                    f"{label} is {size} bytes; the limit is {self._limits.max_download_bytes} "
-                    "(max_download_bytes)"
-                )
-            shutil.copyfile(source, dest)
-        except FileNotFoundError as exc:
-            raise PackageNotFound(f"{label}: no such file on this node") from exc
-        except PermissionError as exc:
-            raise PackageRejected(f"{label}: the agent may not read it: {exc}") from exc
-        return size
+            if declared > limit:
+                raise _too_large(label, limit, declared)
+            out = await _hop(_create, dest)
+            try:
+                await space.expect(declared)
+                total = 0
+                while True:
+                    want = min(self._limits.chunk_bytes, limit + 1 - total)  # 1 over: too large
+                    await space.take(total, want if total >= declared else 0)  # past its size
+                    read = await _hop(_copy_chunk, src, out, want, label)
+                    if read == 0:
+                        return total
+                    total += read
+                    if total > limit:  # a file that grows while it is read, or /proc's size 0
+                        raise _too_large(label, limit)
+            finally:
+                os.close(out)
+        finally:
+            os.close(src)
 
-    async def _download(self, uri: ParsedUri, dest: Path, label: str) -> int:
+    # -- http(s):// ------------------------------------------------------------------------
+    async def _download(self, uri: ParsedUri, dest: Path, label: str, space: Space) -> int:
         limits = self._limits
         delay = limits.backoff_initial_s
         for attempt in range(1, limits.attempts + 1):
             try:
-                return await self._get_once(uri.url, dest, label)
+                return await self._get_once(uri.url, dest, label, space)
             except _Transient as exc:
                 if attempt == limits.attempts:
                     raise DownloadFailed(
                         f"{label}: download failed after {attempt} attempts: {exc}"
                     ) from exc
                 log.warning("download %s attempt %d failed: %s; retrying", label, attempt, exc)
-            await self._sleep(delay)
+            await self._sleep(delay * (1 - limits.backoff_jitter * self._rand()))
             delay = min(delay * 2, limits.backoff_max_s)
         raise AssertionError("unreachable: the loop returns or raises")
 
-    async def _get_once(self, url: str, dest: Path, label: str) -> int:
+    async def _get_once(self, url: str, dest: Path, label: str, space: Space) -> int:
         limits = self._limits
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=limits.connect_timeout_s, sock_read=limits.read_timeout_s
         )
         try:
-            async with self._session.get(url, timeout=timeout, allow_redirects=True) as resp:
-                if resp.status in (404, 410):
-                    raise PackageNotFound(f"{label}: the server answered {resp.status}")
-                if resp.status == 429 or resp.status >= 500:
-                    raise _Transient(f"the server answered {resp.status}")
-                if resp.status >= 400:
-                    raise PackageRejected(f"{label}: the server answered {resp.status}")
+            async with self._session.get(
+                url,
+                timeout=timeout,
+                allow_redirects=True,
+                max_redirects=limits.max_redirects,
+                auto_decompress=False,  # the body is the package, byte for byte
+                headers={"Accept-Encoding": "identity"},
+            ) as resp:
+                _check_status(resp.status, label)
                 expected = resp.content_length
                 if expected is not None and expected > limits.max_download_bytes:
-                    raise PackageRejected(
-                        f"{label} is {expected} bytes; the limit is "
-                        f"{limits.max_download_bytes} (max_download_bytes)"
-                    )
-                total = 0
-                async with aiofiles.open(dest, "wb") as out:
+                    raise _too_large(label, limits.max_download_bytes, expected)
+                out = await _hop(_create, dest)
+                try:
+                    await space.expect(expected or 0)
+                    total = 0
                     async for chunk in resp.content.iter_chunked(limits.chunk_bytes):
+                        if total + len(chunk) > limits.max_download_bytes:
+                            raise _too_large(label, limits.max_download_bytes)
+                        await space.take(total, len(chunk))
+                        await _hop(_write_all, out, chunk)
                         total += len(chunk)
-                        if total > limits.max_download_bytes:
-                            raise PackageRejected(
-                                f"{label} is larger than {limits.max_download_bytes} bytes "
-                                "(max_download_bytes)"
-                            )
-                        await out.write(chunk)
+                finally:
+                    os.close(out)
                 if expected is not None and total != expected:
                     raise _Transient(f"body ended after {total} of {expected} bytes")
                 return total
+        except aiohttp.TooManyRedirects as exc:
+            raise PackageRejected(
+                f"{label}: more than {limits.max_redirects} redirects (max_redirects)"
+            ) from exc
+        except (aiohttp.InvalidURL, aiohttp.NonHttpUrlClientError) as exc:
+            raise PackageRejected(
+                f"{label}: the server redirected to a URL the agent will not fetch: "
+                f"{str(exc)[:300]} (only http and https with a valid host)"
+            ) from exc
+        except aiohttp.ClientConnectorCertificateError as exc:  # not before the cert changes
+            raise PackageRejected(
+                f"{label}: the server's TLS certificate failed verification: "
+                f"{str(exc.certificate_error)[:300]}"
+            ) from exc
+        except aiohttp.ClientResponseError as exc:  # the parser's: not a status we looked at
+            raise PackageRejected(
+                f"{label}: the server's answer is not valid HTTP: {exc.message[:300]}"
+            ) from exc
+        except UnicodeError as exc:  # the idna codec, on a host a redirect named
+            raise PackageRejected(
+                f"{label}: a redirect named an invalid host name: {str(exc)[:300]}"
+            ) from exc
         except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
-            raise _Transient(f"{type(exc).__name__}: {exc}") from exc
+            raise _Transient(f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+
+
+def _check_status(status: int, label: str) -> None:
+    """200 is a package; what is worth another try raises ``_Transient``; the rest is final."""
+    if status == 200:
+        return
+    if status in (404, 410):
+        raise PackageNotFound(f"{label}: the server answered {status}")
+    if status in (408, 429) or status >= 500:
+        raise _Transient(f"the server answered {status}")
+    if 400 <= status < 500:
+        raise PackageRejected(f"{label}: the server answered {status}")
+    raise PackageRejected(f"{label}: the server answered {status}; a package is served with 200")
+
+
+def _too_large(label: str, limit: int, declared: int | None = None) -> PackageRejected:
+    size = f"is {declared} bytes" if declared is not None else f"is larger than {limit} bytes"
+    return PackageRejected(f"{label} {size}; the limit is {limit} (max_download_bytes)")
+
+
+async def _hop(fn: Callable[..., _T], *args: object) -> _T:
+    """Run one short blocking step in a thread. If the caller is cancelled meanwhile, the step
+    still ends (it is one chunk) before the cancellation goes on: the descriptors it uses are
+    closed only after it, and nothing is written once the install is gone."""
+    step = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(step)
+    except asyncio.CancelledError:
+        while not step.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([step])
+        raise
+
+
+def _create(dest: Path) -> int:
+    return os.open(
+        dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+    )
+
+
+def _copy_chunk(src: int, out: int, size: int, label: str) -> int:
+    try:
+        data = os.read(src, size)
+    except OSError as exc:
+        raise PackageRejected(f"{label}: reading it failed: {exc.strerror or exc}") from exc
+    _write_all(out, data)
+    return len(data)
+
+
+def _write_all(out: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(out, view) :]
 
 
 def _sha256_of(path: Path) -> str:

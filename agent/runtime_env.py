@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from agent.errors import InvalidRuntimeEnv
+from agent.hostname import host_problem
 from agent.pip_spec import PipSpec, parse_pip
 
 # Linux's MAX_ARG_STRLEN: one "KEY=value\0" string handed to execve may not exceed it.
@@ -134,6 +135,9 @@ def parse_uri(field_name: str, value: object) -> ParsedUri:
         return ParsedUri("file", url, path, sha256)
     if not parts.hostname:
         raise InvalidRuntimeEnv(f"{field_name} {value!r}: an http(s) URI needs a host")
+    if (problem := host_problem(parts.hostname)) is not None:  # not later, as a bug in idna
+        shown = value if len(value) <= 200 else value[:200] + "..."
+        raise InvalidRuntimeEnv(f"{field_name} {shown!r}: {problem}")
     try:
         parts.port  # noqa: B018 - validates the port
     except ValueError as exc:

@@ -37,7 +37,14 @@ from pathlib import Path
 from agent.archive import ArchiveLimits, extract_zip, harden_tree, make_dir
 from agent.config import DiskFloor
 from agent.crash import crash_point
-from agent.disk import declared_size, disk_space, du, package_dir, remove_all
+from agent.disk import (
+    declared_size,
+    disk_space,
+    du,
+    package_dir,
+    remove_all,
+    unpack_reservation,
+)
 from agent.errors import DiskExhausted
 from agent.fetch import Fetcher
 from agent.pip_spec import PipSpec
@@ -119,6 +126,7 @@ class UriStore:
         self._unused: OrderedDict[UriKey, None] = OrderedDict()  # least recently used first
         self._unused_bytes = 0
         self._background: set[asyncio.Task[None]] = set()
+        self._claims: set[_Claim] = set()  # disk installs in flight expect to write
         self.downloads = 0
         self.extractions = 0
         self.evictions = 0
@@ -149,6 +157,8 @@ class UriStore:
         the others; when the last one leaves (a cancelled create, a setup timeout), the install
         is cancelled too, its download stopped and its files removed.
         """
+        if key.kind is not UriKind.PIP:  # today's roots, even for a package cached before them
+            self._fetcher.check_origin(parse_uri(key.kind.value, key.uri), str(key))
         entry = self._entries.get(key)
         if entry is not None and entry.state is UriState.READY:
             self.hits += 1
@@ -188,25 +198,31 @@ class UriStore:
         started = time.monotonic()
         fetched = 0
         queued = True
+        claim = _Claim()
         try:
             await self._install_slots.acquire()  # a queue, not a failure
             queued = False
+            self._claims.add(claim)
             staging.mkdir(mode=0o700)  # private: nobody else may touch a package being built
             archive = staging / "package.zip"
             log.info("installing %s", label)
-            await self._make_room(0, label)
+            await self._make_room(0, label, claim)
             digest = None
             if key.kind is UriKind.PIP:
                 unpacked, size = await self._build_venv(key, staging, label, entry.path)
             else:
                 parsed = parse_uri(key.kind.value, key.uri)
                 digest = parsed.sha256
-                os.close(os.open(archive, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # the
-                # fetcher writes into it and keeps its mode, whatever the umask
-                fetched = await self._fetcher.fetch(parsed, archive, label=label)
+                space = _InstallSpace(self, claim, label)
+                # the fetcher creates the download 0600 in the 0700 staging folder
+                fetched = await self._fetcher.fetch(parsed, archive, label=label, space=space)
                 self.downloads += 1
                 crash_point("after_download")
-                await self._make_room(await asyncio.to_thread(declared_size, archive), label)
+                declared = await asyncio.to_thread(declared_size, archive)
+                claim.declared, claim.written = (
+                    unpack_reservation(declared, fetched, self._archive_limits), 0,
+                )  # fmt: skip
+                await self._make_room(claim.declared, label, claim)
                 unpacked = staging / "unpacked"
                 size = await asyncio.to_thread(
                     extract_zip,
@@ -238,6 +254,7 @@ class UriStore:
                 ) from exc
             raise
         finally:
+            self._claims.discard(claim)
             if not queued:
                 self._install_slots.release()
             # in the background: an await here could be cancelled between the commit and READY,
@@ -328,25 +345,29 @@ class UriStore:
         if trashed:
             self.delete_in_background(trashed)
 
-    async def _make_room(self, needed: int, label: str) -> None:
-        """Disk pressure: leave the floor free after ``needed`` more bytes, evicting unused
-        packages (and waiting for their deletion) if that is what it takes; else refuse."""
+    async def _make_room(
+        self, needed: int, label: str, claim: _Claim, *, written: int | None = None
+    ) -> None:
+        """Disk pressure: leave the floor free after ``needed`` more bytes and what the other
+        installs in flight still expect to write, evicting unused packages (and waiting for
+        their deletion) if that is what it takes and can make it; else refuse, with the
+        figures. ``written``: the bytes of a download in flight (for the message)."""
         if self._disk_floor is None:
             return
         total, free = disk_space(self.root)
         floor = self._disk_floor.floor(total)
-        if free - needed >= floor:
+        others = sum(c.outstanding for c in self._claims if c is not claim)
+        if free - others - needed >= floor:
             return
-        short, unused_before = floor + needed - free, self._unused_bytes
-        trashed = self._evict_while(lambda: unused_before - self._unused_bytes < short)
-        await asyncio.to_thread(remove_all, trashed)  # the room exists once they are gone
-        total, free = disk_space(self.root)
-        if free - needed < floor:
-            raise DiskExhausted(
-                f"{label}: installing needs {needed} bytes and keeps {floor} free (the "
-                f"min-free-disk setting), but {free} bytes are free on the agent's disk after "
-                f"evicting {len(trashed)} unused package(s)"
-            )
+        short, unused_before = floor + needed + others - free, self._unused_bytes
+        trashed = []
+        if unused_before >= short:  # else evicting all would not do: keep the cache
+            trashed = self._evict_while(lambda: unused_before - self._unused_bytes < short)
+            await asyncio.to_thread(remove_all, trashed)  # the room exists once they are gone
+            total, free = disk_space(self.root)
+            others = sum(c.outstanding for c in self._claims if c is not claim)
+        if free - others - needed < floor:
+            raise DiskExhausted(_no_room(label, needed, written, floor, free, others, len(trashed)))
 
     def _evict_while(self, go_on: Callable[[], bool]) -> list[Path]:
         """Evict unused keys, least recently used first, while ``go_on()``; return the trashed
@@ -437,3 +458,56 @@ class UriStore:
 def _retrieve_exception(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and (exc := task.exception()) is not None:
         log.debug("%s ended with %s: %s", task.get_name(), type(exc).__name__, exc)
+
+
+@dataclass(eq=False)
+class _Claim:
+    """The disk one install in flight expects to write and has not written yet."""
+
+    declared: int = 0
+    written: int = 0
+
+    @property
+    def outstanding(self) -> int:
+        return max(self.declared - self.written, 0)
+
+
+class _InstallSpace:
+    """The store's floor, as the fetcher sees it (``agent.fetch.Space``) for one install."""
+
+    def __init__(self, store: UriStore, claim: _Claim, label: str) -> None:
+        self._store, self._claim, self._label = store, claim, label
+
+    async def expect(self, size: int) -> None:
+        self._claim.declared, self._claim.written = size, 0
+        await self._store._make_room(size, self._label, self._claim)
+
+    async def take(self, written: int, more: int) -> None:
+        claim = self._claim
+        claim.written = written
+        needed = max(claim.outstanding, more)
+        await self._store._make_room(needed, self._label, claim, written=written)
+
+
+def _no_room(
+    label: str, needed: int, written: int | None, floor: int, free: int, others: int,
+    evicted: int,
+) -> str:  # fmt: skip
+    keeps = f"keeps {floor} free (the min-free-disk setting)"
+    held = f" ({others} of them expected by other installs in flight)" if others else ""
+    after = f"after evicting {evicted} unused package(s)"
+    if written is not None:
+        return (
+            f"{label}: the download has written {written} bytes and needs room for {needed} "
+            f"more; the agent {keeps}, but {free} bytes are free on the agent's disk{held} "
+            f"{after}; its partial file is removed"
+        )
+    if needed == 0:
+        return (
+            f"{label}: {free} bytes are free on the agent's disk{held} and the agent {keeps}, "
+            f"{after}: nothing can be installed until space is freed"
+        )
+    return (
+        f"{label}: installing needs {needed} bytes and {keeps}, but {free} bytes are free on "
+        f"the agent's disk{held} {after}"
+    )

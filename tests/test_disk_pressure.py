@@ -1,6 +1,8 @@
 """Disk pressure on a real, small tmpfs as the agent's root: an install that would leave less
-than min-free-disk evicts unused packages first, then fails RESOURCE_EXHAUSTED naming what it
-needs and what is free; a real ENOSPC mid-install leaves no partial files; the agent keeps serving.
+than min-free-disk (its download's declared size reserved before the first byte) evicts unused
+packages first, then fails RESOURCE_EXHAUSTED naming what it needs and what is free; a real
+ENOSPC mid-install leaves no partial files; the agent keeps serving. More cases of the floor
+held while a download runs: tests/test_hostile_fetch.py.
 
 Needs root (mount); each test is skipped with the reason when a tmpfs cannot be mounted.
 """
@@ -21,7 +23,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from agent.archive import ArchiveLimits
 from agent.config import DiskFloor
+from agent.disk import unpack_reservation
 from tests.helpers import (
     PackageServer,
     RunningAgent,
@@ -156,7 +160,7 @@ async def test_install_too_large_even_after_evicting_everything_is_resource_exha
                 match = re.search(
                     rf"installing needs {3 * MiB} bytes and keeps {limit} free \(the "
                     r"min-free-disk setting\), but (\d+) bytes are free on the agent's disk "
-                    r"after evicting 2 unused package\(s\)",
+                    r"after evicting [02] unused package\(s\)",  # 2 for the zip, before its GET
                     details,
                 )
                 assert match is not None, details
@@ -176,7 +180,12 @@ async def test_floor_already_crossed_refuses_before_downloading() -> None:
                     await a.create(env_json(url))
                 details = caught.value.details() or ""
                 assert caught.value.code() == RESOURCE_EXHAUSTED, details
-                assert f"installing needs 0 bytes and keeps {too_much} free" in details
+                assert re.search(
+                    rf"p.zip: \d+ bytes are free on the agent's disk and the agent keeps "
+                    rf"{too_much} free \(the min-free-disk setting\), after evicting 0 unused "
+                    r"package\(s\): nothing can be installed until space is freed",
+                    details,
+                ), details
                 assert pkgs.gets["p.zip"] == 0, "it downloaded with no room for the result"
                 assert a.uri_dirs() == []
                 await assert_clean_and_serving(a, pkgs, install=False)
@@ -202,8 +211,9 @@ async def test_enospc_while_unpacking_is_resource_exhausted_and_leaves_no_partia
                 await assert_clean_and_serving(a, pkgs)
 
 
-async def test_enospc_while_downloading_is_resource_exhausted_and_serving_resumes() -> None:
-    """The disk fills (outside the agent's control) while the download is held at the server."""
+async def test_disk_filled_while_a_download_waits_is_refused_by_the_floor_then_serves() -> None:
+    """The disk fills (outside the agent's control) while the download is held at the server:
+    its Content-Length no longer fits, so it is refused before writing, with the figures."""
     with tmpfs() as fs:
         async with package_server() as pkgs:
             url = pkgs.add("wd.zip", noise_zip(2 * MiB))
@@ -220,7 +230,8 @@ async def test_enospc_while_downloading_is_resource_exhausted_and_serving_resume
                         await asyncio.wait_for(create, 30)
                     details = caught.value.details() or ""
                     assert caught.value.code() == RESOURCE_EXHAUSTED, details
-                    assert "no space left on the agent's disk" in details
+                    body = len(pkgs._packages["wd.zip"].body)
+                    assert f"installing needs {body} bytes and keeps 0 free" in details
                     assert (await a.info()).cache.downloads == 0, "not mid-download"
                     await a.settle()
                     assert (a.uri_dirs(), list((a.root / "tmp").iterdir())) == ([], [])
@@ -233,3 +244,14 @@ async def test_enospc_while_downloading_is_resource_exhausted_and_serving_resume
             finally:
                 gate.set()
                 filler.unlink(missing_ok=True)
+
+
+def test_a_zip_the_extraction_will_refuse_reserves_no_disk_and_evicts_nothing() -> None:
+    """Pure: the space reserved for unpacking is what the zip declares, unless the extraction
+    refuses it before writing (over max_uncompressed_bytes, or a bomb's ratio): then none, so a
+    lying central directory never flushes the cache."""
+    limits = ArchiveLimits(max_uncompressed_bytes=100 * MiB, max_ratio=10, ratio_floor_bytes=MiB)
+    assert unpack_reservation(5 * MiB, MiB, limits) == 5 * MiB
+    assert unpack_reservation(101 * MiB, 50 * MiB, limits) == 0  # over max_uncompressed_bytes
+    assert unpack_reservation(20 * MiB, MiB, limits) == 0  # ratio 20 over 10, above the floor
+    assert unpack_reservation(MiB // 2, 1, limits) == MiB // 2  # ratio high, but under the floor

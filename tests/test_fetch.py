@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -35,10 +36,16 @@ class RecordingSleep:
 
 
 async def fetch(
-    url: str, dest: Path, *, limits: FetchLimits = LIMITS, sleep: RecordingSleep | None = None
+    url: str,
+    dest: Path,
+    *,
+    limits: FetchLimits = LIMITS,
+    sleep: RecordingSleep | None = None,
+    rand: Callable[[], float] = lambda: 0.0,
 ) -> int:
+    """Fetch with a recorded sleep; the jitter's random source gives 0 unless told (no jitter)."""
     async with aiohttp.ClientSession() as session:
-        fetcher = Fetcher(session, limits, sleep=sleep or RecordingSleep())
+        fetcher = Fetcher(session, limits, sleep=sleep or RecordingSleep(), rand=rand)
         return await fetcher.fetch(parse_uri("working_dir", url), dest, label=url)
 
 
@@ -81,6 +88,18 @@ async def test_backoff_delays_double_and_are_capped(tmp_path: Path) -> None:
         assert await fetch(url, tmp_path / "out", limits=limits, sleep=sleep) == len(BODY)
         assert pkgs.gets["p.zip"] == 6
     assert sleep.delays == [0.25, 0.5, 1.0, 1.5, 1.5]
+
+
+async def test_backoff_delays_are_shortened_by_the_injected_jitter(tmp_path: Path) -> None:
+    """Each delay loses up to backoff_jitter of itself, drawn from the injected source: many
+    agents retrying one failed server do not retry in step."""
+    sleep = RecordingSleep()
+    draws = iter([0.0, 0.5, 0.999])
+    limits = FetchLimits(attempts=4, backoff_initial_s=1.0, backoff_max_s=4.0, backoff_jitter=0.5)
+    async with package_server() as pkgs:
+        url = pkgs.add("p.zip", BODY, statuses=[500, 500, 500])
+        await fetch(url, tmp_path / "out", limits=limits, sleep=sleep, rand=lambda: next(draws))
+    assert sleep.delays == pytest.approx([1.0, 2.0 * 0.75, 4.0 * (1 - 0.4995)])
 
 
 async def test_gives_up_after_attempts_with_download_failed(tmp_path: Path) -> None:
