@@ -214,7 +214,9 @@ class UriStore:
                 parsed = parse_uri(key.kind.value, key.uri)
                 digest = parsed.sha256
                 space = _InstallSpace(self, claim, label)
-                # the fetcher creates the download 0600 in the 0700 staging folder
+                # the download is 0600 in the 0700 staging folder from before its first byte,
+                # whatever the umask; the fetcher truncates and writes into it
+                os.close(os.open(archive, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
                 fetched = await self._fetcher.fetch(parsed, archive, label=label, space=space)
                 self.downloads += 1
                 crash_point("after_download")
