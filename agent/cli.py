@@ -68,7 +68,8 @@ def _info(args: argparse.Namespace) -> int:
     if args.token_file:
         token = Path(args.token_file).read_text().strip()
         metadata.append(("authorization", f"Bearer {token}"))
-    with grpc.insecure_channel(args.address) as channel:
+    big = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]  # info lists many envs
+    with grpc.insecure_channel(args.address, options=big) as channel:
         stub = agent_pb2_grpc.RuntimeEnvAgentStub(channel)  # type: ignore[no-untyped-call]
         try:
             reply = stub.GetRuntimeEnvsInfo(
