@@ -13,8 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import pytest
 
-from agent.errors import MAX_MESSAGE_BYTES
+from agent.bounded import BoundedCache
+from agent.errors import (
+    ECHO_CHARS,
+    MAX_MESSAGE_BYTES,
+    InvalidArgument,
+    RequestIdReused,
+    cap_message,
+    echo,
+)
+from agent.idempotency import MAX_REQUEST_ID_BYTES, RequestLog
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.test_process import Served, serving
 
@@ -274,3 +284,57 @@ async def test_info_cli_reads_a_reply_over_four_mib(base: Path) -> None:
         assert code == 0, err
         assert "envs 6," in out
     assert os.path.exists(base)
+
+
+# -- the pure pieces ---------------------------------------------------------------------------
+
+
+def test_echo_quotes_short_input_whole_and_long_input_cut_with_its_length() -> None:
+    assert echo("abc") == "'abc'"
+    assert echo("N" * 200_000) == repr("N" * ECHO_CHARS) + "... (200000 characters)"
+    assert echo(b"x" * 300).endswith("... (300 bytes)")
+    assert echo({"a": [1] * 10**6}) == "'dict'"  # containers are named, never dumped
+    assert len(echo(10**4000)) < 2 * ECHO_CHARS
+    assert echo("\ud800") == "'\\ud800'"
+
+
+def test_cap_message_bounds_utf8_bytes_and_makes_any_text_sendable() -> None:
+    capped = cap_message("\u00e9" * 100_000)
+    assert len(capped.encode()) <= MAX_MESSAGE_BYTES
+    assert capped.endswith("... (message cut; 200000 bytes in all)")
+    assert cap_message("short") == "short"
+    assert cap_message("a\ud800b").encode() == b"a\\ud800b"  # a lone surrogate cannot be sent
+
+
+def test_bounded_cache_holds_to_both_its_count_and_its_bytes() -> None:
+    cache: BoundedCache[int, str] = BoundedCache(max_entries=3, max_bytes=100)
+    for i in range(5):
+        cache.put(i, "v", 10)
+    assert len(cache) == 3
+    assert cache.get(0) is None
+    assert cache.get(4) == "v"
+    cache.put(9, "big", 90)  # pushes out the oldest until 100 bytes hold
+    assert cache.bytes <= 100
+    assert cache.get(9) == "big"
+    cache.put(10, "huge", 101)  # heavier than the whole budget: not kept
+    assert cache.get(10) is None
+    assert cache.pop(9) == "big"
+    assert cache.bytes == sum(10 for k in range(5) if cache.get(k) is not None)
+
+
+async def test_request_log_refuses_ids_over_the_limit_and_keeps_fingerprints_short() -> None:
+    log = RequestLog(capacity=10)
+
+    async def op() -> int:
+        return 1
+
+    assert await log.run("create", "r" * MAX_REQUEST_ID_BYTES, "f" * 10_000, op) == 1
+    with pytest.raises(InvalidArgument, match="request_id is 129 bytes; the limit is 128"):
+        await log.run("create", "r" * (MAX_REQUEST_ID_BYTES + 1), "f", op)
+    with pytest.raises(InvalidArgument, match="request_id is 130 bytes"):
+        await log.run("create", "\u00e9" * 65, "f", op)  # bytes, not characters
+    [attempt] = log._attempts.values()
+    assert len(attempt.fingerprint) == 64  # the digest of a long fingerprint, not the text
+    with pytest.raises(RequestIdReused) as caught:
+        await log.run("create", "r" * MAX_REQUEST_ID_BYTES, "other", op)
+    assert len(caught.value.message) < 400
