@@ -128,7 +128,10 @@ def _info(args: argparse.Namespace) -> int:
         print(f"rtenv-agent info: {exc.message}", file=sys.stderr)
         return 2
     metadata = [("authorization", f"Bearer {token.decode()}")] if token else []
-    channel_options = [("grpc.enable_http_proxy", 0)]
+    channel_options = [
+        ("grpc.enable_http_proxy", 0),
+        ("grpc.max_receive_message_length", 64 * 1024 * 1024),  # info lists many envs
+    ]
     with grpc.insecure_channel(address, options=channel_options) as channel:
         try:
             grpc.channel_ready_future(channel).result(timeout=CONNECT_TIMEOUT_S)

@@ -8,8 +8,13 @@ handler is a bug: it is logged with its traceback and answered INTERNAL.
 Foreign exceptions (``OSError``, ``zipfile.BadZipFile``, ``aiohttp.ClientError``...) never cross
 a module boundary raw: the module that meets them converts them with ``raise ... from exc``.
 
+A message that quotes client input quotes it through ``echo`` (truncated, with its length); the
+one function that turns errors into statuses caps every message with ``cap_message`` before it
+sends or logs it (gRPC carries the message in a trailer of at most 16 KiB, percent-encoded).
+
     AgentError                      (status set by each subclass)
-    ├── InvalidRuntimeEnv           INVALID_ARGUMENT    bad JSON, unknown field, bad URI, too large
+    ├── InvalidArgument             INVALID_ARGUMENT    a request field out of bounds (request_id)
+    │   └── InvalidRuntimeEnv                           bad JSON, unknown field, bad URI, too large
     ├── NotFound                    NOT_FOUND
     │   ├── EnvNotFound                                 unknown env, or no references left
     │   └── PackageNotFound                             the package's source answered 404 / no file
@@ -31,6 +36,34 @@ from __future__ import annotations
 
 import grpc
 
+ECHO_CHARS = 120  # of one quoted input
+MAX_MESSAGE_BYTES = 2048  # UTF-8 bytes of a status message; percent-encoded, at most 3x that
+
+
+def echo(value: object, limit: int = ECHO_CHARS) -> str:
+    """``repr(value)`` for a message, cut to ``limit`` characters with the input's length said:
+    a client's 200 KB name is quoted as its first characters and "(200000 characters)"."""
+    if isinstance(value, str | bytes) and len(value) > limit:
+        unit = "characters" if isinstance(value, str) else "bytes"
+        return f"{value[:limit]!r}... ({len(value)} {unit})"
+    if not isinstance(value, str | bytes | int | float | bool | None):
+        value = type(value).__name__  # containers are named, not dumped
+    try:
+        text = repr(value)
+    except ValueError:  # an int past sys.get_int_max_str_digits()
+        return "a very large number"
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def cap_message(message: str, limit: int = MAX_MESSAGE_BYTES) -> str:
+    """The message cut to at most ``limit`` UTF-8 bytes, saying it was cut: the last guard,
+    applied where a status is sent and logged."""
+    data = message.encode("utf-8", "backslashreplace")  # a lone surrogate cannot be sent
+    if len(data) <= limit:
+        return data.decode()
+    tail = f"... (message cut; {len(data)} bytes in all)"
+    return data[: limit - len(tail)].decode("utf-8", "ignore") + tail
+
 
 class AgentError(Exception):
     """An expected failure with the gRPC status code the client should see."""
@@ -43,8 +76,12 @@ class AgentError(Exception):
         self.env_id = ""  # set where the env is known, for the log line
 
 
-class InvalidRuntimeEnv(AgentError):
+class InvalidArgument(AgentError):
     code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class InvalidRuntimeEnv(InvalidArgument):
+    pass
 
 
 class NotFound(AgentError):

@@ -4,20 +4,24 @@ A client that did not hear an answer (a dropped connection, a deadline) retries 
 ``request_id``. If the first attempt is still running, the retry waits for it and gets its answer;
 if it succeeded, the retry gets the remembered answer. Failed or cancelled attempts are forgotten
 (they changed nothing), so a retry after one runs afresh. The same id with a different request is
-refused. Memory is bounded: the oldest ids are forgotten first.
+refused. Memory is bounded: an id is at most ``MAX_REQUEST_ID_BYTES`` (longer ones are refused,
+not remembered), at most ``capacity`` answered ids are kept (the oldest forgotten first), and the
+answers kept are small values (the caller rebuilds large replies from them).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from agent.errors import RequestIdReused
+from agent.errors import InvalidArgument, RequestIdReused, echo
 
 T = TypeVar("T")
+MAX_REQUEST_ID_BYTES = 128
 _MAX_JOINS = 8  # a retry joins at most this many cancelled attempts before running itself
 
 
@@ -41,6 +45,8 @@ class RequestLog:
         """Run ``op`` once per (rpc, request_id); ``fingerprint`` identifies the request."""
         if not request_id:
             return await op()
+        check_request_id(request_id)
+        fingerprint = _bounded(fingerprint)
         key = (rpc, request_id)
         for _ in range(_MAX_JOINS):
             attempt = self._attempts.get(key)
@@ -48,8 +54,8 @@ class RequestLog:
                 break
             if attempt.fingerprint != fingerprint:
                 raise RequestIdReused(
-                    f"request_id {request_id!r} was already used for a different {rpc} request; "
-                    "use a fresh id for a new request and the same id only to retry"
+                    f"request_id {echo(request_id)} was already used for a different {rpc} "
+                    "request; use a fresh id for a new request and the same id only to retry"
                 )
             try:
                 return cast(T, await asyncio.shield(attempt.future))
@@ -91,3 +97,21 @@ class RequestLog:
         done = [k for k, a in self._attempts.items() if a.future.done()][:excess]
         for key in done:
             del self._attempts[key]
+
+
+def _bounded(fingerprint: str) -> str:
+    """What is remembered of a fingerprint: itself if short, else its digest."""
+    if len(fingerprint) <= 64:
+        return fingerprint
+    return hashlib.sha256(fingerprint.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def check_request_id(request_id: str) -> None:
+    """Refuse an id longer than ``MAX_REQUEST_ID_BYTES``: ids are remembered, so their size
+    is bounded like their number."""
+    size = len(request_id.encode("utf-8", "surrogatepass"))
+    if size > MAX_REQUEST_ID_BYTES:
+        raise InvalidArgument(
+            f"request_id is {size} bytes; the limit is {MAX_REQUEST_ID_BYTES} "
+            "(a UUID or a counter fits)"
+        )

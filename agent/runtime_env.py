@@ -19,7 +19,7 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from agent.errors import InvalidRuntimeEnv
+from agent.errors import InvalidRuntimeEnv, echo
 from agent.hostname import host_problem
 from agent.pip_spec import PipSpec, parse_pip
 
@@ -94,20 +94,24 @@ def parse_uri(field_name: str, value: object) -> ParsedUri:
             f"{field_name} is {len(value)} characters long; the limit is {_MAX_URI_CHARS}"
         )
     if any(ch.isspace() or ord(ch) < 0x20 or ch == "\x7f" for ch in value):
-        raise InvalidRuntimeEnv(f"{field_name} {value!r} contains whitespace or control characters")
+        raise InvalidRuntimeEnv(
+            f"{field_name} {echo(value)} contains whitespace or control characters"
+        )
     try:
         parts = urlsplit(value)
     except ValueError as exc:
-        raise InvalidRuntimeEnv(f"{field_name} {value!r} is not a valid URI: {exc}") from exc
+        raise InvalidRuntimeEnv(
+            f"{field_name} {echo(value)} is not a valid URI: {echo(str(exc))}"
+        ) from exc
     scheme = parts.scheme.lower()
     if not scheme:
         raise InvalidRuntimeEnv(
-            f"{field_name} {value!r} is not a URI: relative and bare paths are not supported; "
+            f"{field_name} {echo(value)} is not a URI: relative and bare paths are not supported; "
             "give file:///absolute/path.zip or http(s)://host/path.zip"
         )
     if scheme not in ("file", "http", "https"):
         raise InvalidRuntimeEnv(
-            f"{field_name} {value!r}: scheme {scheme!r} is not supported; "
+            f"{field_name} {echo(value)}: scheme {echo(scheme)} is not supported; "
             "supported schemes are file, http and https"
         )
     sha256 = None
@@ -115,33 +119,33 @@ def parse_uri(field_name: str, value: object) -> ParsedUri:
         match = _SHA256_FRAGMENT.fullmatch(parts.fragment)
         if match is None:
             raise InvalidRuntimeEnv(
-                f"{field_name} {value!r}: the only fragment understood is #sha256=<64 hex digits>"
+                f"{field_name} {echo(value)}: the only fragment understood is "
+                "#sha256=<64 hex digits>"
             )
         sha256 = match.group(1).lower()
     url = parts._replace(fragment="").geturl()
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise InvalidRuntimeEnv(
-                f"{field_name} {value!r}: a file URI names an absolute path on this node "
-                f"(file:///path), not host {parts.netloc!r}"
+                f"{field_name} {echo(value)}: a file URI names an absolute path on this node "
+                f"(file:///path), not host {echo(parts.netloc)}"
             )
         if parts.query:
-            raise InvalidRuntimeEnv(f"{field_name} {value!r}: a file URI takes no query")
+            raise InvalidRuntimeEnv(f"{field_name} {echo(value)}: a file URI takes no query")
         path = unquote(parts.path)
         if not path.startswith("/") or path == "/":
-            raise InvalidRuntimeEnv(f"{field_name} {value!r}: the file path must be absolute")
+            raise InvalidRuntimeEnv(f"{field_name} {echo(value)}: the file path must be absolute")
         if "\x00" in path:
-            raise InvalidRuntimeEnv(f"{field_name} {value!r}: the path contains a NUL byte")
+            raise InvalidRuntimeEnv(f"{field_name} {echo(value)}: the path contains a NUL byte")
         return ParsedUri("file", url, path, sha256)
     if not parts.hostname:
-        raise InvalidRuntimeEnv(f"{field_name} {value!r}: an http(s) URI needs a host")
+        raise InvalidRuntimeEnv(f"{field_name} {echo(value)}: an http(s) URI needs a host")
     if (problem := host_problem(parts.hostname)) is not None:  # not later, as a bug in idna
-        shown = value if len(value) <= 200 else value[:200] + "..."
-        raise InvalidRuntimeEnv(f"{field_name} {shown!r}: {problem}")
+        raise InvalidRuntimeEnv(f"{field_name} {echo(value)}: {problem}")
     try:
         parts.port  # noqa: B018 - validates the port
     except ValueError as exc:
-        raise InvalidRuntimeEnv(f"{field_name} {value!r}: bad port: {exc}") from exc
+        raise InvalidRuntimeEnv(f"{field_name} {echo(value)}: bad port: {echo(str(exc))}") from exc
     return ParsedUri(scheme, url, parts.path, sha256)
 
 
@@ -156,8 +160,8 @@ def check_env_var_size(env_vars: Mapping[str, str], limits: EnvLimits) -> None:
         size = len(key.encode()) + len(value.encode()) + 2
         if size > MAX_ARG_STRLEN:
             raise InvalidRuntimeEnv(
-                f"env_vars[{key!r}] is {size} bytes as 'KEY=value'; one variable may not exceed "
-                f"{MAX_ARG_STRLEN} bytes (the kernel's MAX_ARG_STRLEN)"
+                f"env_vars[{echo(key)}] is {size} bytes as 'KEY=value'; one variable may not "
+                f"exceed {MAX_ARG_STRLEN} bytes (the kernel's MAX_ARG_STRLEN)"
             )
     total = env_var_bytes(env_vars)
     if total > limits.max_env_var_bytes:
@@ -182,7 +186,7 @@ def parse_runtime_env(
         later = [name for name in unknown if name in _NOT_YET]
         hint = f" ({', '.join(later)} not supported yet)" if later else ""
         raise InvalidRuntimeEnv(
-            f"unknown runtime_env field(s) {', '.join(map(repr, unknown))}{hint}; "
+            f"unknown runtime_env field(s) {_listed(unknown)}{hint}; "
             f"supported: {', '.join(_SUPPORTED_FIELDS)}"
         )
     working_dir = None
@@ -239,7 +243,7 @@ def _load_json_object(text: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in pairs:
             if key in out:
-                raise InvalidRuntimeEnv(f"key {key!r} appears twice in the runtime env JSON")
+                raise InvalidRuntimeEnv(f"key {echo(key)} appears twice in the runtime env JSON")
             out[key] = value
         return out
 
@@ -284,12 +288,15 @@ def _parse_env_vars(value: object) -> dict[str, str]:
     for key, val in value.items():
         if not key or "=" in key or "\x00" in key:
             raise InvalidRuntimeEnv(
-                f"env_vars: {key!r} is not a valid variable name (empty, or contains '=' or NUL)"
+                f"env_vars: {echo(key)} is not a valid variable name "
+                "(empty, or contains '=' or NUL)"
             )
         if not isinstance(val, str):
-            raise InvalidRuntimeEnv(f"env_vars[{key!r}] must be a string, got {_type_name(val)}")
+            raise InvalidRuntimeEnv(
+                f"env_vars[{echo(key)}] must be a string, got {_type_name(val)}"
+            )
         if "\x00" in val:
-            raise InvalidRuntimeEnv(f"env_vars[{key!r}] contains a NUL byte")
+            raise InvalidRuntimeEnv(f"env_vars[{echo(key)}] contains a NUL byte")
     return dict(sorted(value.items()))
 
 
@@ -301,7 +308,7 @@ def _parse_config(value: object) -> tuple[int | None, bool | None]:
     unknown = sorted(set(value) - {"setup_timeout_seconds", "eager_install"})
     if unknown:
         raise InvalidRuntimeEnv(
-            f"unknown config field(s) {', '.join(map(repr, unknown))}; "
+            f"unknown config field(s) {_listed(unknown)}; "
             "supported: setup_timeout_seconds, eager_install"
         )
     timeout = value.get("setup_timeout_seconds")
@@ -310,12 +317,18 @@ def _parse_config(value: object) -> tuple[int | None, bool | None]:
     ):
         raise InvalidRuntimeEnv(
             f"config.setup_timeout_seconds must be a positive integer (or -1 for the agent's "
-            f"maximum), got {timeout!r}"
+            f"maximum), got {echo(timeout)}"
         )
     eager = value.get("eager_install")
     if eager is not None and not isinstance(eager, bool):
         raise InvalidRuntimeEnv(f"config.eager_install must be a boolean, got {_type_name(eager)}")
     return timeout, eager
+
+
+def _listed(names: list[str], most: int = 8) -> str:
+    """Names for a message: the first few, quoted with ``echo``, and how many more."""
+    shown = ", ".join(echo(name) for name in names[:most])
+    return shown if len(names) <= most else f"{shown} and {len(names) - most} more"
 
 
 def _type_name(value: object) -> str:

@@ -12,16 +12,26 @@ timeout -> commit. Any failure, timeout or cancellation gives back exactly what 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
+from agent.bounded import BoundedCache
 from agent.config import Settings
 from agent.context import WorkerContext, build_context
-from agent.errors import AgentError, InvalidRuntimeEnv, SetupTimeout
+from agent.errors import (
+    AgentError,
+    EnvNotFound,
+    InvalidRuntimeEnv,
+    SetupTimeout,
+    cap_message,
+    echo,
+)
 from agent.idempotency import RequestLog
 from agent.refs import RefTables
 from agent.runtime_env import RuntimeEnv, UriKey, UriKind, parse_runtime_env
@@ -30,8 +40,13 @@ from agent.store import UriStore
 
 log = logging.getLogger(__name__)
 
+# What is remembered for speed or for info is bounded in bytes too: a client chooses the size
+# of what it sends (an env of 1 MiB of variables, a JSON text padded to 1 MiB).
 _MAX_FAILURES_KEPT = 100
-_PARSED_KEPT = 4096  # parsed envs remembered by their JSON text
+_FAILURE_BYTES = 4 * 1024 * 1024  # bodies of recently failed envs kept for info
+_PARSED_KEPT = 4096  # parsed envs remembered by the digest of their JSON text
+_PARSED_BYTES = 8 * 1024 * 1024
+_MAX_ENV_ID_CHARS = 64  # an env id is 32 hex digits; a longer one names no env
 
 
 class EnvState(Enum):
@@ -76,33 +91,43 @@ class AgentService:
         self._db = db
         self._clock = clock
         self.records: dict[str, EnvRecord] = {}
-        self.failures: deque[EnvRecord] = deque(maxlen=_MAX_FAILURES_KEPT)
+        self.failures: deque[EnvRecord] = deque()  # oldest first; see _remember_failure
+        self._failure_bytes = 0
         self._requests = RequestLog(settings.request_log_capacity)
-        self._parsed: dict[str, RuntimeEnv] = {}  # insertion order: oldest first
+        # digest of a JSON text -> env id -> parsed env: many spellings share one value
+        self._spellings: BoundedCache[bytes, str] = BoundedCache(_PARSED_KEPT, _PARSED_KEPT * 128)
+        self._parsed: BoundedCache[str, RuntimeEnv] = BoundedCache(_PARSED_KEPT, _PARSED_BYTES)
 
     # -- create ----------------------------------------------------------------------------
     async def create(self, serialized: str, timeout_s: int, request_id: str) -> Created:
         env = self._parse(serialized)
         try:
             timeout = self._setup_timeout(env, timeout_s)
-            return await self._requests.run(
+            hit = await self._requests.run(
                 "create", request_id, env.env_id, lambda: self._create(env, timeout)
             )
         except AgentError as exc:
             exc.env_id = env.env_id
             raise
+        # The request log remembers only ``hit``: the reply is rebuilt from the env, the same
+        # for every create of it, so a retry after a delete gets the answer it missed.
+        record = self.records.get(env.env_id)
+        if record is None:
+            return Created(env.env_id, self._context(env), _uris(env), hit)
+        return self._created(record, hit=hit)
 
-    async def _create(self, env: RuntimeEnv, setup_timeout_s: float) -> Created:
+    def _context(self, env: RuntimeEnv) -> WorkerContext:
+        return build_context(
+            env, self.store.path_for, py_executable=self.settings.py_executable,
+            limits=self.settings.env,
+        )  # fmt: skip
+
+    async def _create(self, env: RuntimeEnv, setup_timeout_s: float) -> bool:
+        """Create (or count once more) the env; return whether it was a hit."""
         env_id = env.env_id
         record = self.records.get(env_id)
         if record is None:
-            context = build_context(
-                env,
-                self.store.path_for,
-                py_executable=self.settings.py_executable,
-                limits=self.settings.env,
-            )
-            record = EnvRecord(env, context, EnvState.CREATING, self._now_ms())
+            record = EnvRecord(env, self._context(env), EnvState.CREATING, self._now_ms())
         # Bookkeeping, atomically: no await from here to the first install.
         acquired = self.tables.begin_create(env_id, env.uri_keys)
         self.store.acquire(acquired)
@@ -113,7 +138,7 @@ class AgentService:
             self.store.touch(env.uri_keys)
             self.tables.commit_create(env_id)
             self._note(env)
-            return self._created(record, hit=True)
+            return True
         try:
             async with asyncio.timeout(setup_timeout_s):
                 await asyncio.gather(*(self.store.ensure(key) for key in env.uri_keys))
@@ -132,7 +157,7 @@ class AgentService:
         record.state = EnvState.READY
         self.tables.commit_create(env_id)
         self._note(env)
-        return self._created(record, hit=False)
+        return False
 
     def _abort(self, env: RuntimeEnv, exc: BaseException) -> None:
         released = self.tables.abort_create(env.env_id)
@@ -141,11 +166,19 @@ class AgentService:
             del self.records[env.env_id]
         if isinstance(exc, AgentError | TimeoutError):
             error = exc.message if isinstance(exc, AgentError) else "setup timed out"
-            self.failures.append(
-                EnvRecord(record.env, record.context, EnvState.FAILED, self._now_ms(), error)
-            )
+            self._remember_failure(record.env, error)
         self.store.release(released)
         self._note(env)
+
+    def _remember_failure(self, env: RuntimeEnv, error: str) -> None:
+        """Keep the recent failures for info: at most ``_MAX_FAILURES_KEPT`` of them and
+        ``_FAILURE_BYTES`` of their bodies, the oldest dropped first; no worker context."""
+        error = cap_message(error)
+        failed = EnvRecord(env, _NO_CONTEXT, EnvState.FAILED, self._now_ms(), error)
+        self.failures.append(failed)
+        self._failure_bytes += _failure_weight(failed)
+        while len(self.failures) > _MAX_FAILURES_KEPT or self._failure_bytes > _FAILURE_BYTES:
+            self._failure_bytes -= _failure_weight(self.failures.popleft())
 
     def _note(self, env: RuntimeEnv) -> None:
         """Note the env's and its packages' counts for the index, written behind (no I/O)."""
@@ -157,21 +190,25 @@ class AgentService:
         return Created(
             env_id=record.env.env_id,
             context=record.context,
-            uris=tuple(str(key) for key in record.env.uri_keys),
+            uris=_uris(record.env),
             hit=hit,
         )
 
     def _parse(self, serialized: str) -> RuntimeEnv:
         """Parse, remembering recent good answers: a scheduler sends the same JSON again and
         again, and parsing (JSON, canonical form, hash) is most of a cache-hit create's work.
-        The value is immutable and a pure function of the text and the settings."""
-        env = self._parsed.get(serialized)
+        The value is immutable and a pure function of the text and the settings.
+
+        Remembered by the digest of the text (never the text: a client may pad it to 1 MiB),
+        each distinct env once by its id, within a byte budget."""
+        digest = hashlib.sha256(serialized.encode("utf-8", "surrogatepass")).digest()
+        env_id = self._spellings.get(digest)
+        env = self._parsed.get(env_id) if env_id is not None else None
         if env is None:
             settings = self.settings
             env = parse_runtime_env(serialized, settings.env, file_roots=settings.allow_file_roots)
-            if len(self._parsed) >= _PARSED_KEPT:
-                del self._parsed[next(iter(self._parsed))]  # the oldest parsed
-            self._parsed[serialized] = env
+            self._spellings.put(digest, env.env_id, 128)
+            self._parsed.put(env.env_id, env, _env_weight(env))
         return env
 
     def _setup_timeout(self, env: RuntimeEnv, requested: int) -> float:
@@ -194,6 +231,11 @@ class AgentService:
             env_id = self._parse(serialized).env_id
         if not env_id:
             raise InvalidRuntimeEnv("name the env: set runtime_env_id or serialized_runtime_env")
+        if len(env_id) > _MAX_ENV_ID_CHARS:
+            raise EnvNotFound(
+                f"runtime env {echo(env_id)} is unknown: an env id is 32 hex digits, "
+                "as CreateRuntimeEnv returned it"
+            )
 
         async def op() -> int:
             return self._delete(env_id)
@@ -228,6 +270,23 @@ class AgentService:
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
+
+
+_NO_CONTEXT = WorkerContext(env_vars={}, cwd="", py_executable="")
+
+
+def _uris(env: RuntimeEnv) -> tuple[str, ...]:
+    return tuple(str(key) for key in env.uri_keys)
+
+
+def _env_weight(env: RuntimeEnv) -> int:
+    """About the bytes a parsed env holds: its canonical text, its variables and URIs again
+    (a copy each, shared strings aside), and the objects around them."""
+    return 2 * sys.getsizeof(env.canonical) + 100 * (len(env.env_vars) + len(env.uri_keys)) + 1024
+
+
+def _failure_weight(record: EnvRecord) -> int:
+    return _env_weight(record.env) + len(record.error)
 
 
 def _pairs(env: RuntimeEnv) -> tuple[tuple[str, str], ...]:

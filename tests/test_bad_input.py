@@ -403,6 +403,7 @@ async def test_agent_still_serves_with_intact_state_after_the_bad_input(target: 
     uris = [(u.kind, u.uri, u.references, u.state) for u in info.uris]
     assert uris == [("working_dir", good, 1, "ready")]
     a.service.check_invariants()
+    await a.settle()  # staging of a failed install is removed in the background
     assert list((a.root / "tmp").iterdir()) == [], "a failed install left staging files"
 
     assert await a.delete(reply.runtime_env_id) == 0

@@ -146,15 +146,17 @@ class RecoverySummary(_message.Message):
     def __init__(self, rows_kept: _Optional[int] = ..., rows_dropped: _Optional[int] = ..., orphans_deleted: _Optional[int] = ..., bytes_freed: _Optional[int] = ..., envs_forgotten: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class GetRuntimeEnvsInfoReply(_message.Message):
-    __slots__ = ("envs", "uris", "cache", "total_envs", "recovery")
+    __slots__ = ("envs", "uris", "cache", "total_envs", "recovery", "total_uris")
     ENVS_FIELD_NUMBER: _ClassVar[int]
     URIS_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
     TOTAL_ENVS_FIELD_NUMBER: _ClassVar[int]
     RECOVERY_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_URIS_FIELD_NUMBER: _ClassVar[int]
     envs: _containers.RepeatedCompositeFieldContainer[RuntimeEnvInfo]
     uris: _containers.RepeatedCompositeFieldContainer[UriInfo]
     cache: CacheStats
     total_envs: int
     recovery: RecoverySummary
-    def __init__(self, envs: _Optional[_Iterable[_Union[RuntimeEnvInfo, _Mapping]]] = ..., uris: _Optional[_Iterable[_Union[UriInfo, _Mapping]]] = ..., cache: _Optional[_Union[CacheStats, _Mapping]] = ..., total_envs: _Optional[int] = ..., recovery: _Optional[_Union[RecoverySummary, _Mapping]] = ...) -> None: ...
+    total_uris: int
+    def __init__(self, envs: _Optional[_Iterable[_Union[RuntimeEnvInfo, _Mapping]]] = ..., uris: _Optional[_Iterable[_Union[UriInfo, _Mapping]]] = ..., cache: _Optional[_Union[CacheStats, _Mapping]] = ..., total_envs: _Optional[int] = ..., recovery: _Optional[_Union[RecoverySummary, _Mapping]] = ..., total_uris: _Optional[int] = ...) -> None: ...
