@@ -76,6 +76,8 @@ def extract_zip(
             written = _write(zf, entries, dest.resolve(), limits, label)
     except (zipfile.BadZipFile, zlib.error, EOFError) as exc:  # zlib, EOF: a corrupt stream
         raise UnsafeArchive(f"{label} is not a readable zip archive: {exc}") from exc
+    except UnicodeDecodeError as exc:  # a local header's name not UTF-8 under the UTF-8 flag
+        raise UnsafeArchive(f"{label} is not a readable zip archive: a name is not UTF-8") from exc
     except zipfile.LargeZipFile as exc:
         raise UnsafeArchive(f"{label} needs ZIP64, which is not enabled: {exc}") from exc
     except NotImplementedError as exc:

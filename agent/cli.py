@@ -97,11 +97,15 @@ def format_info(reply: agent_pb2.GetRuntimeEnvsInfoReply) -> str:
         lines.append(f"{env.runtime_env_id:<34}{env.references:>5}  {env.state:<9}{uris}")
         if env.error:
             lines.append(f"{'':<41}error: {env.error}")
+    if len(reply.envs) < reply.total_envs:
+        lines.append(f"... {reply.total_envs - len(reply.envs)} more not shown (the reply's cap)")
     lines.append("")
     lines.append(f"{'KIND':<13}{'REFS':>5}  {'STATE':<11}{'SIZE':>10}  URI")
     for uri in reply.uris:
         size = human_bytes(uri.size_bytes)
         lines.append(f"{uri.kind:<13}{uri.references:>5}  {uri.state:<11}{size:>10}  {uri.uri}")
+    if len(reply.uris) < reply.total_uris:
+        lines.append(f"... {reply.total_uris - len(reply.uris)} more not shown (the reply's cap)")
     c = reply.cache
     lines.append("")
     lines.append(

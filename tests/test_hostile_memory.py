@@ -282,7 +282,8 @@ async def test_info_cli_reads_a_reply_over_four_mib(base: Path) -> None:
             await client.create(big_env(i))
         code, out, err = await run_cli("info", "--address", client.served.address)
         assert code == 0, err
-        assert "envs 6," in out
+        assert "6 envs," in out
+        assert "more not shown (the reply's cap)" in out  # the agent caps by size: it says so
     assert os.path.exists(base)
 
 
@@ -338,3 +339,19 @@ async def test_request_log_refuses_ids_over_the_limit_and_keeps_fingerprints_sho
     with pytest.raises(RequestIdReused) as caught:
         await log.run("create", "r" * MAX_REQUEST_ID_BYTES, "other", op)
     assert len(caught.value.message) < 400
+
+
+def test_format_info_says_how_many_envs_and_uris_the_capped_reply_left_out() -> None:
+    """A reply cut by size lists fewer entries than it counts: the CLI says how many it left out."""
+    from agent.cli import format_info
+
+    reply = agent_pb2.GetRuntimeEnvsInfoReply(total_envs=5, total_uris=3)
+    reply.envs.add(runtime_env_id="a" * 32, references=1, state="ready")
+    reply.uris.add(uri="file:///x.zip", kind="py_modules", references=1, state="ready")
+    text = format_info(reply)
+    assert "... 4 more not shown" in text
+    assert "... 2 more not shown" in text
+    full = agent_pb2.GetRuntimeEnvsInfoReply(total_envs=1, total_uris=1)
+    full.envs.add(runtime_env_id="a" * 32, references=1, state="ready")
+    full.uris.add(uri="file:///x.zip", kind="py_modules", references=1, state="ready")
+    assert "not shown" not in format_info(full)

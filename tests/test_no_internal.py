@@ -31,7 +31,7 @@ import grpc
 import pytest
 from aiohttp import web
 from grpc_health.v1 import health_pb2
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
@@ -57,7 +57,6 @@ class Target:
     files: Path  # an allowed file root, also served over http
     http: str  # http://127.0.0.1:PORT
     log: Path
-    known_bugs: int = 0  # INTERNAL answers to the xfail-marked known bugs (each logs one)
 
     def call(self, method: str, request: Any) -> tuple[grpc.StatusCode, str, Any]:
         """One RPC; the agent must answer it, with anything but a bug."""
@@ -339,7 +338,7 @@ def _zip(members: list[tuple[str, int, bytes, int]], damage: Any) -> bytes:
 
 
 def _local_name_not_utf8(body: bytes) -> bool:
-    """The known bug below: a member whose local header spells its name in bytes that are not
+    """A member whose local header spells its name in bytes that are not
     UTF-8, under the UTF-8 flag (zipfile raises UnicodeDecodeError, not BadZipFile)."""
     try:
         with zipfile.ZipFile(io.BytesIO(body)) as zf:
@@ -353,7 +352,7 @@ def _local_name_not_utf8(body: bytes) -> bool:
     return False
 
 
-def known_bug_zip() -> bytes:
+def local_name_not_utf8_zip() -> bytes:
     """One member, "proj/é.txt" (so the UTF-8 flag is set), whose local header's copy of the
     name has its sixth byte turned into 0x80; the central directory's copy is intact."""
     buf = io.BytesIO()
@@ -364,15 +363,9 @@ def known_bug_zip() -> bytes:
     return bytes(body)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="KNOWN BUG in agent/archive.py (_copy -> zipfile.ZipFile.open): a member name that "
-    "is not UTF-8 in its local header raises UnicodeDecodeError, answered INTERNAL instead of "
-    "FAILED_PRECONDITION (UnsafeArchive); the property test below assumes such zips away "
-    "until it is fixed",
-)
-def test_known_bug_zip_local_name_not_utf8_is_not_internal(target: Target) -> None:
-    body = known_bug_zip()
+def test_a_zip_whose_local_name_is_not_utf8_is_refused_not_internal(target: Target) -> None:
+    """Found by the property test: zipfile raised UnicodeDecodeError, answered INTERNAL."""
+    body = local_name_not_utf8_zip()
     assert _local_name_not_utf8(body)
     (target.files / "known-bug.zip").write_bytes(body)
     uri = f"file://{target.files}/known-bug.zip"
@@ -382,7 +375,6 @@ def test_known_bug_zip_local_name_not_utf8_is_not_internal(target: Target) -> No
     with pytest.raises(grpc.RpcError) as caught:
         target.stub.CreateRuntimeEnv(request, timeout=CALL_S)
     code = caught.value.code()
-    target.known_bugs += code is grpc.StatusCode.INTERNAL
     assert code is grpc.StatusCode.FAILED_PRECONDITION, caught.value.details()
 
 
@@ -397,7 +389,6 @@ def test_generated_archives_are_never_answered_internal(
     target: Target, members: list[tuple[str, int, bytes, int]], damage: Any, how: str, field: str
 ) -> None:
     body = _zip(members, damage)
-    assume(not _local_name_not_utf8(body))  # test_known_bug_zip_local_name_not_utf8_is_not_internal
     name = hashlib.sha256(body).hexdigest()[:16] + ".zip"
     (target.files / name).write_bytes(body)
     uri = f"file://{target.files}/{name}" if how == "file" else f"{target.http}/{name}"
@@ -421,5 +412,5 @@ def test_zz_the_agent_still_answers_health_and_info_and_logged_no_bug(target: Ta
     assert code is grpc.StatusCode.OK
     assert info.total_envs == 0, "every create above was deleted again"
     text = target.log.read_text(errors="replace")
-    assert text.count("failed with a bug") == target.known_bugs, text[-5000:]
-    assert text.count("Traceback") == target.known_bugs, text[-5000:]
+    assert text.count("failed with a bug") == 0, text[-5000:]
+    assert text.count("Traceback") == 0, text[-5000:]
