@@ -61,12 +61,14 @@ class WorkerState(Enum):
 
 
 class TaskFailed(Exception):
-    """A task could not run. ``status`` says why, as a scheduler would report it."""
+    """A task could not run. ``status`` says why, as a scheduler would report it; ``pid`` is the
+    worker's, when a worker was involved (a death or a failed start)."""
 
-    def __init__(self, status: str, message: str) -> None:
+    def __init__(self, status: str, message: str, *, pid: int | None = None) -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
         self.message = message
+        self.pid = pid
 
 
 # Statuses of TaskFailed
@@ -164,12 +166,16 @@ class WorkerPool:
             await proc.stdin.drain()
             line = await proc.stdout.readline()
         except (ConnectionError, BrokenPipeError) as exc:
-            raise TaskFailed(WORKER_DIED, f"worker {worker.pid} is gone: {exc}") from exc
-        if not line:
-            code = await proc.wait()
-            raise TaskFailed(WORKER_DIED, f"worker {worker.pid} exited with {code} mid-task")
-        reply = json.loads(line)
+            raise TaskFailed(
+                WORKER_DIED, f"worker {worker.pid} is gone: {exc}", pid=worker.pid
+            ) from exc
+        reply = json.loads(line) if line else {}
         self.violations += reply.get("violations", [])
+        if "ok" not in reply:  # EOF, or the last report a worker writes as it exits
+            code = await proc.wait()
+            raise TaskFailed(
+                WORKER_DIED, f"worker {worker.pid} exited with {code} mid-task", pid=worker.pid
+            )
         if not reply["ok"]:
             raise TaskFailed(TASK_ERROR, reply["error"])
         return reply["result"]
@@ -298,6 +304,7 @@ class WorkerPool:
             raise TaskFailed(
                 WORKER_START_FAILED,
                 f"worker {worker.pid} did not report ready within {_READY_TIMEOUT_S:g}s",
+                pid=worker.pid,
             )
 
     async def _reap(self, worker: Worker) -> None:

@@ -37,7 +37,14 @@ from pathlib import Path
 from aiohttp import web
 
 from raylet_sim.node import AgentDied, Node
-from raylet_sim.pool import TASK_ERROR, TaskFailed, TaskSpec, WorkerState
+from raylet_sim.pool import (
+    ENV_SETUP_FAILED,
+    WORKER_DIED,
+    WORKER_START_FAILED,
+    TaskFailed,
+    TaskSpec,
+    WorkerState,
+)
 from raylet_sim.samples import EnvSpec, PackageServer, build_samples
 from rtenv.v1 import agent_pb2
 
@@ -105,6 +112,7 @@ class Tally:
     checks: int = 0
     violations: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    killed_pids: set[int] = field(default_factory=set)  # every worker the monkey SIGKILLed
 
     def summary(self, faults: Counter[str]) -> str:
         return "\n".join(
@@ -121,6 +129,31 @@ class Tally:
                 *(f"  - {v}" for v in self.violations[:20]),
             ]
         )
+
+
+# -- the oracle -----------------------------------------------------------------------------
+
+
+def unexplained(
+    failure: TaskFailed, *, killed_pids: set[int], agent_killed: bool, faults_injected: bool
+) -> str | None:
+    """Why a failed task is a violation, or None when the run's own violence explains it.
+
+    A worker's death is explained only by the monkey's SIGKILL of that very worker; a start
+    that failed, by that or by the agent's death; an env that could not be set up, by an
+    injected download fault or the agent's death. Anything else (a task that raised: its env
+    was not whole; a spawn that failed) is a bug the run found."""
+    pid = failure.pid
+    killed = pid is not None and pid in killed_pids
+    if failure.status == WORKER_DIED and killed:
+        return None
+    if failure.status == WORKER_START_FAILED and (killed or agent_killed):
+        return None
+    if failure.status == ENV_SETUP_FAILED and (faults_injected or agent_killed):
+        return None
+    if failure.status == WORKER_DIED:
+        return f"worker {pid}, which nobody killed, died under it: {failure.message}"
+    return f"{failure.status} that no kill or injected fault explains: {failure.message}"
 
 
 # -- the run --------------------------------------------------------------------------------
@@ -149,14 +182,16 @@ def _plan(server: ChaosServer, n_envs: int, seed: int) -> Plan:
 
 async def _phase(
     node: Node, plan: Plan, rng: random.Random, tally: Tally, tasks: int, concurrency: int,
-    kill_agent: bool,
+    kill_agent: bool, server: ChaosServer, calm: bool = False,
 ) -> None:  # fmt: skip
-    """One round: tasks on `concurrency` runners while the monkey works."""
+    """One round: tasks on `concurrency` runners while the monkey works (``calm``: it kills no
+    worker and cancels no pop; it still kills the agent in a round that does)."""
     assert node.pool is not None
     pool = node.pool
     order = [rng.choice(plan.envs) for _ in range(tasks)]
     left = iter(range(tasks))
     done = asyncio.Event()
+    agent_killed = False
 
     async def runner() -> None:
         for index in left:
@@ -165,8 +200,14 @@ async def _phase(
                 result = await node.run(TaskSpec(env.serialized, "task:run", (index,)))
             except TaskFailed as exc:
                 tally.tasks_failed[exc.status] += 1
-                if exc.status == TASK_ERROR:  # the task ran, and its env was not whole
-                    tally.violations.append(f"task {index} on env {env.index}: {exc.message}")
+                why = unexplained(
+                    exc,
+                    killed_pids=tally.killed_pids,
+                    agent_killed=agent_killed,
+                    faults_injected=sum(server.faults.values()) > server.faults["none"],
+                )
+                if why is not None:
+                    tally.violations.append(f"task {index} on env {env.index}: {why}")
                 continue
             result.pop("pid")
             if result != env.expected(index, plan.values):
@@ -189,6 +230,7 @@ async def _phase(
         pool.push_worker(worker)
 
     async def monkey() -> None:
+        nonlocal agent_killed
         # the agent dies after a random share of the round's tasks: whatever is in flight then
         kill_after = tally.tasks_ok + rng.randrange(tasks) if kill_agent else None
         ending = False
@@ -196,7 +238,9 @@ async def _phase(
             ending = done.is_set()  # one more turn after the last task: a kill is never skipped
             await asyncio.sleep(rng.uniform(0.01, 0.06))
             action = rng.random()
-            if action < 0.3:  # a worker mid-request, or one that has just started
+            if calm:
+                pass
+            elif action < 0.3:  # a worker mid-request, or one that has just started
                 victims = [
                     w for w in pool.workers.values()
                     if w.state in (WorkerState.BUSY, WorkerState.STARTING)
@@ -204,11 +248,13 @@ async def _phase(
                 if victims:
                     victim = rng.choice(victims)
                     with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+                        tally.killed_pids.add(victim.pid)  # known before its task can fail
                         os.kill(victim.pid, signal.SIGKILL)
                         tally.workers_killed += 1
             elif action < 0.45:
                 cancellers.append(asyncio.create_task(cancel_a_pop()))
             if kill_after is not None and (tally.tasks_ok + failed() >= kill_after or ending):
+                agent_killed = True
                 os.kill(node.sidecar.pid, signal.SIGKILL)
                 tally.agent_kills += 1
                 kill_after = None
@@ -314,7 +360,7 @@ async def run(args: argparse.Namespace) -> Tally:
             if node is None:
                 node = Node(
                     root,
-                    idle_timeout_s=0.5,
+                    idle_timeout_s=args.idle_timeout,
                     agent_args=["--cache-budget", str(budget), "--log-level", "WARNING"],
                     watch_interval_s=0.02,
                 )
@@ -324,7 +370,9 @@ async def run(args: argparse.Namespace) -> Tally:
                     await _check_restarted(node, root, tally, f"restart before round {round_}")
                 stats_before = (0, 0)
             kill = round_ in kills
-            await _phase(node, plan, rng, tally, args.tasks, args.concurrency, kill)
+            await _phase(
+                node, plan, rng, tally, args.tasks, args.concurrency, kill, server, args.calm
+            )
             if kill:  # the monkey killed it, maybe just as the last task ended
                 await asyncio.wait_for(node.wait_died(), 30)
             tally.rounds += 1
@@ -385,6 +433,15 @@ def main() -> int:
     parser.add_argument("--agent-kills", type=int, default=60, help="rounds that kill the agent")
     parser.add_argument("--budget-kib", type=int, default=160, help="cache budget (KiB)")
     parser.add_argument("--fault-rate", type=float, default=0.2, help="faulty package GETs")
+    parser.add_argument(
+        "--idle-timeout", type=float, default=0.5, help="seconds an idle worker waits (0.5)"
+    )
+    parser.add_argument(
+        "--calm",
+        action="store_true",
+        help="kill no worker and cancel no pop (with --agent-kills 0 and --fault-rate 0, any "
+        "failed task is a violation)",
+    )
     parser.add_argument("--workdir", help="where the agent's root goes (a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the workdir")
     args = parser.parse_args()
