@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import os
 import random
 import shutil
@@ -36,6 +37,8 @@ from pathlib import Path
 
 from aiohttp import web
 
+from raylet_sim.cli import shown
+from raylet_sim.interrupt import EXIT_INTERRUPTED, Interrupt
 from raylet_sim.node import AgentDied, Node
 from raylet_sim.pool import (
     ENV_SETUP_FAILED,
@@ -268,10 +271,14 @@ async def _phase(
         await asyncio.gather(*(runner() for _ in range(concurrency)))
     except AgentDied:
         pass
-    finally:
-        done.set()
-        await monkey_task
-        await asyncio.gather(*cancellers, return_exceptions=True)
+    except BaseException:  # interrupted (or broken): the monkey must not kill on its way out
+        for task in (monkey_task, *cancellers):
+            task.cancel()
+        await asyncio.gather(monkey_task, *cancellers, return_exceptions=True)
+        raise
+    done.set()
+    await monkey_task
+    await asyncio.gather(*cancellers, return_exceptions=True)
 
 
 async def _check_alive(node: Node, root: Path, budget: int, tally: Tally, where: str) -> None:
@@ -342,19 +349,36 @@ def _check_disk(
             violation(f"{sub}/ did not drain")
 
 
-async def run(args: argparse.Namespace) -> Tally:
+async def run(args: argparse.Namespace, interrupt: Interrupt | None = None) -> Tally:
+    """The whole run; a temp workdir it made is removed whatever happens (``--keep`` keeps it,
+    and a ``--workdir`` given is never removed)."""
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="rtenv-chaos-"))
+    try:
+        return await _run_in(work, args, interrupt)
+    finally:
+        if not args.keep and not args.workdir:
+            await asyncio.to_thread(shutil.rmtree, work, True)
+
+
+async def _run_in(work: Path, args: argparse.Namespace, interrupt: Interrupt | None) -> Tally:
     rng = random.Random(args.seed)
     tally = Tally(seed=args.seed)
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="rtenv-chaos-", dir="/tmp"))
     root = work / "agent-root"
     server = ChaosServer(random.Random(args.seed + 1), args.fault_rate)
     await server.start()
     plan = _plan(server, args.envs, args.seed)
     budget = args.budget_kib * 1024
-    kills = set(rng.sample(range(args.rounds - 1), min(args.agent_kills, args.rounds - 1)))
+    kills = set(rng.sample(range(args.rounds - 1), args.agent_kills))
     started = time.monotonic()
     node: Node | None = None
     stats_before = (0, 0)
+
+    def interrupted() -> None:
+        if node is not None:
+            node.interrupt()
+
+    if interrupt is not None:
+        interrupt.on_interrupt(interrupted)
     try:
         for round_ in range(args.rounds):
             if node is None:
@@ -379,6 +403,12 @@ async def run(args: argparse.Namespace) -> Tally:
             assert node.pool is not None
             tally.violations += node.pool.violations
             node.pool.violations.clear()
+            failed = sum(tally.tasks_failed.values())
+            print(
+                f"round {round_}: {tally.tasks_ok} ok, {failed} failed, "
+                f"{len(tally.violations)} violations so far",
+                flush=True,
+            )
             if node.died is not None:
                 tally.workers_started += node.pool.stats.workers_started
                 await node.stop()
@@ -408,9 +438,9 @@ async def run(args: argparse.Namespace) -> Tally:
             await node.stop()
         await server.stop()
         tally.seconds = time.monotonic() - started
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
     print(tally.summary(server.faults))
+    if args.keep:
+        print(f"kept {work}")
     return tally
 
 
@@ -423,14 +453,40 @@ async def _check_restarted(node: Node, root: Path, tally: Tally, where: str) -> 
     _check_disk(root, info, lambda what: tally.violations.append(f"{where}: {what}"))
 
 
-def main() -> int:
+def _mistake(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line, in one line, or None."""
+    for name in ("rounds", "tasks", "envs", "concurrency"):
+        if getattr(args, name) < 1:
+            return f"--{name} must be at least 1, got {getattr(args, name)}"
+    if not 0 <= args.agent_kills <= args.rounds - 1:
+        return (
+            f"--agent-kills must be between 0 and --rounds - 1 ({args.rounds - 1}: the last "
+            f"round never kills the agent), got {args.agent_kills}"
+        )
+    if not 0.0 <= args.fault_rate <= 1.0:  # NaN fails too
+        return f"--fault-rate must be between 0 and 1, got {args.fault_rate}"
+    if args.budget_kib < 0:
+        return f"--budget-kib must be at least 0, got {args.budget_kib}"
+    if not (math.isfinite(args.idle_timeout) and args.idle_timeout > 0):
+        return f"--idle-timeout must be a number of seconds above 0, got {args.idle_timeout}"
+    if args.workdir is not None:
+        try:
+            Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return f"--workdir {shown(args.workdir)} cannot be a folder: {exc.strerror or exc}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seed", type=int, default=None, help="replay a run (default: random)")
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--tasks", type=int, default=150, help="tasks per round")
     parser.add_argument("--envs", type=int, default=24)
     parser.add_argument("--concurrency", type=int, default=6)
-    parser.add_argument("--agent-kills", type=int, default=60, help="rounds that kill the agent")
+    parser.add_argument(
+        "--agent-kills", type=int, default=None, help="rounds that kill the agent (a fifth)"
+    )
     parser.add_argument("--budget-kib", type=int, default=160, help="cache budget (KiB)")
     parser.add_argument("--fault-rate", type=float, default=0.2, help="faulty package GETs")
     parser.add_argument(
@@ -442,13 +498,26 @@ def main() -> int:
         help="kill no worker and cancel no pop (with --agent-kills 0 and --fault-rate 0, any "
         "failed task is a violation)",
     )
-    parser.add_argument("--workdir", help="where the agent's root goes (a temp dir)")
-    parser.add_argument("--keep", action="store_true", help="keep the workdir")
-    args = parser.parse_args()
+    parser.add_argument("--workdir", help="where the agent's root goes, kept (a temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the temp workdir")
+    args = parser.parse_args(argv)
+    if args.agent_kills is None:
+        args.agent_kills = args.rounds // 5
+    mistake = _mistake(args)
+    if mistake is not None:
+        print(f"chaos: {mistake}", file=sys.stderr)
+        return 2
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 31)
     print(f"chaos seed {args.seed} (replay with --seed {args.seed})", flush=True)
-    tally = asyncio.run(run(args))
+    interrupt = Interrupt()
+    try:
+        tally = asyncio.run(interrupt.run(run(args, interrupt)))
+    except KeyboardInterrupt:  # before the run began, or as asyncio shut down after it
+        tally = None
+    if tally is None:
+        print("chaos: interrupted; the node stopped, its temp files removed", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 1 if tally.violations else 0
 
 
