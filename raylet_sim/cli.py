@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from raylet_sim.demo import run_demo
+from raylet_sim.interrupt import EXIT_INTERRUPTED, Interrupt
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,18 +39,48 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+def _mistake(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line, in one line, or None."""
     for name, value in (
         ("tasks", args.tasks),
         ("envs", args.envs),
         ("concurrency", args.concurrency),
     ):
         if value < 1:
-            print(f"raylet-sim: --{name} must be at least 1, got {value}", file=sys.stderr)
-            return 2
-    return asyncio.run(run_demo(args))
+            return f"--{name} must be at least 1, got {value}"
+    if not (math.isfinite(args.idle_timeout) and args.idle_timeout > 0):
+        return f"--idle-timeout must be a number of seconds above 0, got {args.idle_timeout}"
+    if args.package_kib < 0:
+        return f"--package-kib must be at least 0, got {args.package_kib}"
+    if args.workdir is not None:
+        try:  # made here, so that a path that cannot be a folder is a mistake, not a traceback
+            Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return f"--workdir {shown(args.workdir)} cannot be a folder: {exc.strerror or exc}"
+    return None
+
+
+def shown(value: str, limit: int = 120) -> str:
+    """A value from the command line, quoted and cut to ``limit`` characters for a message."""
+    return repr(value if len(value) <= limit else value[:limit] + "...")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    mistake = _mistake(args)
+    if mistake is not None:
+        print(f"raylet-sim: {mistake}", file=sys.stderr)
+        return 2
+    interrupt = Interrupt()
+    try:
+        code = asyncio.run(interrupt.run(run_demo(args, interrupt=interrupt)))
+    except KeyboardInterrupt:  # before the run began, or as asyncio shut down after it
+        code = None
+    if code is None:
+        print("raylet-sim: interrupted; the node stopped, its temp files removed", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return code
 
 
 if __name__ == "__main__":

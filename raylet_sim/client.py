@@ -2,12 +2,15 @@
 
 Retries reuse the call's ``request_id``, so the agent counts a retried create or delete once.
 Only failures that say nothing about the request itself are retried: UNAVAILABLE (the agent is
-restarting or the connection broke) and a client-side DEADLINE_EXCEEDED.
+restarting or the connection broke) and a client-side DEADLINE_EXCEEDED. The backoff doubles up
+to a cap, and each wait is jittered (a random share of it, ``jitter``, is drawn), so the pools of
+a node whose agent restarted do not retry in lockstep.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -28,6 +31,12 @@ class RetryPolicy:
     backoff_initial_s: float = 0.1
     backoff_max_s: float = 2.0
     call_timeout_s: float = 900.0  # a create may download gigabytes
+    jitter: float = 0.5  # each wait is the backoff times a uniform draw in [1 - jitter, 1]
+
+    def wait_s(self, retry: int, draw: float) -> float:
+        """The wait before retry number ``retry`` (1, 2, ...), given a draw in [0, 1)."""
+        backoff = min(self.backoff_initial_s * 2.0 ** (retry - 1), self.backoff_max_s)
+        return backoff * (1.0 - self.jitter * draw)
 
 
 class AgentClient:
@@ -37,10 +46,12 @@ class AgentClient:
         policy: RetryPolicy = RetryPolicy(),
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        draw: Callable[[], float] = random.random,
     ) -> None:
         self._stub = agent_pb2_grpc.RuntimeEnvAgentStub(channel)  # type: ignore[no-untyped-call]
         self._policy = policy
         self._sleep = sleep
+        self._draw = draw  # the jitter's random source, in [0, 1)
         self.calls = 0  # RPCs sent, retries included
 
     async def create(
@@ -72,7 +83,6 @@ class AgentClient:
 
     async def _retry(self, call: Callable[[float], Awaitable[T]]) -> T:
         policy = self._policy
-        delay = policy.backoff_initial_s
         for attempt in range(1, policy.attempts + 1):
             self.calls += 1
             try:
@@ -80,8 +90,7 @@ class AgentClient:
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in RETRYABLE or attempt == policy.attempts:
                     raise
-            await self._sleep(delay)
-            delay = min(delay * 2, policy.backoff_max_s)
+            await self._sleep(policy.wait_s(attempt, self._draw()))
         raise AssertionError("unreachable: the loop returns or raises")
 
 

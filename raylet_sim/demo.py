@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from raylet_sim.interrupt import Interrupt
 from raylet_sim.node import AgentDied, Node
 from raylet_sim.pool import TaskFailed, TaskSpec
 from raylet_sim.samples import PackageServer, Samples, build_samples
+from raylet_sim.sidecar import SidecarError
 from rtenv.v1 import agent_pb2
 
 
@@ -107,10 +109,27 @@ def _mib(n: int) -> str:
     return f"{n / 1024**2:.1f} MiB"
 
 
-async def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    """Run the demo; return the process exit code (0 only if everything checked out)."""
+async def run_demo(
+    args: argparse.Namespace, out: TextIO = sys.stdout, interrupt: Interrupt | None = None
+) -> int:
+    """Run the demo; return the process exit code (0 only if everything checked out). Whatever
+    happens (a failure, a Ctrl-C through ``interrupt``), a temp workdir it made is removed."""
+    made = not args.workdir
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="raylet-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        code = await _run_in(workdir, args, out, interrupt)
+    finally:
+        if made and not args.keep:
+            await asyncio.to_thread(shutil.rmtree, workdir, True)
+    if args.keep:
+        print(f"kept {workdir}", file=out)
+    return code
+
+
+async def _run_in(
+    workdir: Path, args: argparse.Namespace, out: TextIO, interrupt: Interrupt | None
+) -> int:
+    await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
     root = workdir / "agent-root"
     server = PackageServer()
     await server.start()
@@ -120,6 +139,8 @@ async def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     server.packages.update(samples.packages)
     started = time.monotonic()
     node = Node(root, idle_timeout_s=args.idle_timeout, agent_args=["--log-level", "WARNING"])
+    if interrupt is not None:
+        interrupt.on_interrupt(node.interrupt)
     try:
         await node.start()
         print(
@@ -139,15 +160,14 @@ async def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     except AgentDied as exc:
         print(f"raylet-sim: {exc}", file=sys.stderr)
         return 3
+    except SidecarError as exc:
+        print(f"raylet-sim: the node could not start: {exc}", file=sys.stderr)
+        return 1
     finally:
         await node.stop()
         await server.stop()
     elapsed = time.monotonic() - started
     ok = _summary(out, args, samples, server, outcome, pool, busy, after, leftovers, elapsed)
-    if args.keep:
-        print(f"kept {workdir}", file=out)
-    elif not args.workdir:
-        shutil.rmtree(workdir, ignore_errors=True)
     return 0 if ok else 1
 
 

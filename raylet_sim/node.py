@@ -84,6 +84,14 @@ class Node:
         await self.pool.kill_all()
         self._died.set()
 
+    def interrupt(self) -> None:
+        """Ctrl-C: the agent, in the terminal's process group, got the SIGINT too and is exiting.
+        Its exit is not a death to report, and nothing is deleted at an agent on its way out;
+        ``stop`` then stops the workers and waits for the agent."""
+        self._stopping = True
+        if self.pool is not None:
+            self.pool.abandon_agent()
+
     async def wait_died(self) -> AgentDied:
         """Wait until the node has noticed its agent's death and stopped its workers."""
         await self._died.wait()
@@ -99,6 +107,10 @@ class Node:
         died = asyncio.ensure_future(self._died.wait())
         try:
             await asyncio.wait({running, died}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the caller went away: so does its task
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+            raise
         finally:
             died.cancel()
         if self.died is not None:

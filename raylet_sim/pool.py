@@ -12,6 +12,8 @@ one; when a key's count reaches 0 the pool calls DeleteRuntimeEnv. So the pool h
 agent reference per active key, however many workers share it.
 
 Invariants (``check_invariants``):
+  P0. a worker in the idle lists is IDLE: a worker being stopped (STOPPING) is taken out of them
+      at once, so it is never handed out again.
   P1. a slot's count = its live workers + starts in flight; a slot at 0 is removed at once,
       or, with ``env_keepalive_s``, when its keep-alive expires unless a start reuses it first.
   P2. a slot with a runtime_env_id holds one agent reference; it is deleted exactly once, when
@@ -57,16 +59,19 @@ class WorkerState(Enum):
     STARTING = "starting"
     IDLE = "idle"
     BUSY = "busy"
+    STOPPING = "stopping"  # asked to exit (stdin closed or signalled): never handed out again
     EXITED = "exited"
 
 
 class TaskFailed(Exception):
-    """A task could not run. ``status`` says why, as a scheduler would report it."""
+    """A task could not run. ``status`` says why, as a scheduler would report it; ``pid`` is the
+    worker's, when a worker was involved (a death or a failed start)."""
 
-    def __init__(self, status: str, message: str) -> None:
+    def __init__(self, status: str, message: str, *, pid: int | None = None) -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
         self.message = message
+        self.pid = pid
 
 
 # Statuses of TaskFailed
@@ -92,6 +97,7 @@ class Worker:
     process: asyncio.subprocess.Process
     state: WorkerState = WorkerState.STARTING
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)  # idle or stop
+    unread: bool = False  # no task reads its stdout (idle, or stopped from idle): the reaper does
 
     @property
     def pid(self) -> int:
@@ -151,8 +157,14 @@ class WorkerPool:
         worker = await self.pop_worker(task.env_key)
         try:
             return await self._call(worker, task, task_id)
+        except BaseException as exc:
+            if not (isinstance(exc, TaskFailed) and exc.status == TASK_ERROR):
+                # dying or dead (never to be handed out again while its exit is on the way),
+                # or cancelled with its reply still to come (it must not answer the next task)
+                self._terminate(worker)
+            raise
         finally:
-            self.push_worker(worker)
+            self.push_worker(worker)  # back to idle, unless it is stopping or gone
 
     async def _call(self, worker: Worker, task: TaskSpec, task_id: str) -> Any:
         proc = worker.process
@@ -164,12 +176,16 @@ class WorkerPool:
             await proc.stdin.drain()
             line = await proc.stdout.readline()
         except (ConnectionError, BrokenPipeError) as exc:
-            raise TaskFailed(WORKER_DIED, f"worker {worker.pid} is gone: {exc}") from exc
-        if not line:
-            code = await proc.wait()
-            raise TaskFailed(WORKER_DIED, f"worker {worker.pid} exited with {code} mid-task")
-        reply = json.loads(line)
+            raise TaskFailed(
+                WORKER_DIED, f"worker {worker.pid} is gone: {exc}", pid=worker.pid
+            ) from exc
+        reply = json.loads(line) if line else {}
         self.violations += reply.get("violations", [])
+        if "ok" not in reply:  # EOF, or the last report a worker writes as it exits
+            code = await proc.wait()
+            raise TaskFailed(
+                WORKER_DIED, f"worker {worker.pid} exited with {code} mid-task", pid=worker.pid
+            )
         if not reply["ok"]:
             raise TaskFailed(TASK_ERROR, reply["error"])
         return reply["result"]
@@ -185,6 +201,7 @@ class WorkerPool:
             if worker.state is WorkerState.IDLE and worker.process.returncode is None:
                 self._cancel_timer(worker)
                 worker.state = WorkerState.BUSY
+                worker.unread = False
                 return worker
         slot = self.slots.setdefault(env_key, EnvSlot())
         if slot.expiry is not None:  # kept alive at count 0: reused, no create
@@ -207,9 +224,11 @@ class WorkerPool:
         if worker.state is not WorkerState.BUSY or worker.process.returncode is not None:
             return  # it died meanwhile; its reaper uncounts it
         if self._closing:
+            worker.unread = True  # its task is over: the reaper reads its last report
             self._terminate(worker)
             return
         worker.state = WorkerState.IDLE
+        worker.unread = True
         self._idle.setdefault(worker.env_key, []).append(worker)
         worker.timer = asyncio.get_running_loop().call_later(
             self._idle_timeout_s, self._terminate, worker
@@ -298,22 +317,21 @@ class WorkerPool:
             raise TaskFailed(
                 WORKER_START_FAILED,
                 f"worker {worker.pid} did not report ready within {_READY_TIMEOUT_S:g}s",
+                pid=worker.pid,
             )
 
     async def _reap(self, worker: Worker) -> None:
         code = await worker.process.wait()
-        if worker.state is WorkerState.IDLE and worker.process.stdout is not None:
+        if worker.unread and worker.process.stdout is not None:
             # nobody else reads an idle worker's stdout: its last report is there
             with contextlib.suppress(TimeoutError, ValueError):
                 async with asyncio.timeout(5):
                     for line in (await worker.process.stdout.read()).splitlines():
                         self.violations += json.loads(line).get("violations", [])
         self._cancel_timer(worker)
+        self._unidle(worker)
         worker.state = WorkerState.EXITED
         del self.workers[worker.worker_id]
-        idle = self._idle.get(worker.env_key)
-        if idle and worker in idle:
-            idle.remove(worker)
         self.stats.workers_exited += 1
         if self._on_worker_exit is not None:
             self._on_worker_exit(worker, code)
@@ -374,6 +392,8 @@ class WorkerPool:
         self._cancel_timer(worker)
         if worker.state is WorkerState.EXITED:
             return
+        self._unidle(worker)  # before anything else: a pop must never find it again
+        worker.state = WorkerState.STOPPING
         stdin = worker.process.stdin
         if stdin is not None and not stdin.is_closing():
             stdin.close()
@@ -383,6 +403,11 @@ class WorkerPool:
             )
         else:
             _signal_group(worker, signal.SIGTERM)
+
+    def _unidle(self, worker: Worker) -> None:
+        idle = self._idle.get(worker.env_key)
+        if idle and worker in idle:
+            idle.remove(worker)
 
     def _cancel_timer(self, worker: Worker) -> None:
         if worker.timer is not None:
@@ -432,6 +457,14 @@ class WorkerPool:
         return counts
 
     def check_invariants(self) -> None:
+        for key, idle in self._idle.items():
+            for worker in idle:
+                assert worker.state is WorkerState.IDLE, (
+                    f"P0: worker {worker.pid} of {key!r} is {worker.state.value} in the idle list"
+                )
+                assert self.workers.get(worker.worker_id) is worker, (
+                    f"P0: worker {worker.pid} of {key!r} is idle but not in the pool's table"
+                )
         live: dict[str, int] = {}
         for worker in self.workers.values():
             live[worker.env_key] = live.get(worker.env_key, 0) + 1

@@ -7,10 +7,12 @@ process and, when it exits, kills its workers and exits non-zero (``Node`` in ``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -40,13 +42,13 @@ class SidecarError(Exception):
 
 def socket_address(root: Path) -> str:
     """The agent's socket: inside its root, or, if that path is too long for AF_UNIX, in a short
-    private folder (mode 0700) under the temp dir, named after the root so it is stable."""
+    private folder (mode 0700, made by ``AgentSidecar.start`` and removed by its ``stop``) under
+    the temp dir, named after the root so it is stable."""
     path = root.resolve() / "agent.sock"
     if len(os.fsencode(str(path))) <= MAX_UNIX_PATH_BYTES:
         return f"unix:{path}"
     digest = hashlib.sha256(os.fsencode(str(root.resolve()))).hexdigest()[:16]
     folder = Path(tempfile.gettempdir()) / f"rtenv-{digest}"
-    folder.mkdir(mode=0o700, exist_ok=True)
     short = folder / "agent.sock"
     log.warning(
         "socket path %s is %d bytes, over the AF_UNIX limit of %d; using %s",
@@ -72,6 +74,9 @@ class AgentSidecar:
         self.log_path = log_path or root.parent / "agent.log"
         self._health_timeout_s = health_timeout_s
         self.process: asyncio.subprocess.Process | None = None
+        socket = Path(self.address.removeprefix("unix:"))
+        # the short private folder of a socket that did not fit in the root: ours to remove
+        self._short_dir = socket.parent if socket.parent != root.resolve() else None
 
     @property
     def pid(self) -> int:
@@ -81,6 +86,8 @@ class AgentSidecar:
     async def start(self) -> None:
         """Start the agent and wait until its health check says SERVING (bounded)."""
         self.root.mkdir(parents=True, exist_ok=True)
+        if self._short_dir is not None:
+            _private_dir(self._short_dir)
         args = [
             *self._command, "serve", "--root", str(self.root), "--address", self.address,
             "--parent-pid", str(os.getpid()), *self._extra_args,
@@ -134,15 +141,29 @@ class AgentSidecar:
         return await self.process.wait()
 
     async def stop(self, grace_s: float = 10.0) -> int | None:
-        """SIGTERM, a bounded wait, then SIGKILL."""
+        """SIGTERM, a bounded wait, then SIGKILL; then the short socket folder, if any, goes."""
         proc = self.process
-        if proc is None:
-            return None
-        if proc.returncode is None:
+        if proc is not None and proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(proc.wait(), timeout=grace_s)
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
-        return proc.returncode
+        if self._short_dir is not None:  # the agent is gone: its socket and the folder go too
+            with contextlib.suppress(OSError):
+                (self._short_dir / "agent.sock").unlink(missing_ok=True)
+                self._short_dir.rmdir()
+        return None if proc is None else proc.returncode
+
+
+def _private_dir(folder: Path) -> None:
+    """Make ``folder`` (mode 0700), or accept it if it is already a folder of ours, private."""
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o700)
+    st = folder.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise SidecarError(
+            f"{folder} is not a private folder of this user (mode 0700): it cannot hold the "
+            "agent's socket; remove it, or choose a shorter root"
+        )

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import os
 import random
 import shutil
@@ -36,8 +37,17 @@ from pathlib import Path
 
 from aiohttp import web
 
+from raylet_sim.cli import shown
+from raylet_sim.interrupt import EXIT_INTERRUPTED, Interrupt
 from raylet_sim.node import AgentDied, Node
-from raylet_sim.pool import TASK_ERROR, TaskFailed, TaskSpec, WorkerState
+from raylet_sim.pool import (
+    ENV_SETUP_FAILED,
+    WORKER_DIED,
+    WORKER_START_FAILED,
+    TaskFailed,
+    TaskSpec,
+    WorkerState,
+)
 from raylet_sim.samples import EnvSpec, PackageServer, build_samples
 from rtenv.v1 import agent_pb2
 
@@ -105,6 +115,7 @@ class Tally:
     checks: int = 0
     violations: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    killed_pids: set[int] = field(default_factory=set)  # every worker the monkey SIGKILLed
 
     def summary(self, faults: Counter[str]) -> str:
         return "\n".join(
@@ -121,6 +132,31 @@ class Tally:
                 *(f"  - {v}" for v in self.violations[:20]),
             ]
         )
+
+
+# -- the oracle -----------------------------------------------------------------------------
+
+
+def unexplained(
+    failure: TaskFailed, *, killed_pids: set[int], agent_killed: bool, faults_injected: bool
+) -> str | None:
+    """Why a failed task is a violation, or None when the run's own violence explains it.
+
+    A worker's death is explained only by the monkey's SIGKILL of that very worker; a start
+    that failed, by that or by the agent's death; an env that could not be set up, by an
+    injected download fault or the agent's death. Anything else (a task that raised: its env
+    was not whole; a spawn that failed) is a bug the run found."""
+    pid = failure.pid
+    killed = pid is not None and pid in killed_pids
+    if failure.status == WORKER_DIED and killed:
+        return None
+    if failure.status == WORKER_START_FAILED and (killed or agent_killed):
+        return None
+    if failure.status == ENV_SETUP_FAILED and (faults_injected or agent_killed):
+        return None
+    if failure.status == WORKER_DIED:
+        return f"worker {pid}, which nobody killed, died under it: {failure.message}"
+    return f"{failure.status} that no kill or injected fault explains: {failure.message}"
 
 
 # -- the run --------------------------------------------------------------------------------
@@ -149,14 +185,16 @@ def _plan(server: ChaosServer, n_envs: int, seed: int) -> Plan:
 
 async def _phase(
     node: Node, plan: Plan, rng: random.Random, tally: Tally, tasks: int, concurrency: int,
-    kill_agent: bool,
+    kill_agent: bool, server: ChaosServer, calm: bool = False,
 ) -> None:  # fmt: skip
-    """One round: tasks on `concurrency` runners while the monkey works."""
+    """One round: tasks on `concurrency` runners while the monkey works (``calm``: it kills no
+    worker and cancels no pop; it still kills the agent in a round that does)."""
     assert node.pool is not None
     pool = node.pool
     order = [rng.choice(plan.envs) for _ in range(tasks)]
     left = iter(range(tasks))
     done = asyncio.Event()
+    agent_killed = False
 
     async def runner() -> None:
         for index in left:
@@ -165,8 +203,14 @@ async def _phase(
                 result = await node.run(TaskSpec(env.serialized, "task:run", (index,)))
             except TaskFailed as exc:
                 tally.tasks_failed[exc.status] += 1
-                if exc.status == TASK_ERROR:  # the task ran, and its env was not whole
-                    tally.violations.append(f"task {index} on env {env.index}: {exc.message}")
+                why = unexplained(
+                    exc,
+                    killed_pids=tally.killed_pids,
+                    agent_killed=agent_killed,
+                    faults_injected=sum(server.faults.values()) > server.faults["none"],
+                )
+                if why is not None:
+                    tally.violations.append(f"task {index} on env {env.index}: {why}")
                 continue
             result.pop("pid")
             if result != env.expected(index, plan.values):
@@ -189,6 +233,7 @@ async def _phase(
         pool.push_worker(worker)
 
     async def monkey() -> None:
+        nonlocal agent_killed
         # the agent dies after a random share of the round's tasks: whatever is in flight then
         kill_after = tally.tasks_ok + rng.randrange(tasks) if kill_agent else None
         ending = False
@@ -196,7 +241,9 @@ async def _phase(
             ending = done.is_set()  # one more turn after the last task: a kill is never skipped
             await asyncio.sleep(rng.uniform(0.01, 0.06))
             action = rng.random()
-            if action < 0.3:  # a worker mid-request, or one that has just started
+            if calm:
+                pass
+            elif action < 0.3:  # a worker mid-request, or one that has just started
                 victims = [
                     w for w in pool.workers.values()
                     if w.state in (WorkerState.BUSY, WorkerState.STARTING)
@@ -204,11 +251,13 @@ async def _phase(
                 if victims:
                     victim = rng.choice(victims)
                     with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+                        tally.killed_pids.add(victim.pid)  # known before its task can fail
                         os.kill(victim.pid, signal.SIGKILL)
                         tally.workers_killed += 1
             elif action < 0.45:
                 cancellers.append(asyncio.create_task(cancel_a_pop()))
             if kill_after is not None and (tally.tasks_ok + failed() >= kill_after or ending):
+                agent_killed = True
                 os.kill(node.sidecar.pid, signal.SIGKILL)
                 tally.agent_kills += 1
                 kill_after = None
@@ -222,10 +271,14 @@ async def _phase(
         await asyncio.gather(*(runner() for _ in range(concurrency)))
     except AgentDied:
         pass
-    finally:
-        done.set()
-        await monkey_task
-        await asyncio.gather(*cancellers, return_exceptions=True)
+    except BaseException:  # interrupted (or broken): the monkey must not kill on its way out
+        for task in (monkey_task, *cancellers):
+            task.cancel()
+        await asyncio.gather(monkey_task, *cancellers, return_exceptions=True)
+        raise
+    done.set()
+    await monkey_task
+    await asyncio.gather(*cancellers, return_exceptions=True)
 
 
 async def _check_alive(node: Node, root: Path, budget: int, tally: Tally, where: str) -> None:
@@ -296,25 +349,42 @@ def _check_disk(
             violation(f"{sub}/ did not drain")
 
 
-async def run(args: argparse.Namespace) -> Tally:
+async def run(args: argparse.Namespace, interrupt: Interrupt | None = None) -> Tally:
+    """The whole run; a temp workdir it made is removed whatever happens (``--keep`` keeps it,
+    and a ``--workdir`` given is never removed)."""
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="rtenv-chaos-"))
+    try:
+        return await _run_in(work, args, interrupt)
+    finally:
+        if not args.keep and not args.workdir:
+            await asyncio.to_thread(shutil.rmtree, work, True)
+
+
+async def _run_in(work: Path, args: argparse.Namespace, interrupt: Interrupt | None) -> Tally:
     rng = random.Random(args.seed)
     tally = Tally(seed=args.seed)
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="rtenv-chaos-", dir="/tmp"))
     root = work / "agent-root"
     server = ChaosServer(random.Random(args.seed + 1), args.fault_rate)
     await server.start()
     plan = _plan(server, args.envs, args.seed)
     budget = args.budget_kib * 1024
-    kills = set(rng.sample(range(args.rounds - 1), min(args.agent_kills, args.rounds - 1)))
+    kills = set(rng.sample(range(args.rounds - 1), args.agent_kills))
     started = time.monotonic()
     node: Node | None = None
     stats_before = (0, 0)
+
+    def interrupted() -> None:
+        if node is not None:
+            node.interrupt()
+
+    if interrupt is not None:
+        interrupt.on_interrupt(interrupted)
     try:
         for round_ in range(args.rounds):
             if node is None:
                 node = Node(
                     root,
-                    idle_timeout_s=0.5,
+                    idle_timeout_s=args.idle_timeout,
                     agent_args=["--cache-budget", str(budget), "--log-level", "WARNING"],
                     watch_interval_s=0.02,
                 )
@@ -324,13 +394,21 @@ async def run(args: argparse.Namespace) -> Tally:
                     await _check_restarted(node, root, tally, f"restart before round {round_}")
                 stats_before = (0, 0)
             kill = round_ in kills
-            await _phase(node, plan, rng, tally, args.tasks, args.concurrency, kill)
+            await _phase(
+                node, plan, rng, tally, args.tasks, args.concurrency, kill, server, args.calm
+            )
             if kill:  # the monkey killed it, maybe just as the last task ended
                 await asyncio.wait_for(node.wait_died(), 30)
             tally.rounds += 1
             assert node.pool is not None
             tally.violations += node.pool.violations
             node.pool.violations.clear()
+            failed = sum(tally.tasks_failed.values())
+            print(
+                f"round {round_}: {tally.tasks_ok} ok, {failed} failed, "
+                f"{len(tally.violations)} violations so far",
+                flush=True,
+            )
             if node.died is not None:
                 tally.workers_started += node.pool.stats.workers_started
                 await node.stop()
@@ -360,9 +438,9 @@ async def run(args: argparse.Namespace) -> Tally:
             await node.stop()
         await server.stop()
         tally.seconds = time.monotonic() - started
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
     print(tally.summary(server.faults))
+    if args.keep:
+        print(f"kept {work}")
     return tally
 
 
@@ -375,23 +453,71 @@ async def _check_restarted(node: Node, root: Path, tally: Tally, where: str) -> 
     _check_disk(root, info, lambda what: tally.violations.append(f"{where}: {what}"))
 
 
-def main() -> int:
+def _mistake(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line, in one line, or None."""
+    for name in ("rounds", "tasks", "envs", "concurrency"):
+        if getattr(args, name) < 1:
+            return f"--{name} must be at least 1, got {getattr(args, name)}"
+    if not 0 <= args.agent_kills <= args.rounds - 1:
+        return (
+            f"--agent-kills must be between 0 and --rounds - 1 ({args.rounds - 1}: the last "
+            f"round never kills the agent), got {args.agent_kills}"
+        )
+    if not 0.0 <= args.fault_rate <= 1.0:  # NaN fails too
+        return f"--fault-rate must be between 0 and 1, got {args.fault_rate}"
+    if args.budget_kib < 0:
+        return f"--budget-kib must be at least 0, got {args.budget_kib}"
+    if not (math.isfinite(args.idle_timeout) and args.idle_timeout > 0):
+        return f"--idle-timeout must be a number of seconds above 0, got {args.idle_timeout}"
+    if args.workdir is not None:
+        try:
+            Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return f"--workdir {shown(args.workdir)} cannot be a folder: {exc.strerror or exc}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seed", type=int, default=None, help="replay a run (default: random)")
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--tasks", type=int, default=150, help="tasks per round")
     parser.add_argument("--envs", type=int, default=24)
     parser.add_argument("--concurrency", type=int, default=6)
-    parser.add_argument("--agent-kills", type=int, default=60, help="rounds that kill the agent")
+    parser.add_argument(
+        "--agent-kills", type=int, default=None, help="rounds that kill the agent (a fifth)"
+    )
     parser.add_argument("--budget-kib", type=int, default=160, help="cache budget (KiB)")
     parser.add_argument("--fault-rate", type=float, default=0.2, help="faulty package GETs")
-    parser.add_argument("--workdir", help="where the agent's root goes (a temp dir)")
-    parser.add_argument("--keep", action="store_true", help="keep the workdir")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--idle-timeout", type=float, default=0.5, help="seconds an idle worker waits (0.5)"
+    )
+    parser.add_argument(
+        "--calm",
+        action="store_true",
+        help="kill no worker and cancel no pop (with --agent-kills 0 and --fault-rate 0, any "
+        "failed task is a violation)",
+    )
+    parser.add_argument("--workdir", help="where the agent's root goes, kept (a temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the temp workdir")
+    args = parser.parse_args(argv)
+    if args.agent_kills is None:
+        args.agent_kills = args.rounds // 5
+    mistake = _mistake(args)
+    if mistake is not None:
+        print(f"chaos: {mistake}", file=sys.stderr)
+        return 2
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 31)
     print(f"chaos seed {args.seed} (replay with --seed {args.seed})", flush=True)
-    tally = asyncio.run(run(args))
+    interrupt = Interrupt()
+    try:
+        tally = asyncio.run(interrupt.run(run(args, interrupt)))
+    except KeyboardInterrupt:  # before the run began, or as asyncio shut down after it
+        tally = None
+    if tally is None:
+        print("chaos: interrupted; the node stopped, its temp files removed", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 1 if tally.violations else 0
 
 

@@ -26,7 +26,16 @@ from types import ModuleType
 import pytest
 
 from raylet_sim.node import Node
-from raylet_sim.pool import TaskSpec
+from raylet_sim.pool import (
+    ARGUMENT_LIST_TOO_LONG,
+    ENV_SETUP_FAILED,
+    SPAWN_FAILED,
+    TASK_ERROR,
+    WORKER_DIED,
+    WORKER_START_FAILED,
+    TaskFailed,
+    TaskSpec,
+)
 from rtenv.v1 import agent_pb2
 from tests.helpers import env_json, running_agent, short_tempdir, wait_until, workdir_zip
 
@@ -101,6 +110,97 @@ def test_reduced_chaos_run_has_no_violation_and_exercises_every_kind_of_fault() 
     (ok,) = _summary_field(out, "tasks", r"(\d+) ok, .*")
     assert int(ok) > 0
     assert re.search(r"^seed 5: 8 rounds in ", out, re.MULTILINE), out[-4000:]
+
+
+@pytest.mark.timeout(150)
+def test_stress_run_with_many_envs_and_short_idle_timeouts_fails_no_task() -> None:
+    """CI's stress run (issue 12): many envs, idle workers retired after 50 ms, nothing killed
+    and no fault injected, so any failed task is a violation. Before the pool's fix it failed
+    (seed 7: 8 of 300 tasks WORKER_DIED on workers being stopped)."""
+    args = [
+        "--seed", "7", "--rounds", "1", "--tasks", "300", "--envs", "40", "--idle-timeout",
+        "0.05", "--agent-kills", "0", "--fault-rate", "0", "--calm", "--budget-kib", "65536",
+    ]  # fmt: skip
+    code, out = _run_chaos(args, timeout_s=120)
+    (violations,) = _summary_field(out, "violations", r"(\d+)")
+    assert (code, int(violations)) == (0, 0), f"the stress run failed:\n{out[-6000:]}"
+    assert _summary_field(out, "tasks", r"(\d+) ok, failed by status (\{\})") == ("300", "{}")
+    assert _summary_field(out, "workers", r"\d+ started, (\d+) killed") == ("0",)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--rounds", "0"], "--rounds must be at least 1, got 0"),
+        (["--fault-rate", "2"], "--fault-rate must be between 0 and 1, got 2.0"),
+        (["--fault-rate", "nan"], "--fault-rate must be between 0 and 1, got nan"),
+        (["--agent-kills", "5", "--rounds", "2"], "--agent-kills must be between 0 and --rounds"),
+        (["--idle-timeout", "-1"], "--idle-timeout must be a number of seconds above 0"),
+        (["--workdir", "FILE"], "--workdir '.*FILE' cannot be a folder: File exists"),
+    ],
+)
+def test_a_command_line_mistake_gets_one_line_and_exit_2(args: list[str], message: str) -> None:
+    """Issue 12: --rounds 0 gave a traceback, --fault-rate 2 was accepted and --agent-kills 5
+    --rounds 2 silently cut to 1."""
+    base = short_tempdir()
+    try:
+        (base / "FILE").write_text("not a folder")
+        argv = [a.replace("FILE", str(base / "FILE")) for a in args]
+        proc = subprocess.run(
+            [sys.executable, str(CHAOS_PY), *argv],
+            capture_output=True, text=True, timeout=60, cwd=REPO, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stdout == ""
+        assert len(proc.stderr.splitlines()) == 1, proc.stderr
+        assert re.fullmatch(f"chaos: {message}.*\n", proc.stderr), proc.stderr
+        assert (base / "FILE").read_text() == "not a folder"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# -- the oracle: which failed tasks the run's own violence explains ----------------------------
+
+
+def _failure(status: str, pid: int | None = 4242) -> TaskFailed:
+    return TaskFailed(status, f"worker {pid} did something", pid=pid)
+
+
+def test_a_worker_death_is_explained_only_by_a_kill_of_that_very_worker() -> None:
+    """Issue 12: every WORKER_DIED counted as the monkey's doing, so the pool's bug hid."""
+    died = _failure(WORKER_DIED)
+    explain = chaos.unexplained
+    assert explain(died, killed_pids={4242}, agent_killed=False, faults_injected=False) is None
+    for agent_killed, faults in ((False, False), (True, True)):  # nothing else explains it
+        why = explain(died, killed_pids={1, 2}, agent_killed=agent_killed, faults_injected=faults)
+        assert why is not None
+        assert "worker 4242, which nobody killed" in why
+
+
+def test_a_failed_start_needs_a_kill_of_its_worker_or_of_the_agent() -> None:
+    failed = _failure(WORKER_START_FAILED)
+    explain = chaos.unexplained
+    assert explain(failed, killed_pids={4242}, agent_killed=False, faults_injected=False) is None
+    assert explain(failed, killed_pids=set(), agent_killed=True, faults_injected=False) is None
+    why = explain(failed, killed_pids={7}, agent_killed=False, faults_injected=True)
+    assert why is not None
+    assert why.startswith("WORKER_START_FAILED that no kill or injected fault explains")
+
+
+def test_an_env_setup_failure_needs_an_injected_fault_or_the_agents_death() -> None:
+    failed = _failure(ENV_SETUP_FAILED, pid=None)
+    explain = chaos.unexplained
+    assert explain(failed, killed_pids=set(), agent_killed=False, faults_injected=True) is None
+    assert explain(failed, killed_pids=set(), agent_killed=True, faults_injected=False) is None
+    assert explain(failed, killed_pids={1}, agent_killed=False, faults_injected=False) is not None
+
+
+def test_a_task_error_or_a_spawn_failure_is_always_a_violation() -> None:
+    for status in (TASK_ERROR, SPAWN_FAILED, ARGUMENT_LIST_TOO_LONG):
+        why = chaos.unexplained(
+            _failure(status), killed_pids={4242}, agent_killed=True, faults_injected=True
+        )
+        assert why is not None, status
 
 
 # -- the checks fail on a broken state ---------------------------------------------------------

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from raylet_sim.demo import run_demo
+from raylet_sim.sidecar import MAX_UNIX_PATH_BYTES
 from tests.helpers import short_tempdir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,12 +55,26 @@ def check_summary(text: str, *, tasks: int, envs: int, packages: int) -> None:
     assert cached == fetched
 
 
-def test_the_demo_command_runs_a_small_workload_cleanly_and_its_summary_adds_up() -> None:
+def run_with_private_tmp(extra: list[str], base: Path) -> subprocess.CompletedProcess[str]:
+    """The demo command with TMPDIR in ``base/tmp``: what it leaves in the temp dir shows."""
+    (base / "tmp").mkdir()
     args = [
         sys.executable, "-m", "raylet_sim", "demo", "--tasks", "60", "--envs", "8",
-        "--concurrency", "4", "--package-kib", "16", "--idle-timeout", "30",
+        "--concurrency", "4", "--package-kib", "16", "--idle-timeout", "30", *extra,
     ]  # fmt: skip
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=90, cwd=REPO, check=False)
+    env = {**os.environ, "TMPDIR": str(base / "tmp")}
+    return subprocess.run(
+        args, capture_output=True, text=True, timeout=90, cwd=REPO, env=env, check=False
+    )
+
+
+def test_the_demo_command_runs_a_small_workload_cleanly_and_its_summary_adds_up() -> None:
+    base = short_tempdir()
+    try:
+        proc = run_with_private_tmp([], base)
+        assert list((base / "tmp").iterdir()) == [], "the demo left files in the temp dir"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert "node up: agent pid" in proc.stdout
     assert "60/60 tasks" in proc.stdout  # the progress reached the end
@@ -78,5 +96,51 @@ async def test_run_demo_in_process_returns_0_and_keeps_its_workdir_when_asked() 
         check_summary(text, tasks=24, envs=6, packages=5)
         assert f"kept {base / 'work'}" in text
         assert (base / "work" / "agent-root" / "uris").is_dir()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_demo_whose_socket_needed_the_short_fallback_folder_removes_that_folder() -> None:
+    """Issue 12: a workdir too deep for an AF_UNIX path puts the agent's socket in a short
+    rtenv-* folder of the temp dir; the demo left that folder behind, empty."""
+    base = short_tempdir()
+    workdir = base / ("d" * 90) / "work"
+    assert len(os.fsencode(str(workdir / "agent-root" / "agent.sock"))) > MAX_UNIX_PATH_BYTES
+    try:
+        proc = run_with_private_tmp(["--workdir", str(workdir)], base)
+        assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        assert "using" in proc.stderr, "the short fallback socket was not used"
+        assert list((base / "tmp").iterdir()) == [], "the demo left files in the temp dir"
+        assert (workdir / "agent-root").is_dir(), "a --workdir given is the user's: kept"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--workdir", "FILE"], "--workdir '.*FILE' cannot be a folder: File exists"),
+        (["--workdir", "FILE/sub"], "--workdir '.*FILE/sub' cannot be a folder: Not a directory"),
+        (["--tasks", "0"], "--tasks must be at least 1, got 0"),
+        (["--idle-timeout", "0"], "--idle-timeout must be a number of seconds above 0, got 0.0"),
+        (["--idle-timeout", "nan"], "--idle-timeout must be a number of seconds above 0"),
+        (["--package-kib", "-1"], "--package-kib must be at least 0, got -1"),
+    ],
+)
+def test_a_command_line_mistake_gets_one_line_and_exit_2(args: list[str], message: str) -> None:
+    """Issue 12: --workdir naming a file gave a traceback."""
+    base = short_tempdir()
+    try:
+        (base / "FILE").write_text("not a folder")
+        argv = [a.replace("FILE", str(base / "FILE")) for a in args]
+        proc = subprocess.run(
+            [sys.executable, "-m", "raylet_sim", "demo", *argv],
+            capture_output=True, text=True, timeout=60, cwd=REPO, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stdout == ""
+        assert len(proc.stderr.splitlines()) == 1, proc.stderr
+        assert re.fullmatch(f"raylet-sim: {message}.*\n", proc.stderr), proc.stderr
+        assert (base / "FILE").read_text() == "not a folder"
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import signal
 
 import grpc
 import pytest
 
 from raylet_sim.client import AgentClient, RetryPolicy
-from raylet_sim.pool import WorkerPool
+from raylet_sim.pool import TaskSpec, WorkerPool, WorkerState
 from tests.helpers import short_tempdir, wait_until
-from tests.test_pool_unit import harness, key
+from tests.test_pool_unit import INFO, absent, harness, key
 
 
 async def test_a_delete_after_the_node_closed_its_channel_is_logged_not_raised(
@@ -43,3 +46,66 @@ async def test_close_waits_for_a_create_in_flight_and_sends_its_delete_first() -
         await asyncio.wait_for(closing, 10)
         assert len(h.stub.deletes()) == 1
         assert all(n == 0 for n in h.stub.refs.values()), h.stub.refs
+
+
+async def test_a_pop_right_after_the_idle_timer_fired_never_gets_the_worker_being_stopped() -> None:
+    """Issue 12 (demo --tasks 2000 --envs 100 failed WORKER_DIED 'Connection lost'): the idle
+    timer closed a worker's stdin but left it IDLE in the idle list, and the next pop of its key
+    handed that dying worker a task. The worker is SIGSTOPped so it cannot exit and be reaped
+    first: the pop races the timer deterministically."""
+    async with harness(idle_timeout_s=0.05) as h:
+        first = await h.pool.pop_worker(key("a"))
+        os.kill(first.pid, signal.SIGSTOP)  # alive, but it cannot read its EOF and exit
+        try:
+            h.pool.push_worker(first)
+            stdin = first.process.stdin
+            assert stdin is not None
+            await wait_until(stdin.is_closing, what="the idle timer to close its stdin")
+            second = await asyncio.wait_for(h.pool.pop_worker(key("a")), 30)
+            assert second is not first, "the pool handed out the worker it is stopping"
+            assert first.state is WorkerState.STOPPING
+            h.pool.check_invariants()
+            assert second.pid != first.pid
+            assert h.pool.slots[key("a")].count == 2  # the one stopping counts until reaped
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(first.pid, signal.SIGCONT)
+        await wait_until(absent(h.pool.workers, first.worker_id), what="the stopped one reaped")
+        h.pool.push_worker(second)
+        assert (await h.pool.run(TaskSpec(key("a"), INFO)))["pid"] == second.pid
+        h.pool.check_invariants()
+
+
+async def test_check_invariants_reports_a_worker_being_stopped_in_the_idle_list() -> None:
+    """P0: a STOPPING worker must not be found where pops look for idle workers."""
+    async with harness() as h:
+        worker = await h.pool.pop_worker(key("a"))
+        h.pool.push_worker(worker)
+        h.pool.check_invariants()
+        h.pool._terminate(worker)
+        h.pool.check_invariants()
+        h.pool._idle[key("a")] = [worker]  # what the pool did before the fix
+        with pytest.raises(AssertionError, match=r"P0: worker .* is stopping in the idle list"):
+            h.pool.check_invariants()
+        h.pool._idle[key("a")] = []
+
+
+async def test_a_task_cancelled_mid_call_does_not_leave_its_reply_to_the_next_task() -> None:
+    """Found while making Ctrl-C clean (issue 12): a task cancelled while its worker ran it put
+    the worker back in the idle list; the next task of the key got the cancelled one's reply."""
+    async with harness() as h:
+        cancelled = asyncio.create_task(h.pool.run(TaskSpec(key("a"), "time:sleep", (0.3,))))
+        await wait_until(
+            lambda: [w.state for w in h.pool.workers.values()] == [WorkerState.BUSY],
+            timeout_s=30,
+            what="a busy worker",
+        )
+        (busy,) = h.pool.workers.values()
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        result = await asyncio.wait_for(h.pool.run(TaskSpec(key("a"), INFO)), 30)
+        assert isinstance(result, dict), f"the next task got the cancelled one's reply: {result}"
+        assert result["pid"] != busy.pid
+        await wait_until(absent(h.pool.workers, busy.worker_id), what="the cancelled one to exit")
+        h.pool.check_invariants()

@@ -1,0 +1,100 @@
+"""Ctrl-C (issue 12): SIGINT to the whole process group, as a terminal sends it, while the demo
+or the chaos runner is under way: one line on stderr, no traceback, exit 130, the node stopped
+(no agent, no worker left) and the temp folder it made removed."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import short_tempdir
+from tests.test_fate import gone, is_agent, is_worker, poll, workers_in
+
+REPO = Path(__file__).resolve().parents[1]
+UNDER_WAY_S = 90.0  # deadline for the run to be under way (tasks finishing)
+STOP_S = 30.0  # deadline for the run to stop after the SIGINT
+
+
+def interrupt_when(args: list[str], under_way: str) -> tuple[int, str, str, Path]:
+    """Start ``args`` in a session of its own with a private TMPDIR; once its stdout matches
+    ``under_way``, SIGINT its process group; return (exit code, stdout, stderr, that TMPDIR's
+    parent). Everything it started is killed by PID if the test fails on the way."""
+    base = short_tempdir()
+    tmp = base / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    out_path, err_path = base / "stdout", base / "stderr"
+    with out_path.open("wb") as out, err_path.open("wb") as err:
+        proc = subprocess.Popen(
+            args, stdout=out, stderr=err, cwd=REPO, env=env, start_new_session=True
+        )
+    agent: list[int] = []
+    try:
+        poll(
+            lambda: re.search(under_way, out_path.read_text(errors="replace")),
+            UNDER_WAY_S,
+            f"{under_way!r} in the output",
+        )
+        agent += [int(m) for m in re.findall(r"agent pid (\d+)", out_path.read_text())]
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=STOP_S)
+        for pid in agent:
+            poll(exited(pid), STOP_S, f"the agent {pid} to exit")
+        assert workers_in(base) == [], "a worker outlived the interrupted run"
+        return code, out_path.read_text(), err_path.read_text(), tmp
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in [*agent, *workers_in(base)]:
+            if not gone(pid) and (is_agent(pid) or is_worker(pid)):
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=STOP_S)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def exited(pid: int) -> Callable[[], bool | None]:
+    return lambda: gone(pid) or None
+
+
+def check_clean_interrupt(code: int, err: str, tmp: Path, prog: str) -> None:
+    assert code == 130, f"exit {code}; stderr:\n{err[-4000:]}"
+    assert "Traceback" not in err, err[-4000:]
+    lines = err.splitlines()
+    assert len(lines) <= 2, f"{len(lines)} lines on stderr:\n{err[-4000:]}"
+    assert lines[-1].startswith(f"{prog}: interrupted"), err
+    assert not tmp.exists() or list(tmp.iterdir()) == [], "the interrupted run left files"
+
+
+@pytest.mark.timeout(180)
+def test_ctrl_c_during_the_demo_stops_the_node_cleanly_says_one_line_and_exits_130() -> None:
+    args = [
+        sys.executable, "-m", "raylet_sim", "demo", "--tasks", "100000", "--envs", "12",
+        "--package-kib", "16",
+    ]  # fmt: skip
+    code, _, err, tmp = interrupt_when(args, r"\d+/100000 tasks")
+    check_clean_interrupt(code, err, tmp, "raylet-sim")
+
+
+@pytest.mark.timeout(180)
+def test_ctrl_c_during_the_chaos_runner_stops_the_node_cleanly_says_one_line_and_exits_130() -> (
+    None
+):
+    args = [
+        sys.executable, str(REPO / "scripts" / "chaos.py"), "--seed", "3", "--rounds", "50",
+        "--agent-kills", "10", "--tasks", "60",
+    ]  # fmt: skip
+    started = time.monotonic()
+    code, _, err, tmp = interrupt_when(args, r"round 1\b")
+    assert time.monotonic() - started < 170
+    check_clean_interrupt(code, err, tmp, "chaos")
