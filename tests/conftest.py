@@ -10,6 +10,9 @@ import pytest
 
 from tests.helpers import short_tempdir
 
+# Each session gets a private temp dir that must be empty at its end (see tests/tmpguard.py).
+pytest_plugins = ["tests.tmpguard"]
+
 
 @pytest.fixture
 def base() -> Iterator[Path]:

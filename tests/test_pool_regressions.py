@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import grpc
 import pytest
 
 from raylet_sim.client import AgentClient, RetryPolicy
 from raylet_sim.pool import WorkerPool
-from tests.helpers import short_tempdir, wait_until
+from tests.helpers import wait_until
 from tests.test_pool_unit import harness, key
 
 
 async def test_a_delete_after_the_node_closed_its_channel_is_logged_not_raised(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, base: Path
 ) -> None:
     """Chaos seed 20261130: a worker reaped after close() scheduled a delete on a closed
     channel, and the task died with UsageError ('Task exception was never retrieved')."""
-    channel = grpc.aio.insecure_channel(f"unix:{short_tempdir() / 'none.sock'}")
+    channel = grpc.aio.insecure_channel(f"unix:{base / 'none.sock'}")
     pool = WorkerPool(AgentClient(channel, RetryPolicy(attempts=1)))
     await channel.close()
     with caplog.at_level(logging.WARNING, logger="raylet_sim.pool"):
