@@ -27,6 +27,7 @@ from agent.fetch import Fetcher, Sleep
 from agent.metrics import Metrics, start_metrics_server
 from agent.recovery import RecoverySummary, recover
 from agent.refs import RefTables
+from agent.sdnotify import Notifier
 from agent.service import AgentService
 from agent.servicer import RuntimeEnvAgentServicer
 from agent.startup import (
@@ -239,14 +240,17 @@ async def serve(settings: Settings) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    notifier = Notifier.from_environment()  # systemd Type=notify, when NOTIFY_SOCKET is set
     agent = Agent(settings)
     await agent.start()
     print(f"rtenv-agent serving on {agent.address}", flush=True)
+    notifier.send(f"READY=1\nSTATUS=serving on {agent.address}")
     watcher = None
     if settings.parent_pid is not None:
         watcher = asyncio.create_task(_watch_parent(settings.parent_pid, stop))
     await stop.wait()
     log.info("shutting down")
+    notifier.send("STOPPING=1")
     if watcher is not None:
         watcher.cancel()
     await agent.stop()
