@@ -16,7 +16,7 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from agent.disk import du
@@ -82,7 +82,7 @@ async def recover(store: UriStore, db: StateDB | None) -> RecoverySummary:
         envs_forgotten=len(envs),
         seconds=time.monotonic() - started,
     )
-    log.info("%s", summary.line())
+    log.info("%s", summary.line(), extra=asdict(summary))
     return summary
 
 

@@ -151,7 +151,10 @@ class Agent:
             root,
             settings.cache_budget_bytes,
             time.monotonic() - started,
-        )
+            extra={"address": self.address, "root": str(root),
+                   "budget_bytes": settings.cache_budget_bytes,
+                   "seconds": round(time.monotonic() - started, 3)},
+        )  # fmt: skip
 
     async def _serve_metrics(self, settings: Settings) -> None:
         checked = check_address(settings.metrics_address, settings.allow_remote)
@@ -165,7 +168,10 @@ class Agent:
         except OSError as exc:
             raise StartupError(f"cannot serve metrics on {checked}: {exc.strerror}") from exc
         self.metrics_address = f"{host}:{bound}"
-        log.info("metrics on http://%s/metrics", self.metrics_address)
+        log.info(
+            "metrics on http://%s/metrics", self.metrics_address,
+            extra={"metrics_address": self.metrics_address},
+        )  # fmt: skip
 
     async def _bind(self, address: str) -> str:
         assert self._server is not None

@@ -54,7 +54,10 @@ async def answer(
         raise
     except Exception as exc:
         code = grpc.StatusCode.INTERNAL
-        log.exception("%s failed with a bug (request_id=%r)", rpc, request_id)
+        log.exception(
+            "%s failed with a bug (request_id=%r)", rpc, request_id,
+            extra={"rpc": rpc, "request_id": request_id},
+        )  # fmt: skip
         await context.abort(
             grpc.StatusCode.INTERNAL, f"internal error in {rpc}: {type(exc).__name__}: {exc}"
         )
