@@ -175,7 +175,10 @@ class Fetcher:
                     raise DownloadFailed(
                         f"{label}: download failed after {attempt} attempts: {exc}"
                     ) from exc
-                log.warning("download %s attempt %d failed: %s; retrying", label, attempt, exc)
+                log.warning(
+                    "download %s attempt %d failed: %s; retrying", label, attempt, exc,
+                    extra={"uri": label, "attempt": attempt},
+                )  # fmt: skip
             await self._sleep(delay * (1 - limits.backoff_jitter * self._rand()))
             delay = min(delay * 2, limits.backoff_max_s)
         raise AssertionError("unreachable: the loop returns or raises")

@@ -1,7 +1,9 @@
 """Logging: one line per event that matters, as text for people or JSON for machines.
 
-Events carry their facts as ``extra`` fields (env_id, request_id, uri, bytes, seconds); the text
-format shows the message, the JSON format adds every extra field as a key.
+Events carry their facts as ``extra`` fields (address, budget_bytes, env_id, request_id, uri,
+sizes in bytes, seconds); the text format shows the message, the JSON format adds every extra
+field as a key, and its ``time`` is ISO-8601 in UTC with milliseconds and the zone
+(``2026-12-01T01:02:03.456+00:00``).
 """
 
 from __future__ import annotations
@@ -9,15 +11,21 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
+def iso_time(created: float) -> str:
+    """A record's time as ISO-8601, UTC, with milliseconds and the zone."""
+    return datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "time": iso_time(record.created),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),

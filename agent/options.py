@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
+import textwrap
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -179,8 +180,17 @@ OPTIONS: tuple[Option, ...] = (
 )  # fmt: skip
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Wraps help at spaces only: a default such as a path with hyphens stays whole in --help."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        words = " ".join(text.split())
+        return textwrap.wrap(words, width, break_on_hyphens=False, break_long_words=False)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every option as a flag whose default is None, so that an absent flag is known."""
+    parser.formatter_class = _HelpFormatter
     parser.add_argument("--root", type=Path, required=True, help="the agent's directory")
     parser.add_argument("--parent-pid", type=int, help="shut down when this process exits")
     parser.add_argument("--config", type=Path, help="a TOML file of settings (or RTENV_CONFIG)")

@@ -19,7 +19,7 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from agent.archive import is_loose, make_dir
@@ -97,7 +97,7 @@ async def recover(store: UriStore, db: StateDB | None) -> RecoverySummary:
         envs_forgotten=len(envs),
         seconds=time.monotonic() - started,
     )
-    log.info("%s", summary.line())
+    log.info("%s", summary.line(), extra=asdict(summary))
     return summary
 
 

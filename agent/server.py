@@ -28,6 +28,7 @@ from agent.fetch import Fetcher, Sleep
 from agent.metrics import Metrics, start_metrics_server
 from agent.recovery import RecoverySummary, recover
 from agent.refs import RefTables
+from agent.sdnotify import Notifier
 from agent.service import AgentService
 from agent.servicer import RuntimeEnvAgentServicer
 from agent.startup import (
@@ -163,7 +164,10 @@ class Agent:
             root,
             human_bytes(settings.cache_budget_bytes),
             time.monotonic() - started,
-        )
+            extra={"address": self.address, "root": str(root),
+                   "budget_bytes": settings.cache_budget_bytes,
+                   "seconds": round(time.monotonic() - started, 3)},
+        )  # fmt: skip
 
     async def _serve_metrics(self, settings: Settings) -> None:
         checked = check_address(settings.metrics_address, settings.allow_remote)
@@ -177,7 +181,10 @@ class Agent:
         except OSError as exc:
             raise StartupError(f"cannot serve metrics on {checked}: {exc.strerror}") from exc
         self.metrics_address = f"{host}:{bound}"
-        log.info("metrics on http://%s/metrics", self.metrics_address)
+        log.info(
+            "metrics on http://%s/metrics", self.metrics_address,
+            extra={"metrics_address": self.metrics_address},
+        )  # fmt: skip
 
     async def _bind(self, address: str) -> str:
         assert self._server is not None
@@ -255,15 +262,18 @@ async def serve(settings: Settings) -> int:
         loop.add_signal_handler(sig, on_signal)
     if settings.parent_pid is not None:
         check_parent(settings.parent_pid)
+    notifier = Notifier.from_environment()  # systemd Type=notify, when NOTIFY_SOCKET is set
     agent = Agent(settings)
     await agent.start()
     log.info("event loop: %s", describe_loop(loop))
     print(f"rtenv-agent serving on {agent.address}", flush=True)
+    notifier.send(f"READY=1\nSTATUS=serving on {agent.address}")
     watcher = None
     if settings.parent_pid is not None:
         watcher = asyncio.create_task(_watch_parent(settings.parent_pid, stop))
     await stop.wait()
     log.info("shutting down")
+    notifier.send("STOPPING=1")
     if watcher is not None:
         watcher.cancel()
     await agent.stop()

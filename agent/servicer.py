@@ -69,7 +69,11 @@ async def answer(
         raise
     except Exception as exc:
         code = grpc.StatusCode.INTERNAL
-        log.exception("%s failed with a bug (request_id=%r)", rpc, _logged(request_id))
+        logged_id = _logged(request_id)
+        log.exception(
+            "%s failed with a bug (request_id=%r)", rpc, logged_id,
+            extra={"rpc": rpc, "request_id": logged_id},
+        )  # fmt: skip
         message = cap_message(f"internal error in {rpc}: {type(exc).__name__}: {exc}")
     finally:
         if metrics is not None:

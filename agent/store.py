@@ -205,7 +205,7 @@ class UriStore:
             self._claims.add(claim)
             staging.mkdir(mode=0o700)  # private: nobody else may touch a package being built
             archive = staging / "package.zip"
-            log.info("installing %s", label)
+            log.info("installing %s", label, extra={"uri": label})
             await self._make_room(0, label, claim)
             digest = None
             if key.kind is UriKind.PIP:
@@ -266,13 +266,12 @@ class UriStore:
         entry.task = None
         if self._on_install is not None:
             self._on_install(True, fetched, time.monotonic() - started)
+        seconds = time.monotonic() - started
         log.info(
-            "installed %s: %d bytes fetched, %d bytes unpacked, %.2fs",
-            label,
-            fetched,
-            size,
-            time.monotonic() - started,
-        )
+            "installed %s: %d bytes fetched, %d bytes unpacked, %.2fs", label, fetched, size,
+            seconds, extra={"uri": label, "fetched_bytes": fetched, "unpacked_bytes": size,
+                            "seconds": round(seconds, 3)},
+        )  # fmt: skip
         if self._refcount(key) == 0:  # every create that wanted it went away meanwhile
             self.release([key])
 
@@ -384,7 +383,10 @@ class UriStore:
                 self._db.note_uri_dropped(key.kind.value, key.uri)  # behind: a row whose
                 # directory is gone is dropped by recovery, so the order of the two is safe
             self.evictions += 1
-            log.info("evicted %s (%d bytes, unused)", key, entry.size)
+            log.info(
+                "evicted %s (%d bytes, unused)", key, entry.size,
+                extra={"uri": str(key), "bytes": entry.size},
+            )  # fmt: skip
         return trashed
 
     def _to_trash(self, path: Path) -> Path:

@@ -78,13 +78,17 @@ def installer_environ() -> dict[str, str]:
 
 
 async def _run(args: Sequence[str], log_path: Path, label: str, staging: Path) -> None:
+    # The installer's temp files go in its staging folder: an install killed (timeout, crash)
+    # leaves its pip-* folders there, removed with the staging, not in the machine's temp dir.
+    temp = staging / "installer-tmp"
+    temp.mkdir(exist_ok=True)
     out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.write(out, f"{_COMMAND}{' '.join(args)}\n".encode())
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-c", _GROUP_LEADER, str(os.getpid()), *args,
             stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
-            env=installer_environ(), cwd=staging,
+            env={**installer_environ(), "TMPDIR": str(temp)}, cwd=staging,
         )  # fmt: skip
     finally:
         os.close(out)

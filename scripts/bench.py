@@ -51,7 +51,7 @@ from pathlib import Path
 from benchlib.churn import bench_churn
 from benchlib.cold import bench_cold_large, bench_loop_blocking, bench_stampede
 from benchlib.config import SMOKE, Sizes, with_overrides
-from benchlib.figures import WorkloadResult, fmt, plot, table, write_json
+from benchlib.figures import WorkloadResult, fmt, plot, plot_unavailable, table, write_json
 from benchlib.hot import bench_hot, bench_persistence
 from benchlib.pipenv import bench_pip
 from benchlib.procs import probe_file_creation, uvloop_available
@@ -205,7 +205,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main() -> int:
-    args = _parser().parse_args()
+    parser = _parser()
+    args = parser.parse_args()
+    if args.plot is not None and (problem := plot_unavailable()):
+        parser.error(problem)  # before the run, not after minutes of it; exit 2
     sizes = with_overrides(SMOKE if args.smoke else Sizes(), vars(args))
     if args.no_uvloop:
         sizes = with_overrides(sizes, {"uvloop": False})

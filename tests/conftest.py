@@ -9,6 +9,10 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import short_tempdir
+from tests.pip_wheels import build_wheelhouse
+
+# Each session gets a private temp dir that must be empty at its end (see tests/tmpguard.py).
+pytest_plugins = ["tests.tmpguard"]
 
 
 @pytest.fixture
@@ -20,3 +24,10 @@ def base() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The pip tests' offline wheelhouse, built once per session in pytest's own tmp_path
+    folders (an atexit removal came after the temp-dir guard's check)."""
+    return build_wheelhouse(tmp_path_factory.mktemp("wheelhouse"))

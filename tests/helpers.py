@@ -166,8 +166,9 @@ FAST_FETCH = FetchLimits(attempts=3, backoff_initial_s=0.01, backoff_max_s=0.05)
 
 
 def short_tempdir() -> Path:
-    """A directory under /tmp whose path is short enough for a unix socket inside it."""
-    return Path(tempfile.mkdtemp(prefix="rtenv-", dir="/tmp"))
+    """A new directory in the temp dir (under test, the session's private one, whose path is
+    kept short enough for a unix socket inside it); the caller removes it."""
+    return Path(tempfile.mkdtemp(prefix="rtenv-"))
 
 
 @dataclass

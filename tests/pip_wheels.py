@@ -8,18 +8,14 @@ and every install in the tests passes ``--no-index --find-links <dir>``.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
-import functools
 import io
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import tarfile
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -98,14 +94,6 @@ def build_wheelhouse(dest: Path) -> Path:
     assert done.returncode == 0, report
     assert len(built) == len(PROJECTS), report
     return wheels
-
-
-@functools.cache
-def wheelhouse() -> Path:
-    """The wheelhouse, built once per test process and removed at its exit."""
-    base = Path(tempfile.mkdtemp(prefix="rtenv-wheels-"))
-    atexit.register(shutil.rmtree, base, ignore_errors=True)
-    return build_wheelhouse(base)
 
 
 def offline(find_links: Path | str) -> list[str]:

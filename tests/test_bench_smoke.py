@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -74,3 +75,24 @@ def test_the_benchmark_runs_every_workload_with_tiny_sizes_and_reports_them() ->
             assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_plot_without_matplotlib_is_refused_before_the_run(base: Path) -> None:
+    """--plot where matplotlib cannot be imported: one usage error and exit 2 at once, not
+    after the whole benchmark (a stand-in matplotlib that fails to import hides a real one)."""
+    shadow = base / "shadow" / "matplotlib"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('matplotlib hidden by the test')\n")
+    args = [
+        sys.executable, "scripts/bench.py", "--smoke", "--plot", str(base / "p.png"),
+        "--out", str(base / "out.json"), "--workdir", str(base / "work"),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(base / "shadow")}
+    proc = subprocess.run(
+        args, capture_output=True, text=True, timeout=60, cwd=REPO, env=env, check=False
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--plot needs matplotlib" in proc.stderr
+    assert proc.stdout == "", "the benchmark started"
+    assert not (base / "work").exists()
+    assert not (base / "out.json").exists()

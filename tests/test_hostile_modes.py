@@ -21,7 +21,7 @@ import pytest
 from agent.startup import prepare_socket_path
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.helpers import env_json, package_server, wait_until
-from tests.pip_wheels import hermetic_pip_environ, isolate_pip, pip_env, wheelhouse
+from tests.pip_wheels import hermetic_pip_environ, isolate_pip, pip_env
 from tests.test_process import REPO, START_S, stop
 
 # "$0" is the python to run, "$@" serve's arguments: no quoting of paths in a shell string
@@ -133,7 +133,7 @@ async def info(stub: agent_pb2_grpc.RuntimeEnvAgentStub) -> agent_pb2.GetRuntime
 
 
 async def test_an_agent_under_umask_000_keeps_nothing_others_may_write_and_no_setuid_bit(
-    base: Path,
+    base: Path, wheels: Path
 ) -> None:
     """Zips with 0777/0666/setuid/setgid/sticky entries over HTTP and file://, and a pip venv:
     every file and folder under the root ends up neither group nor other writable, without a
@@ -143,7 +143,6 @@ async def test_an_agent_under_umask_000_keeps_nothing_others_may_write_and_no_se
     pkgs = base / "pkgs"
     pkgs.mkdir()
     (pkgs / "mods.zip").write_bytes(hostile_zip(module_entries("hostile_mod")))
-    wheels = wheelhouse()
     async with package_server() as server:
         wd_url = server.add("wd.zip", hostile_zip(HOSTILE))
         held_url = server.add("held.zip", hostile_zip(module_entries("held_mod")))

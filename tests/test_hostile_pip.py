@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from tests.helpers import RunningAgent, running_agent
-from tests.pip_wheels import git_repo, isolate_pip, local_project, wheelhouse
+from tests.pip_wheels import git_repo, isolate_pip, local_project
 from tests.test_pip_env import BUILD_S, logs, nothing_left, probe, status_of, still_serves
 
 SECRET = "root:x:0:0:SECRET-FROM-OUTSIDE"
@@ -42,11 +42,6 @@ class Land:
     @property
     def secret(self) -> Path:
         return self.outside / "secret.txt"
-
-
-@pytest.fixture(scope="module")
-def wheels() -> Path:
-    return wheelhouse()
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,8 @@
 """Logs of a real ``python -m agent serve --log-format json`` process: one JSON object per line,
 one line per event that matters (start, recovery, install start and end, eviction, every error
-with its env id and request id), and nothing for a cache hit at the default level."""
+with its env id and request id), and nothing for a cache hit at the default level. Each line's
+time is ISO-8601 with milliseconds and zone; the facts (address, budget, env id, request id,
+sizes) are fields of their own, not only words in the message."""
 
 from __future__ import annotations
 
@@ -10,17 +12,20 @@ import re
 import signal
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
+from agent.logs import iso_time
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.helpers import env_json, workdir_zip
 from tests.test_process import STOP_S, serving
 
 Line = dict[str, Any]
+ISO_MS_ZONE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00")
 
 
 def json_lines(log: Path) -> list[Line]:
@@ -32,6 +37,7 @@ def json_lines(log: Path) -> list[Line]:
         line = json.loads(text)
         assert isinstance(line, dict), text
         assert {"time", "level", "logger", "message"} <= set(line), text
+        assert ISO_MS_ZONE.fullmatch(line["time"]), line["time"]
         lines.append(line)
     return lines
 
@@ -70,9 +76,17 @@ async def test_json_logs_have_one_line_per_event_and_none_for_a_cache_hit(base: 
             )
             return reply
 
-        await wait_line(log, lambda x: x["message"].startswith("serving on"), "serving on")
+        serving_at = await wait_line(
+            log, lambda x: x["message"].startswith("serving on"), "serving on"
+        )
         start = json_lines(log)
-        assert any(x["message"].startswith("recovery: 0 packages kept") for x in start), start
+        served = start[serving_at]
+        assert served["address"] == agent.address
+        assert (served["budget_bytes"], served["root"]) == (0, str((base / "root").resolve()))
+        when = datetime.fromisoformat(served["time"])
+        assert abs(datetime.now(UTC) - when) < timedelta(minutes=5), served["time"]
+        [recovery] = [x for x in start if x["message"].startswith("recovery: 0 packages kept")]
+        assert (recovery["rows_kept"], recovery["bytes_freed"]) == (0, 0)
 
         reply = await create(env_json(uri), "create-1")  # a miss: one install
         began = await wait_line(log, lambda x: x["message"] == f"installing {label}", "start")
@@ -80,9 +94,17 @@ async def test_json_logs_have_one_line_per_event_and_none_for_a_cache_hit(base: 
             log, lambda x: x["message"].startswith(f"installed {label}: "), "install end"
         )
         assert began < ended
-        end = json_lines(log)[ended]["message"]
+        end_line = json_lines(log)[ended]
+        end = end_line["message"]
         assert f": {len(body)} bytes fetched, 5000 bytes unpacked, " in end, end
         assert re.search(r", \d+\.\d\ds$", end), end
+        assert (end_line["uri"], end_line["fetched_bytes"], end_line["unpacked_bytes"]) == (
+            label,
+            len(body),
+            5000,
+        )
+        assert isinstance(end_line["seconds"], float)
+        assert json_lines(log)[began]["uri"] == label
 
         await create(env_json(uri), "create-2")  # a hit: must log nothing
         missing = env_json(f"file://{base}/missing.zip")
@@ -112,6 +134,7 @@ async def test_json_logs_have_one_line_per_event_and_none_for_a_cache_hit(base: 
             )
         evicted = await wait_line(log, lambda x: x["message"].startswith(f"evicted {label}"), "ev")
         assert "(5000 bytes, unused)" in json_lines(log)[evicted]["message"]
+        assert (json_lines(log)[evicted]["uri"], json_lines(log)[evicted]["bytes"]) == (label, 5000)
 
         agent.proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(agent.proc.wait(), STOP_S) == 0
@@ -119,3 +142,9 @@ async def test_json_logs_have_one_line_per_event_and_none_for_a_cache_hit(base: 
         assert len(lines) == len(log.read_text().splitlines()), "a line that is not JSON"
         assert lines[-1]["message"] == "stopped"
         assert [x for x in lines if x["level"] not in ("INFO", "WARNING")] == []
+
+
+def test_json_time_is_iso_8601_utc_with_milliseconds_and_zone() -> None:
+    # 2026-12-01 01:02:03.456789 UTC: the milliseconds are truncated, not rounded up
+    assert iso_time(1796086923.456789) == "2026-12-01T01:02:03.456+00:00"
+    assert datetime.fromisoformat(iso_time(0.0)) == datetime(1970, 1, 1, tzinfo=UTC)

@@ -4,6 +4,7 @@ figures move with creates (miss, then hit), a failing create, deletes and an evi
 from __future__ import annotations
 
 import asyncio
+import gzip
 import shutil
 from collections.abc import Mapping
 
@@ -141,3 +142,32 @@ async def test_metrics_on_a_non_loopback_address_is_refused_without_allow_remote
         assert f"address {address!r} is not a loopback address" in caught.value.message
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+async def test_metrics_negotiate_openmetrics_gzip_and_export_process_not_created_series() -> None:
+    """Operators' conventions: prometheus-client's own handler (OpenMetrics when asked, gzip
+    when accepted), the process_* series, and no *_created series."""
+    async with running_agent(metrics_address="127.0.0.1:0") as a:
+        await a.info()  # one counter and its children exist
+        url = f"http://{a.agent.metrics_address}/metrics"
+        async with aiohttp.ClientSession(trust_env=False, auto_decompress=False) as session:
+            async with session.get(url, headers={"Accept-Encoding": "gzip"}) as resp:
+                assert resp.status == 200
+                assert resp.headers.get("Content-Encoding") == "gzip"
+                text = gzip.decompress(await resp.read()).decode()
+            async with session.get(url, headers={"Accept-Encoding": "identity"}) as resp:
+                assert "Content-Encoding" not in resp.headers
+                assert resp.headers["Content-Type"].startswith("text/plain")
+                assert "rtenv_requests_total" in await resp.text()
+            openmetrics = "application/openmetrics-text; version=1.0.0"
+            async with session.get(
+                url, headers={"Accept": openmetrics, "Accept-Encoding": "identity"}
+            ) as resp:
+                assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
+                assert (await resp.text()).endswith("# EOF\n")
+        samples = {
+            s.name for family in text_string_to_metric_families(text) for s in family.samples
+        }
+        assert {"process_cpu_seconds_total", "process_resident_memory_bytes"} <= samples
+        assert "rtenv_requests_total" in samples
+        assert [name for name in samples if name.endswith("_created")] == []

@@ -92,3 +92,42 @@ async def test_node_client_gets_the_status_code_of_a_bad_env(node_client: Path) 
         assert proc.returncode == 1
         assert "INVALID_ARGUMENT" in err.decode()
         assert "conda" in err.decode()
+
+
+def _node_usage(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the client with ``args`` (no agent, no packages needed: usage comes first)."""
+    if shutil.which("node") is None:
+        pytest.skip("node is not on PATH")
+    return subprocess.run(
+        ["node", str(CLIENT / "client.js"), *args],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_node_client_help_prints_usage_and_exits_0(flag: str) -> None:
+    done = _node_usage(flag)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith("usage: node client.js --address ADDR --env JSON")
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ((), "--address and --env are required"),
+        (("--address",), "--address needs a value"),
+        (("--env", "{}"), "--address and --env are required"),
+        (("--bogus", "x"), 'unknown argument "--bogus"'),
+        (("--address", "unix:/x", "--env", "{}", "--timeout-ms", "soon"), "--timeout-ms must be"),
+    ],
+)
+def test_node_client_usage_mistakes_get_one_line_and_exit_2(
+    args: tuple[str, ...], says: str
+) -> None:
+    """No stack trace: one line naming the mistake, exit status 2."""
+    done = _node_usage(*args)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert says in done.stderr
+    assert "(--help for usage)" in done.stderr

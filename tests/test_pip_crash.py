@@ -24,16 +24,10 @@ from tests.pip_wheels import (
     slow_env,
     slow_sdist,
     survivors,
-    wheelhouse,
 )
 from tests.test_crash_recovery import AgentProc, agent_process, leftovers, listing, read_index
 
 BUILD_S = 60.0
-
-
-@pytest.fixture(scope="module")
-def wheels() -> Path:
-    return wheelhouse()
 
 
 @pytest.fixture(autouse=True)

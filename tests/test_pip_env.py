@@ -31,7 +31,6 @@ from tests.pip_wheels import (
     slow_env,
     slow_sdist,
     survivors,
-    wheelhouse,
 )
 
 BUILD_S = 60.0  # deadline for one venv build on a loaded machine
@@ -47,11 +46,6 @@ for name in sys.argv[1:]:
         out[name] = None
 print(json.dumps(out))
 """
-
-
-@pytest.fixture(scope="module")
-def wheels() -> Path:
-    return wheelhouse()
 
 
 @pytest.fixture(autouse=True)

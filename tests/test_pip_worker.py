@@ -13,7 +13,7 @@ import pytest
 from raylet_sim.node import Node
 from raylet_sim.pool import TaskSpec
 from tests.helpers import package_server, short_tempdir, workdir_zip
-from tests.pip_wheels import isolate_pip, pip_env, wheelhouse
+from tests.pip_wheels import isolate_pip, pip_env
 
 TASK = """\
 import importlib.util, os, sys
@@ -25,11 +25,6 @@ def run():
             "module": alpha_pkg.__file__, "cwd": os.getcwd(),
             "grpc": importlib.util.find_spec("grpc") is not None}
 """
-
-
-@pytest.fixture(scope="module")
-def wheels() -> Path:
-    return wheelhouse()
 
 
 @pytest.fixture(autouse=True)

@@ -7,22 +7,23 @@ import contextlib
 import logging
 import os
 import signal
+from pathlib import Path
 
 import grpc
 import pytest
 
 from raylet_sim.client import AgentClient, RetryPolicy
 from raylet_sim.pool import TaskSpec, WorkerPool, WorkerState
-from tests.helpers import short_tempdir, wait_until
+from tests.helpers import wait_until
 from tests.test_pool_unit import INFO, absent, harness, key
 
 
 async def test_a_delete_after_the_node_closed_its_channel_is_logged_not_raised(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, base: Path
 ) -> None:
     """Chaos seed 20261130: a worker reaped after close() scheduled a delete on a closed
     channel, and the task died with UsageError ('Task exception was never retrieved')."""
-    channel = grpc.aio.insecure_channel(f"unix:{short_tempdir() / 'none.sock'}")
+    channel = grpc.aio.insecure_channel(f"unix:{base / 'none.sock'}")
     pool = WorkerPool(AgentClient(channel, RetryPolicy(attempts=1)))
     await channel.close()
     with caplog.at_level(logging.WARNING, logger="raylet_sim.pool"):

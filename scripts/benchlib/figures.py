@@ -263,6 +263,21 @@ def _add(a: Any, b: Any) -> Any:
 # -- the plot ------------------------------------------------------------------------------------
 
 
+_NO_MATPLOTLIB = (
+    "--plot needs matplotlib, which is not a dependency of the agent: "
+    "pip install -e '.[bench]' (or pip install matplotlib)"
+)
+
+
+def plot_unavailable() -> str:
+    """Why --plot cannot work here ("" if it can): checked before the run, not after it."""
+    try:
+        importlib.import_module("matplotlib")
+    except ImportError:
+        return _NO_MATPLOTLIB
+    return ""
+
+
 def plot(path: Path, results: list[WorkloadResult]) -> str:
     """Write the latency distributions (one panel per workload with requests) as a PNG; return
     an error message instead if matplotlib is not installed."""
@@ -272,10 +287,7 @@ def plot(path: Path, results: list[WorkloadResult]) -> str:
         plt: Any = importlib.import_module("matplotlib.pyplot")
         ticker: Any = importlib.import_module("matplotlib.ticker")
     except ImportError:
-        return (
-            "--plot needs matplotlib, which is not a dependency of the agent: "
-            "pip install -e '.[bench]' (or pip install matplotlib)"
-        )
+        return _NO_MATPLOTLIB
     panels = [r for r in results if any(len(m.latencies_s) >= 2 for m in r.measures)]
     if not panels:
         return "--plot: no workload measured latencies"
