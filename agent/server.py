@@ -39,6 +39,7 @@ from agent.startup import (
     check_root_dirs,
     check_root_free,
     lock_root,
+    make_folders,
     move_aside,
     prepare_socket_path,
     probe_address,
@@ -92,7 +93,7 @@ class Agent:
             if settings.py_executable != sys.executable:
                 await asyncio.to_thread(check_python, settings.py_executable)
             try:
-                root.mkdir(mode=0o755, parents=True, exist_ok=True)  # whatever the umask
+                make_folders(root, 0o755)  # every folder made, whatever the umask
                 self._lock_fd = lock_root(root)
             except OSError as exc:
                 raise StartupError(

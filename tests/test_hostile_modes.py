@@ -215,6 +215,17 @@ async def test_a_restarted_agent_fixes_loose_folders_and_drops_a_package_others_
     assert "writable by others" in log.read_text()
 
 
+async def test_an_agent_under_umask_000_makes_the_roots_missing_parents_0755(base: Path) -> None:
+    """``--root`` names folders that do not exist yet: each one the agent makes, not only the
+    root, is 0755 under umask 000 (an open parent lets others swap the root for their own)."""
+    root = base / "made" / "for-it" / "root"
+    async with agent_process(root, base / "agent.log", umask_000=True) as (proc, _):
+        assert umask_of(proc.pid) == 0
+        assert mode_of(base / "made") == 0o755
+        assert mode_of(base / "made" / "for-it") == 0o755
+        assert mode_of(root) == 0o755
+
+
 def test_the_socket_folder_and_every_parent_made_for_it_are_0700_under_umask_000(
     base: Path,
 ) -> None:
