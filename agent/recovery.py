@@ -27,6 +27,7 @@ from agent.disk import du
 from agent.runtime_env import UriKey, UriKind
 from agent.state_db import StateDB, UriRow
 from agent.store import UriStore
+from agent.units import human_bytes, plural
 from agent.venv import kill_orphaned_installers
 
 log = logging.getLogger(__name__)
@@ -43,9 +44,11 @@ class RecoverySummary:
 
     def line(self) -> str:
         return (
-            f"recovery: {self.rows_kept} packages kept, {self.rows_dropped} rows dropped, "
-            f"{self.orphans_deleted} orphan directories deleted, {self.bytes_freed} bytes freed, "
-            f"{self.envs_forgotten} envs forgotten, in {self.seconds:.3f}s"
+            f"recovery: {plural(self.rows_kept, 'package')} kept, "
+            f"{plural(self.rows_dropped, 'row')} dropped, "
+            f"{plural(self.orphans_deleted, 'orphan directory', 'orphan directories')} deleted, "
+            f"{human_bytes(self.bytes_freed)} freed, "
+            f"{plural(self.envs_forgotten, 'env')} forgotten, in {self.seconds:.3f}s"
         )
 
 

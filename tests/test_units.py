@@ -196,3 +196,19 @@ def _namespace(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     options.add_arguments(parser)
     return parser.parse_args(["--root", "/r", *argv])
+
+
+def test_the_recovery_log_line_counts_in_words_and_sizes_for_humans() -> None:
+    """'1 package kept', '1 orphan directory', '1.5 KiB freed': not '1 packages', raw bytes."""
+    from agent.recovery import RecoverySummary
+
+    one = RecoverySummary(rows_kept=1, rows_dropped=1, orphans_deleted=1, bytes_freed=1536,
+                          envs_forgotten=1, seconds=0.25).line()  # fmt: skip
+    assert one == (
+        "recovery: 1 package kept, 1 row dropped, 1 orphan directory deleted, 1.5 KiB freed, "
+        "1 env forgotten, in 0.250s"
+    )
+    many = RecoverySummary(rows_kept=2, orphans_deleted=3).line()
+    assert "2 packages kept" in many
+    assert "0 rows dropped" in many
+    assert "3 orphan directories deleted" in many
