@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from agent.errors import FailedPrecondition, UnsafeArchive
+from agent.errors import FailedPrecondition, UnsafeArchive, echo
 
 _CHUNK = 1024 * 1024
 DIR_MODE = 0o755
@@ -66,8 +66,9 @@ def extract_zip(
 ) -> int:
     """Extract ``archive`` into the new directory ``dest``; return the bytes written.
 
-    ``label`` names the package in errors (its URI). On error ``dest`` may hold a partial tree:
-    the caller extracts into a staging directory and removes it.
+    ``label`` names the package in errors (its URI, already cut: ``UriKey.label``). On error
+    ``dest`` may hold a partial tree: the caller extracts into a staging directory and removes
+    it.
     """
     try:
         with zipfile.ZipFile(archive) as zf:
@@ -75,15 +76,17 @@ def extract_zip(
             dest.mkdir(mode=0o700, parents=True)  # 0700 or tighter, whatever the umask
             written = _write(zf, entries, dest.resolve(), limits, label)
     except (zipfile.BadZipFile, zlib.error, EOFError) as exc:  # zlib, EOF: a corrupt stream
-        raise UnsafeArchive(f"{label} is not a readable zip archive: {exc}") from exc
+        raise UnsafeArchive(f"{label} is not a readable zip archive: {echo(str(exc))}") from exc
     except UnicodeDecodeError as exc:  # a local header's name not UTF-8 under the UTF-8 flag
         raise UnsafeArchive(f"{label} is not a readable zip archive: a name is not UTF-8") from exc
     except zipfile.LargeZipFile as exc:
-        raise UnsafeArchive(f"{label} needs ZIP64, which is not enabled: {exc}") from exc
+        raise UnsafeArchive(f"{label} needs ZIP64, which is not enabled: {echo(str(exc))}") from exc
     except NotImplementedError as exc:
-        raise UnsafeArchive(f"{label} uses an unsupported compression method: {exc}") from exc
+        raise UnsafeArchive(
+            f"{label} uses an unsupported compression method: {echo(str(exc))}"
+        ) from exc
     except RuntimeError as exc:  # zipfile's error for encrypted entries
-        raise UnsafeArchive(f"{label} cannot be extracted: {exc}") from exc
+        raise UnsafeArchive(f"{label} cannot be extracted: {echo(str(exc))}") from exc
     harden_tree(dest, label)
     return written
 
@@ -122,12 +125,12 @@ def _plan(
 
 def _safe_parts(name: str, label: str) -> tuple[str, ...]:
     if "\x00" in name:
-        raise UnsafeArchive(f"{label}: entry name {name!r} contains a NUL byte")
+        raise UnsafeArchive(f"{label}: entry name {echo(name)} contains a NUL byte")
     if name.startswith(("/", "\\")) or _DRIVE.match(name):
-        raise UnsafeArchive(f"{label}: entry {name!r} has an absolute path")
+        raise UnsafeArchive(f"{label}: entry {echo(name)} has an absolute path")
     parts = tuple(p for p in name.replace("\\", "/").split("/") if p not in ("", "."))
     if ".." in parts:
-        raise UnsafeArchive(f"{label}: entry {name!r} climbs out of the destination with '..'")
+        raise UnsafeArchive(f"{label}: entry {echo(name)} climbs out of the destination with '..'")
     return parts
 
 
@@ -152,7 +155,7 @@ def _kind(info: zipfile.ZipInfo, label: str) -> str:
         return "symlink"
     if fmt in (0, stat.S_IFREG):
         return "file"
-    raise UnsafeArchive(f"{label}: entry {info.filename!r} is a special file (mode {mode:o})")
+    raise UnsafeArchive(f"{label}: entry {echo(info.filename)} is a special file (mode {mode:o})")
 
 
 def _write(
@@ -178,7 +181,7 @@ def _write(
         if not _inside(root, Path(os.path.realpath(root.joinpath(*entry.rel.parts)))):
             _unlink_all(root, links)
             raise UnsafeArchive(
-                f"{label}: symlink {entry.info.filename!r} resolves outside the package "
+                f"{label}: symlink {echo(entry.info.filename)} resolves outside the package "
                 "through another link"
             )
     return written
@@ -194,7 +197,7 @@ def _unwritable(entry: _Entry, label: str) -> Iterator[None]:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise
         raise UnsafeArchive(
-            f"{label}: entry {entry.info.filename!r} cannot be written: {exc.strerror} (it "
+            f"{label}: entry {echo(entry.info.filename)} cannot be written: {exc.strerror} (it "
             "collides with another entry, or its name is not allowed here)"
         ) from exc
 
@@ -206,8 +209,8 @@ def _copy(zf: zipfile.ZipFile, entry: _Entry, target: Path, allowance: int, labe
             copied += len(chunk)
             if copied > allowance:
                 raise UnsafeArchive(
-                    f"{label}: entry {entry.info.filename!r} unpacks to more bytes than declared, "
-                    "past max_uncompressed_bytes"
+                    f"{label}: entry {echo(entry.info.filename)} unpacks to more bytes than "
+                    "declared, past max_uncompressed_bytes"
                 )
             dst.write(chunk)
         os.fchmod(dst.fileno(), file_mode(entry.info.external_attr >> 16))
@@ -230,26 +233,32 @@ def file_mode(mode: int) -> int:
 def _link(zf: zipfile.ZipFile, entry: _Entry, root: Path, label: str) -> int:
     name = entry.info.filename
     if entry.info.file_size > _MAX_SYMLINK_TARGET:
-        raise UnsafeArchive(f"{label}: symlink {name!r} has an oversized target")
+        raise UnsafeArchive(f"{label}: symlink {echo(name)} has an oversized target")
     try:
         target = zf.read(entry.info).decode()
     except UnicodeDecodeError as exc:
-        raise UnsafeArchive(f"{label}: symlink {name!r} has an undecodable target") from exc
+        raise UnsafeArchive(f"{label}: symlink {echo(name)} has an undecodable target") from exc
     if not target or "\x00" in target or target.startswith("/") or _DRIVE.match(target):
-        raise UnsafeArchive(f"{label}: symlink {name!r} points to {target!r}, outside the package")
+        raise UnsafeArchive(
+            f"{label}: symlink {echo(name)} points to {echo(target)}, outside the package"
+        )
     lexical = os.path.normpath(os.path.join(str(entry.rel.parent), target))
     if lexical == ".." or lexical.startswith("../"):
-        raise UnsafeArchive(f"{label}: symlink {name!r} points to {target!r}, outside the package")
+        raise UnsafeArchive(
+            f"{label}: symlink {echo(name)} points to {echo(target)}, outside the package"
+        )
     link = root.joinpath(*entry.rel.parts)
     link.parent.mkdir(parents=True, exist_ok=True)
     if not _inside(root, Path(os.path.realpath(link.parent))):
-        raise UnsafeArchive(f"{label}: symlink {name!r} lies under a link that leaves the package")
+        raise UnsafeArchive(
+            f"{label}: symlink {echo(name)} lies under a link that leaves the package"
+        )
     if link.is_symlink() or link.exists():
-        raise UnsafeArchive(f"{label}: symlink {name!r} collides with another entry")
+        raise UnsafeArchive(f"{label}: symlink {echo(name)} collides with another entry")
     os.symlink(target, link)
     if not _inside(root, Path(os.path.realpath(link))):
         link.unlink()
-        raise UnsafeArchive(f"{label}: symlink {name!r} resolves outside the package")
+        raise UnsafeArchive(f"{label}: symlink {echo(name)} resolves outside the package")
     return len(target.encode())
 
 
@@ -284,7 +293,7 @@ def harden_tree(top: Path, label: str) -> None:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise
         raise FailedPrecondition(
-            f"{label}: cannot give {exc.filename} its mode ({exc.strerror}); the package is "
+            f"{label}: cannot give {echo(exc.filename)} its mode ({exc.strerror}); the package is "
             "not kept"
         ) from exc
 

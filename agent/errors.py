@@ -8,8 +8,9 @@ handler is a bug: it is logged with its traceback and answered INTERNAL.
 Foreign exceptions (``OSError``, ``zipfile.BadZipFile``, ``aiohttp.ClientError``...) never cross
 a module boundary raw: the module that meets them converts them with ``raise ... from exc``.
 
-A message that quotes client input quotes it through ``echo`` (truncated, with its length); the
-one function that turns errors into statuses caps every message with ``cap_message`` before it
+A message that quotes client input quotes it through ``echo`` (truncated, with its length), or,
+for a package's URI used as the prefix of its messages, through ``echo_label`` once; the one
+function that turns errors into statuses caps every message with ``cap_message`` before it
 sends or logs it (gRPC carries the message in a trailer of at most 16 KiB, percent-encoded).
 
     AgentError                      (status set by each subclass)
@@ -37,6 +38,7 @@ from __future__ import annotations
 import grpc
 
 ECHO_CHARS = 120  # of one quoted input
+LABEL_CHARS = 256  # of a package's label (its kind and URI), the prefix of its messages
 MAX_MESSAGE_BYTES = 2048  # UTF-8 bytes of a status message; percent-encoded, at most 3x that
 
 
@@ -53,6 +55,15 @@ def echo(value: object, limit: int = ECHO_CHARS) -> str:
     except ValueError:  # an int past sys.get_int_max_str_digits()
         return "a very large number"
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def echo_label(text: str, limit: int = LABEL_CHARS) -> str:
+    """A client's name for something that prefixes many messages and log lines (a package's
+    ``kind:URI``), computed once where the name is made: as is when it is short and printable
+    (a parsed URI holds no whitespace nor control character), else as ``echo`` quotes it."""
+    if len(text) <= limit and text.isprintable():
+        return text
+    return echo(text, limit)
 
 
 def cap_message(message: str, limit: int = MAX_MESSAGE_BYTES) -> str:

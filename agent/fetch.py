@@ -44,6 +44,7 @@ from agent.errors import (
     PackageNotFound,
     PackageRejected,
     PermissionDenied,
+    echo,
 )
 from agent.file_source import FileRoots, open_package
 from agent.runtime_env import ParsedUri
@@ -111,14 +112,17 @@ class Fetcher:
         """Pure: a file:// package must be named under today's roots, installed or not."""
         if uri.scheme == "file" and not self.file_roots.allow_name(uri.path):
             raise PermissionDenied(
-                f"{label}: {os.path.normpath(uri.path)[:300]} is outside the folders file:// "
+                f"{label}: {echo(os.path.normpath(uri.path))} is outside the folders file:// "
                 f"packages may come from ({self.file_roots}; the allow-file-root setting)"
             )
 
     async def fetch(
         self, uri: ParsedUri, dest: Path, *, label: str, space: Space | None = None
     ) -> int:
-        """Write the package to ``dest``; verify its digest if the URI names one; return bytes."""
+        """Write the package to ``dest``; verify its digest if the URI names one; return bytes.
+
+        ``label`` names the package in messages and log lines: its URI, already cut once
+        (``UriKey.label``)."""
         room = space or _Unlimited()
         try:
             if uri.scheme == "file":
@@ -223,23 +227,23 @@ class Fetcher:
         except (aiohttp.InvalidURL, aiohttp.NonHttpUrlClientError) as exc:
             raise PackageRejected(
                 f"{label}: the server redirected to a URL the agent will not fetch: "
-                f"{str(exc)[:300]} (only http and https with a valid host)"
+                f"{echo(str(exc))} (only http and https with a valid host)"
             ) from exc
         except aiohttp.ClientConnectorCertificateError as exc:  # not before the cert changes
             raise PackageRejected(
                 f"{label}: the server's TLS certificate failed verification: "
-                f"{str(exc.certificate_error)[:300]}"
+                f"{echo(str(exc.certificate_error))}"
             ) from exc
         except aiohttp.ClientResponseError as exc:  # the parser's: not a status we looked at
             raise PackageRejected(
-                f"{label}: the server's answer is not valid HTTP: {exc.message[:300]}"
+                f"{label}: the server's answer is not valid HTTP: {echo(exc.message)}"
             ) from exc
         except UnicodeError as exc:  # the idna codec, on a host a redirect named
             raise PackageRejected(
-                f"{label}: a redirect named an invalid host name: {str(exc)[:300]}"
+                f"{label}: a redirect named an invalid host name: {echo(str(exc))}"
             ) from exc
         except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
-            raise _Transient(f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+            raise _Transient(f"{type(exc).__name__}: {echo(str(exc))}") from exc
 
 
 def _check_status(status: int, label: str) -> None:
@@ -284,7 +288,9 @@ def _copy_chunk(src: int, out: int, size: int, label: str) -> int:
     try:
         data = os.read(src, size)
     except OSError as exc:
-        raise PackageRejected(f"{label}: reading it failed: {exc.strerror or exc}") from exc
+        raise PackageRejected(
+            f"{label}: reading it failed: {exc.strerror or echo(str(exc))}"
+        ) from exc
     _write_all(out, data)
     return len(data)
 

@@ -19,7 +19,7 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent.errors import PackageNotFound, PackageRejected, PermissionDenied
+from agent.errors import PackageNotFound, PackageRejected, PermissionDenied, echo
 
 _KINDS = {
     stat.S_IFDIR: "a directory",
@@ -105,7 +105,7 @@ def open_package(path: str, roots: FileRoots, label: str) -> tuple[int, int]:
 
 def _outside(label: str, where: str, roots: FileRoots) -> PermissionDenied:
     return PermissionDenied(
-        f"{label}: {where[:300]} is outside the folders file:// packages may come from "
+        f"{label}: {echo(where)} is outside the folders file:// packages may come from "
         f"({roots}; the allow-file-root setting)"
     )
 
@@ -113,4 +113,4 @@ def _outside(label: str, where: str, roots: FileRoots) -> PermissionDenied:
 def _open_error(label: str, exc: OSError) -> Exception:
     if exc.errno in (errno.ENOENT, errno.ENOTDIR):
         return PackageNotFound(f"{label}: no such file on this node")
-    return PackageRejected(f"{label}: the agent cannot open it: {exc.strerror or exc}")
+    return PackageRejected(f"{label}: the agent cannot open it: {exc.strerror or echo(str(exc))}")

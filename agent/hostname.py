@@ -12,6 +12,8 @@ from __future__ import annotations
 import ipaddress
 import re
 
+from agent.errors import echo
+
 _LABEL = re.compile(r"[A-Za-z0-9_-]{1,63}")
 _MAX_NAME = 253
 _DOTS = re.compile("[\u3002\uff0e\uff61]")  # what IDNA also takes for a dot
@@ -24,12 +26,12 @@ def host_problem(host: str) -> str | None:
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
-            return f"{host[:100]!r} is not a valid IPv6 address"
+            return f"{echo(host)} is not a valid IPv6 address"
         return None
     name = host[:-1] if host.endswith(".") else host
     if not name:
         return "the host name is empty"
-    shown = repr(host[:100])
+    shown = echo(host)
     labels = []
     for label in _DOTS.sub(".", name).split("."):
         if not label:
@@ -37,7 +39,7 @@ def host_problem(host: str) -> str | None:
         try:
             ascii_label = label if label.isascii() else label.encode("idna").decode("ascii")
         except UnicodeError as exc:
-            return f"host {shown} has a label IDNA cannot encode: {exc}"
+            return f"host {shown} has a label IDNA cannot encode: {echo(str(exc))}"
         if len(ascii_label) > 63:
             return f"host {shown} has a label of {len(ascii_label)} bytes; the limit is 63"
         if not _LABEL.fullmatch(ascii_label):

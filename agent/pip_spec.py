@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from agent.errors import InvalidRuntimeEnv, PermissionDenied
+from agent.errors import InvalidRuntimeEnv, PermissionDenied, echo
 
 # pip install options allowed in an env, by their full spelling only (pip would also take any
 # unambiguous prefix, such as --targ for --target: an allow-list of whole names refuses those),
@@ -74,7 +74,6 @@ _VCS = frozenset({"git", "hg", "svn", "bzr"})
 _VCS_REMOTE = frozenset({"http", "https", "ssh", "git", "svn"})
 MAX_REQUIREMENTS = 512
 _MAX_ITEM_CHARS = 4096
-_SHOWN_CHARS = 80
 
 
 @dataclass(frozen=True)
@@ -102,13 +101,6 @@ class PipSpec:
         return {"packages": list(self.packages), "pip_install_options": list(self.options)}
 
 
-def _shown(text: str) -> str:
-    """Client input echoed in a message: quoted, and cut to a bounded length."""
-    if len(text) <= _SHOWN_CHARS:
-        return repr(text)
-    return f"{text[:_SHOWN_CHARS]!r}... ({len(text)} characters)"
-
-
 def normalize_requirement(text: str, field: str) -> str:
     """One requirement in a canonical spelling (PEP 508 parsed by ``packaging``): the name per
     PEP 503, extras sorted, the specifier set and marker as packaging prints them. Whitespace
@@ -122,7 +114,7 @@ def _requirement(text: str, field: str) -> Requirement:
     except InvalidRequirement as exc:
         reason = (str(exc).splitlines() or [""])[0][:200]
         raise InvalidRuntimeEnv(
-            f"{field} {_shown(text)} is not a requirement (a name, optionally with extras, a "
+            f"{field} {echo(text)} is not a requirement (a name, optionally with extras, a "
             f"version specifier or a marker, such as 'requests>=2.31'): {reason}"
         ) from exc
 
@@ -150,7 +142,7 @@ def parse_pip(value: object, *, file_roots: Sequence[str] = ()) -> PipSpec | Non
         unknown = sorted(set(value) - {"packages", "pip_install_options"})
         if unknown:
             raise InvalidRuntimeEnv(
-                f"unknown pip field(s) {[_shown(str(k)) for k in unknown[:5]]}; supported: "
+                f"unknown pip field(s) {', '.join(echo(k) for k in unknown[:5])}; supported: "
                 "packages, pip_install_options"
             )
         packages = value.get("packages", [])
@@ -167,7 +159,7 @@ def parse_pip(value: object, *, file_roots: Sequence[str] = ()) -> PipSpec | Non
         for item in items:
             if len(item) > _MAX_ITEM_CHARS or "\x00" in item or "\n" in item:
                 raise InvalidRuntimeEnv(
-                    f"{field}: {_shown(item)} is not a valid item (at most {_MAX_ITEM_CHARS} "
+                    f"{field}: {echo(item)} is not a valid item (at most {_MAX_ITEM_CHARS} "
                     "characters, no NUL, no newline)"
                 )
     roots = tuple(os.path.realpath(r) for r in file_roots)
@@ -199,10 +191,10 @@ def _check_options(options: Sequence[str], roots: tuple[str, ...]) -> None:
         flag, eq, attached = option.partition("=")
         takes_value = _ALLOWED.get(flag)
         if flag in _REFUSED:
-            raise InvalidRuntimeEnv(f"{field}: {_shown(option)} is refused: {_REFUSED[flag]}")
+            raise InvalidRuntimeEnv(f"{field}: {echo(option)} is refused: {_REFUSED[flag]}")
         if takes_value is None or (eq and (not takes_value or not flag.startswith("--"))):
             raise InvalidRuntimeEnv(
-                f"{field}: {_shown(option)} is not an option an env may pass (options that "
+                f"{field}: {echo(option)} is not an option an env may pass (options that "
                 "write outside the env's venv, such as --target, --prefix, --user, --root, or "
                 "read files of requirements, such as -r, -c, are refused; so are abbreviations "
                 "and short options run together)"
@@ -210,7 +202,7 @@ def _check_options(options: Sequence[str], roots: tuple[str, ...]) -> None:
         value = attached
         if takes_value and not eq:
             if i + 1 >= len(options):
-                raise InvalidRuntimeEnv(f"{field}: {_shown(option)} needs a value")
+                raise InvalidRuntimeEnv(f"{field}: {echo(option)} needs a value")
             i += 1
             value = options[i]
         where = f"{field}: {flag}"
@@ -218,7 +210,7 @@ def _check_options(options: Sequence[str], roots: tuple[str, ...]) -> None:
             path = _check_url(value, where, roots, vcs=False)
             if path is not None and roots and not os.path.isdir(os.path.realpath(path)):
                 raise InvalidRuntimeEnv(
-                    f"{where} {_shown(value)} is not a folder: with allow-file-root set, a "
+                    f"{where} {echo(value)} is not a folder: with allow-file-root set, a "
                     "local --find-links must be a folder of archives (pip would follow an HTML "
                     "page's links wherever they lead)"
                 )
@@ -226,13 +218,13 @@ def _check_options(options: Sequence[str], roots: tuple[str, ...]) -> None:
             path = _check_url(value, where, roots, vcs=False)
             if path is not None and roots:
                 raise PermissionDenied(
-                    f"{where} {_shown(value)} is a local index, refused with allow-file-root "
+                    f"{where} {echo(value)} is a local index, refused with allow-file-root "
                     "set (its pages may link anywhere); name a folder of archives inside the "
                     "allowed roots with --find-links instead"
                 )
         elif flag in _EDITABLE and _check_url(value, where, roots, vcs=True) and not roots:
             raise PermissionDenied(
-                f"{where} {_shown(value)}: an editable install of a local path needs the "
+                f"{where} {echo(value)}: an editable install of a local path needs the "
                 "allow-file-root setting, and the path inside one of its folders"
             )
         i += 1
@@ -247,7 +239,9 @@ def _check_url(
     try:
         parts = urllib.parse.urlsplit(value)
     except ValueError as exc:  # such as an unclosed [ of an IPv6 host
-        raise InvalidRuntimeEnv(f"{where} {_shown(value)} is not a valid URL: {exc}") from exc
+        raise InvalidRuntimeEnv(
+            f"{where} {echo(value)} is not a valid URL: {echo(str(exc))}"
+        ) from exc
     scheme = parts.scheme.lower()
     base, plus, transport = scheme.partition("+")
     if vcs and plus and base in _VCS:
@@ -255,7 +249,7 @@ def _check_url(
             return None
         if transport != "file":
             raise InvalidRuntimeEnv(
-                f"{where} {_shown(value)}: a VCS URL must use http(s), ssh, git, svn or file"
+                f"{where} {echo(value)}: a VCS URL must use http(s), ssh, git, svn or file"
             )
         # pip cuts an @revision off the path before it decodes it: so must this check
         local = _file_url_path(parts._replace(path=parts.path.rsplit("@", 1)[0]), value, where)
@@ -268,13 +262,13 @@ def _check_url(
     else:
         what = "a URL (http, https, file" + (", or git+ and the like)" if vcs else ")")
         raise InvalidRuntimeEnv(
-            f"{where} {_shown(value)} is not {what}"
+            f"{where} {echo(value)} is not {what}"
             + (" nor an absolute path (a relative one would mean the agent's working directory)"
                if path else "")
         )  # fmt: skip
     if roots and not _inside(os.path.realpath(local), roots):
         raise PermissionDenied(
-            f"{where} {_shown(value)} is outside the folders pip may read from "
+            f"{where} {echo(value)} is outside the folders pip may read from "
             f"({', '.join(roots)}; the allow-file-root setting)"
         )
     return local
@@ -283,11 +277,11 @@ def _check_url(
 def _file_url_path(parts: urllib.parse.SplitResult, value: str, where: str) -> str:
     """The path pip makes of a ``file:`` URL: percent-escapes decoded, as ``url_to_path`` does."""
     if parts.netloc not in ("", "localhost"):
-        raise InvalidRuntimeEnv(f"{where} {_shown(value)}: a file: URL must name no host")
+        raise InvalidRuntimeEnv(f"{where} {echo(value)}: a file: URL must name no host")
     path = urllib.request.url2pathname(parts.path)
     if not os.path.isabs(path) or "\x00" in path:
         raise InvalidRuntimeEnv(
-            f"{where} {_shown(value)}: a file: URL must be absolute, and decode to no NUL"
+            f"{where} {echo(value)}: a file: URL must be absolute, and decode to no NUL"
         )
     return path
 

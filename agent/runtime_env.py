@@ -19,7 +19,7 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from agent.errors import InvalidRuntimeEnv, echo
+from agent.errors import InvalidRuntimeEnv, echo, echo_label
 from agent.hostname import host_problem
 from agent.pip_spec import PipSpec, parse_pip
 
@@ -49,6 +49,11 @@ class UriKey:
 
     def __str__(self) -> str:
         return f"{self.kind.value}:{self.uri}"
+
+    @property
+    def label(self) -> str:
+        """The key as its messages and log lines name it: cut once (``echo_label``)."""
+        return echo_label(str(self))
 
 
 @dataclass(frozen=True)

@@ -158,7 +158,7 @@ class UriStore:
         is cancelled too, its download stopped and its files removed.
         """
         if key.kind is not UriKind.PIP:  # today's roots, even for a package cached before them
-            self._fetcher.check_origin(parse_uri(key.kind.value, key.uri), str(key))
+            self._fetcher.check_origin(parse_uri(key.kind.value, key.uri), key.label)
         entry = self._entries.get(key)
         if entry is not None and entry.state is UriState.READY:
             self.hits += 1
@@ -166,7 +166,7 @@ class UriStore:
             return entry.path
         if entry is None:
             entry = UriEntry(key=key, path=self.path_for(key))
-            entry.task = asyncio.create_task(self._install(entry), name=f"install {key}")
+            entry.task = asyncio.create_task(self._install(entry), name=f"install {key.label}")
             entry.task.add_done_callback(_retrieve_exception)
             self._entries[key] = entry
         task = entry.task
@@ -193,7 +193,7 @@ class UriStore:
 
     async def _install(self, entry: UriEntry) -> None:
         key = entry.key
-        label = str(key)
+        label = key.label  # the URI cut once: every message and log line below names it
         staging = self.root / "tmp" / uuid.uuid4().hex
         started = time.monotonic()
         fetched = 0
@@ -384,8 +384,8 @@ class UriStore:
                 # directory is gone is dropped by recovery, so the order of the two is safe
             self.evictions += 1
             log.info(
-                "evicted %s (%d bytes, unused)", key, entry.size,
-                extra={"uri": str(key), "bytes": entry.size},
+                "evicted %s (%d bytes, unused)", key.label, entry.size,
+                extra={"uri": key.label, "bytes": entry.size},
             )  # fmt: skip
         return trashed
 

@@ -31,7 +31,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from agent.errors import FailedPrecondition
+from agent.errors import FailedPrecondition, echo
 from agent.pip_spec import PipSpec
 
 log = logging.getLogger(__name__)
@@ -113,9 +113,9 @@ _COMMAND = "$ "  # starts the line the log gets before each command's output
 
 def _tail(path: Path) -> str:
     """The installer's own last lines from the end of its log: lines that start at the first
-    column (pip indents what a build printed), each cut to a bounded length and with control
-    characters replaced. Only newlines split lines: a build's carriage return must not make
-    its output look like the installer's."""
+    column (pip indents what a build printed), each quoted by ``echo``: cut to a bounded length,
+    with its length, control characters escaped. Only newlines split lines: a build's carriage
+    return must not make its output look like the installer's."""
     with path.open("rb") as f:
         f.seek(0, os.SEEK_END)
         start = max(0, f.tell() - _TAIL_READ_BYTES)
@@ -132,8 +132,9 @@ def _tail(path: Path) -> str:
 
 
 def _cut(line: str) -> str:
-    shown = "".join(c if c.isprintable() else "?" for c in line[:_TAIL_LINE_CHARS])
-    return shown + ("..." if len(line) > _TAIL_LINE_CHARS else "")
+    """One installer line (it may quote a requirement the client wrote), as ``echo`` quotes
+    client input: cut, with its length, control characters escaped."""
+    return echo(line, _TAIL_LINE_CHARS)
 
 
 async def build_venv(
@@ -145,7 +146,8 @@ async def build_venv(
     log_path: Path,
     label: str,
 ) -> Path:
-    """Make ``staging/venv`` with the spec installed; return it."""
+    """Make ``staging/venv`` with the spec installed; return it. ``label`` names the package in
+    messages, already cut (``UriKey.label``)."""
     venv = staging / "venv"
     uv = shutil.which("uv") if installer == "uv" else None
     if uv is not None:

@@ -27,6 +27,7 @@ import pytest
 from aiohttp import web
 
 from agent.config import DiskFloor, Settings
+from agent.errors import echo
 from agent.server import Agent
 from rtenv.v1 import agent_pb2_grpc
 from tests.helpers import (
@@ -228,7 +229,7 @@ async def test_a_flipping_symlink_never_gets_an_outside_file_installed(tmp: Path
                 except grpc.aio.AioRpcError as exc:
                     why = (
                         "evil.zip is outside"
-                        if "evil.zip is outside" in (exc.details() or "")
+                        if "evil.zip' is outside" in (exc.details() or "")
                         else "?"
                     )
                     outcomes[f"{exc.code().name}: {why}"] += 1
@@ -269,7 +270,9 @@ async def test_a_package_cached_before_the_roots_is_denied_after_a_restart_with_
         for _ in range(2):
             code, details = await refused(a, evil)
             assert code == grpc.StatusCode.PERMISSION_DENIED, details
-            assert f"{outside}/pkg.zip is outside the folders file:// packages" in details
+            assert (
+                f"{echo(f'{outside}/pkg.zip')} is outside the folders file:// packages" in details
+            )
         assert (await a.info()).cache.hits == 0
         assert a.uri_dirs() == cached  # kept, not handed out: the roots may widen again
         reply = await a.create(good)
@@ -291,7 +294,7 @@ async def test_dot_dot_out_of_a_root_is_denied_before_opening(tmp: Path) -> None
     async with agent(allow_file_roots=(str(tmp / "inside"),)) as a:
         code, details = await refused(a, env_json(f"file://{tmp}/inside/../evil.zip"))
         assert code == grpc.StatusCode.PERMISSION_DENIED, details
-        assert f"{tmp}/evil.zip is outside the folders" in details
+        assert f"{echo(f'{tmp}/evil.zip')} is outside the folders" in details
 
 
 # -- host names -----------------------------------------------------------------------------

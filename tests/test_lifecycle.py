@@ -19,6 +19,7 @@ import grpc
 import pytest
 
 from agent.archive import ArchiveLimits
+from agent.errors import echo
 from rtenv.v1 import agent_pb2
 from tests.helpers import (
     FAST_FETCH,
@@ -263,7 +264,7 @@ async def test_archive_whose_entry_cannot_be_written_is_refused_not_an_internal_
     async with package_server() as pkgs, running_agent() as a:
         mod = pkgs.add("mod.zip", make_zip(files))
         details = await rpc_error(
-            a.create(env_json(py_modules=[mod])), FAILED_PRECONDITION, repr(entry)
+            a.create(env_json(py_modules=[mod])), FAILED_PRECONDITION, echo(entry)
         )
         assert "internal error" not in details
         await settled(a, cached=0)

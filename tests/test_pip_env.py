@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
+from agent.errors import echo
 from agent.pip_spec import parse_pip
 from agent.runtime_env import UriKey, UriKind
 from agent.venv import InstallerFailed, build_venv
@@ -252,7 +253,8 @@ async def test_the_installer_sees_no_pip_or_uv_configuration_of_the_agents_envir
 
 async def test_a_failure_sends_back_the_installers_own_last_lines_cut_short(base: Path) -> None:
     """What a build printed (indented by pip, or hidden behind a carriage return) never goes
-    back; the installer's lines do, at most 10, each at most 200 characters and printable,
+    back; the installer's lines do, at most 10, each quoted by echo (at most 200 characters of it,
+    its length when cut, control characters escaped),
     found in the log's last 64 KiB however long it is. The log keeps everything."""
     secret = "SECRET-FROM-A-FILE"
     output = base / "output"
@@ -279,9 +281,10 @@ async def test_a_failure_sends_back_the_installers_own_last_lines_cut_short(base
     assert secret not in message
     assert secret in log_path.read_text()
     shown = message.split("\n")[1:]
-    assert [line.split()[:3] for line in shown] == [["ERROR:", "line", str(i)] for i in range(10)]
-    assert all(len(line) <= 203 and line.isprintable() for line in shown), shown
-    assert shown[-1].endswith("..."), shown[-1]
+    written = [f"ERROR: line {i} \x1b[31mred\x1b[0m {'y' * (30 * i)}" for i in range(10)]
+    assert shown == [echo(line, 200) for line in written], shown  # quoted as client input is
+    assert all(len(line) <= 240 and line.isprintable() for line in shown), shown
+    assert shown[-1].endswith(f"... ({len(written[-1])} characters)"), shown[-1]
     assert str(log_path) in message
 
 
