@@ -82,9 +82,7 @@ def extract_zip(
     except zipfile.LargeZipFile as exc:
         raise UnsafeArchive(f"{label} needs ZIP64, which is not enabled: {echo(str(exc))}") from exc
     except NotImplementedError as exc:
-        raise UnsafeArchive(
-            f"{label} uses an unsupported compression method: {echo(str(exc))}"
-        ) from exc
+        raise UnsafeArchive(f"{label} uses an unsupported zip feature: {echo(str(exc))}") from exc
     except RuntimeError as exc:  # zipfile's error for encrypted entries
         raise UnsafeArchive(f"{label} cannot be extracted: {echo(str(exc))}") from exc
     harden_tree(dest, label)

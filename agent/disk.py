@@ -36,8 +36,8 @@ def declared_size(archive: Path) -> int:
     try:
         with zipfile.ZipFile(archive) as zf:
             return sum(info.file_size for info in zf.infolist())
-    except (zipfile.BadZipFile, OSError):
-        return 0
+    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, UnicodeDecodeError):
+        return 0  # what zipfile raises on a damaged or unsupported central directory
 
 
 def unpack_reservation(declared: int, archive_bytes: int, limits: ArchiveLimits) -> int:

@@ -165,9 +165,12 @@ def check_parent(pid: int) -> None:
         pass  # alive, another user's
 
 
+PATH_SHOWN = 1024  # characters of a path named in a start-up error
+
+
 def check_python(python: str) -> None:
     """The python workers start with must exist and run Python 3 (blocking: call in a thread)."""
-    setting = f"python {quoted(python)} (the --python setting)"
+    setting = f"python {quoted(python, PATH_SHOWN)} (the --python setting)"  # a path: whole
     if shutil.which(python) is None:
         raise StartupError(
             f"{setting} does not exist or is not executable; name a Python 3 interpreter"

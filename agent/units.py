@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
+from agent.errors import echo
+
 _BINARY = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 _DECIMAL = {"k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?b)?\s*")
@@ -24,10 +26,10 @@ _SECONDS: dict[str | None, Decimal] = {
 _SHOWN = 40  # characters of a bad value echoed back
 
 
-def quoted(text: object) -> str:
-    """A value echoed in an error: repr'd, cut to a few dozen characters."""
-    shown = str(text)
-    return repr(shown if len(shown) <= _SHOWN else shown[:_SHOWN] + "...")
+def quoted(text: object, limit: int = _SHOWN) -> str:
+    """A value echoed in a command-line error: ``errors.echo`` (the one way input is echoed),
+    cut to a few dozen characters by default."""
+    return echo(str(text), limit)
 
 
 def parse_bytes(text: str) -> int:

@@ -457,3 +457,22 @@ def test_an_entry_that_unpacks_past_its_declared_size_is_refused_after_the_decla
     assert LABEL in info.value.message
     written = tmp_path / "box" / "dest" / "m" / "big.bin"
     assert written.stat().st_size <= 10
+
+
+def test_declared_size_of_a_zip_of_an_unsupported_version_is_zero_not_an_exception(
+    tmp_path: Path,
+) -> None:
+    """A central directory asking for zip version 6.4 made zipfile raise NotImplementedError,
+    which reached the client as INTERNAL (found by the property test); the extraction refuses
+    such a zip with its own message."""
+    from agent.disk import declared_size
+
+    body = bytearray(make_zip({"proj/a.txt": "x"}))
+    central = body.index(b"PK\x01\x02")
+    body[central + 6 : central + 8] = (64).to_bytes(2, "little")  # version needed: 6.4
+    archive = tmp_path / "v64.zip"
+    archive.write_bytes(bytes(body))
+    assert declared_size(archive) == 0
+    with pytest.raises(UnsafeArchive, match="unsupported"):
+        extract_zip(archive, tmp_path / "out", strip_top_level=True,
+                    limits=ArchiveLimits(), label="v64")  # fmt: skip

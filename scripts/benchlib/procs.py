@@ -8,9 +8,11 @@ client's cost on the same cores is left out of a server's figures.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import hashlib
 import importlib.util
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -129,12 +131,20 @@ def read_all(paths: Iterable[Path]) -> None:
         read_through(path)
 
 
+_short_dir: Path | None = None  # made on first need, removed when the benchmark exits
+
+
 def short_address(path: Path) -> str:
-    """``unix:PATH``, or a short path under /tmp when PATH is too long for AF_UNIX."""
+    """``unix:PATH``, or, when PATH is too long for AF_UNIX, a short path in a private (0700)
+    folder of the temp dir: the agent refuses a socket folder others may write to, as /tmp."""
     if len(os.fsencode(str(path))) <= _MAX_UNIX_PATH:
         return f"unix:{path}"
+    global _short_dir
+    if _short_dir is None:
+        _short_dir = Path(tempfile.mkdtemp(prefix="rtb-"))
+        atexit.register(shutil.rmtree, _short_dir, True)
     digest = hashlib.sha256(os.fsencode(str(path))).hexdigest()[:16]
-    return f"unix:/tmp/rtenv-bench-{digest}.sock"
+    return f"unix:{_short_dir / digest}.sock"
 
 
 # -- child processes -----------------------------------------------------------------------------
