@@ -46,6 +46,17 @@ def make_zip(
     return buf.getvalue()
 
 
+def zip_with_infos(entries: list[tuple[str, int, bytes]]) -> bytes:
+    """A zip of (name, unix mode incl. file type, data) entries."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, mode, data in entries:
+            info = zipfile.ZipInfo(name)
+            info.external_attr = mode << 16
+            zf.writestr(info, data)
+    return buf.getvalue()
+
+
 def module_zip(module: str, value: str, *, top: str | None = None) -> bytes:
     """A py_modules-style zip holding ``<module>/__init__.py`` that defines VALUE."""
     prefix = f"{top}/" if top else ""

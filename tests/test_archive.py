@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import stat
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +14,7 @@ import pytest
 import agent.archive as archive_module
 from agent.archive import ArchiveLimits, extract_zip, harden_tree, make_dir, remove_tree
 from agent.errors import FailedPrecondition, UnsafeArchive
-from tests.helpers import make_zip
+from tests.helpers import make_zip, zip_with_infos
 
 LABEL = "file:///pkgs/p.zip"
 LIMITS = ArchiveLimits()
@@ -55,17 +53,6 @@ def assert_nothing_outside(tmp_path: Path) -> None:
         for name in dirnames + filenames:
             real = os.path.realpath(os.path.join(dirpath, name))
             assert real == root or real.startswith(root + os.sep), f"{name} resolves to {real}"
-
-
-def zip_with_infos(entries: list[tuple[str, int, bytes]]) -> bytes:
-    """A zip of (name, unix mode incl. file type, data) entries."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, mode, data in entries:
-            info = zipfile.ZipInfo(name)
-            info.external_attr = mode << 16
-            zf.writestr(info, data)
-    return buf.getvalue()
 
 
 def tree(root: Path) -> set[str]:

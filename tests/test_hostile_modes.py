@@ -6,11 +6,9 @@ HTTP and file://, a real pip venv, then a walk of the whole root."""
 from __future__ import annotations
 
 import asyncio
-import io
 import os
 import stat
 import sys
-import zipfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,7 +18,7 @@ import pytest
 
 from agent.startup import prepare_socket_path
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import env_json, package_server, wait_until
+from tests.helpers import env_json, package_server, wait_until, zip_with_infos
 from tests.pip_wheels import hermetic_pip_environ, isolate_pip, pip_env
 from tests.test_process import REPO, START_S, stop
 
@@ -47,16 +45,6 @@ HOSTILE = [  # (name, unix mode with its type, data) under the one top folder "p
     ("proj/tmp/", stat.S_IFDIR | 0o1777, b""),
     ("proj/deep/er/mod.py", stat.S_IFREG | 0o666, b"X = 1\n"),
 ]
-
-
-def hostile_zip(entries: list[tuple[str, int, bytes]]) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, mode, data in entries:
-            info = zipfile.ZipInfo(name)
-            info.external_attr = mode << 16
-            zf.writestr(info, data)
-    return buf.getvalue()
 
 
 def module_entries(module: str) -> list[tuple[str, int, bytes]]:
@@ -142,10 +130,10 @@ async def test_an_agent_under_umask_000_keeps_nothing_others_may_write_and_no_se
     root = base / "root"
     pkgs = base / "pkgs"
     pkgs.mkdir()
-    (pkgs / "mods.zip").write_bytes(hostile_zip(module_entries("hostile_mod")))
+    (pkgs / "mods.zip").write_bytes(zip_with_infos(module_entries("hostile_mod")))
     async with package_server() as server:
-        wd_url = server.add("wd.zip", hostile_zip(HOSTILE))
-        held_url = server.add("held.zip", hostile_zip(module_entries("held_mod")))
+        wd_url = server.add("wd.zip", zip_with_infos(HOSTILE))
+        held_url = server.add("held.zip", zip_with_infos(module_entries("held_mod")))
         gate = server.hold("held.zip")
         env = hermetic_pip_environ()
         async with agent_process(root, base / "agent.log", umask_000=True, env=env) as (proc, stub):
@@ -191,7 +179,7 @@ async def test_a_restarted_agent_fixes_loose_folders_and_drops_a_package_others_
     deletes the package rather than vouch for it; the next create installs it again."""
     root = base / "root"
     package = base / "wd.zip"
-    package.write_bytes(hostile_zip(HOSTILE))
+    package.write_bytes(zip_with_infos(HOSTILE))
     serialized = env_json(f"file://{package}")
     log = base / "agent.log"
     async with agent_process(root, log, umask_000=False) as (_, stub):
