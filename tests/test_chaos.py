@@ -9,7 +9,9 @@ moving (they must not report it).
 
 from __future__ import annotations
 
+import argparse
 import ast
+import asyncio
 import importlib.util
 import os
 import re
@@ -35,6 +37,9 @@ from raylet_sim.pool import (
     WORKER_START_FAILED,
     TaskFailed,
     TaskSpec,
+    Worker,
+    WorkerPool,
+    WorkerState,
 )
 from rtenv.v1 import agent_pb2
 from tests.helpers import env_json, running_agent, short_tempdir, wait_until, workdir_zip
@@ -317,3 +322,32 @@ async def test_check_alive_does_not_flag_a_worker_that_idles_out_during_the_chec
         tally = chaos.Tally(seed=0)
         await chaos._check_alive(c.node, c.root, 10**9, tally, "after round 0")
         assert tally.violations == []
+
+
+async def test_the_stress_run_sees_the_pool_race_when_it_is_planted_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The oracle can fail: with issue 12's race planted back (a worker being stopped left IDLE
+    in the idle list, as before the fix), the same stress run reports violations."""
+    import raylet_sim.pool as pool_module
+
+    def terminate_as_before_the_fix(
+        self: WorkerPool, worker: Worker, *, polite: bool = True
+    ) -> None:
+        self._cancel_timer(worker)
+        if worker.state is WorkerState.EXITED:
+            return
+        stdin = worker.process.stdin  # closed, but the worker stays IDLE and in the idle list
+        if stdin is not None and not stdin.is_closing():
+            stdin.close()
+        loop = asyncio.get_running_loop()
+        delay = pool_module._STOP_GRACE_S if polite else 0.0
+        worker.timer = loop.call_later(delay, pool_module._signal_group, worker, signal.SIGTERM)
+
+    monkeypatch.setattr(WorkerPool, "_terminate", terminate_as_before_the_fix)
+    args = argparse.Namespace(
+        seed=7, rounds=2, tasks=300, envs=40, concurrency=6, agent_kills=0, budget_kib=65536,
+        fault_rate=0.0, idle_timeout=0.05, calm=True, workdir=None, keep=False,
+    )  # fmt: skip
+    tally = await asyncio.wait_for(chaos.run(args), timeout=240)
+    assert tally.violations, "the oracle did not see the planted race"
