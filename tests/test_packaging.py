@@ -1,6 +1,6 @@
 """Packaging: a wheel built from the checkout's files ships the .proto (client authors need it)
-and the license (Apache-2.0, as an SPDX expression, with its text); the copy of the .proto in
-the package is the .proto; constraints.txt pins what pyproject.toml asks for."""
+and the license (Apache-2.0, as an SPDX expression, with its text); the .proto in the package
+is a link to the .proto; constraints.txt pins what pyproject.toml asks for."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ _SKIP = {".git", ".venv", "node_modules", "build", "__pycache__", ".mypy_cache",
          ".pytest_cache", ".hypothesis"}  # fmt: skip
 
 
-def test_the_packaged_copy_of_the_proto_is_the_proto() -> None:
-    assert (REPO / "rtenv" / "v1" / "agent.proto").read_bytes() == PROTO.read_bytes(), (
-        "rtenv/v1/agent.proto differs: cp proto/rtenv/v1/agent.proto rtenv/v1/"
-    )
+def test_the_packaged_proto_is_a_link_to_the_proto_not_a_copy() -> None:
+    packaged = REPO / "rtenv" / "v1" / "agent.proto"
+    assert packaged.is_symlink(), "rtenv/v1/agent.proto must link to proto/rtenv/v1/agent.proto"
+    assert packaged.resolve() == PROTO.resolve()
 
 
 def _source_files() -> list[Path]:
