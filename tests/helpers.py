@@ -260,3 +260,22 @@ async def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}")
         await asyncio.sleep(0.01)
+
+
+@asynccontextmanager
+async def served(
+    stub: agent_pb2_grpc.RuntimeEnvAgentServicer, base: Path
+) -> AsyncIterator[grpc.aio.Channel]:
+    """A stub agent (a servicer) served on a unix socket in ``base``, and a channel to it;
+    both stopped after."""
+    server = grpc.aio.server()
+    agent_pb2_grpc.add_RuntimeEnvAgentServicer_to_server(stub, server)  # type: ignore[no-untyped-call]
+    address = f"unix:{base}/stub.sock"
+    server.add_insecure_port(address)
+    await server.start()
+    channel = grpc.aio.insecure_channel(address)
+    try:
+        yield channel
+    finally:
+        await channel.close()
+        await server.stop(0)

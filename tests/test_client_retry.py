@@ -15,8 +15,7 @@ import grpc
 import pytest
 
 from raylet_sim.client import AgentClient, RetryPolicy
-from rtenv.v1 import agent_pb2_grpc
-from tests.helpers import short_tempdir
+from tests.helpers import served, short_tempdir
 from tests.test_pool_unit import StubAgent, key
 
 POLICY = RetryPolicy(attempts=4, backoff_initial_s=0.1, backoff_max_s=2.0, jitter=0.5)
@@ -26,17 +25,10 @@ POLICY = RetryPolicy(attempts=4, backoff_initial_s=0.1, backoff_max_s=2.0, jitte
 async def stub_channel() -> AsyncIterator[tuple[StubAgent, grpc.aio.Channel]]:
     base = short_tempdir()
     stub = StubAgent(base)
-    server = grpc.aio.server()
-    agent_pb2_grpc.add_RuntimeEnvAgentServicer_to_server(stub, server)  # type: ignore[no-untyped-call]
-    address = f"unix:{base}/stub.sock"
-    server.add_insecure_port(address)
-    await server.start()
-    channel = grpc.aio.insecure_channel(address)
     try:
-        yield stub, channel
+        async with served(stub, base) as channel:
+            yield stub, channel
     finally:
-        await channel.close()
-        await server.stop(0)
         shutil.rmtree(base, ignore_errors=True)
 
 

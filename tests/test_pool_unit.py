@@ -37,7 +37,7 @@ from raylet_sim.pool import (
     WorkerState,
 )
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import short_tempdir, wait_until
+from tests.helpers import served, short_tempdir, wait_until
 
 RAYLET_SIM = Path(__file__).resolve().parents[1] / "raylet_sim"
 FAST = RetryPolicy(attempts=4, backoff_initial_s=0.01, backoff_max_s=0.05, call_timeout_s=20.0)
@@ -142,22 +142,19 @@ async def harness(
     base = short_tempdir()
     (base / "stubmod.py").write_text(STUBMOD)
     stub = StubAgent(base)
-    server = grpc.aio.server()
-    agent_pb2_grpc.add_RuntimeEnvAgentServicer_to_server(stub, server)  # type: ignore[no-untyped-call]
-    address = f"unix:{base}/stub.sock"
-    server.add_insecure_port(address)
-    await server.start()
-    channel = grpc.aio.insecure_channel(address)
-    client = AgentClient(channel, FAST)
-    pool = WorkerPool(client, idle_timeout_s=idle_timeout_s, env_keepalive_s=env_keepalive_s)
     try:
-        yield Harness(stub, client, pool)
+        async with served(stub, base) as channel:
+            client = AgentClient(channel, FAST)
+            pool = WorkerPool(
+                client, idle_timeout_s=idle_timeout_s, env_keepalive_s=env_keepalive_s
+            )
+            try:
+                yield Harness(stub, client, pool)
+            finally:
+                if stub.hold is not None:
+                    stub.hold.set()
+                await asyncio.wait_for(pool.close(), 30)
     finally:
-        if stub.hold is not None:
-            stub.hold.set()
-        await asyncio.wait_for(pool.close(), 30)
-        await channel.close()
-        await server.stop(0)
         shutil.rmtree(base, ignore_errors=True)
 
 

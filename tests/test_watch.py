@@ -21,7 +21,7 @@ from raylet_sim.client import AgentClient, RetryPolicy
 from raylet_sim.pool import TaskSpec, WorkerPool
 from raylet_sim.watch import Watcher
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import short_tempdir, wait_until
+from tests.helpers import served, short_tempdir, wait_until
 
 FAST = RetryPolicy(attempts=2, backoff_initial_s=0.01, backoff_max_s=0.05, call_timeout_s=20.0)
 PROBE_PY = "import os\n\ndef pid():\n    return os.getpid()\n"
@@ -168,23 +168,18 @@ async def watched_pool(*, idle_timeout_s: float, watch_interval_s: float) -> Asy
     base = short_tempdir()
     pkg = make_package(base / "pkg")
     stub = StubAgent(pkg)
-    server = grpc.aio.server()
-    agent_pb2_grpc.add_RuntimeEnvAgentServicer_to_server(stub, server)  # type: ignore[no-untyped-call]
-    address = f"unix:{base}/stub.sock"
-    server.add_insecure_port(address)
-    await server.start()
-    channel = grpc.aio.insecure_channel(address)
-    pool = WorkerPool(
-        AgentClient(channel, FAST),
-        idle_timeout_s=idle_timeout_s,
-        watch_interval_s=watch_interval_s,
-    )
     try:
-        yield Watched(pool, pkg, stub)
+        async with served(stub, base) as channel:
+            pool = WorkerPool(
+                AgentClient(channel, FAST),
+                idle_timeout_s=idle_timeout_s,
+                watch_interval_s=watch_interval_s,
+            )
+            try:
+                yield Watched(pool, pkg, stub)
+            finally:
+                await asyncio.wait_for(pool.close(), 30)
     finally:
-        await asyncio.wait_for(pool.close(), 30)
-        await channel.close()
-        await server.stop(0)
         shutil.rmtree(base, ignore_errors=True)
 
 
