@@ -141,6 +141,7 @@ async def test_an_agent_under_umask_000_keeps_nothing_others_may_write_and_no_se
             await create(stub, env_json(wd_url, [f"file://{pkgs / 'mods.zip'}"]))
 
             # a package in flight: its staging folder is private, its download file 0600
+            await wait_until(lambda: not os.listdir(root / "tmp"), what="earlier staging gone")
             held = asyncio.create_task(create(stub, env_json(py_modules=[held_url])))
             await asyncio.wait_for(server.requested("held.zip").wait(), CREATE_S)
             staging = list((root / "tmp").iterdir())
