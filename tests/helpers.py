@@ -182,16 +182,10 @@ def short_tempdir() -> Path:
     return Path(tempfile.mkdtemp(prefix="rtenv-"))
 
 
-@dataclass
-class RunningAgent:
-    agent: Agent
-    stub: agent_pb2_grpc.RuntimeEnvAgentStub
-    root: Path
+class AgentCalls:
+    """The three RPCs as a test calls them, on ``self.stub``."""
 
-    @property
-    def service(self) -> Any:
-        assert self.agent.service is not None
-        return self.agent.service
+    stub: agent_pb2_grpc.RuntimeEnvAgentStub
 
     async def create(
         self, serialized: str, *, request_id: str = "", timeout_s: int = 0
@@ -219,6 +213,18 @@ class RunningAgent:
             agent_pb2.GetRuntimeEnvsInfoRequest(), timeout=30
         )
         return reply
+
+
+@dataclass
+class RunningAgent(AgentCalls):
+    agent: Agent
+    stub: agent_pb2_grpc.RuntimeEnvAgentStub
+    root: Path
+
+    @property
+    def service(self) -> Any:
+        assert self.agent.service is not None
+        return self.agent.service
 
     def uri_dirs(self) -> list[str]:
         return sorted(p.name for p in (self.root / "uris").iterdir())

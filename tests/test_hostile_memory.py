@@ -26,6 +26,7 @@ from agent.errors import (
 )
 from agent.idempotency import MAX_REQUEST_ID_BYTES, RequestLog
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
+from tests.helpers import AgentCalls
 from tests.test_process import Served, serving
 
 MiB = 1024 * 1024
@@ -45,34 +46,13 @@ def rss_bytes(pid: int) -> int:
 
 
 @dataclass
-class Client:
+class Client(AgentCalls):
     served: Served
     stub: agent_pb2_grpc.RuntimeEnvAgentStub
 
     @property
     def rss(self) -> int:
         return rss_bytes(self.served.proc.pid)
-
-    async def create(self, text: str, request_id: str = "") -> agent_pb2.CreateRuntimeEnvReply:
-        request = agent_pb2.CreateRuntimeEnvRequest(
-            serialized_runtime_env=text, request_id=request_id
-        )
-        reply: agent_pb2.CreateRuntimeEnvReply = await self.stub.CreateRuntimeEnv(
-            request, timeout=30
-        )
-        return reply
-
-    async def delete(self, env_id: str, request_id: str = "") -> int:
-        request = agent_pb2.DeleteRuntimeEnvRequest(runtime_env_id=env_id, request_id=request_id)
-        reply = await self.stub.DeleteRuntimeEnv(request, timeout=30)
-        remaining: int = reply.remaining_references
-        return remaining
-
-    async def info(self) -> agent_pb2.GetRuntimeEnvsInfoReply:
-        reply: agent_pb2.GetRuntimeEnvsInfoReply = await self.stub.GetRuntimeEnvsInfo(
-            agent_pb2.GetRuntimeEnvsInfoRequest(), timeout=30
-        )
-        return reply
 
 
 @asynccontextmanager
@@ -125,16 +105,16 @@ async def test_huge_request_ids_are_refused_and_pin_nothing(base: Path) -> None:
         async def loop() -> None:
             for i in range(120):
                 request_id = f"{i:04d}" + "r" * (3 * MiB)
-                code, details = await status_of(client.create("{}", request_id))
+                code, details = await status_of(client.create("{}", request_id=request_id))
                 assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details[:200])
                 assert "request_id is 3145732 bytes; the limit is 128" in details, details
                 assert len(details) < MAX_MESSAGE_BYTES
-                code, details = await status_of(client.delete("0" * 32, request_id))
+                code, details = await status_of(client.delete("0" * 32, request_id=request_id))
                 assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details[:200])
 
         assert await growth(client, loop) < GROWTH_BOUND
-        reply = await client.create("{}", "r" * 128)  # at the limit: accepted
-        assert await client.create("{}", "r" * 128) == reply  # and remembered
+        reply = await client.create("{}", request_id="r" * 128)  # at the limit: accepted
+        assert await client.create("{}", request_id="r" * 128) == reply  # and remembered
         await still_answers(client)
         log_lines_short(client.served)
 
@@ -175,12 +155,12 @@ async def test_distinct_big_envs_created_and_deleted_pin_nothing(base: Path) -> 
 
         async def loop() -> None:
             for i in range(150):
-                reply = await client.create(big_env(i), f"create-{i}")
-                assert await client.delete(reply.runtime_env_id, f"delete-{i}") == 0
+                reply = await client.create(big_env(i), request_id=f"create-{i}")
+                assert await client.delete(reply.runtime_env_id, request_id=f"delete-{i}") == 0
 
         assert await growth(client, loop) < GROWTH_BOUND
         # a retry of a create whose env was deleted since is still answered, the same way
-        again = await client.create(big_env(149), "create-149")
+        again = await client.create(big_env(149), request_id="create-149")
         assert again.context.env_vars["BIG0"].startswith("000149")
         await still_answers(client)
 
