@@ -20,9 +20,9 @@ from typing import Any
 import grpc
 from aiohttp import web
 
-from agent.config import Settings
-from agent.fetch import FetchLimits
-from agent.server import Agent
+from agent.app.config import Settings
+from agent.install.fetch import FetchLimits
+from agent.ops.server import Agent
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 
 # -- zips ------------------------------------------------------------------------------------

@@ -13,9 +13,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from agent.access import TokenError
-from agent.config import Settings
-from agent.server import Agent
+from agent.app.config import Settings
+from agent.doors.access import TokenError
+from agent.ops.server import Agent
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.helpers import RunningAgent, env_json, running_agent, workdir_zip
 from tests.test_process import refused, run_cli

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-import agent.archive as archive_module
-from agent.archive import ArchiveLimits, extract_zip, harden_tree, make_dir, remove_tree
-from agent.errors import FailedPrecondition, UnsafeArchive
+import agent.install.archive as archive_module
+from agent.core.errors import FailedPrecondition, UnsafeArchive
+from agent.install.archive import ArchiveLimits, extract_zip, harden_tree, make_dir
+from agent.install.disk import remove_tree
 from tests.helpers import make_zip, zip_with_infos
 
 LABEL = "file:///pkgs/p.zip"
@@ -344,7 +345,7 @@ def test_the_tree_is_private_while_it_is_written(tmp_path: Path) -> None:
         return written
 
     with umask(0), pytest.MonkeyPatch.context() as mp:
-        mp.setattr("agent.archive._write", spy)
+        mp.setattr("agent.install.archive._write", spy)
         extract(tmp_path, zip_with_infos(HOSTILE_ENTRIES), strip=False)
     assert seen == [(0o700, 0o644)]  # rw.txt had its final mode before the tree opened up
 
@@ -452,7 +453,7 @@ def test_declared_size_of_a_zip_of_an_unsupported_version_is_zero_not_an_excepti
     """A central directory asking for zip version 6.4 made zipfile raise NotImplementedError,
     which reached the client as INTERNAL (found by the property test); the extraction refuses
     such a zip with its own message."""
-    from agent.disk import declared_size
+    from agent.install.archive import declared_size
 
     body = bytearray(make_zip({"proj/a.txt": "x"}))
     central = body.index(b"PK\x01\x02")

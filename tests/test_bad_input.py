@@ -14,7 +14,7 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from agent.runtime_env import MAX_ARG_STRLEN, EnvLimits
+from agent.core.runtime_env import MAX_ARG_STRLEN, EnvLimits
 from rtenv.v1 import agent_pb2
 from tests.helpers import (
     PackageServer,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.startup import StartupError, check_root_free, lock_root
+from agent.ops.startup import StartupError, check_root_free, lock_root
 from tests.test_process import (
     REPO,
     START_S,

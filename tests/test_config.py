@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from agent import options
-from agent.config import DiskFloor, Settings
-from agent.options import OPTIONS, ConfigError, Option
+from agent.app.config import Settings
+from agent.install.disk import DiskFloor
+from agent.ops import options
+from agent.ops.options import OPTIONS, ConfigError, Option
 
 REPO = Path(__file__).resolve().parents[1]
 BY_NAME = {opt.name: opt for opt in OPTIONS}
@@ -304,5 +305,6 @@ def test_readme_settings_table_is_the_generated_one() -> None:
     assert match.group(1) == options.markdown_table(), (
         "README.md's settings table is stale: replace the lines between the settings-table "
         "markers with the output of "
-        "`.venv/bin/python -c 'from agent.options import markdown_table; print(markdown_table())'`"
+        "`.venv/bin/python -c 'from agent.ops.options import markdown_table; "
+        "print(markdown_table())'`"
     )

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from agent.context import build_context
-from agent.errors import InvalidRuntimeEnv
-from agent.runtime_env import EnvLimits, RuntimeEnv, UriKey, parse_runtime_env
+from agent.core.context import build_context
+from agent.core.errors import InvalidRuntimeEnv
+from agent.core.runtime_env import EnvLimits, RuntimeEnv, UriKey, parse_runtime_env
 
 LIMITS = EnvLimits()
 WD = "file:///pkgs/wd.zip"

@@ -23,9 +23,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.archive import ArchiveLimits
-from agent.config import DiskFloor
-from agent.disk import unpack_reservation
+from agent.install.archive import ArchiveLimits
+from agent.install.disk import DiskFloor, unpack_reservation
 from tests.helpers import (
     PackageServer,
     RunningAgent,

@@ -13,15 +13,15 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from agent.archive import ArchiveLimits, extract_zip
-from agent.errors import AgentError, PermissionDenied, UnsafeArchive, echo
-from agent.fetch import Fetcher, FetchLimits
-from agent.file_source import FileRoots, open_package
-from agent.hostname import host_problem
-from agent.pip_spec import parse_pip
-from agent.runtime_env import ParsedUri, UriKey, UriKind
-from agent.store import UriStore
-from agent.venv import _tail
+from agent.core.errors import AgentError, PermissionDenied, UnsafeArchive, echo
+from agent.core.hostname import host_problem
+from agent.core.pip_spec import parse_pip
+from agent.core.runtime_env import ParsedUri, UriKey, UriKind
+from agent.install.archive import ArchiveLimits, extract_zip
+from agent.install.fetch import Fetcher, FetchLimits
+from agent.install.file_source import FileRoots, open_package
+from agent.install.venv import _tail
+from agent.state.store import UriStore
 
 SHORT = 1024  # bytes: what a message about one huge value may take at most
 HUGE = 100_000

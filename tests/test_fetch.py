@@ -11,14 +11,14 @@ import aiohttp
 import grpc
 import pytest
 
-from agent.errors import (
+from agent.core.errors import (
     DownloadFailed,
     IntegrityError,
     PackageNotFound,
     PackageRejected,
 )
-from agent.fetch import Fetcher, FetchLimits
-from agent.runtime_env import parse_uri
+from agent.core.runtime_env import parse_uri
+from agent.install.fetch import Fetcher, FetchLimits
 from tests.helpers import make_zip, package_server
 
 BODY = make_zip({"proj/main.py": "print('hi')\n" * 50})

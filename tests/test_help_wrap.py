@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from agent import options
+from agent.ops import options
 
 LONG = "/tmp/ci-run-Ab3x/a-b-c/runtime-env-agent/.venv/bin/python3-with-a-long-name-too"
 

@@ -26,9 +26,10 @@ import grpc
 import pytest
 from aiohttp import web
 
-from agent.config import DiskFloor, Settings
-from agent.errors import echo
-from agent.server import Agent
+from agent.app.config import Settings
+from agent.core.errors import echo
+from agent.install.disk import DiskFloor
+from agent.ops.server import Agent
 from rtenv.v1 import agent_pb2_grpc
 from tests.helpers import (
     FAST_FETCH,

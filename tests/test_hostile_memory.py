@@ -15,8 +15,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.bounded import BoundedCache
-from agent.errors import (
+from agent.app.idempotency import MAX_REQUEST_ID_BYTES, RequestLog
+from agent.core.bounded import BoundedCache
+from agent.core.errors import (
     ECHO_CHARS,
     MAX_MESSAGE_BYTES,
     InvalidArgument,
@@ -24,7 +25,6 @@ from agent.errors import (
     cap_message,
     echo,
 )
-from agent.idempotency import MAX_REQUEST_ID_BYTES, RequestLog
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.helpers import AgentCalls
 from tests.test_process import Served, serving
@@ -323,7 +323,7 @@ async def test_request_log_refuses_ids_over_the_limit_and_keeps_fingerprints_sho
 
 def test_format_info_says_how_many_envs_and_uris_the_capped_reply_left_out() -> None:
     """A reply cut by size lists fewer entries than it counts: the CLI says how many it left out."""
-    from agent.cli import format_info
+    from agent.ops.cli import format_info
 
     reply = agent_pb2.GetRuntimeEnvsInfoReply(total_envs=5, total_uris=3)
     reply.envs.add(runtime_env_id="a" * 32, references=1, state="ready")

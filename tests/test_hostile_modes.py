@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.startup import prepare_socket_path
+from agent.ops.startup import prepare_socket_path
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.helpers import env_json, package_server, wait_until, zip_with_infos
 from tests.pip_wheels import hermetic_pip_environ, isolate_pip, pip_env

@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from agent.errors import RequestIdReused
-from agent.idempotency import RequestLog
+from agent.app.idempotency import RequestLog
+from agent.core.errors import RequestIdReused
 
 DEADLINE_S = 5.0
 

@@ -8,8 +8,8 @@ import os
 import stat
 from pathlib import Path
 
-from agent.pip_spec import parse_pip
-from agent.venv import build_venv
+from agent.core.pip_spec import parse_pip
+from agent.install.venv import build_venv
 
 
 async def test_every_installer_step_gets_a_tmpdir_inside_the_staging_folder(base: Path) -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.archive import ArchiveLimits
-from agent.errors import echo
+from agent.core.errors import echo
+from agent.install.archive import ArchiveLimits
 from rtenv.v1 import agent_pb2
 from tests.helpers import (
     FAST_FETCH,

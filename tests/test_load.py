@@ -9,7 +9,7 @@ import contextlib
 from collections import Counter
 from pathlib import Path
 
-from agent.config import Settings
+from agent.app.config import Settings
 from tests.helpers import (
     env_json,
     module_zip,

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 import pytest
 
-from agent.logs import iso_time
+from agent.ops.logs import iso_time
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.helpers import env_json, workdir_zip
 from tests.test_process import STOP_S, serving

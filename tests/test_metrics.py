@@ -13,9 +13,9 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.config import Settings
-from agent.server import Agent
-from agent.startup import StartupError
+from agent.app.config import Settings
+from agent.ops.server import Agent
+from agent.ops.startup import StartupError
 from tests.helpers import env_json, package_server, running_agent, short_tempdir, workdir_zip
 
 Labels = frozenset[tuple[str, str]]

@@ -14,10 +14,10 @@ from typing import Any
 import grpc
 import pytest
 
-from agent.errors import echo
-from agent.pip_spec import parse_pip
-from agent.runtime_env import UriKey, UriKind
-from agent.venv import InstallerFailed, build_venv
+from agent.core.errors import echo
+from agent.core.pip_spec import parse_pip
+from agent.core.runtime_env import UriKey, UriKind
+from agent.install.venv import InstallerFailed, build_venv
 from rtenv.v1 import agent_pb2
 from tests.helpers import RunningAgent, env_json, running_agent, wait_until, workdir_zip
 from tests.pip_wheels import (

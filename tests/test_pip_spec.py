@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from packaging.requirements import Requirement
 
-from agent.errors import AgentError, InvalidRuntimeEnv, PermissionDenied
-from agent.pip_spec import PipSpec, normalize_requirement, parse_pip
-from agent.runtime_env import EnvLimits, UriKey, UriKind, parse_runtime_env
+from agent.core.errors import AgentError, InvalidRuntimeEnv, PermissionDenied
+from agent.core.pip_spec import PipSpec, normalize_requirement, parse_pip
+from agent.core.runtime_env import EnvLimits, UriKey, UriKind, parse_runtime_env
 
 ROOTS = ("/srv/allowed",)
 OFFLINE = ["--no-index", "--find-links", "/srv/wheels"]

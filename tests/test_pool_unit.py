@@ -442,7 +442,7 @@ def forbidden(source: str) -> list[str]:
 
 def test_the_import_check_catches_agent_imports_and_uri_parsing() -> None:
     bad = (
-        "import agent.refs\nfrom agent import store\nimport urllib.parse\n"
+        "import agent.core.refs\nfrom agent import store\nimport urllib.parse\n"
         "from urllib.parse import urlsplit\nimport importlib\nimportlib.import_module('agent')\n"
     )
     assert len(forbidden(bad)) >= 5

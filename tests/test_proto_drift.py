@@ -1,5 +1,6 @@
 """The committed stubs are exactly what protoc makes of the .proto, and the .proto keeps the names
-and field numbers DESIGN.md fixes (clients written from it must keep working)."""
+and field numbers of the first published protocol (v1, as ``CONTRACT`` below lists them): clients
+written from it must keep working."""
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ _TYPES = {
     descriptor.FieldDescriptor.TYPE_BOOL: "bool",
 }
 
-# DESIGN.md, "The protocol": message -> field -> (number, type). Fields may be added, never
+# The first published protocol (v1): message -> field -> (number, type). Fields may be added, never
 # renumbered or retyped; so every one listed here must be present as listed.
 CONTRACT: dict[str, dict[str, tuple[int, str]]] = {
     "RuntimeEnvConfig": {"setup_timeout_seconds": (1, "int32"), "eager_install": (2, "bool")},

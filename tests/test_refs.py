@@ -9,9 +9,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from agent.errors import EnvBusy, EnvNotFound
-from agent.refs import RefTables
-from agent.runtime_env import UriKey, UriKind
+from agent.core.errors import EnvBusy, EnvNotFound
+from agent.core.refs import RefTables
+from agent.core.runtime_env import UriKey, UriKind
 
 X = UriKey(UriKind.PY_MODULES, "file:///x.zip")
 Y = UriKey(UriKind.PY_MODULES, "file:///y.zip")

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.errors import InvalidRuntimeEnv
-from agent.runtime_env import (
+from agent.core.errors import InvalidRuntimeEnv
+from agent.core.runtime_env import (
     MAX_ARG_STRLEN,
     EnvLimits,
     UriKey,

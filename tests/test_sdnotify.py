@@ -19,7 +19,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from agent.sdnotify import Notifier
+from agent.ops.sdnotify import Notifier
 from tests.test_process import REPO, START_S, STOP_S, run_cli, serving
 
 
@@ -79,7 +79,7 @@ def test_the_variable_is_taken_out_of_the_environment_so_children_do_not_inherit
 def test_an_unsupported_notify_socket_is_logged_and_ignored(
     value: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="agent.sdnotify"):
+    with caplog.at_level(logging.WARNING, logger="agent.ops.sdnotify"):
         notifier = Notifier.from_environment({"NOTIFY_SOCKET": value})
     assert notifier.address == ""
     assert "not a unix socket path or @abstract name" in caplog.text
@@ -88,7 +88,7 @@ def test_an_unsupported_notify_socket_is_logged_and_ignored(
 def test_a_socket_nobody_listens_on_is_logged_not_raised(
     base: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="agent.sdnotify"):
+    with caplog.at_level(logging.WARNING, logger="agent.ops.sdnotify"):
         assert Notifier(str(base / "absent.sock")).send("READY=1") is False
     assert "could not notify the service manager" in caplog.text
 

@@ -38,12 +38,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-import agent.disk
-from agent.archive import remove_tree
-from agent.config import Settings
-from agent.runtime_env import EnvLimits, parse_runtime_env
-from agent.server import Agent
-from agent.service import AgentService
+import agent.install.disk
+from agent.app.config import Settings
+from agent.app.service import AgentService
+from agent.core.runtime_env import EnvLimits, parse_runtime_env
+from agent.install.disk import remove_tree
+from agent.ops.server import Agent
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.helpers import (
     FAST_FETCH,
@@ -337,7 +337,7 @@ async def test_a_create_cancelled_while_its_install_cleans_up_does_not_wedge_the
             release.wait(20)
         remove_tree(path)
 
-    monkeypatch.setattr(agent.disk, "remove_tree", held_staging_cleanup)
+    monkeypatch.setattr(agent.install.disk, "remove_tree", held_staging_cleanup)
     base = short_tempdir()
     try:
         package = base / "p.zip"

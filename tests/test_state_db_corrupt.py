@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.state_db import SCHEMA_VERSION
+from agent.state.state_db import SCHEMA_VERSION
 from tests.helpers import PackageServer, package_server, wait_until
 from tests.test_crash_recovery import (
     ZIPS,

@@ -9,11 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import options
-from agent.config import DiskFloor
-from agent.options import OPTIONS, ConfigError
-from agent.startup import StartupError, check_address
-from agent.units import (
+from agent.core.units import (
     exact_bytes,
     human_bytes,
     human_duration,
@@ -21,6 +17,10 @@ from agent.units import (
     parse_duration,
     plural,
 )
+from agent.install.disk import DiskFloor
+from agent.ops import options
+from agent.ops.options import OPTIONS, ConfigError
+from agent.ops.startup import StartupError, check_address
 
 GiB = 1024**3
 BY_NAME = {opt.name: opt for opt in OPTIONS}
@@ -200,7 +200,7 @@ def _namespace(*argv: str) -> argparse.Namespace:
 
 def test_the_recovery_log_line_counts_in_words_and_sizes_for_humans() -> None:
     """'1 package kept', '1 orphan directory', '1.5 KiB freed': not '1 packages', raw bytes."""
-    from agent.recovery import RecoverySummary
+    from agent.state.recovery import RecoverySummary
 
     one = RecoverySummary(rows_kept=1, rows_dropped=1, orphans_deleted=1, bytes_freed=1536,
                           envs_forgotten=1, seconds=0.25).line()  # fmt: skip

@@ -38,7 +38,8 @@ _MAX_UNIX_PATH = 100  # AF_UNIX allows 107 bytes; keep a margin
 
 # Runs the agent's own CLI on uvloop's event loop: the agent is not changed, only its loop.
 _UVLOOP_LAUNCH = (
-    "import sys, uvloop; uvloop.install(); from agent.cli import main; sys.exit(main(sys.argv[1:]))"
+    "import sys, uvloop; uvloop.install(); from agent.ops.cli import main; "
+    "sys.exit(main(sys.argv[1:]))"
 )
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import grpc
 
-from agent.disk import package_dir
-from agent.runtime_env import UriKey, UriKind
-from agent.state_db import FILE_NAME, StateDB, UriRow
+from agent.core.runtime_env import UriKey, UriKind
+from agent.install.disk import package_dir
+from agent.state.state_db import FILE_NAME, StateDB, UriRow
 from benchlib import rpc
 from benchlib.config import Sizes
 from benchlib.figures import Measure, WorkloadResult

@@ -37,7 +37,7 @@ from typing import Protocol, TypeVar
 
 import aiohttp
 
-from agent.errors import (
+from agent.core.errors import (
     DiskExhausted,
     DownloadFailed,
     IntegrityError,
@@ -46,8 +46,8 @@ from agent.errors import (
     PermissionDenied,
     echo,
 )
-from agent.file_source import FileRoots, open_package
-from agent.runtime_env import ParsedUri
+from agent.core.runtime_env import ParsedUri
+from agent.install.file_source import FileRoots, open_package
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from agent.errors import echo
+from agent.core.errors import echo
 
 _LABEL = re.compile(r"[A-Za-z0-9_-]{1,63}")
 _MAX_NAME = 253

@@ -29,7 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from agent.service import AgentService
+    from agent.app.service import AgentService
 
 # The *_created series (a timestamp per counter and histogram child) double the scrape for
 # nothing a dashboard uses; the switch is process-wide, and this process is the agent.

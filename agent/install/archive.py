@@ -27,7 +27,6 @@ import contextlib
 import errno
 import os
 import re
-import shutil
 import stat
 import zipfile
 import zlib
@@ -35,7 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from agent.errors import FailedPrecondition, UnsafeArchive, echo
+from agent.core.errors import FailedPrecondition, UnsafeArchive, echo
 
 _CHUNK = 1024 * 1024
 DIR_MODE = 0o755
@@ -328,9 +327,11 @@ def is_loose(st: os.stat_result) -> bool:
     return st.st_uid != os.getuid() or bool(st.st_mode & _LOOSE)
 
 
-def remove_tree(path: Path) -> None:
-    """Delete a directory tree, or a file, if it exists. Blocking: call it in a thread."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
+def declared_size(archive: Path) -> int:
+    """Bytes a zip says it unpacks to (its central directory); 0 if it is no zip (the extraction
+    then says so). Blocking: call it in a thread."""
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            return sum(info.file_size for info in zf.infolist())
+    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, UnicodeDecodeError):
+        return 0  # what zipfile raises on a damaged or unsupported central directory

@@ -31,8 +31,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from agent.errors import FailedPrecondition, echo
-from agent.pip_spec import PipSpec
+from agent.core.errors import FailedPrecondition, echo
+from agent.core.pip_spec import PipSpec
 
 log = logging.getLogger(__name__)
 

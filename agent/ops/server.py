@@ -22,16 +22,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from agent.access import TokenInterceptor, read_token
-from agent.config import Settings
-from agent.fetch import Fetcher, Sleep
-from agent.metrics import Metrics, start_metrics_server
-from agent.recovery import RecoverySummary, recover
-from agent.refs import RefTables
-from agent.sdnotify import Notifier
-from agent.service import AgentService
-from agent.servicer import RuntimeEnvAgentServicer
-from agent.startup import (
+from agent.app.config import Settings
+from agent.app.service import AgentService
+from agent.core.refs import RefTables
+from agent.core.units import human_bytes
+from agent.doors.access import TokenInterceptor, read_token
+from agent.doors.metrics import Metrics, start_metrics_server
+from agent.doors.servicer import RuntimeEnvAgentServicer
+from agent.install.fetch import Fetcher, Sleep
+from agent.ops.sdnotify import Notifier
+from agent.ops.startup import (
     StartupError,
     check_address,
     check_parent,
@@ -44,9 +44,9 @@ from agent.startup import (
     prepare_socket_path,
     probe_address,
 )
-from agent.state_db import FILE_NAME, StateDB
-from agent.store import UriStore
-from agent.units import human_bytes
+from agent.state.recovery import RecoverySummary, recover
+from agent.state.state_db import FILE_NAME, StateDB
+from agent.state.store import UriStore
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -34,23 +34,29 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from agent.archive import ArchiveLimits, extract_zip, harden_tree, make_dir
-from agent.config import DiskFloor
+from agent.core.errors import DiskExhausted
+from agent.core.pip_spec import PipSpec
+from agent.core.runtime_env import UriKey, UriKind, parse_uri
 from agent.crash import crash_point
-from agent.disk import (
+from agent.install.archive import (
+    ArchiveLimits,
     declared_size,
+    extract_zip,
+    harden_tree,
+    make_dir,
+)
+from agent.install.disk import (
+    DiskFloor,
     disk_space,
     du,
+    move_to_trash,
     package_dir,
     remove_all,
     unpack_reservation,
 )
-from agent.errors import DiskExhausted
-from agent.fetch import Fetcher
-from agent.pip_spec import PipSpec
-from agent.runtime_env import UriKey, UriKind, parse_uri
-from agent.state_db import StateDB, UriRow
-from agent.venv import build_venv, relocate
+from agent.install.fetch import Fetcher
+from agent.install.venv import build_venv, relocate
+from agent.state.state_db import StateDB, UriRow
 
 log = logging.getLogger(__name__)
 
@@ -390,10 +396,7 @@ class UriStore:
         return trashed
 
     def _to_trash(self, path: Path) -> Path:
-        """Move a package out of uris/ in one rename; its deletion comes later, in a thread."""
-        trashed = self.root / "trash" / uuid.uuid4().hex
-        os.rename(path, trashed)
-        return trashed
+        return move_to_trash(self.root, path)
 
     def delete_in_background(self, paths: list[Path], *, trash: bool = True) -> None:
         """Delete ``paths`` in a thread. ``trash``: evicted packages (a crash point for tests);

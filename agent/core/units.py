@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-from agent.errors import echo
+from agent.core.errors import echo
 
 _BINARY = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 _DECIMAL = {"k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}

@@ -21,10 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from agent.bounded import BoundedCache
-from agent.config import Settings
-from agent.context import WorkerContext, build_context
-from agent.errors import (
+from agent.app.config import Settings
+from agent.app.idempotency import RequestLog
+from agent.core.bounded import BoundedCache
+from agent.core.context import WorkerContext, build_context
+from agent.core.errors import (
     AgentError,
     EnvNotFound,
     InvalidRuntimeEnv,
@@ -32,11 +33,10 @@ from agent.errors import (
     cap_message,
     echo,
 )
-from agent.idempotency import RequestLog
-from agent.refs import RefTables
-from agent.runtime_env import RuntimeEnv, UriKey, UriKind, parse_runtime_env
-from agent.state_db import EnvRow, StateDB
-from agent.store import UriStore
+from agent.core.refs import RefTables
+from agent.core.runtime_env import RuntimeEnv, UriKey, UriKind, parse_runtime_env
+from agent.state.state_db import EnvRow, StateDB
+from agent.state.store import UriStore
 
 log = logging.getLogger(__name__)
 

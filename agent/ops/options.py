@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from agent.config import DiskFloor, Settings
-from agent.errors import AgentError
-from agent.units import (
+from agent.app.config import Settings
+from agent.core.errors import AgentError
+from agent.core.units import (
     exact_bytes,
     human_duration,
     parse_bytes,
@@ -31,6 +31,7 @@ from agent.units import (
     parse_int,
     quoted,
 )
+from agent.install.disk import DiskFloor
 
 __all__ = ["OPTIONS", "ConfigError", "Option", "parse_bytes", "parse_duration"]
 

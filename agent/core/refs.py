@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from agent.errors import EnvBusy, EnvNotFound
-from agent.runtime_env import UriKey
+from agent.core.errors import EnvBusy, EnvNotFound
+from agent.core.runtime_env import UriKey
 
 
 @dataclass

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.runtime_env import EnvLimits, RuntimeEnv, UriKey, UriKind, check_env_var_size
+from agent.core.runtime_env import EnvLimits, RuntimeEnv, UriKey, UriKind, check_env_var_size
 
 
 @dataclass(frozen=True)

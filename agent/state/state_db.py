@@ -29,8 +29,8 @@ from typing import TypeVar
 
 import grpc
 
+from agent.core.errors import AgentError
 from agent.crash import crash_point
-from agent.errors import AgentError
 
 log = logging.getLogger(__name__)
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import zipfile
+import shutil
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
-from agent.archive import ArchiveLimits, remove_tree
+from agent.core.runtime_env import UriKey
+from agent.core.units import exact_bytes
 from agent.crash import crash_point
-from agent.runtime_env import UriKey
+from agent.install.archive import ArchiveLimits
 
 
 def disk_space(path: Path) -> tuple[int, int]:
@@ -28,16 +31,6 @@ def du(path: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dirpath, name)).st_size
     return total
-
-
-def declared_size(archive: Path) -> int:
-    """Bytes a zip says it unpacks to (its central directory); 0 if it is no zip (the extraction
-    then says so). Blocking: call it in a thread."""
-    try:
-        with zipfile.ZipFile(archive) as zf:
-            return sum(info.file_size for info in zf.infolist())
-    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, UnicodeDecodeError):
-        return 0  # what zipfile raises on a damaged or unsupported central directory
 
 
 def unpack_reservation(declared: int, archive_bytes: int, limits: ArchiveLimits) -> int:
@@ -62,3 +55,44 @@ def remove_all(paths: list[Path], trash: bool = True) -> None:
         if trash:
             crash_point("during_trash_deletion")
         remove_tree(path)
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a directory tree, or a file, if it exists. Blocking: call it in a thread."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def move_to_trash(root: Path, path: Path) -> Path:
+    """Move a package out of ``uris/`` into ``trash/`` in one rename (one metadata call, fine on
+    the loop); its deletion comes later, in a thread (``remove_all``)."""
+    trashed = root / "trash" / uuid.uuid4().hex
+    os.rename(path, trashed)
+    return trashed
+
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class DiskFloor:
+    """Free space an install must leave on the root's file system: the smaller of the two
+    given (the default: 1 GiB or 5%, whichever is less, so a huge disk keeps no huge reserve)."""
+
+    bytes_: int | None = GiB
+    percent: float | None = 5.0
+
+    def floor(self, total_bytes: int) -> int:
+        candidates = []
+        if self.bytes_ is not None:
+            candidates.append(self.bytes_)
+        if self.percent is not None:
+            candidates.append(int(total_bytes * self.percent / 100))
+        return min(candidates) if candidates else 0
+
+    def __str__(self) -> str:
+        if self.bytes_ is not None and self.percent is not None:
+            return f"auto (min of {exact_bytes(self.bytes_)} and {self.percent:g}%)"
+        return f"{self.percent:g}%" if self.percent is not None else exact_bytes(self.bytes_ or 0)

@@ -23,8 +23,8 @@ from typing import NoReturn
 
 import grpc
 
-from agent.errors import AgentError
-from agent.units import quoted
+from agent.core.errors import AgentError
+from agent.core.units import quoted
 
 log = logging.getLogger(__name__)
 

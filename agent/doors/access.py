@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from agent.errors import AgentError
+from agent.core.errors import AgentError
 
 _OPEN_PREFIX = "/grpc.health.v1.Health/"
 

@@ -6,34 +6,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.archive import ArchiveLimits
-from agent.fetch import FetchLimits
-from agent.runtime_env import EnvLimits
-from agent.units import exact_bytes
+from agent.core.runtime_env import EnvLimits
+from agent.install.archive import ArchiveLimits
+from agent.install.disk import DiskFloor
+from agent.install.fetch import FetchLimits
 
 GiB = 1024**3
-
-
-@dataclass(frozen=True)
-class DiskFloor:
-    """Free space an install must leave on the root's file system: the smaller of the two
-    given (the default: 1 GiB or 5%, whichever is less, so a huge disk keeps no huge reserve)."""
-
-    bytes_: int | None = GiB
-    percent: float | None = 5.0
-
-    def floor(self, total_bytes: int) -> int:
-        candidates = []
-        if self.bytes_ is not None:
-            candidates.append(self.bytes_)
-        if self.percent is not None:
-            candidates.append(int(total_bytes * self.percent / 100))
-        return min(candidates) if candidates else 0
-
-    def __str__(self) -> str:
-        if self.bytes_ is not None and self.percent is not None:
-            return f"auto (min of {exact_bytes(self.bytes_)} and {self.percent:g}%)"
-        return f"{self.percent:g}%" if self.percent is not None else exact_bytes(self.bytes_ or 0)
 
 
 @dataclass(frozen=True)

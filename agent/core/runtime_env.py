@@ -19,9 +19,9 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from agent.errors import InvalidRuntimeEnv, echo, echo_label
-from agent.hostname import host_problem
-from agent.pip_spec import PipSpec, parse_pip
+from agent.core.errors import InvalidRuntimeEnv, echo, echo_label
+from agent.core.hostname import host_problem
+from agent.core.pip_spec import PipSpec, parse_pip
 
 # Linux's MAX_ARG_STRLEN: one "KEY=value\0" string handed to execve may not exceed it.
 MAX_ARG_STRLEN = 128 * 1024

@@ -16,12 +16,12 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from agent import logs, options
-from agent.access import read_token
-from agent.errors import AgentError
-from agent.server import serve
-from agent.startup import check_address
-from agent.units import human_bytes, parse_duration, plural
+from agent.core.errors import AgentError
+from agent.core.units import human_bytes, parse_duration, plural
+from agent.doors.access import read_token
+from agent.ops import logs, options
+from agent.ops.server import serve
+from agent.ops.startup import check_address
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 
 CONNECT_TIMEOUT_S = 2.0  # info: an agent that is running accepts a connection at once

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from typing import TypeVar
 
 import grpc
 
-from agent.bounded import BoundedCache
-from agent.errors import AgentError, cap_message
-from agent.metrics import Metrics
-from agent.recovery import RecoverySummary
-from agent.runtime_env import env_var_bytes
-from agent.service import AgentService, Created, EnvRecord, EnvState
-from agent.store import UriEntry, UriState
+from agent.app.service import AgentService, Created, EnvRecord, EnvState
+from agent.core.bounded import BoundedCache
+from agent.core.runtime_env import env_var_bytes
+from agent.doors.grpc_errors import answer
+from agent.doors.metrics import Metrics
+from agent.state.recovery import RecoverySummary
+from agent.state.store import UriEntry, UriState
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -29,69 +28,6 @@ _REPLIES_BYTES = 8 * 1024 * 1024  # a reply holds the env's variables: up to 1 M
 # first figure, URIs up to the second (one env is at most ~2 MiB: its JSON and its URIs again).
 _INFO_ENV_BYTES = 5 * 1024 * 1024 // 2
 _INFO_BYTES = 7 * 1024 * 1024 // 2
-_LOGGED_ID_CHARS = 128
-
-
-async def answer(
-    rpc: str,
-    context: grpc.aio.ServicerContext[object, object],
-    request_id: str,
-    call: Callable[[], Awaitable[T]],
-    metrics: Metrics | None,
-    failed: Callable[[], T],
-) -> T:
-    """Run one RPC; map its error to a status, count it and log it. The one place errors become
-    statuses.
-
-    Expected errors (``AgentError``) are answered with their code and message and logged as one
-    line with the env id and request id; anything else is a bug: logged with its traceback and
-    answered INTERNAL. Cancellation passes through untouched (the client has gone).
-
-    Every message is capped (``cap_message``) before it is sent or logged, and the ids logged
-    are cut with their length said: whatever a client sent, the trailer and the log line stay
-    short.
-    """
-    code = grpc.StatusCode.OK
-    try:
-        return await call()
-    except AgentError as exc:
-        code = exc.code
-        message = cap_message(exc.message)
-        env_id = exc.env_id[:_LOGGED_ID_CHARS]  # ours (a hash) or a client's, cut
-        logged_id = _logged(request_id)
-        log.warning(
-            "%s failed (env_id=%s request_id=%r): %s: %s", rpc, env_id or "-", logged_id,
-            exc.code.name, message, extra={"env_id": env_id, "request_id": logged_id,
-                                           "rpc": rpc, "code": exc.code.name},
-        )  # fmt: skip
-    except asyncio.CancelledError:
-        code = grpc.StatusCode.CANCELLED
-        raise
-    except Exception as exc:
-        code = grpc.StatusCode.INTERNAL
-        logged_id = _logged(request_id)
-        log.exception(
-            "%s failed with a bug (request_id=%r)", rpc, logged_id,
-            extra={"rpc": rpc, "request_id": logged_id},
-        )  # fmt: skip
-        message = cap_message(f"internal error in {rpc}: {type(exc).__name__}: {exc}")
-    finally:
-        if metrics is not None:
-            metrics.count_request(rpc, code)
-    # The status is set, not raised with context.abort: grpc keeps the abort's exception, whose
-    # traceback holds this frame and so the request, in a cycle only the garbage collector
-    # frees (120 refused 3 MiB requests in a row held 280 MiB until it ran). The client sees
-    # the status; the empty reply is not delivered as an answer.
-    context.set_code(code)
-    context.set_details(message)
-    return failed()
-
-
-def _logged(request_id: str) -> str:
-    """The request id as logged: itself, or its first characters and its length."""
-    if len(request_id) <= _LOGGED_ID_CHARS:
-        return request_id
-    return f"{request_id[:_LOGGED_ID_CHARS]}... ({len(request_id)} characters)"
 
 
 class RuntimeEnvAgentServicer(agent_pb2_grpc.RuntimeEnvAgentServicer):

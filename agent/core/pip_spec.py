@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from agent.errors import InvalidRuntimeEnv, PermissionDenied, echo
+from agent.core.errors import InvalidRuntimeEnv, PermissionDenied, echo
 
 # pip install options allowed in an env, by their full spelling only (pip would also take any
 # unambiguous prefix, such as --targ for --target: an allow-list of whole names refuses those),

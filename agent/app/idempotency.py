@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from agent.errors import InvalidArgument, RequestIdReused, echo
+from agent.core.errors import InvalidArgument, RequestIdReused, echo
 
 T = TypeVar("T")
 MAX_REQUEST_ID_BYTES = 128

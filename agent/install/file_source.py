@@ -19,7 +19,7 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent.errors import PackageNotFound, PackageRejected, PermissionDenied, echo
+from agent.core.errors import PackageNotFound, PackageRejected, PermissionDenied, echo
 
 _KINDS = {
     stat.S_IFDIR: "a directory",

@@ -22,13 +22,13 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agent.archive import is_loose, make_dir
-from agent.disk import du
-from agent.runtime_env import UriKey, UriKind
-from agent.state_db import StateDB, UriRow
-from agent.store import UriStore
-from agent.units import human_bytes, plural
-from agent.venv import kill_orphaned_installers
+from agent.core.runtime_env import UriKey, UriKind
+from agent.core.units import human_bytes, plural
+from agent.install.archive import is_loose, make_dir
+from agent.install.disk import du, move_to_trash
+from agent.install.venv import kill_orphaned_installers
+from agent.state.state_db import StateDB, UriRow
+from agent.state.store import UriStore
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ async def recover(store: UriStore, db: StateDB | None) -> RecoverySummary:
     vouched = {row.dir for _, row in kept}
     orphans = [root / "uris" / name for name in scan.dirs if name not in vouched]
     freed = scan.leftover_bytes + await asyncio.to_thread(_du_all, orphans)
-    aside = [*_set_aside(root), *(_rename_to_trash(root, path) for path in orphans)]
+    aside = [*_set_aside(root), *(move_to_trash(root, path) for path in orphans)]
     if db is not None:
         await db.reset_after_recovery(dropped)
     for key, row in sorted(kept, key=lambda kr: kr[1].last_used_ms):
@@ -135,12 +135,6 @@ def _set_aside(root: Path) -> list[Path]:
             os.rename(directory, root / f".old-{sub}-{uuid.uuid4().hex}")
             make_dir(directory)
     return sorted(root.glob(".old-*"))
-
-
-def _rename_to_trash(root: Path, path: Path) -> Path:
-    target = root / "trash" / uuid.uuid4().hex
-    os.rename(path, target)
-    return target
 
 
 def _du_all(paths: list[Path]) -> int:
