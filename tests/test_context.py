@@ -11,7 +11,8 @@ import pytest
 
 from agent.core.context import build_context
 from agent.core.errors import InvalidRuntimeEnv
-from agent.core.runtime_env import EnvLimits, RuntimeEnv, UriKey, parse_runtime_env
+from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
+from agent.core.uris import UriKey
 
 LIMITS = EnvLimits()
 WD = "file:///pkgs/wd.zip"

@@ -16,7 +16,7 @@ import pytest
 from agent.core.errors import AgentError, PermissionDenied, UnsafeArchive, echo
 from agent.core.hostname import host_problem
 from agent.core.pip_spec import parse_pip
-from agent.core.runtime_env import ParsedUri, UriKey, UriKind
+from agent.core.uris import ParsedUri, UriKey, UriKind
 from agent.install.archive import ArchiveLimits, extract_zip
 from agent.install.fetch import Fetcher, FetchLimits
 from agent.install.file_source import FileRoots, open_package

@@ -17,7 +17,7 @@ from agent.core.errors import (
     PackageNotFound,
     PackageRejected,
 )
-from agent.core.runtime_env import parse_uri
+from agent.core.uris import parse_uri
 from agent.install.fetch import Fetcher, FetchLimits
 from tests.helpers import make_zip, package_server
 

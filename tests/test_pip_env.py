@@ -16,7 +16,7 @@ import pytest
 
 from agent.core.errors import echo
 from agent.core.pip_spec import parse_pip
-from agent.core.runtime_env import UriKey, UriKind
+from agent.core.uris import UriKey, UriKind
 from agent.install.venv import InstallerFailed, build_venv
 from rtenv.v1 import agent_pb2
 from tests.helpers import RunningAgent, env_json, running_agent, wait_until, workdir_zip

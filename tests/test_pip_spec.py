@@ -16,7 +16,8 @@ from packaging.requirements import Requirement
 
 from agent.core.errors import AgentError, InvalidRuntimeEnv, PermissionDenied
 from agent.core.pip_spec import PipSpec, normalize_requirement, parse_pip
-from agent.core.runtime_env import EnvLimits, UriKey, UriKind, parse_runtime_env
+from agent.core.runtime_env import EnvLimits, parse_runtime_env
+from agent.core.uris import UriKey, UriKind
 
 ROOTS = ("/srv/allowed",)
 OFFLINE = ["--no-index", "--find-links", "/srv/wheels"]

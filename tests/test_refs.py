@@ -11,7 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from agent.core.errors import EnvBusy, EnvNotFound
 from agent.core.refs import RefTables
-from agent.core.runtime_env import UriKey, UriKind
+from agent.core.uris import UriKey, UriKind
 
 X = UriKey(UriKind.PY_MODULES, "file:///x.zip")
 Y = UriKey(UriKind.PY_MODULES, "file:///y.zip")

@@ -15,13 +15,11 @@ from agent.core.errors import InvalidRuntimeEnv
 from agent.core.runtime_env import (
     MAX_ARG_STRLEN,
     EnvLimits,
-    UriKey,
-    UriKind,
     check_env_var_size,
     env_var_bytes,
     parse_runtime_env,
-    parse_uri,
 )
+from agent.core.uris import UriKey, UriKind, parse_uri
 
 LIMITS = EnvLimits()
 WD = "file:///pkgs/wd.zip"

@@ -34,7 +34,8 @@ from agent.core.errors import (
     echo,
 )
 from agent.core.refs import RefTables
-from agent.core.runtime_env import RuntimeEnv, UriKey, UriKind, parse_runtime_env
+from agent.core.runtime_env import RuntimeEnv, parse_runtime_env
+from agent.core.uris import UriKey, UriKind
 from agent.state.state_db import EnvRow, StateDB
 from agent.state.store import UriStore
 

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.core.runtime_env import EnvLimits, RuntimeEnv, UriKey, UriKind, check_env_var_size
+from agent.core.runtime_env import EnvLimits, RuntimeEnv, check_env_var_size
+from agent.core.uris import UriKey, UriKind
 
 
 @dataclass(frozen=True)

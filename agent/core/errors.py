@@ -66,6 +66,15 @@ def echo_label(text: str, limit: int = LABEL_CHARS) -> str:
     return echo(text, limit)
 
 
+def type_name(value: object) -> str:
+    """A JSON value's type as a message names it: "an object", "a list", "null"..."""
+    if value is None:
+        return "null"
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
+        type(value), type(value).__name__
+    )
+
+
 def cap_message(message: str, limit: int = MAX_MESSAGE_BYTES) -> str:
     """The message cut to at most ``limit`` UTF-8 bytes, saying it was cut: the last guard,
     applied where a status is sent and logged."""

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from agent.core.errors import EnvBusy, EnvNotFound
-from agent.core.runtime_env import UriKey
+from agent.core.uris import UriKey
 
 
 @dataclass

@@ -12,58 +12,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
-from agent.core.errors import InvalidRuntimeEnv, echo, echo_label
-from agent.core.hostname import host_problem
+from agent.core.errors import InvalidRuntimeEnv, echo, type_name
 from agent.core.pip_spec import PipSpec, parse_pip
+from agent.core.uris import UriKey, UriKind, parse_uri
 
 # Linux's MAX_ARG_STRLEN: one "KEY=value\0" string handed to execve may not exceed it.
 MAX_ARG_STRLEN = 128 * 1024
 _POINTER_BYTES = 8
-_MAX_URI_CHARS = 4096
-_SHA256_FRAGMENT = re.compile(r"sha256=([0-9a-fA-F]{64})")
 _SUPPORTED_FIELDS = ("working_dir", "py_modules", "env_vars", "pip", "config")
 _NOT_YET = {"conda", "uv", "container", "image_uri", "java_jars", "nsight", "mpi"}
-
-
-class UriKind(StrEnum):
-    """How a package is unpacked and put on the worker's path."""
-
-    WORKING_DIR = "working_dir"
-    PY_MODULES = "py_modules"
-    PIP = "pip"  # a virtualenv built from a requirement set; its uri is pip://<hash>
-
-
-@dataclass(frozen=True, order=True)
-class UriKey:
-    """One (kind, URI) pair: the unit the agent downloads, counts, caches and deletes."""
-
-    kind: UriKind
-    uri: str
-
-    def __str__(self) -> str:
-        return f"{self.kind.value}:{self.uri}"
-
-    @property
-    def label(self) -> str:
-        """The key as its messages and log lines name it: cut once (``echo_label``)."""
-        return echo_label(str(self))
-
-
-@dataclass(frozen=True)
-class ParsedUri:
-    """A validated package URI. ``url`` is what is fetched (no fragment)."""
-
-    scheme: str  # "file", "http" or "https"
-    url: str
-    path: str  # the local path for file://, the URL path otherwise
-    sha256: str | None  # lowercase hex, when the URI carries "#sha256=<hex>"
 
 
 @dataclass(frozen=True)
@@ -86,72 +47,6 @@ class RuntimeEnv:
     env_id: str
     uri_keys: tuple[UriKey, ...] = field(default=())  # distinct: working_dir, py_modules, pip
     pip: PipSpec | None = None
-
-
-def parse_uri(field_name: str, value: object) -> ParsedUri:
-    """Validate one package URI; ``field_name`` names it in errors ("py_modules[2]")."""
-    if not isinstance(value, str):
-        raise InvalidRuntimeEnv(f"{field_name} must be a URI string, got {_type_name(value)}")
-    if not value:
-        raise InvalidRuntimeEnv(f"{field_name} must not be empty")
-    if len(value) > _MAX_URI_CHARS:
-        raise InvalidRuntimeEnv(
-            f"{field_name} is {len(value)} characters long; the limit is {_MAX_URI_CHARS}"
-        )
-    if any(ch.isspace() or ord(ch) < 0x20 or ch == "\x7f" for ch in value):
-        raise InvalidRuntimeEnv(
-            f"{field_name} {echo(value)} contains whitespace or control characters"
-        )
-    try:
-        parts = urlsplit(value)
-    except ValueError as exc:
-        raise InvalidRuntimeEnv(
-            f"{field_name} {echo(value)} is not a valid URI: {echo(str(exc))}"
-        ) from exc
-    scheme = parts.scheme.lower()
-    if not scheme:
-        raise InvalidRuntimeEnv(
-            f"{field_name} {echo(value)} is not a URI: relative and bare paths are not supported; "
-            "give file:///absolute/path.zip or http(s)://host/path.zip"
-        )
-    if scheme not in ("file", "http", "https"):
-        raise InvalidRuntimeEnv(
-            f"{field_name} {echo(value)}: scheme {echo(scheme)} is not supported; "
-            "supported schemes are file, http and https"
-        )
-    sha256 = None
-    if parts.fragment:
-        match = _SHA256_FRAGMENT.fullmatch(parts.fragment)
-        if match is None:
-            raise InvalidRuntimeEnv(
-                f"{field_name} {echo(value)}: the only fragment understood is "
-                "#sha256=<64 hex digits>"
-            )
-        sha256 = match.group(1).lower()
-    url = parts._replace(fragment="").geturl()
-    if scheme == "file":
-        if parts.netloc not in ("", "localhost"):
-            raise InvalidRuntimeEnv(
-                f"{field_name} {echo(value)}: a file URI names an absolute path on this node "
-                f"(file:///path), not host {echo(parts.netloc)}"
-            )
-        if parts.query:
-            raise InvalidRuntimeEnv(f"{field_name} {echo(value)}: a file URI takes no query")
-        path = unquote(parts.path)
-        if not path.startswith("/") or path == "/":
-            raise InvalidRuntimeEnv(f"{field_name} {echo(value)}: the file path must be absolute")
-        if "\x00" in path:
-            raise InvalidRuntimeEnv(f"{field_name} {echo(value)}: the path contains a NUL byte")
-        return ParsedUri("file", url, path, sha256)
-    if not parts.hostname:
-        raise InvalidRuntimeEnv(f"{field_name} {echo(value)}: an http(s) URI needs a host")
-    if (problem := host_problem(parts.hostname)) is not None:  # not later, as a bug in idna
-        raise InvalidRuntimeEnv(f"{field_name} {echo(value)}: {problem}")
-    try:
-        parts.port  # noqa: B018 - validates the port
-    except ValueError as exc:
-        raise InvalidRuntimeEnv(f"{field_name} {echo(value)}: bad port: {echo(str(exc))}") from exc
-    return ParsedUri(scheme, url, parts.path, sha256)
 
 
 def env_var_bytes(env_vars: Mapping[str, str]) -> int:
@@ -260,7 +155,7 @@ def _load_json_object(text: str) -> dict[str, Any]:
         raise InvalidRuntimeEnv(f"serialized_runtime_env is not valid JSON: {exc}") from exc
     if not isinstance(obj, dict):
         raise InvalidRuntimeEnv(
-            f"serialized_runtime_env must be a JSON object, got {_type_name(obj)}"
+            f"serialized_runtime_env must be a JSON object, got {type_name(obj)}"
         )
     try:  # "\ud800" is valid JSON but no valid text: refuse it here, not deep inside
         json.dumps(obj, ensure_ascii=False).encode()
@@ -275,7 +170,7 @@ def _parse_py_modules(value: object) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise InvalidRuntimeEnv(f"py_modules must be a list of URIs, got {_type_name(value)}")
+        raise InvalidRuntimeEnv(f"py_modules must be a list of URIs, got {type_name(value)}")
     seen: dict[str, None] = {}
     for index, uri in enumerate(value):
         parse_uri(f"py_modules[{index}]", uri)
@@ -288,7 +183,7 @@ def _parse_env_vars(value: object) -> dict[str, str]:
         return {}
     if not isinstance(value, dict):
         raise InvalidRuntimeEnv(
-            f"env_vars must be an object of string to string, got {_type_name(value)}"
+            f"env_vars must be an object of string to string, got {type_name(value)}"
         )
     for key, val in value.items():
         if not key or "=" in key or "\x00" in key:
@@ -297,9 +192,7 @@ def _parse_env_vars(value: object) -> dict[str, str]:
                 "(empty, or contains '=' or NUL)"
             )
         if not isinstance(val, str):
-            raise InvalidRuntimeEnv(
-                f"env_vars[{echo(key)}] must be a string, got {_type_name(val)}"
-            )
+            raise InvalidRuntimeEnv(f"env_vars[{echo(key)}] must be a string, got {type_name(val)}")
         if "\x00" in val:
             raise InvalidRuntimeEnv(f"env_vars[{echo(key)}] contains a NUL byte")
     return dict(sorted(value.items()))
@@ -309,7 +202,7 @@ def _parse_config(value: object) -> tuple[int | None, bool | None]:
     if value is None:
         return None, None
     if not isinstance(value, dict):
-        raise InvalidRuntimeEnv(f"config must be an object, got {_type_name(value)}")
+        raise InvalidRuntimeEnv(f"config must be an object, got {type_name(value)}")
     unknown = sorted(set(value) - {"setup_timeout_seconds", "eager_install"})
     if unknown:
         raise InvalidRuntimeEnv(
@@ -326,7 +219,7 @@ def _parse_config(value: object) -> tuple[int | None, bool | None]:
         )
     eager = value.get("eager_install")
     if eager is not None and not isinstance(eager, bool):
-        raise InvalidRuntimeEnv(f"config.eager_install must be a boolean, got {_type_name(eager)}")
+        raise InvalidRuntimeEnv(f"config.eager_install must be a boolean, got {type_name(eager)}")
     return timeout, eager
 
 
@@ -334,11 +227,3 @@ def _listed(names: list[str], most: int = 8) -> str:
     """Names for a message: the first few, quoted with ``echo``, and how many more."""
     shown = ", ".join(echo(name) for name in names[:most])
     return shown if len(names) <= most else f"{shown} and {len(names) - most} more"
-
-
-def _type_name(value: object) -> str:
-    if value is None:
-        return "null"
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
-        type(value), type(value).__name__
-    )

@@ -11,8 +11,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.core.runtime_env import UriKey
 from agent.core.units import exact_bytes
+from agent.core.uris import UriKey
 from agent.crash import crash_point
 from agent.install.archive import ArchiveLimits
 

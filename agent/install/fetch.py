@@ -46,7 +46,7 @@ from agent.core.errors import (
     PermissionDenied,
     echo,
 )
-from agent.core.runtime_env import ParsedUri
+from agent.core.uris import ParsedUri
 from agent.install.file_source import FileRoots, open_package
 
 log = logging.getLogger(__name__)

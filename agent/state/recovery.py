@@ -22,8 +22,8 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agent.core.runtime_env import UriKey, UriKind
 from agent.core.units import human_bytes, plural
+from agent.core.uris import UriKey, UriKind
 from agent.install.archive import is_loose, make_dir
 from agent.install.disk import du, move_to_trash
 from agent.install.venv import kill_orphaned_installers

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from agent.core.errors import DiskExhausted
 from agent.core.pip_spec import PipSpec
-from agent.core.runtime_env import UriKey, UriKind, parse_uri
+from agent.core.uris import UriKey, UriKind, parse_uri
 from agent.crash import crash_point
 from agent.install.archive import (
     ArchiveLimits,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import grpc
 
-from agent.core.runtime_env import UriKey, UriKind
+from agent.core.uris import UriKey, UriKind
 from agent.install.disk import package_dir
 from agent.state.state_db import FILE_NAME, StateDB, UriRow
 from benchlib import rpc
