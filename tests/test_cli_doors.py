@@ -237,7 +237,7 @@ async def test_sighup_stops_gracefully_as_sigterm_does(base: Path) -> None:
         log = agent.log_text()
         assert code == 0, log
         assert "shutting down" in log
-        assert re.search(r"INFO agent\.server: stopped$", log, re.M), log
+        assert re.search(r"INFO agent\.ops\.server: stopped$", log, re.M), log
         assert not (base / "root" / "agent.sock").exists(), "no cleanup"
 
 
@@ -247,7 +247,7 @@ async def test_start_up_log_says_the_event_loop_and_the_budget_in_binary_units(
     async with serving(base / "agent.log", "--root", str(base / "root")) as agent:
         await wait_health_serving(agent.address)
         log = agent.log_text()
-    assert re.search(r"INFO agent\.server: event loop: (uvloop \S+|asyncio \(uvloop not in use)",
+    assert re.search(r"INFO agent\.ops\.server: event loop: (uvloop \S+|asyncio \(uvloop not in use)",
                      log), log  # fmt: skip
     assert "budget 10.0 GiB," in log, log
 

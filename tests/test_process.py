@@ -190,7 +190,7 @@ async def test_sigterm_makes_it_exit_0_promptly_and_log_that_it_stopped(base: Pa
         assert time.monotonic() - started < STOP_S
         log = agent.log_text()
         assert "shutting down" in log
-        assert re.search(r"INFO agent\.server: stopped$", log, re.M), log
+        assert re.search(r"INFO agent\.ops\.server: stopped$", log, re.M), log
 
 
 async def test_exits_on_its_own_when_its_parent_pid_dies(base: Path) -> None:
