@@ -55,11 +55,15 @@ class AgentClient:
         self.calls = 0  # RPCs sent, retries included
 
     async def create(
-        self, serialized_env: str, job_id: str = ""
+        self, serialized_env: str, job_id: str = "", *, eager_install: bool = False
     ) -> agent_pb2.CreateRuntimeEnvReply:
+        """CreateRuntimeEnv; ``eager_install`` sets ``config.eager_install`` (a job's env,
+        created at the job's start rather than at its first worker)."""
         request = agent_pb2.CreateRuntimeEnvRequest(
             serialized_runtime_env=serialized_env, job_id=job_id, request_id=_new_id("create")
         )
+        if eager_install:
+            request.config.eager_install = True
         reply: agent_pb2.CreateRuntimeEnvReply = await self._retry(
             lambda timeout: self._stub.CreateRuntimeEnv(request, timeout=timeout)
         )

@@ -26,8 +26,8 @@ async def test_a_delete_after_the_node_closed_its_channel_is_logged_not_raised(
     channel = grpc.aio.insecure_channel(f"unix:{base / 'none.sock'}")
     pool = WorkerPool(AgentClient(channel, RetryPolicy(attempts=1)))
     await channel.close()
-    with caplog.at_level(logging.WARNING, logger="raylet_sim.pool"):
-        await pool._delete("0123456789abcdef")  # must not raise
+    with caplog.at_level(logging.WARNING, logger="raylet_sim.slots"):
+        await pool.env_slots._delete("0123456789abcdef")  # must not raise
     assert "not sent" in caplog.text
     assert pool.stats.deletes == 0
 

@@ -54,6 +54,8 @@ class Call:
     method: str
     request_id: str
     env: str  # the env JSON (create) or the runtime env id (delete)
+    job_id: str = ""  # a create's
+    eager_install: bool = False  # a create's config.eager_install
 
 
 @dataclass
@@ -80,7 +82,9 @@ class StubAgent(agent_pb2_grpc.RuntimeEnvAgentServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> agent_pb2.CreateRuntimeEnvReply:
         key = request.serialized_runtime_env
-        self.calls.append(Call("create", request.request_id, key))
+        self.calls.append(
+            Call("create", request.request_id, key, request.job_id, request.config.eager_install)
+        )
         await self._maybe_unavailable(context)
         env = json.loads(key)
         if "reject" in env:
@@ -407,6 +411,33 @@ async def test_a_worker_killed_mid_task_fails_it_with_worker_died_and_releases_i
         await drained(h)
 
 
+async def test_an_eager_job_sends_its_create_with_its_job_id_and_eager_install_set() -> None:
+    """The job's create is sent at start_job, before any worker; its workers then find the env
+    ready (no second create), and close() gives back the job's hold with the workers'."""
+    async with harness() as h:
+        await h.pool.start_job("job-7", key("a"), eager_install=True)
+        assert [(c.env, c.job_id, c.eager_install) for c in h.stub.creates()] == [
+            (key("a"), "job-7", True)
+        ]
+        assert h.pool.stats.workers_started == 0
+        await h.pool.run(TaskSpec(key("a"), INFO, job_id="job-7"))
+        assert len(h.stub.creates()) == 1
+        assert h.pool.slots[key("a")].count == 2  # the job and its idle worker
+        h.pool.check_invariants()
+        await drained(h)
+        assert len(h.stub.deletes()) == 1
+
+
+async def test_a_task_of_a_job_without_eager_install_passes_its_job_id_to_the_create() -> None:
+    async with harness() as h:
+        await h.pool.start_job("job-8", key("b"), eager_install=False)
+        assert h.stub.creates() == []
+        await h.pool.run(TaskSpec(key("b"), INFO, job_id="job-8"))
+        assert [(c.job_id, c.eager_install) for c in h.stub.creates()] == [("job-8", False)]
+        h.pool.finish_job("job-8")
+        await drained(h)
+
+
 # -- raylet_sim is language-agnostic: no agent imports, no URI parsing -------------------------
 
 URI_NAMES = {"urlsplit", "urlparse", "urlunsplit", "urlunparse", "urljoin", "parse_qs"}
@@ -451,6 +482,14 @@ def test_the_import_check_catches_agent_imports_and_uri_parsing() -> None:
 
 def test_raylet_sim_imports_nothing_from_agent_and_parses_no_uri() -> None:
     files = sorted(RAYLET_SIM.glob("*.py"))
-    assert {"pool.py", "client.py", "node.py", "sidecar.py"} <= {f.name for f in files}
+    assert {
+        "pool.py",
+        "slots.py",
+        "workers.py",
+        "tasks.py",
+        "client.py",
+        "node.py",
+        "sidecar.py",
+    } <= {f.name for f in files}
     problems = {f.name: forbidden(f.read_text()) for f in files}
     assert {name: p for name, p in problems.items() if p} == {}
