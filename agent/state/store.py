@@ -97,7 +97,7 @@ class StoreStats:
 
 
 class UriStore:
-    """Invariants (``check_invariants``; it checks the ledger's own, L1-L4, too):
+    """Invariants (``check_invariants``; it checks the ledger's own, L1, L2 and L4, too):
       S1. a key is unused in the ledger iff its entry is READY and ``refcount(key) == 0``.
       S2. the ledger's size of an unused key is its entry's size, so the ledger's unused bytes
           (L1) are those of the unused packages on disk.
