@@ -13,10 +13,16 @@ Lifecycle of one (kind, URI) key::
                            +--error--> absent (every waiter gets the error; the next ensure retries)
 
 The store does not count references: it asks ``refcount`` (the reference tables) and is told by
-the service when a key is acquired (count 0 -> 1) or released (count 1 -> 0). Every change of
-state happens on the event loop between awaits; eviction is a rename on the loop (one metadata
-call), so a key is either in ``_entries`` with its directory or gone, and a new install of an
-evicted key can start at once. Blocking work (copy, hash, unzip, rmtree) runs in threads.
+the service when a key is acquired (count 0 -> 1) or released (count 1 -> 0). Which unused keys
+go, and in which order, is the LRU ledger's decision (``agent.core.ledger``); whether an install
+fits over the disk floor is the disk room's (``agent.state.room``). The store keeps the rest:
+single-flight installs, staging, the final rename and the commit, applying evictions (the trash,
+the index, the log, the counters) and deleting in the background.
+
+Every change of state happens on the event loop between awaits; eviction is a rename on the loop
+(one metadata call), so a key is either in ``_entries`` with its directory or gone, and a new
+install of an evicted key can start at once. Blocking work (copy, hash, unzip, rmtree) runs in
+threads.
 """
 
 from __future__ import annotations
@@ -28,13 +34,13 @@ import os
 import sys
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
 from agent.core.errors import DiskExhausted
+from agent.core.ledger import Ledger
 from agent.core.pip_spec import PipSpec
 from agent.core.uris import UriKey, UriKind, parse_uri
 from agent.crash import crash_point
@@ -47,7 +53,6 @@ from agent.install.archive import (
 )
 from agent.install.disk import (
     DiskFloor,
-    disk_space,
     du,
     move_to_trash,
     package_dir,
@@ -56,6 +61,7 @@ from agent.install.disk import (
 )
 from agent.install.fetch import Fetcher
 from agent.install.venv import build_venv, relocate
+from agent.state.room import Claim, DiskRoom, InstallSpace
 from agent.state.state_db import StateDB, UriRow
 
 log = logging.getLogger(__name__)
@@ -91,12 +97,14 @@ class StoreStats:
 
 
 class UriStore:
-    """Invariants (``check_invariants``):
-      S1. a key is in ``_unused`` iff its entry is READY and ``refcount(key) == 0``.
-      S2. ``_unused_bytes`` is the sum of the sizes of the keys in ``_unused``.
-      S3. after ``release`` and after an install completes, ``_unused_bytes <= budget``.
+    """Invariants (``check_invariants``; it checks the ledger's own, L1, L2 and L4, too):
+      S1. a key is unused in the ledger iff its entry is READY and ``refcount(key) == 0``.
+      S2. the ledger's size of an unused key is its entry's size, so the ledger's unused bytes
+          (L1) are those of the unused packages on disk.
+      S3. after ``release`` and after an install completes, the unused bytes fit the budget: the
+          store enforces the budget then and removes what the ledger evicts (L3).
       S4. a READY entry's directory exists; an INSTALLING entry has a running task.
-    A key with references, or INSTALLING, is never evicted: only ``_unused`` keys are.
+    A key with references, or INSTALLING, is never evicted: only the ledger's unused keys are.
     """
 
     def __init__(
@@ -119,9 +127,7 @@ class UriStore:
         self._fetcher = fetcher
         self._db = db
         self._refcount = refcount
-        self.budget_bytes = budget_bytes
         self._archive_limits = archive_limits
-        self._disk_floor = disk_floor
         self._install_slots = asyncio.Semaphore(install_slots)  # more installs wait here
         self._on_install = on_install
         self._python = python
@@ -129,10 +135,9 @@ class UriStore:
         self._pip_specs: dict[UriKey, PipSpec] = {}
         self._clock = clock
         self._entries: dict[UriKey, UriEntry] = {}
-        self._unused: OrderedDict[UriKey, None] = OrderedDict()  # least recently used first
-        self._unused_bytes = 0
+        self._ledger: Ledger[UriKey] = Ledger(budget_bytes)  # S1-S3: the unused keys
+        self._room = DiskRoom(root, disk_floor, self._evict_for)  # the floor, installs' claims
         self._background: set[asyncio.Task[None]] = set()
-        self._claims: set[_Claim] = set()  # disk installs in flight expect to write
         self.downloads = 0
         self.extractions = 0
         self.evictions = 0
@@ -147,8 +152,21 @@ class UriStore:
         assert key not in self._entries, key
         entry = UriEntry(key, self.path_for(key), UriState.READY, size, last_used_ms)
         self._entries[key] = entry
-        self._unused[key] = None
-        self._unused_bytes += size
+        self._ledger.release(key, size)
+
+    @property
+    def budget_bytes(self) -> int:
+        """Bytes of unused packages kept; more are evicted, least recently used first."""
+        return self._ledger.budget_bytes
+
+    @budget_bytes.setter
+    def budget_bytes(self, value: int) -> None:  # enforced at the next release or install
+        self._ledger.budget_bytes = value
+
+    @property
+    def _claims(self) -> set[Claim]:
+        """The disk the installs in flight expect to write (the room's claims)."""
+        return self._room.claims
 
     # -- paths -----------------------------------------------------------------------------
     def path_for(self, key: UriKey) -> Path:
@@ -330,60 +348,43 @@ class UriStore:
     def acquire(self, keys: Iterable[UriKey]) -> None:
         """These keys' counts went from 0 to 1: they are in use, so no longer evictable."""
         for key in keys:
-            if key in self._unused:
-                del self._unused[key]
-                self._unused_bytes -= self._entries[key].size
+            self._ledger.use(key)
 
     def release(self, keys: Iterable[UriKey]) -> None:
         """These keys' counts reached 0: ready ones become unused; then enforce the budget."""
         now = self._now_ms()
         for key in keys:
             entry = self._entries.get(key)
-            if entry is None or entry.state is not UriState.READY or key in self._unused:
+            if entry is None or entry.state is not UriState.READY or self._ledger.is_unused(key):
                 continue  # an install in flight joins the LRU when it completes
             entry.last_used_ms = now
-            self._unused[key] = None
-            self._unused_bytes += entry.size
+            self._ledger.release(key, entry.size)
         self.enforce_budget()
 
     def enforce_budget(self) -> None:
         """Evict unused keys, least recently used first, until their bytes fit the budget."""
-        trashed = self._evict_while(lambda: self._unused_bytes > self.budget_bytes)
+        trashed = self._evict(self._ledger.evict_over_budget())
         if trashed:
             self.delete_in_background(trashed)
 
     async def _make_room(
-        self, needed: int, label: str, claim: _Claim, *, written: int | None = None
+        self, needed: int, label: str, claim: Claim, *, written: int | None = None
     ) -> None:
-        """Disk pressure: leave the floor free after ``needed`` more bytes and what the other
-        installs in flight still expect to write, evicting unused packages (and waiting for
-        their deletion) if that is what it takes and can make it; else refuse, with the
-        figures. ``written``: the bytes of a download in flight (for the message)."""
-        if self._disk_floor is None:
-            return
-        total, free = disk_space(self.root)
-        floor = self._disk_floor.floor(total)
-        others = sum(c.outstanding for c in self._claims if c is not claim)
-        if free - others - needed >= floor:
-            return
-        short, unused_before = floor + needed + others - free, self._unused_bytes
-        trashed = []
-        if unused_before >= short:  # else evicting all would not do: keep the cache
-            trashed = self._evict_while(lambda: unused_before - self._unused_bytes < short)
-            await asyncio.to_thread(remove_all, trashed)  # the room exists once they are gone
-            total, free = disk_space(self.root)
-            others = sum(c.outstanding for c in self._claims if c is not claim)
-        if free - others - needed < floor:
-            raise DiskExhausted(_no_room(label, needed, written, floor, free, others, len(trashed)))
+        """Disk pressure: the room's ``make_room`` (evicting through ``_evict_for``)."""
+        await self._room.make_room(needed, label, claim, written=written)
 
-    def _evict_while(self, go_on: Callable[[], bool]) -> list[Path]:
-        """Evict unused keys, least recently used first, while ``go_on()``; return the trashed
-        paths (renamed out of uris/, still to be deleted)."""
+    def _evict_for(self, needed: int) -> list[Path]:
+        """The disk room lacks ``needed`` bytes: evict what the ledger says frees them (none if
+        all the unused bytes would not); return the trashed paths, still to be deleted."""
+        return self._evict(self._ledger.evict_for(needed))
+
+    def _evict(self, keys: list[UriKey]) -> list[Path]:
+        """Apply the ledger's evictions, in its order: forget each key, move its package to the
+        trash, note the index, count and log. Return the trashed paths (still to be deleted)."""
+        entries = [self._entries.pop(key) for key in keys]  # S1 holds before the first rename
         trashed = []
-        while go_on() and self._unused:
-            key, _ = self._unused.popitem(last=False)
-            entry = self._entries.pop(key)
-            self._unused_bytes -= entry.size
+        for entry in entries:
+            key = entry.key
             trashed.append(self._to_trash(entry.path))
             if self._db is not None:
                 self._db.note_uri_dropped(key.kind.value, key.uri)  # behind: a row whose
@@ -431,13 +432,14 @@ class UriStore:
         return self._entries.get(key)
 
     def is_unused(self, key: UriKey) -> bool:
-        return key in self._unused
+        return self._ledger.is_unused(key)
 
     def stats(self) -> StoreStats:
         ready = sum(e.size for e in self._entries.values() if e.state is UriState.READY)
+        unused = self._ledger.unused_bytes
         return StoreStats(
-            used_bytes=ready - self._unused_bytes,
-            unused_bytes=self._unused_bytes,
+            used_bytes=ready - unused,
+            unused_bytes=unused,
             budget_bytes=self.budget_bytes,
             downloads=self.downloads,
             extractions=self.extractions,
@@ -448,15 +450,16 @@ class UriStore:
     def check_invariants(self) -> None:
         for key, entry in self._entries.items():
             should_be_unused = entry.state is UriState.READY and self._refcount(key) == 0
-            assert (key in self._unused) == should_be_unused, f"S1: {key} {entry.state}"
+            assert self._ledger.is_unused(key) == should_be_unused, f"S1: {key} {entry.state}"
+            size = self._ledger.size_of(key)
+            assert size in (None, entry.size), f"S2: {key} is {entry.size} bytes, not {size}"
             if entry.state is UriState.READY:
                 assert entry.path.is_dir(), f"S4: {entry.path} missing"
             else:
                 assert entry.task is not None, f"S4: {key} installing without a task"
                 assert not entry.task.done(), f"S4: {key} installing with a finished task"
-        assert set(self._unused) <= set(self._entries), "S1: unused key without an entry"
-        total = sum(self._entries[k].size for k in self._unused)
-        assert total == self._unused_bytes, f"S2: {total} != {self._unused_bytes}"
+        assert set(self._ledger) <= set(self._entries), "S1: unused key without an entry"
+        self._ledger.check_invariants()
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -467,54 +470,11 @@ def _retrieve_exception(task: asyncio.Task[None]) -> None:
         log.debug("%s ended with %s: %s", task.get_name(), type(exc).__name__, exc)
 
 
-@dataclass(eq=False)
-class _Claim:
-    """The disk one install in flight expects to write and has not written yet."""
-
-    declared: int = 0
-    written: int = 0
-
-    @property
-    def outstanding(self) -> int:
-        return max(self.declared - self.written, 0)
+_Claim = Claim  # the installers' name for it (kinds: a room claim per install)
 
 
-class _InstallSpace:
+class _InstallSpace(InstallSpace):
     """The store's floor, as the fetcher sees it (``agent.fetch.Space``) for one install."""
 
-    def __init__(self, store: UriStore, claim: _Claim, label: str) -> None:
-        self._store, self._claim, self._label = store, claim, label
-
-    async def expect(self, size: int) -> None:
-        self._claim.declared, self._claim.written = size, 0
-        await self._store._make_room(size, self._label, self._claim)
-
-    async def take(self, written: int, more: int) -> None:
-        claim = self._claim
-        claim.written = written
-        needed = max(claim.outstanding, more)
-        await self._store._make_room(needed, self._label, claim, written=written)
-
-
-def _no_room(
-    label: str, needed: int, written: int | None, floor: int, free: int, others: int,
-    evicted: int,
-) -> str:  # fmt: skip
-    keeps = f"keeps {floor} free (the min-free-disk setting)"
-    held = f" ({others} of them expected by other installs in flight)" if others else ""
-    after = f"after evicting {evicted} unused package(s)"
-    if written is not None:
-        return (
-            f"{label}: the download has written {written} bytes and needs room for {needed} "
-            f"more; the agent {keeps}, but {free} bytes are free on the agent's disk{held} "
-            f"{after}; its partial file is removed"
-        )
-    if needed == 0:
-        return (
-            f"{label}: {free} bytes are free on the agent's disk{held} and the agent {keeps}, "
-            f"{after}: nothing can be installed until space is freed"
-        )
-    return (
-        f"{label}: installing needs {needed} bytes and {keeps}, but {free} bytes are free on "
-        f"the agent's disk{held} {after}"
-    )
+    def __init__(self, store: UriStore, claim: Claim, label: str) -> None:
+        super().__init__(store._room, claim, label)
