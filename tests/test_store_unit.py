@@ -28,6 +28,7 @@ from agent.core.uris import UriKey, UriKind
 from agent.install.archive import ArchiveLimits
 from agent.install.fetch import Fetcher, FetchLimits
 from agent.install.transport import Failure, MockTransport, Request, Response, TransportError
+from agent.state.state_db import StateDB
 from agent.state.store import UriState, UriStore
 from tests.helpers import make_zip, wait_until
 
@@ -131,11 +132,12 @@ def make_store(
     limits: FetchLimits = LIMITS,
     sleep: RecordingSleep | None = None,
     clock: Clock | None = None,
+    db: StateDB | None = None,
 ) -> UriStore:
-    """The store as the agent builds it, over the mock transport; no index, no disk floor."""
+    """The store as the agent builds it, over the mock transport; no disk floor."""
     fetcher = Fetcher(transport, limits, sleep=sleep or RecordingSleep(), rand=lambda: 0.0)
     return UriStore(
-        root, fetcher, db=None, refcount=refcount, budget_bytes=budget_bytes,
+        root, fetcher, db=db, refcount=refcount, budget_bytes=budget_bytes,
         archive_limits=ArchiveLimits(), clock=clock or Clock(),
     )  # fmt: skip
 

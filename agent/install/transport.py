@@ -23,7 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Mapping,
+)
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from enum import Enum
@@ -87,7 +94,8 @@ class Incoming(Protocol):
         bound (the fetcher counts the bytes that arrive)."""
 
     def chunks(self, size: int) -> AsyncIterator[bytes]:
-        """The body, in chunks of at most ``size`` bytes; raises ``TransportError``."""
+        """The body, in chunks of at most ``size`` bytes; raises ``TransportError``. Read once;
+        closed with the answer, read to its end or not."""
 
 
 class Transport(Protocol):
@@ -122,9 +130,11 @@ class AiohttpTransport:
             )
         except _AIOHTTP_ERRORS as exc:
             raise _converted(exc) from exc
+        incoming = _AiohttpIncoming(resp)
         try:
-            yield _AiohttpIncoming(resp)
+            yield incoming
         finally:  # what ``async with resp`` does on exit: the connection is reused or closed
+            await incoming.close()
             resp.release()
             try:
                 await resp.wait_for_close()
@@ -135,6 +145,7 @@ class AiohttpTransport:
 class _AiohttpIncoming:
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self._resp = resp
+        self._chunks: AsyncGenerator[bytes, None] | None = None
 
     @property
     def status(self) -> int:
@@ -148,12 +159,21 @@ class _AiohttpIncoming:
     def content_length(self) -> int | None:
         return self._resp.content_length
 
-    async def chunks(self, size: int) -> AsyncIterator[bytes]:
+    def chunks(self, size: int) -> AsyncIterator[bytes]:
+        assert self._chunks is None, "the body is read once"
+        self._chunks = self._read(size)
+        return self._chunks
+
+    async def _read(self, size: int) -> AsyncGenerator[bytes, None]:
         try:
             async for chunk in self._resp.content.iter_chunked(size):
                 yield chunk
         except _AIOHTTP_ERRORS as exc:
             raise _converted(exc) from exc
+
+    async def close(self) -> None:
+        if self._chunks is not None:
+            await self._chunks.aclose()
 
 
 _AIOHTTP_ERRORS = (aiohttp.ClientError, UnicodeError, TimeoutError, ConnectionError)
@@ -257,6 +277,7 @@ class _MockIncoming:
         self._declared = int(declared) if declared is not None else None
         body = response.body
         self._body = _one(body) if isinstance(body, bytes) else aiter(body)
+        self._chunks: AsyncGenerator[bytes, None] | None = None
 
     @property
     def status(self) -> int:
@@ -270,7 +291,12 @@ class _MockIncoming:
     def content_length(self) -> int | None:
         return self._declared
 
-    async def chunks(self, size: int) -> AsyncIterator[bytes]:
+    def chunks(self, size: int) -> AsyncIterator[bytes]:
+        assert self._chunks is None, "the body is read once"
+        self._chunks = self._read(size)
+        return self._chunks
+
+    async def _read(self, size: int) -> AsyncGenerator[bytes, None]:
         sent = 0
         while True:
             try:
@@ -291,6 +317,8 @@ class _MockIncoming:
 
     async def close(self) -> None:
         """Close the handler's body, as aiohttp releases a connection: read to its end or not."""
+        if self._chunks is not None:
+            await self._chunks.aclose()
         aclose = getattr(self._body, "aclose", None)
         if aclose is not None:
             await aclose()
