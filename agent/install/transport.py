@@ -228,7 +228,11 @@ class MockTransport:
     @asynccontextmanager
     async def open(self, request: Request, policy: Policy) -> AsyncIterator[Incoming]:
         response = await self._follow(request, policy)
-        incoming = _MockIncoming(response, policy.read_timeout_s)
+        try:
+            incoming = _MockIncoming(response, policy.read_timeout_s)
+        except TransportError:
+            await _discard(response.body)
+            raise
         self.open_streams += 1
         try:
             yield incoming
@@ -243,6 +247,7 @@ class MockTransport:
             location = _header(response.headers, "Location")
             if response.status not in _REDIRECTS or location is None:
                 return response
+            await _discard(response.body)
             redirects += 1
             if redirects >= policy.max_redirects:
                 raise TransportError(Failure.TOO_MANY_REDIRECTS, request.url)
@@ -319,14 +324,19 @@ class _MockIncoming:
         """Close the handler's body, as aiohttp releases a connection: read to its end or not."""
         if self._chunks is not None:
             await self._chunks.aclose()
-        aclose = getattr(self._body, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await _discard(self._body)
 
 
 async def _one(body: bytes) -> AsyncIterator[bytes]:
     if body:
         yield body
+
+
+async def _discard(body: object) -> None:
+    """Close a handler's body that will not be read (further), if it can be closed."""
+    aclose = getattr(body, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
