@@ -8,7 +8,8 @@ written (``Space.take``), so a download stops at the free-space floor, not at a 
 ``file://`` is opened once and checked on what was opened (``file_source``), then copied chunk by
 chunk, each chunk one short hop to a thread: cancelling the install (a setup timeout, a
 cancelled create) stops the copy after at most one chunk. ``http(s)://`` is streamed the same
-way with aiohttp, asking for the identity encoding and storing the body byte for byte.
+way through a ``Transport`` (``transport.py``: aiohttp in the agent, a function in unit tests),
+asking for the identity encoding and storing the body byte for byte.
 
 Outcomes: 404 or 410 is ``PackageNotFound`` at once. ``PackageRejected``, at once: another
 4xx (but 408 and 429), an answer other than 200, an answer that is not valid HTTP (more bytes
@@ -17,8 +18,8 @@ redirect to a non-http URL or a bad host, too many redirects, a body over the si
 Transient, retried ``attempts`` times in all with
 exponential backoff and jitter, then ``DownloadFailed`` (UNAVAILABLE): connection errors,
 timeouts, truncated bodies, 408, 429 and 5xx. A digest mismatch is ``IntegrityError``,
-never retried. The HTTP session, the sleep between retries and the random source of the jitter
-are injected, so the retry logic can be driven without waiting.
+never retried. The transport, the sleep between retries and the random source of the jitter
+are injected, so the retry logic can be driven without waiting and without sockets.
 """
 
 from __future__ import annotations
@@ -48,6 +49,14 @@ from agent.core.errors import (
 )
 from agent.core.uris import ParsedUri
 from agent.install.file_source import FileRoots, open_package
+from agent.install.transport import (
+    AiohttpTransport,
+    Failure,
+    Policy,
+    Request,
+    Transport,
+    TransportError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,14 +104,16 @@ class _Transient(Exception):
 class Fetcher:
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        transport: Transport | aiohttp.ClientSession,  # a session: over AiohttpTransport
         limits: FetchLimits,
         *,
         sleep: Sleep = asyncio.sleep,
         rand: Random = random.random,
         file_roots: tuple[str, ...] = (),
     ) -> None:
-        self._session = session
+        if isinstance(transport, aiohttp.ClientSession):
+            transport = AiohttpTransport(transport)
+        self._transport: Transport = transport
         self._limits = limits
         self._sleep = sleep
         self._rand = rand
@@ -189,18 +200,10 @@ class Fetcher:
 
     async def _get_once(self, url: str, dest: Path, label: str, space: Space) -> int:
         limits = self._limits
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=limits.connect_timeout_s, sock_read=limits.read_timeout_s
-        )
+        request = Request(url, {"Accept-Encoding": "identity"})
+        policy = Policy(limits.connect_timeout_s, limits.read_timeout_s, limits.max_redirects)
         try:
-            async with self._session.get(
-                url,
-                timeout=timeout,
-                allow_redirects=True,
-                max_redirects=limits.max_redirects,
-                auto_decompress=False,  # the body is the package, byte for byte
-                headers={"Accept-Encoding": "identity"},
-            ) as resp:
+            async with self._transport.open(request, policy) as resp:
                 _check_status(resp.status, label)
                 expected = resp.content_length
                 if expected is not None and expected > limits.max_download_bytes:
@@ -209,7 +212,7 @@ class Fetcher:
                 try:
                     await space.expect(expected or 0)
                     total = 0
-                    async for chunk in resp.content.iter_chunked(limits.chunk_bytes):
+                    async for chunk in resp.chunks(limits.chunk_bytes):
                         if total + len(chunk) > limits.max_download_bytes:
                             raise _too_large(label, limits.max_download_bytes)
                         await space.take(total, len(chunk))
@@ -220,30 +223,34 @@ class Fetcher:
                 if expected is not None and total != expected:
                     raise _Transient(f"body ended after {total} of {expected} bytes")
                 return total
-        except aiohttp.TooManyRedirects as exc:
-            raise PackageRejected(
+        except TransportError as exc:
+            raise _outcome(exc, label, limits) from exc
+
+
+def _outcome(exc: TransportError, label: str, limits: FetchLimits) -> Exception:
+    """A transport's failure as the fetcher words it: final (``PackageRejected``) or worth
+    another try (``_Transient``)."""
+    detail = echo(exc.detail)
+    match exc.failure:
+        case Failure.TOO_MANY_REDIRECTS:
+            return PackageRejected(
                 f"{label}: more than {limits.max_redirects} redirects (max_redirects)"
-            ) from exc
-        except (aiohttp.InvalidURL, aiohttp.NonHttpUrlClientError) as exc:
-            raise PackageRejected(
+            )
+        case Failure.BAD_REDIRECT:
+            return PackageRejected(
                 f"{label}: the server redirected to a URL the agent will not fetch: "
-                f"{echo(str(exc))} (only http and https with a valid host)"
-            ) from exc
-        except aiohttp.ClientConnectorCertificateError as exc:  # not before the cert changes
-            raise PackageRejected(
-                f"{label}: the server's TLS certificate failed verification: "
-                f"{echo(str(exc.certificate_error))}"
-            ) from exc
-        except aiohttp.ClientResponseError as exc:  # the parser's: not a status we looked at
-            raise PackageRejected(
-                f"{label}: the server's answer is not valid HTTP: {echo(exc.message)}"
-            ) from exc
-        except UnicodeError as exc:  # the idna codec, on a host a redirect named
-            raise PackageRejected(
-                f"{label}: a redirect named an invalid host name: {echo(str(exc))}"
-            ) from exc
-        except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
-            raise _Transient(f"{type(exc).__name__}: {echo(str(exc))}") from exc
+                f"{detail} (only http and https with a valid host)"
+            )
+        case Failure.BAD_CERTIFICATE:
+            return PackageRejected(
+                f"{label}: the server's TLS certificate failed verification: {detail}"
+            )
+        case Failure.BAD_HTTP:
+            return PackageRejected(f"{label}: the server's answer is not valid HTTP: {detail}")
+        case Failure.BAD_HOST:
+            return PackageRejected(f"{label}: a redirect named an invalid host name: {detail}")
+        case Failure.CONNECTION:
+            return _Transient(f"{exc.name}: {detail}")
 
 
 def _check_status(status: int, label: str) -> None:

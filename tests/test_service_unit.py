@@ -1,0 +1,300 @@
+"""The service's logic without sockets: a real ``AgentService`` over a real ``UriStore`` whose
+fetcher talks to a ``MockTransport`` serving in-memory zips (``MockPackages``), with an injected
+clock, no index (or a real SQLite file where the index is the point).
+
+Pinned: concurrent creates of one env send one request per package, a hit does no I/O and never
+suspends, a setup timeout or a cancelled create gives back every reference and cancels the
+installs nobody else waits for, delete makes packages unused, a failed create holds nothing and
+the next one retries. The service's invariants (which include the store's) are checked after
+every step. The gRPC tiers (test_stampede.py, test_lifecycle.py...) stay.
+
+``service_rig`` is the one place that knows how the service is built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from agent.app.config import Settings
+from agent.app.service import AgentService, Created
+from agent.core.errors import EnvNotFound, PackageNotFound, SetupTimeout
+from agent.core.refs import RefTables
+from agent.state.state_db import StateDB
+from agent.state.store import UriState
+from tests.helpers import env_json, wait_until
+from tests.test_store_unit import (
+    LIMITS,
+    Clock,
+    MockPackages,
+    RecordingSleep,
+    key_of,
+    make_store,
+)
+
+T = TypeVar("T")
+
+
+@dataclass
+class ServiceRig:
+    service: AgentService
+    packages: MockPackages
+    clock: Clock
+    db: StateDB | None
+
+    async def create(self, serialized: str, *, timeout_s: int = 0) -> Created:
+        created = await self.service.create(serialized, timeout_s, "")
+        self.check()
+        return created
+
+    async def delete(self, env_id: str) -> int:
+        remaining = await self.service.delete(env_id, "", "")
+        self.check()
+        return remaining
+
+    def references(self, url: str) -> int:
+        return self.service.tables.uri_count(key_of(url))
+
+    def installed(self, url: str) -> bool:
+        entry = self.service.store.entry(key_of(url))
+        return entry is not None and entry.state is UriState.READY and entry.path.is_dir()
+
+    def unused(self, url: str) -> bool:
+        return self.service.store.is_unused(key_of(url))
+
+    def listing(self, sub: str) -> list[str]:
+        return sorted(p.name for p in (self.service.store.root / sub).iterdir())
+
+    def check(self) -> None:
+        self.service.check_invariants()
+
+
+@asynccontextmanager
+async def service_rig(
+    tmp_path: Path, *, persist: bool = False, **overrides: Any
+) -> AsyncIterator[ServiceRig]:
+    """The service as the agent builds it, over ``MockPackages``; ``persist``: with a real
+    state.db in the root."""
+    root = tmp_path / "root"
+    settings = replace(Settings(root=root), fetch=LIMITS, persist=persist, **overrides)
+    packages, clock = MockPackages(), Clock()
+    db = None
+    if persist:
+        root.mkdir()
+        db = StateDB(root / "state.db")
+        await db.open()
+    tables = RefTables()
+    store = make_store(
+        root, packages.transport, refcount=tables.uri_count,
+        budget_bytes=settings.cache_budget_bytes, limits=settings.fetch, sleep=RecordingSleep(),
+        clock=clock, db=db,
+    )  # fmt: skip
+    rig = ServiceRig(AgentService(settings, store, tables, db=db, clock=clock), packages, clock, db)
+    try:
+        yield rig
+    finally:
+        for gate in packages.gates.values():
+            gate.set()
+        for stalls in packages.stalls.values():
+            for gate in stalls:
+                gate.set()
+        await store.close()
+        if db is not None:
+            await db.close()
+    assert packages.transport.open_streams == 0, "an answer's stream was left open"
+    assert rig.listing("tmp") == [], "staging left behind"
+
+
+def without_suspending(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to its end in one step: it must not await anything that suspends (no I/O,
+    no lock, no thread, no timer)."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coro.close()
+    raise AssertionError("the coroutine suspended")
+
+
+# -- creates ------------------------------------------------------------------------------------
+
+
+async def test_concurrent_creates_of_one_env_send_one_request_per_package(tmp_path: Path) -> None:
+    async with service_rig(tmp_path) as r:
+        a, b = r.packages.add("a"), r.packages.add("b")
+        gate = r.packages.hold("a")
+        env = env_json(py_modules=[a, b])
+        creates = [asyncio.create_task(r.create(env)) for _ in range(10)]
+        await wait_until(lambda: r.installed(b), what="b installed while a is held")
+        assert r.packages.gets == {"a": 1, "b": 1}
+        assert r.references(a) == r.references(b) == 1  # one env, counted ten times
+        assert not any(c.done() for c in creates)
+        r.check()
+
+        gate.set()
+        replies = await asyncio.wait_for(asyncio.gather(*creates), timeout=10)
+        assert r.packages.gets == {"a": 1, "b": 1}
+        assert len({c.env_id for c in replies}) == 1
+        assert not any(c.hit for c in replies)
+        env_id = replies[0].env_id
+        assert r.service.tables.env_count(env_id) == 10
+        for _ in range(10):
+            await r.delete(env_id)
+        assert r.unused(a)
+        assert r.unused(b)
+
+
+async def test_a_create_hit_answers_without_a_request_and_without_suspending(
+    tmp_path: Path,
+) -> None:
+    async with service_rig(tmp_path) as r:
+        a = r.packages.add("a")
+        env = env_json(py_modules=[a], env_vars={"K": "v"})
+        first = await r.create(env)
+        assert not first.hit
+        requests = len(r.packages.transport.requests)
+
+        second = without_suspending(r.service.create(env, 0, ""))
+        r.check()
+        assert second.hit
+        assert second.env_id == first.env_id
+        assert second.context == first.context
+        assert len(r.packages.transport.requests) == requests
+        assert r.service.tables.env_count(first.env_id) == 2
+
+
+async def test_a_failed_create_holds_no_reference_is_remembered_and_the_next_one_retries(
+    tmp_path: Path,
+) -> None:
+    async with service_rig(tmp_path) as r:
+        a, b = r.packages.add("a", statuses=(404,)), r.packages.add("b")
+        await r.delete((await r.create(env_json(py_modules=[b]))).env_id)  # b: installed, unused
+        env = env_json(py_modules=[a, b])
+        with pytest.raises(PackageNotFound) as failed:
+            await r.create(env)  # takes b from the unused, then gives it back
+        r.check()
+        assert failed.value.env_id
+        assert len(r.service.tables) == 0
+        assert r.references(a) == r.references(b) == 0
+        assert r.unused(b)
+        assert [f.error for f in r.service.failures] == [f"py_modules:{a}: the server answered 404"]
+
+        created = await r.create(env)  # the failure is not remembered as an answer
+        assert created.env_id == failed.value.env_id
+        assert r.packages.gets["a"] == 2
+        assert r.installed(a)
+        assert r.installed(b)
+
+
+# -- giving references back ---------------------------------------------------------------------
+
+
+async def test_a_setup_timeout_releases_the_references_and_cancels_installs_no_one_else_needs(
+    tmp_path: Path,
+) -> None:
+    async with service_rig(tmp_path, max_setup_timeout_s=0.1) as r:
+        a, b = r.packages.add("a"), r.packages.add("b")
+        kept = await r.create(env_json(py_modules=[b]))
+        r.packages.stall("a")  # a's body stops half-way: the env cannot be set up in time
+        with pytest.raises(SetupTimeout) as timed_out:
+            await r.create(env_json(py_modules=[a, b]), timeout_s=-1)  # -1: the longest, 0.1s
+        r.check()
+        assert "was not set up within 0.1s (setup_timeout_seconds)" in timed_out.value.message
+        assert r.references(a) == 0
+        assert r.references(b) == 1  # the other env's
+        await wait_until(lambda: r.service.store.entry(key_of(a)) is None, what="a's cancel")
+        await r.service.store.drain()
+        assert r.listing("tmp") == []
+        assert r.packages.transport.open_streams == 0
+        assert [f.error for f in r.service.failures] == ["setup timed out"]
+        assert list(r.service.records) == [kept.env_id]
+        r.check()
+
+
+async def test_a_cancelled_create_gives_back_its_references_and_cancels_its_install(
+    tmp_path: Path,
+) -> None:
+    async with service_rig(tmp_path) as r:
+        a = r.packages.add("a")
+        r.packages.stall("a")
+        create = asyncio.create_task(r.create(env_json(py_modules=[a])))
+        await wait_until(lambda: r.packages.transport.open_streams == 1, what="a's download")
+        r.check()
+        create.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await create
+        r.check()
+        assert len(r.service.tables) == 0
+        assert r.service.records == {}
+        await wait_until(lambda: r.service.store.entry(key_of(a)) is None, what="a's cancel")
+        await r.service.store.drain()
+        assert r.listing("tmp") == []
+        assert r.listing("uris") == []
+        assert r.packages.transport.open_streams == 0
+
+
+async def test_delete_releases_the_references_and_makes_the_uris_unused(tmp_path: Path) -> None:
+    async with service_rig(tmp_path) as r:
+        a, b = r.packages.add("a"), r.packages.add("b")
+        one = await r.create(env_json(py_modules=[a, b]))
+        other = await r.create(env_json(py_modules=[b]))
+        await r.create(env_json(py_modules=[a, b]))
+        assert (r.references(a), r.references(b)) == (1, 2)  # per env, not per create
+
+        assert await r.delete(one.env_id) == 1
+        assert not r.unused(a)
+        assert await r.delete(one.env_id) == 0
+        assert r.unused(a)
+        assert not r.unused(b)  # the other env still holds it
+        assert one.env_id not in r.service.records
+        with pytest.raises(EnvNotFound):
+            await r.delete(one.env_id)
+        r.check()
+
+        assert await r.delete(other.env_id) == 0
+        assert r.unused(b)
+        assert len(r.service.tables) == 0
+        requests = len(r.packages.transport.requests)
+        again = await r.create(env_json(py_modules=[a, b]))  # unused, still installed
+        assert again.env_id == one.env_id
+        assert len(r.packages.transport.requests) == requests
+        assert not r.unused(a)
+        assert not r.unused(b)
+
+
+async def test_deleting_the_last_reference_evicts_over_the_budget_least_recently_used_first(
+    tmp_path: Path,
+) -> None:
+    async with service_rig(tmp_path, cache_budget_bytes=1500) as r:  # one package fits
+        a, b = r.packages.add("a"), r.packages.add("b")
+        env_a = await r.create(env_json(py_modules=[a]))
+        env_b = await r.create(env_json(py_modules=[b]))
+        r.clock.tick()
+        await r.delete(env_a.env_id)
+        assert r.unused(a)
+        r.clock.tick()
+        await r.delete(env_b.env_id)  # two unused do not fit: a, released first, goes
+        assert r.service.store.entry(key_of(a)) is None
+        assert r.unused(b)
+        await r.service.store.drain()
+        assert len(r.listing("uris")) == 1
+
+
+# -- with the index -----------------------------------------------------------------------------
+
+
+async def test_an_install_is_in_the_state_db_before_the_create_answers(tmp_path: Path) -> None:
+    async with service_rig(tmp_path, persist=True) as r:
+        a = r.packages.add("a")
+        await r.create(env_json(py_modules=[a]))
+        assert r.db is not None
+        uris, _ = await r.db.load()
+        assert [(row.kind, row.uri, row.last_used_ms) for row in uris] == [
+            ("py_modules", a, int(r.clock.now * 1000))
+        ]

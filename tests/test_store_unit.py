@@ -1,0 +1,458 @@
+"""The store's logic without sockets: a real ``UriStore`` in tmp_path whose ``Fetcher`` talks to
+a ``MockTransport`` serving in-memory zips, with an injected clock and a recorded sleep.
+
+Pinned: single-flight (concurrent ensures send one request), a failure reaches every waiter and
+the next ensure retries, cancelling the last waiter cancels the install and removes its staging,
+eviction order under the budget, retries of transient answers, and which failures are final.
+The store's invariants are checked after every step. The real-socket tiers (test_fetch.py,
+test_stampede.py, test_hostile_fetch.py) stay: they pin aiohttp's side of the transport.
+
+``MockPackages`` and ``make_store`` are the only places that know how the store is built and
+called (``StoreRig.take`` / ``drop``), so a change of its constructor or of ``ensure``'s
+argument is adapted there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from agent.core.errors import DownloadFailed, PackageNotFound, PackageRejected
+from agent.core.uris import UriKey, UriKind
+from agent.install.archive import ArchiveLimits
+from agent.install.fetch import Fetcher, FetchLimits
+from agent.install.transport import Failure, MockTransport, Request, Response, TransportError
+from agent.state.state_db import StateDB
+from agent.state.store import UriState, UriStore
+from tests.helpers import make_zip, wait_until
+
+BASE = "http://pkgs.test/"
+FILE_BYTES = 1000  # each package below unpacks to exactly this many bytes
+LIMITS = FetchLimits(attempts=4, backoff_initial_s=0.5, backoff_max_s=1.5)
+
+
+def package(name: str) -> bytes:
+    """A py_modules zip of one module whose files hold FILE_BYTES bytes in all."""
+    return make_zip({f"{name}/__init__.py": "x" * FILE_BYTES})
+
+
+class MockPackages:
+    """Packages in memory behind a ``MockTransport``: the handler serves ``BASE + name``,
+    counts every GET, answers injected transport errors, then injected statuses first, and can
+    hold a name's answer (``hold``) or stop the next body half-way (``stall``) until a gate is
+    set. A name added with a ``stream`` is sent chunk by chunk with no Content-Length."""
+
+    def __init__(self) -> None:
+        self.bodies: dict[str, bytes] = {}
+        self.streams: dict[str, Callable[[], AsyncIterator[bytes]]] = {}
+        self.statuses: dict[str, list[int]] = {}
+        self.errors: dict[str, list[TransportError]] = {}
+        self.gates: dict[str, asyncio.Event] = {}
+        self.stalls: dict[str, list[asyncio.Event]] = {}  # one per answer to come
+        self.gets: Counter[str] = Counter()
+        self.transport = MockTransport(self._handle)
+
+    def add(self, name: str, *, statuses: tuple[int, ...] = ()) -> str:
+        """Serve ``package(name)`` at the returned URL, after the ``statuses``."""
+        self.bodies[name] = package(name)
+        self.statuses[name] = list(statuses)
+        return BASE + name
+
+    def hold(self, name: str) -> asyncio.Event:
+        """Hold every answer to ``name`` (whatever it is) until the returned gate is set."""
+        return self.gates.setdefault(name, asyncio.Event())
+
+    def stall(self, name: str) -> asyncio.Event:
+        """Have the next 200 to ``name`` send half its body, then the rest once the returned
+        gate is set."""
+        gate = asyncio.Event()
+        self.stalls.setdefault(name, []).append(gate)
+        return gate
+
+    async def _handle(self, request: Request) -> Response:
+        name = request.url.removeprefix(BASE)
+        self.gets[name] += 1
+        if (gate := self.gates.get(name)) is not None:
+            await gate.wait()
+        if errors := self.errors.get(name):
+            raise errors.pop(0)
+        if statuses := self.statuses.get(name):
+            return Response(statuses.pop(0), b"injected failure")
+        if (stream := self.streams.get(name)) is not None:
+            return Response(200, stream())
+        body = self.bodies.get(name)
+        if body is None:
+            return Response(404, b"no such package")
+        if stalls := self.stalls.get(name):
+            body_held = _stalled(body, stalls.pop(0))
+            return Response(200, body_held, {"Content-Length": str(len(body))})
+        return Response(200, body)
+
+
+async def _stalled(body: bytes, gate: asyncio.Event) -> AsyncIterator[bytes]:
+    half = len(body) // 2
+    yield body[:half]
+    await gate.wait()
+    yield body[half:]
+
+
+class RecordingSleep:
+    """Stands in for asyncio.sleep between retries: records each delay, returns at once."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+
+
+@dataclass
+class Clock:
+    now: float = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def tick(self, seconds: float = 1.0) -> None:
+        self.now += seconds
+
+
+def make_store(
+    root: Path,
+    transport: MockTransport,
+    *,
+    refcount: Callable[[UriKey], int],
+    budget_bytes: int = 10**9,
+    limits: FetchLimits = LIMITS,
+    sleep: RecordingSleep | None = None,
+    clock: Clock | None = None,
+    db: StateDB | None = None,
+) -> UriStore:
+    """The store as the agent builds it, over the mock transport; no disk floor."""
+    fetcher = Fetcher(transport, limits, sleep=sleep or RecordingSleep(), rand=lambda: 0.0)
+    return UriStore(
+        root, fetcher, db=db, refcount=refcount, budget_bytes=budget_bytes,
+        archive_limits=ArchiveLimits(), clock=clock or Clock(),
+    )  # fmt: skip
+
+
+@dataclass
+class StoreRig:
+    """A store and what drives it: references counted here, as the service counts them."""
+
+    store: UriStore
+    packages: MockPackages
+    sleep: RecordingSleep
+    clock: Clock
+    refs: Counter[UriKey] = field(default_factory=Counter)
+
+    async def take(self, url: str) -> Path:
+        """One reference on the package at ``url``, installed; given back if the install fails."""
+        key = key_of(url)
+        self.refs[key] += 1
+        if self.refs[key] == 1:
+            self.store.acquire([key])
+        try:
+            return await self.store.ensure(key)
+        except BaseException:
+            self.drop(url)
+            raise
+
+    def drop(self, url: str) -> None:
+        key = key_of(url)
+        self.refs[key] -= 1
+        if self.refs[key] == 0:
+            del self.refs[key]
+            self.store.release([key])
+
+    def installed(self, url: str) -> bool:
+        entry = self.store.entry(key_of(url))
+        return entry is not None and entry.state is UriState.READY and entry.path.is_dir()
+
+    def installing(self, url: str) -> bool:
+        entry = self.store.entry(key_of(url))
+        return entry is not None and entry.state is UriState.INSTALLING
+
+    def unused(self) -> set[str]:
+        """The names of the installed packages nothing references."""
+        return {n for n in self.packages.bodies if self.store.is_unused(key_of(BASE + n))}
+
+    def listing(self, sub: str) -> list[str]:
+        return sorted(p.name for p in (self.store.root / sub).iterdir())
+
+    def check(self) -> None:
+        self.store.check_invariants()
+
+
+def key_of(url: str) -> UriKey:
+    return UriKey(UriKind.PY_MODULES, url)
+
+
+@asynccontextmanager
+async def rig(
+    tmp_path: Path, *, budget_bytes: int = 10**9, limits: FetchLimits = LIMITS
+) -> AsyncIterator[StoreRig]:
+    packages, sleep, clock = MockPackages(), RecordingSleep(), Clock()
+    refs: Counter[UriKey] = Counter()
+    store = make_store(
+        tmp_path / "root", packages.transport, refcount=lambda key: refs[key],
+        budget_bytes=budget_bytes, limits=limits, sleep=sleep, clock=clock,
+    )  # fmt: skip
+    r = StoreRig(store, packages, sleep, clock, refs)
+    try:
+        yield r
+    finally:
+        for gate in packages.gates.values():
+            gate.set()
+        for stalls in packages.stalls.values():
+            for gate in stalls:
+                gate.set()
+        await store.close()
+    assert packages.transport.open_streams == 0, "an answer's stream was left open"
+    assert r.listing("tmp") == [], "staging left behind"
+
+
+# -- single-flight ------------------------------------------------------------------------------
+
+
+async def test_concurrent_ensures_of_one_uri_send_one_request_and_share_one_directory(
+    tmp_path: Path,
+) -> None:
+    async with rig(tmp_path) as r:
+        url = r.packages.add("a")
+        gate = r.packages.hold("a")
+        takes = [asyncio.create_task(r.take(url)) for _ in range(20)]
+        await wait_until(lambda: r.packages.gets["a"] == 1, what="the GET")
+        assert r.installing(url)
+        r.check()
+        gate.set()
+        paths = await asyncio.wait_for(asyncio.gather(*takes), timeout=10)
+        assert r.packages.gets["a"] == 1
+        assert r.packages.transport.requests == [Request(url, {"Accept-Encoding": "identity"})]
+        assert len(set(paths)) == 1
+        assert (paths[0] / "a" / "__init__.py").is_file()
+        assert r.store.stats().downloads == 1
+        r.check()
+
+
+async def test_an_ensure_of_an_installed_uri_sends_no_request(tmp_path: Path) -> None:
+    async with rig(tmp_path) as r:
+        url = r.packages.add("a")
+        first = await r.take(url)
+        second = await r.take(url)
+        assert first == second
+        assert r.packages.gets["a"] == 1
+        assert r.store.stats().hits == 1
+        r.check()
+
+
+# -- failures -----------------------------------------------------------------------------------
+
+
+async def test_a_failed_download_gives_every_waiter_the_error_and_the_next_ensure_retries(
+    tmp_path: Path,
+) -> None:
+    async with rig(tmp_path) as r:
+        url = r.packages.add("a", statuses=(404,))
+        gate = r.packages.hold("a")
+        takes = [asyncio.create_task(r.take(url)) for _ in range(5)]
+        await wait_until(lambda: r.packages.gets["a"] == 1, what="the GET")
+        r.check()
+        gate.set()
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(*takes, return_exceptions=True), timeout=10
+        )
+        assert all(isinstance(o, PackageNotFound) for o in outcomes), outcomes
+        assert r.packages.gets["a"] == 1
+        assert not r.installing(url)
+        assert not r.installed(url)
+        assert r.refs == Counter()
+        r.check()
+
+        path = await r.take(url)  # the 404 is not remembered: this one asks again
+        assert r.packages.gets["a"] == 2
+        assert (path / "a" / "__init__.py").is_file()
+        r.check()
+
+
+async def test_a_404_is_package_not_found_without_a_retry(tmp_path: Path) -> None:
+    async with rig(tmp_path) as r:
+        url = BASE + "missing"
+        with pytest.raises(PackageNotFound) as failed:
+            await r.take(url)
+        assert failed.value.message == f"py_modules:{url}: the server answered 404"
+        assert r.packages.gets["missing"] == 1
+        assert r.sleep.delays == []
+        await r.store.drain()
+        assert r.listing("tmp") == []
+        assert r.listing("uris") == []
+        r.check()
+
+
+async def test_a_503_is_retried_with_backoff_through_the_injected_sleep_then_installs(
+    tmp_path: Path,
+) -> None:
+    async with rig(tmp_path) as r:
+        url = r.packages.add("a", statuses=(503, 503, 429))
+        path = await r.take(url)
+        assert r.packages.gets["a"] == 4
+        assert r.sleep.delays == [0.5, 1.0, 1.5]
+        assert (path / "a" / "__init__.py").is_file()
+        r.check()
+
+
+async def test_connection_errors_are_retried_then_download_failed_names_the_last(
+    tmp_path: Path,
+) -> None:
+    limits = FetchLimits(attempts=3, backoff_initial_s=0.5, backoff_max_s=5.0)
+    async with rig(tmp_path, limits=limits) as r:
+        url = r.packages.add("a")
+        r.packages.errors["a"] = [
+            TransportError(Failure.CONNECTION, "Connection refused", name="ClientConnectorError")
+            for _ in range(3)
+        ]
+        with pytest.raises(DownloadFailed) as failed:
+            await r.take(url)
+        assert failed.value.message == (
+            f"py_modules:{url}: download failed after 3 attempts: "
+            "ClientConnectorError: 'Connection refused'"
+        )
+        assert r.packages.gets["a"] == 3
+        assert r.sleep.delays == [0.5, 1.0]
+        r.check()
+
+
+async def test_a_body_over_max_download_bytes_is_refused_as_it_arrives_not_read_to_its_end(
+    tmp_path: Path,
+) -> None:
+    """No Content-Length: the limit counts the bytes that arrive, and the rest is never read."""
+    sent = 0
+
+    async def endless() -> AsyncIterator[bytes]:
+        nonlocal sent
+        for _ in range(1000):
+            sent += 1
+            yield b"z" * 1024
+
+    limits = FetchLimits(max_download_bytes=4096, chunk_bytes=1024)
+    async with rig(tmp_path, limits=limits) as r:
+        r.packages.streams["big"] = endless
+        with pytest.raises(PackageRejected) as failed:
+            await r.take(BASE + "big")
+        assert failed.value.message == (
+            f"py_modules:{BASE}big is larger than 4096 bytes; the limit is 4096 "
+            "(max_download_bytes)"
+        )
+        assert sent == 5
+        assert r.packages.gets["big"] == 1
+        assert r.packages.transport.open_streams == 0
+        r.check()
+
+
+async def test_a_body_that_stops_is_cut_by_the_read_timeout_and_retried(tmp_path: Path) -> None:
+    limits = FetchLimits(attempts=3, backoff_initial_s=0.5, read_timeout_s=0.05)
+    async with rig(tmp_path, limits=limits) as r:
+        url = r.packages.add("a")
+        r.packages.stall("a")  # the first answer stops half-way; the retry gets it whole
+        path = await asyncio.wait_for(r.take(url), timeout=10)
+        assert r.packages.gets["a"] == 2
+        assert r.sleep.delays == [0.5]
+        assert (path / "a" / "__init__.py").is_file()
+        r.check()
+
+
+# -- cancellation -------------------------------------------------------------------------------
+
+
+async def test_cancelling_the_last_waiter_cancels_the_install_and_removes_its_staging(
+    tmp_path: Path,
+) -> None:
+    async with rig(tmp_path) as r:
+        url = r.packages.add("a")
+        r.packages.stall("a")
+        first = asyncio.create_task(r.take(url))
+        second = asyncio.create_task(r.take(url))
+        await wait_until(
+            lambda: any((r.store.root / "tmp").glob("*/package.zip")), what="a partial download"
+        )
+        r.check()
+
+        first.cancel()  # another waiter remains: the install goes on
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert r.installing(url)
+        assert r.packages.transport.open_streams == 1
+        r.check()
+
+        second.cancel()  # the last one: the install is cancelled with it
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        await wait_until(lambda: r.store.entry(key_of(url)) is None, what="the install to end")
+        await r.store.drain()
+        assert r.listing("tmp") == []
+        assert r.listing("uris") == []
+        assert r.packages.transport.open_streams == 0
+        assert r.refs == Counter()
+        r.check()
+
+        assert (await r.take(url)).is_dir()  # a new ensure starts a new install
+        assert r.packages.gets["a"] == 2
+        r.check()
+
+
+# -- eviction -----------------------------------------------------------------------------------
+
+
+async def test_unused_packages_are_evicted_least_recently_used_first_under_the_budget(
+    tmp_path: Path,
+) -> None:
+    async with rig(tmp_path, budget_bytes=2 * FILE_BYTES + FILE_BYTES // 2) as r:
+        a, b, c, d = (r.packages.add(n) for n in "abcd")
+        for url in (a, b, c):
+            await r.take(url)
+        for url in (a, b):
+            r.clock.tick()
+            r.drop(url)
+            r.check()
+        assert r.unused() == {"a", "b"}
+        assert r.store.stats().unused_bytes == 2 * FILE_BYTES
+
+        r.clock.tick()
+        r.drop(c)  # three unused do not fit: a, the least recently used, goes
+        r.check()
+        assert r.unused() == {"b", "c"}
+        assert not r.installed(a)
+        assert r.store.stats().evictions == 1
+
+        await r.take(b)  # b used again (a hit), then released: c is now the oldest
+        r.clock.tick()
+        r.drop(b)
+        assert r.packages.gets["b"] == 1
+        await r.take(d)
+        r.clock.tick()
+        r.drop(d)
+        r.check()
+        assert r.unused() == {"b", "d"}
+        assert not r.installed(c)
+        await r.store.drain()
+        assert len(r.listing("uris")) == 2
+        assert r.listing("trash") == []
+
+
+async def test_a_package_in_use_is_never_evicted_even_over_the_budget(tmp_path: Path) -> None:
+    async with rig(tmp_path, budget_bytes=0) as r:
+        a = r.packages.add("a")
+        await r.take(a)
+        r.store.enforce_budget()
+        assert r.installed(a)
+        assert r.unused() == set()
+        r.check()
+        r.drop(a)  # unused now, over a budget of 0: evicted at once
+        assert not r.installed(a)
+        r.check()
