@@ -135,12 +135,14 @@ async def test_an_env_keeps_the_latest_distinct_job_ids_newest_last_failures_too
         assert MAX_JOB_IDS == 4
         assert env.job_ids == ("j1", "j3", "j4", "j5")
         assert env.references == 8
+        service.check_invariants()
 
         absent = env_json(f"file://{a.root}/absent.zip")
         with pytest.raises(AgentError):
             await service.create(absent, 0, "", job_id="jf")
         failed = service.snapshot(0).envs[-1]
         assert (failed.state, failed.job_ids) == (EnvState.FAILED, ("jf",))
+        service.check_invariants()
 
 
 async def test_a_job_id_over_the_limit_is_refused_naming_it_and_counts_nothing() -> None:

@@ -392,6 +392,10 @@ class AgentService:
                 entry = self.store.entry(key)
                 if self.records[env_id].state is EnvState.READY:
                     assert entry is not None, f"ready env {env_id} lost {key}"
+        for record in itertools.chain(self.records.values(), self.failures):
+            ids = record.job_ids
+            assert len(ids) <= MAX_JOB_IDS, f"job ids {ids}: more than {MAX_JOB_IDS}"
+            assert len(set(ids)) == len(ids), f"job ids {ids}: one twice"
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
