@@ -85,12 +85,12 @@ class EnvRecord:
     context: WorkerContext
     state: EnvState
     created_ms: int
-    error: str = ""
-    persisted: bool = False  # its row is in the index
     # the latest distinct job ids of its creates, newest last: at most MAX_JOB_IDS, each at most
     # MAX_JOB_ID_BYTES (checked in ``create``)
     job_ids: tuple[str, ...] = ()
     eager_install: bool = False  # the latest create asked for it (nothing more to do: see above)
+    error: str = ""
+    persisted: bool = False  # its row is in the index
 
     def note_job(self, job_id: str, eager_install: bool) -> None:
         """One more create of this env, by ``job_id`` ("" = none said)."""
@@ -227,8 +227,10 @@ class AgentService:
         """Keep the recent failures for info: at most ``_MAX_FAILURES_KEPT`` of them and
         ``_FAILURE_BYTES`` of their bodies, the oldest dropped first; no worker context."""
         error = cap_message(error)
-        failed = EnvRecord(record.env, _NO_CONTEXT, EnvState.FAILED, self._now_ms(), error)
-        failed.job_ids, failed.eager_install = record.job_ids, record.eager_install
+        failed = EnvRecord(
+            record.env, _NO_CONTEXT, EnvState.FAILED, self._now_ms(), record.job_ids,
+            record.eager_install, error=error,
+        )  # fmt: skip
         self.failures.append(failed)
         self._failure_bytes += _failure_weight(failed)
         while len(self.failures) > _MAX_FAILURES_KEPT or self._failure_bytes > _FAILURE_BYTES:
