@@ -17,10 +17,14 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 
+from agent.ops.cli import format_info
 from agent.ops.startup import StartupError, check_root_free, lock_root
+from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.test_process import (
+    NO_PROXY,
     REPO,
     START_S,
     STOP_S,
@@ -68,6 +72,42 @@ async def test_info_root_is_a_shortcut_for_its_default_socket(base: Path) -> Non
         code, out, err = await run_cli("info", "--root", str(root), "--json")
         assert code == 0, err
         assert '"budget_bytes": "3145728"' in out, "JSON keeps exact bytes"
+
+
+async def test_info_shows_under_an_env_the_jobs_that_created_it_and_eager_install(
+    base: Path,
+) -> None:
+    root = base / "root"
+    async with serving(base / "agent.log", "--root", str(root)) as agent:
+        await wait_health_serving(agent.address)
+        async with grpc.aio.insecure_channel(agent.address, options=NO_PROXY) as channel:
+            stub = agent_pb2_grpc.RuntimeEnvAgentStub(channel)  # type: ignore[no-untyped-call]
+            for job_id in ("01000000", "02000000"):
+                request = agent_pb2.CreateRuntimeEnvRequest(
+                    serialized_runtime_env='{"env_vars": {"A": "1"}}', job_id=job_id,
+                    config=agent_pb2.RuntimeEnvConfig(eager_install=True),
+                )  # fmt: skip
+                await stub.CreateRuntimeEnv(request, timeout=30)
+        code, out, err = await run_cli("info", "--root", str(root))
+        assert code == 0, err
+        [env_line, said] = out.splitlines()[1:3]
+        assert env_line.split()[1:3] == ["2", "ready"], out
+        assert said == f"{'':<41}jobs: 01000000, 02000000; eager_install", out
+        code, out, err = await run_cli("info", "--root", str(root), "--json")
+        assert code == 0, err
+        assert '"job_ids": [\n        "01000000",\n        "02000000"\n      ]' in out, out
+
+
+def test_format_info_quotes_a_job_id_a_terminal_would_act_on() -> None:
+    """A job id is the client's text: one with a control character (an escape sequence, a
+    newline) is quoted, so it can neither forge lines nor drive the terminal."""
+    reply = agent_pb2.GetRuntimeEnvsInfoReply(total_envs=1)
+    reply.envs.add(runtime_env_id="a" * 32, references=1, state="ready",
+                   job_ids=["ok", "\x1b[2Jx\nforged"])  # fmt: skip
+    text = format_info(reply)
+    assert "jobs: ok, '\\x1b[2Jx\\nforged'" in text, text
+    assert "\x1b" not in text
+    assert "eager_install" not in text
 
 
 @pytest.mark.parametrize(

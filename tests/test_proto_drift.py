@@ -80,7 +80,8 @@ _TYPES = {
 }
 
 # The first published protocol (v1): message -> field -> (number, type). Fields may be added, never
-# renumbered or retyped; so every one listed here must be present as listed.
+# renumbered or retyped; so every one listed here must be present as listed (an added field is
+# listed once published, marked with when).
 CONTRACT: dict[str, dict[str, tuple[int, str]]] = {
     "RuntimeEnvConfig": {"setup_timeout_seconds": (1, "int32"), "eager_install": (2, "bool")},
     "CreateRuntimeEnvRequest": {
@@ -114,6 +115,9 @@ CONTRACT: dict[str, dict[str, tuple[int, str]]] = {
         "state": (5, "string"),
         "error": (6, "string"),
         "creation_time_ms": (7, "int64"),
+        # added later (issue 14): pinned from then on
+        "job_ids": (8, "repeated string"),
+        "eager_install": (9, "bool"),
     },
     "UriInfo": {
         "uri": (1, "string"),

@@ -7,27 +7,53 @@ awaits installs. The gRPC servicer (``servicer.py``) only converts messages and 
 Create: parse (pure) -> build the context and check it could start a process (pure, before
 anything is counted) -> take the references (tables, store) -> await the installs under the setup
 timeout -> commit. Any failure, timeout or cancellation gives back exactly what was taken.
+
+Info: ``snapshot`` takes what the agent holds as frozen values (``agent.app.snapshot``) in one
+synchronous step, and decides each package's state there; ``levels`` takes the figures alone for
+a metrics scrape. The doors only convert them.
+
+A create's ``job_id`` (the scheduler's job that asked) is kept in the env's record for info: the
+latest ``MAX_JOB_IDS`` distinct ones, newest last (an env shared by jobs one after another shows
+who uses it now), each at most ``MAX_JOB_ID_BYTES`` (longer ones are refused, not cut: a client
+chooses what it sends). ``eager_install`` (in the request's config or the JSON's ``config``) is
+Ray's "install at job start rather than at the first worker": a scheduler's choice of *when* to
+call create (Ray's raylet creates a job's env when the job starts and holds it until the job
+ends). The agent has nothing more to do for it: every create installs every package before it
+answers, which is eager already. It is accepted (stock Ray sends it set by default), never
+refused, and kept in the env's record for info (the latest create's value).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import logging
 import sys
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
+from pathlib import Path
 
 from agent.app.config import Settings
 from agent.app.idempotency import RequestLog
+from agent.app.snapshot import (
+    CacheView,
+    EnvState,
+    EnvView,
+    Levels,
+    PackageState,
+    RecoveryView,
+    Snapshot,
+    UriView,
+)
 from agent.core.bounded import BoundedCache
 from agent.core.context import WorkerContext, build_context
 from agent.core.errors import (
     AgentError,
     EnvNotFound,
+    InvalidArgument,
     InvalidRuntimeEnv,
     SetupTimeout,
     cap_message,
@@ -36,8 +62,9 @@ from agent.core.errors import (
 from agent.core.refs import RefTables
 from agent.core.runtime_env import RuntimeEnv, parse_runtime_env
 from agent.core.uris import UriKey, UriKind
+from agent.state.recovery import RecoverySummary
 from agent.state.state_db import EnvRow, StateDB
-from agent.state.store import UriStore
+from agent.state.store import UriEntry, UriState, UriStore
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +75,8 @@ _FAILURE_BYTES = 4 * 1024 * 1024  # bodies of recently failed envs kept for info
 _PARSED_KEPT = 4096  # parsed envs remembered by the digest of their JSON text
 _PARSED_BYTES = 8 * 1024 * 1024
 _MAX_ENV_ID_CHARS = 64  # an env id is 32 hex digits; a longer one names no env
-
-
-class EnvState(Enum):
-    CREATING = "creating"  # references taken, installs in flight
-    READY = "ready"  # every URI installed; creates of it answer at once
-    FAILED = "failed"  # only in the record of recent failures; holds no references
+MAX_JOB_ID_BYTES = 128  # Ray's job ids are 8 hex digits; a submission id is about 30 characters
+MAX_JOB_IDS = 4  # job ids kept per env: the latest distinct ones
 
 
 @dataclass
@@ -62,8 +85,19 @@ class EnvRecord:
     context: WorkerContext
     state: EnvState
     created_ms: int
+    # the latest distinct job ids of its creates, newest last: at most MAX_JOB_IDS, each at most
+    # MAX_JOB_ID_BYTES (checked in ``create``)
+    job_ids: tuple[str, ...] = ()
+    eager_install: bool = False  # the latest create asked for it (nothing more to do: see above)
     error: str = ""
     persisted: bool = False  # its row is in the index
+
+    def note_job(self, job_id: str, eager_install: bool) -> None:
+        """One more create of this env, by ``job_id`` ("" = none said)."""
+        self.eager_install = eager_install
+        ids = self.job_ids
+        if job_id and (not ids or ids[-1] != job_id):  # the same job again: nothing to do
+            self.job_ids = (*(i for i in ids if i != job_id), job_id)[-MAX_JOB_IDS:]
 
 
 @dataclass(frozen=True)
@@ -84,12 +118,14 @@ class AgentService:
         tables: RefTables,
         *,
         db: StateDB | None = None,
+        recovery: RecoverySummary | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.store = store
         self.tables = tables
         self._db = db
+        self._recovery = _recovery_view(recovery or RecoverySummary())
         self._clock = clock
         self.records: dict[str, EnvRecord] = {}
         self.failures: deque[EnvRecord] = deque()  # oldest first; see _remember_failure
@@ -100,12 +136,25 @@ class AgentService:
         self._parsed: BoundedCache[str, RuntimeEnv] = BoundedCache(_PARSED_KEPT, _PARSED_BYTES)
 
     # -- create ----------------------------------------------------------------------------
-    async def create(self, serialized: str, timeout_s: int, request_id: str) -> Created:
+    async def create(
+        self,
+        serialized: str,
+        timeout_s: int,
+        request_id: str,
+        *,
+        job_id: str = "",
+        eager_install: bool = False,
+    ) -> Created:
+        """Count one reference on the env, installing what is missing first. ``job_id`` and
+        ``eager_install`` (the request's; the JSON's ``config.eager_install`` counts too) are
+        kept in the env's record for info, nothing more (see the module docstring)."""
+        check_job_id(job_id)
         env = self._parse(serialized)
+        eager = eager_install or env.eager_install is True
         try:
             timeout = self._setup_timeout(env, timeout_s)
             hit = await self._requests.run(
-                "create", request_id, env.env_id, lambda: self._create(env, timeout)
+                "create", request_id, env.env_id, lambda: self._create(env, timeout, job_id, eager)
             )
         except AgentError as exc:
             exc.env_id = env.env_id
@@ -123,12 +172,15 @@ class AgentService:
             limits=self.settings.env,
         )  # fmt: skip
 
-    async def _create(self, env: RuntimeEnv, setup_timeout_s: float) -> bool:
+    async def _create(
+        self, env: RuntimeEnv, setup_timeout_s: float, job_id: str, eager_install: bool
+    ) -> bool:
         """Create (or count once more) the env; return whether it was a hit."""
         env_id = env.env_id
         record = self.records.get(env_id)
         if record is None:
             record = EnvRecord(env, self._context(env), EnvState.CREATING, self._now_ms())
+        record.note_job(job_id, eager_install)
         # Bookkeeping, atomically: no await from here to the first install.
         acquired = self.tables.begin_create(env_id, env.uri_keys)
         self.store.acquire(acquired)
@@ -167,15 +219,18 @@ class AgentService:
             del self.records[env.env_id]
         if isinstance(exc, AgentError | TimeoutError):
             error = exc.message if isinstance(exc, AgentError) else "setup timed out"
-            self._remember_failure(record.env, error)
+            self._remember_failure(record, error)
         self.store.release(released)
         self._note(env)
 
-    def _remember_failure(self, env: RuntimeEnv, error: str) -> None:
+    def _remember_failure(self, record: EnvRecord, error: str) -> None:
         """Keep the recent failures for info: at most ``_MAX_FAILURES_KEPT`` of them and
         ``_FAILURE_BYTES`` of their bodies, the oldest dropped first; no worker context."""
         error = cap_message(error)
-        failed = EnvRecord(env, _NO_CONTEXT, EnvState.FAILED, self._now_ms(), error)
+        failed = EnvRecord(
+            record.env, _NO_CONTEXT, EnvState.FAILED, self._now_ms(), record.job_ids,
+            record.eager_install, error=error,
+        )  # fmt: skip
         self.failures.append(failed)
         self._failure_bytes += _failure_weight(failed)
         while len(self.failures) > _MAX_FAILURES_KEPT or self._failure_bytes > _FAILURE_BYTES:
@@ -257,6 +312,77 @@ class AgentService:
             self._note(env)
         return remaining
 
+    # -- info ------------------------------------------------------------------------------
+    def snapshot(self, limit: int) -> Snapshot:
+        """What the agent holds, in one synchronous step (no await: the maps cannot change
+        under it). Envs: the live ones, then the recent failures of envs not live (newest
+        first), at most ``limit`` (<= 0: the ``max_info_envs`` setting; never more than it).
+        Every package, whatever the count: a door caps what it sends by its own measure."""
+        cap = self.settings.max_info_envs
+        limit = cap if limit <= 0 else min(limit, cap)
+        failed = (f for f in reversed(self.failures) if f.env.env_id not in self.records)
+        records = itertools.chain(self.records.values(), failed)
+        envs = tuple(self._env_view(r) for r in itertools.islice(records, limit))
+        uris = tuple(self._uri_view(entry) for entry in self.store.entries())
+        stats = self.store.stats()
+        cache = CacheView(
+            used_bytes=stats.used_bytes, unused_bytes=stats.unused_bytes,
+            budget_bytes=stats.budget_bytes, downloads=stats.downloads,
+            extractions=stats.extractions, evictions=stats.evictions, hits=stats.hits,
+        )  # fmt: skip
+        return Snapshot(envs, uris, cache, len(self.records), len(uris), self._recovery)
+
+    def levels(self) -> Levels:
+        """The figures a metrics scrape reads, without the lists of ``snapshot``."""
+        stats = self.store.stats()
+        return Levels(
+            used_bytes=stats.used_bytes, unused_bytes=stats.unused_bytes,
+            budget_bytes=stats.budget_bytes,
+            installs_in_flight=self.store.installs_in_flight(), live_envs=len(self.records),
+            evictions=stats.evictions, hits=stats.hits,
+        )  # fmt: skip
+
+    @property
+    def root(self) -> Path:
+        """The agent's root (where packages, the index and the socket live)."""
+        return self.store.root
+
+    def _env_view(self, record: EnvRecord) -> EnvView:
+        env = record.env
+        live = record.state is not EnvState.FAILED
+        return EnvView(
+            env_id=env.env_id,
+            canonical=env.canonical,
+            references=self.tables.env_count(env.env_id) if live else 0,
+            uris=_uris(env),
+            state=record.state,
+            error=record.error,
+            created_ms=record.created_ms,
+            job_ids=record.job_ids,
+            eager_install=record.eager_install,
+        )
+
+    def _uri_view(self, entry: UriEntry) -> UriView:
+        """A package as info shows it: installing; ready (referenced); or unused (in the
+        store's LRU: no live env references it, so it may be evicted)."""
+        key = entry.key
+        ready = entry.state is UriState.READY
+        if not ready:
+            state = PackageState.INSTALLING
+        elif self.store.is_unused(key):
+            state = PackageState.UNUSED
+        else:
+            state = PackageState.READY
+        return UriView(
+            kind=key.kind.value,
+            uri=key.uri,
+            state=state,
+            references=self.tables.uri_count(key),
+            size_bytes=entry.size,
+            last_used_ms=entry.last_used_ms,
+            local_path=str(entry.path) if ready else "",
+        )
+
     # -- checks ----------------------------------------------------------------------------
     def check_invariants(self) -> None:
         self.tables.check_invariants()
@@ -268,6 +394,10 @@ class AgentService:
                 entry = self.store.entry(key)
                 if self.records[env_id].state is EnvState.READY:
                     assert entry is not None, f"ready env {env_id} lost {key}"
+        for record in itertools.chain(self.records.values(), self.failures):
+            ids = record.job_ids
+            assert len(ids) <= MAX_JOB_IDS, f"job ids {ids}: more than {MAX_JOB_IDS}"
+            assert len(set(ids)) == len(ids), f"job ids {ids}: one twice"
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -287,7 +417,26 @@ def _env_weight(env: RuntimeEnv) -> int:
 
 
 def _failure_weight(record: EnvRecord) -> int:
-    return _env_weight(record.env) + len(record.error)
+    return _env_weight(record.env) + len(record.error) + sum(map(len, record.job_ids))
+
+
+def check_job_id(job_id: str) -> None:
+    """Refuse a job id over ``MAX_JOB_ID_BYTES``: it is kept and shown, so its size is bounded
+    (quoted cut in the message, as every client input is)."""
+    size = len(job_id.encode("utf-8", "surrogatepass"))
+    if size > MAX_JOB_ID_BYTES:
+        raise InvalidArgument(
+            f"job_id {echo(job_id, 40)} is {size} bytes; the limit is {MAX_JOB_ID_BYTES} "
+            "(Ray's job ids are 8 hex digits)"
+        )
+
+
+def _recovery_view(summary: RecoverySummary) -> RecoveryView:
+    return RecoveryView(
+        rows_kept=summary.rows_kept, rows_dropped=summary.rows_dropped,
+        orphans_deleted=summary.orphans_deleted, bytes_freed=summary.bytes_freed,
+        envs_forgotten=summary.envs_forgotten, seconds=summary.seconds,
+    )  # fmt: skip
 
 
 def _pairs(env: RuntimeEnv) -> tuple[tuple[str, str], ...]:

@@ -89,31 +89,32 @@ class Metrics:
 
 
 class _Levels(Collector):
+    """The service's levels as samples at every scrape (no lists built), and the free disk."""
+
     def __init__(self, service: AgentService) -> None:
         self._service = service
 
     def collect(self) -> Iterator[Metric]:
-        service = self._service
-        stats = service.store.stats()
+        levels = self._service.levels()
         cache = GaugeMetricFamily(
             "rtenv_cache_bytes", "bytes of installed packages", labels=["state"]
         )
-        cache.add_metric(["used"], stats.used_bytes)
-        cache.add_metric(["unused"], stats.unused_bytes)
+        cache.add_metric(["used"], levels.used_bytes)
+        cache.add_metric(["unused"], levels.unused_bytes)
         yield cache
         yield GaugeMetricFamily(
-            "rtenv_cache_budget_bytes", "bytes of unused packages kept", value=stats.budget_bytes
+            "rtenv_cache_budget_bytes", "bytes of unused packages kept", value=levels.budget_bytes
         )
         yield GaugeMetricFamily(
             "rtenv_installs_in_flight", "installs running or queued",
-            value=service.store.installs_in_flight(),
+            value=levels.installs_in_flight,
         )  # fmt: skip
         yield GaugeMetricFamily(
-            "rtenv_envs", "runtime envs with references", value=len(service.records)
+            "rtenv_envs", "runtime envs with references", value=levels.live_envs
         )
-        yield CounterMetricFamily("rtenv_evictions", "packages evicted", value=stats.evictions)
-        yield CounterMetricFamily("rtenv_cache_hits", "packages found installed", value=stats.hits)
-        disk = os.statvfs(service.store.root)
+        yield CounterMetricFamily("rtenv_evictions", "packages evicted", value=levels.evictions)
+        yield CounterMetricFamily("rtenv_cache_hits", "packages found installed", value=levels.hits)
+        disk = os.statvfs(self._service.root)
         yield GaugeMetricFamily(
             "rtenv_free_disk_bytes", "free bytes on the root's file system (for the agent)",
             value=disk.f_bavail * disk.f_frsize,

@@ -1,8 +1,8 @@
-"""The gRPC servicer: protocol messages in and out, errors to status codes. Glue only."""
+"""The gRPC servicer: protocol messages in and out, errors to status codes. Glue only: info is
+the service's snapshot converted (it reads neither the store nor the tables)."""
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Iterable
@@ -10,13 +10,12 @@ from typing import TypeVar
 
 import grpc
 
-from agent.app.service import AgentService, Created, EnvRecord, EnvState
+from agent.app.service import AgentService, Created
+from agent.app.snapshot import EnvView, Snapshot, UriView
 from agent.core.bounded import BoundedCache
 from agent.core.runtime_env import env_var_bytes
 from agent.doors.grpc_errors import answer
 from agent.doors.metrics import Metrics
-from agent.state.recovery import RecoverySummary
-from agent.state.store import UriEntry, UriState
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -31,11 +30,8 @@ _INFO_BYTES = 7 * 1024 * 1024 // 2
 
 
 class RuntimeEnvAgentServicer(agent_pb2_grpc.RuntimeEnvAgentServicer):
-    def __init__(
-        self, service: AgentService, recovery: RecoverySummary, metrics: Metrics | None = None
-    ) -> None:
+    def __init__(self, service: AgentService, metrics: Metrics | None = None) -> None:
         self._service = service
-        self._recovery = recovery
         self._metrics = metrics
         self._replies: BoundedCache[str, agent_pb2.CreateRuntimeEnvReply] = BoundedCache(
             _REPLIES_KEPT, _REPLIES_BYTES
@@ -52,6 +48,8 @@ class RuntimeEnvAgentServicer(agent_pb2_grpc.RuntimeEnvAgentServicer):
                 request.serialized_runtime_env,
                 request.config.setup_timeout_seconds,
                 request.request_id,
+                job_id=request.job_id,
+                eager_install=request.config.eager_install,
             )
             if self._metrics is not None:
                 self._metrics.observe_create(created.hit, time.perf_counter() - started)
@@ -102,16 +100,7 @@ class RuntimeEnvAgentServicer(agent_pb2_grpc.RuntimeEnvAgentServicer):
         context: grpc.aio.ServicerContext[object, object],
     ) -> agent_pb2.GetRuntimeEnvsInfoReply:
         async def call() -> agent_pb2.GetRuntimeEnvsInfoReply:
-            reply = info_reply(self._service, request.limit)
-            r = self._recovery
-            reply.recovery.CopyFrom(
-                agent_pb2.RecoverySummary(
-                    rows_kept=r.rows_kept, rows_dropped=r.rows_dropped,
-                    orphans_deleted=r.orphans_deleted, bytes_freed=r.bytes_freed,
-                    envs_forgotten=r.envs_forgotten, seconds=r.seconds,
-                )
-            )  # fmt: skip
-            return reply
+            return info_reply(self._service.snapshot(request.limit))
 
         return await answer(
             "GetRuntimeEnvsInfo", context, "", call, self._metrics,
@@ -119,33 +108,26 @@ class RuntimeEnvAgentServicer(agent_pb2_grpc.RuntimeEnvAgentServicer):
         )  # fmt: skip
 
 
-def info_reply(service: AgentService, limit: int) -> agent_pb2.GetRuntimeEnvsInfoReply:
-    """A snapshot of both maps and the store, taken in one step on the loop. Capped by count and
-    by size: ``total_envs`` and ``total_uris`` say how many there are, listed or not."""
-    cap = service.settings.max_info_envs
-    limit = cap if limit <= 0 else min(limit, cap)
-    failed = (f for f in reversed(service.failures) if f.env.env_id not in service.records)
-    records = itertools.chain(service.records.values(), failed)
-    envs = _fill((_env_info(service, r) for r in itertools.islice(records, limit)), _INFO_ENV_BYTES)
+def info_reply(snapshot: Snapshot) -> agent_pb2.GetRuntimeEnvsInfoReply:
+    """A snapshot as the info reply, capped by size under a default client's 4 MiB: envs fill
+    up to ``_INFO_ENV_BYTES``, URIs what is left of ``_INFO_BYTES``; ``total_envs`` and
+    ``total_uris`` say how many there are, listed or not."""
+    envs = _fill((_env_info(e) for e in snapshot.envs), _INFO_ENV_BYTES)
     used = sum(e.ByteSize() for e in envs)
-    entries = list(service.store.entries())
-    uris = _fill((_uri_info(service, e) for e in entries), _INFO_BYTES - used)
-    stats = service.store.stats()
+    uris = _fill((_uri_info(u) for u in snapshot.uris), _INFO_BYTES - used)
+    c, r = snapshot.cache, snapshot.recovery
+    cache = agent_pb2.CacheStats(
+        used_bytes=c.used_bytes, unused_bytes=c.unused_bytes, budget_bytes=c.budget_bytes,
+        downloads=c.downloads, extractions=c.extractions, evictions=c.evictions, hits=c.hits,
+    )  # fmt: skip
+    recovery = agent_pb2.RecoverySummary(
+        rows_kept=r.rows_kept, rows_dropped=r.rows_dropped, orphans_deleted=r.orphans_deleted,
+        bytes_freed=r.bytes_freed, envs_forgotten=r.envs_forgotten, seconds=r.seconds,
+    )  # fmt: skip
     return agent_pb2.GetRuntimeEnvsInfoReply(
-        envs=envs,
-        uris=uris,
-        cache=agent_pb2.CacheStats(
-            used_bytes=stats.used_bytes,
-            unused_bytes=stats.unused_bytes,
-            budget_bytes=stats.budget_bytes,
-            downloads=stats.downloads,
-            extractions=stats.extractions,
-            evictions=stats.evictions,
-            hits=stats.hits,
-        ),
-        total_envs=len(service.records),
-        total_uris=len(entries),
-    )
+        envs=envs, uris=uris, cache=cache, total_envs=snapshot.total_envs,
+        total_uris=snapshot.total_uris, recovery=recovery,
+    )  # fmt: skip
 
 
 M = TypeVar("M", agent_pb2.RuntimeEnvInfo, agent_pb2.UriInfo)
@@ -162,32 +144,27 @@ def _fill(items: Iterable[M], budget: int) -> list[M]:
     return out
 
 
-def _uri_info(service: AgentService, entry: UriEntry) -> agent_pb2.UriInfo:
-    count = service.tables.uri_count(entry.key)
-    if entry.state is UriState.READY:
-        state = "unused" if service.store.is_unused(entry.key) else "ready"
-    else:
-        state = entry.state.value
+def _uri_info(uri: UriView) -> agent_pb2.UriInfo:
     return agent_pb2.UriInfo(
-        uri=entry.key.uri,
-        kind=entry.key.kind.value,
-        references=count,
-        state=state,
-        size_bytes=entry.size,
-        last_used_ms=entry.last_used_ms,
-        local_path=str(entry.path) if entry.state is UriState.READY else "",
+        uri=uri.uri,
+        kind=uri.kind,
+        references=uri.references,
+        state=uri.state.value,
+        size_bytes=uri.size_bytes,
+        last_used_ms=uri.last_used_ms,
+        local_path=uri.local_path,
     )
 
 
-def _env_info(service: AgentService, record: EnvRecord) -> agent_pb2.RuntimeEnvInfo:
-    env = record.env
-    live = record.state is not EnvState.FAILED
+def _env_info(env: EnvView) -> agent_pb2.RuntimeEnvInfo:
     return agent_pb2.RuntimeEnvInfo(
         runtime_env_id=env.env_id,
         serialized_runtime_env=env.canonical,
-        references=service.tables.env_count(env.env_id) if live else 0,
-        uris=[str(key) for key in env.uri_keys],
-        state=record.state.value,
-        error=record.error,
-        creation_time_ms=record.created_ms,
+        references=env.references,
+        uris=env.uris,
+        state=env.state.value,
+        error=env.error,
+        creation_time_ms=env.created_ms,
+        job_ids=env.job_ids,
+        eager_install=env.eager_install,
     )

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from agent.core.errors import AgentError
+from agent.core.errors import AgentError, echo_label
 from agent.core.units import human_bytes, parse_duration, plural
 from agent.doors.access import read_token
 from agent.ops import logs, options
@@ -90,13 +90,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def format_info(reply: agent_pb2.GetRuntimeEnvsInfoReply) -> str:
-    """The info reply as two tables and a cache line, sizes in binary units."""
+    """The info reply as two tables and a cache line, sizes in binary units. Under an env:
+    its error, the jobs that created it (newest last; a client's text, quoted if not
+    printable) and whether its latest create asked for eager_install."""
     lines = [f"{'ENV ID':<34}{'REFS':>5}  {'STATE':<9}URIS"]
     for env in reply.envs:
         uris = ", ".join(env.uris) or "-"
         lines.append(f"{env.runtime_env_id:<34}{env.references:>5}  {env.state:<9}{uris}")
         if env.error:
             lines.append(f"{'':<41}error: {env.error}")
+        said = [f"jobs: {', '.join(map(echo_label, env.job_ids))}"] if env.job_ids else []
+        if env.eager_install:
+            said.append("eager_install")
+        if said:
+            lines.append(f"{'':<41}{'; '.join(said)}")
     if len(reply.envs) < reply.total_envs:
         lines.append(f"... {reply.total_envs - len(reply.envs)} more not shown (the reply's cap)")
     lines.append("")

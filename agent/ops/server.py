@@ -130,7 +130,9 @@ class Agent:
                 pip_installer=settings.pip_installer,
             )
             self.recovery = await recover(store, self._db)
-            self.service = AgentService(settings, store, tables, db=self._db)
+            self.service = AgentService(
+                settings, store, tables, db=self._db, recovery=self.recovery
+            )
             self.metrics.watch(self.service)
             self._server = grpc.aio.server(
                 interceptors=interceptors,
@@ -139,7 +141,7 @@ class Agent:
                     ("grpc.so_reuseport", 0),
                 ],
             )
-            servicer = RuntimeEnvAgentServicer(self.service, self.recovery, self.metrics)
+            servicer = RuntimeEnvAgentServicer(self.service, self.metrics)
             agent_pb2_grpc.add_RuntimeEnvAgentServicer_to_server(  # type: ignore[no-untyped-call]
                 servicer, self._server
             )

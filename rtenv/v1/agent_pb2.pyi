@@ -76,7 +76,7 @@ class GetRuntimeEnvsInfoRequest(_message.Message):
     def __init__(self, limit: _Optional[int] = ...) -> None: ...
 
 class RuntimeEnvInfo(_message.Message):
-    __slots__ = ("runtime_env_id", "serialized_runtime_env", "references", "uris", "state", "error", "creation_time_ms")
+    __slots__ = ("runtime_env_id", "serialized_runtime_env", "references", "uris", "state", "error", "creation_time_ms", "job_ids", "eager_install")
     RUNTIME_ENV_ID_FIELD_NUMBER: _ClassVar[int]
     SERIALIZED_RUNTIME_ENV_FIELD_NUMBER: _ClassVar[int]
     REFERENCES_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +84,8 @@ class RuntimeEnvInfo(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CREATION_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    EAGER_INSTALL_FIELD_NUMBER: _ClassVar[int]
     runtime_env_id: str
     serialized_runtime_env: str
     references: int
@@ -91,7 +93,9 @@ class RuntimeEnvInfo(_message.Message):
     state: str
     error: str
     creation_time_ms: int
-    def __init__(self, runtime_env_id: _Optional[str] = ..., serialized_runtime_env: _Optional[str] = ..., references: _Optional[int] = ..., uris: _Optional[_Iterable[str]] = ..., state: _Optional[str] = ..., error: _Optional[str] = ..., creation_time_ms: _Optional[int] = ...) -> None: ...
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    eager_install: bool
+    def __init__(self, runtime_env_id: _Optional[str] = ..., serialized_runtime_env: _Optional[str] = ..., references: _Optional[int] = ..., uris: _Optional[_Iterable[str]] = ..., state: _Optional[str] = ..., error: _Optional[str] = ..., creation_time_ms: _Optional[int] = ..., job_ids: _Optional[_Iterable[str]] = ..., eager_install: _Optional[bool] = ...) -> None: ...
 
 class UriInfo(_message.Message):
     __slots__ = ("uri", "kind", "references", "state", "size_bytes", "last_used_ms", "local_path")
