@@ -14,7 +14,7 @@ import pytest
 
 from agent.state import state_db
 from agent.state.state_db import SCHEMA_VERSION, Loaded, StateDB, StateDBError, UriRow
-from tests.helpers import wait_until
+from tests.helpers import env_json, package_server, running_agent, wait_until, workdir_zip
 
 X = UriRow("working_dir", "https://h/x.zip", "working_dir-x", 10, 1_000)
 Y = UriRow("py_modules", "https://h/y.zip#sha256=" + "ab" * 32, "py_modules-y", 20, 2_000)
@@ -295,6 +295,32 @@ async def test_a_bug_in_the_write_behind_task_is_logged_and_raised_by_close_afte
     assert isinstance(raised.value.__cause__, KeyError)
     assert last_used(path) == {X.uri: 7_000}, "the dead task's batch was lost"
     assert live_envs(path) == 2
+
+
+async def test_a_miss_awaits_only_its_installs_commits_and_a_miss_of_cached_packages_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A real agent: every trip to the database thread a create awaits is counted (the
+    write-behind task's are not). The live envs are written behind all the same."""
+    awaited: list[str] = []
+    real_run = StateDB._run
+
+    async def counting(self: StateDB, fn: Any) -> Any:
+        if asyncio.current_task() is not self._flusher:
+            awaited.append(asyncio.current_task().get_name())  # type: ignore[union-attr]
+        return await real_run(self, fn)
+
+    monkeypatch.setattr(StateDB, "_run", counting)
+    async with package_server() as pkgs, running_agent() as agent:
+        url = pkgs.add("x.zip", workdir_zip({"x.txt": "x"}))
+        awaited.clear()
+        await agent.create(env_json(working_dir=url))
+        assert len(awaited) == 1, f"a cold miss awaited {awaited}, not its one install's commit"
+        awaited.clear()
+        await agent.create(env_json(working_dir=url, env_vars={"OTHER": "1"}))  # X cached
+        assert awaited == [], "a miss of cached packages awaited the database"
+        db = agent.root / "state.db"
+        await wait_until(lambda: live_envs(db) == 2, what="2 live envs written behind")
 
 
 @pytest.mark.parametrize(
