@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agent.state import state_db
 from agent.state.state_db import SCHEMA_VERSION, Loaded, StateDB, StateDBError, UriRow
@@ -208,6 +210,36 @@ async def test_close_writes_what_is_still_noted(tmp_path: Path) -> None:
         db.note_live_envs(5)
     assert last_used(path) == {X.uri: 9_000}
     assert live_envs(path) == 5
+
+
+Op = tuple[str, int, int]  # ("use" | "drop" | "live", key number, value)
+OPS = st.lists(
+    st.tuples(st.sampled_from(["use", "drop", "live"]), st.integers(0, 3), st.integers(0, 9))
+)
+
+
+def noted(ops: list[Op]) -> state_db._Batch:
+    batch = state_db._Batch()
+    for op, key, value in ops:
+        if op == "use":
+            batch.use(("py_modules", f"u{key}"), value)
+        elif op == "drop":
+            batch.drop(("py_modules", f"u{key}"))
+        else:
+            batch.live_envs = value
+        batch.check_invariants()
+    return batch
+
+
+@given(OPS, st.integers(0, 40))
+def test_a_failed_batch_followed_by_newer_notes_is_the_same_as_one_batch_of_them_all(
+    ops: list[Op], split: int
+) -> None:
+    """What a failed write leaves is merged with what was noted since (``_Batch.then``): the
+    result must be what noting everything, in order, into one batch gives."""
+    merged = noted(ops[:split]).then(noted(ops[split:]))
+    merged.check_invariants()
+    assert merged == noted(ops)
 
 
 def plant_failing_writes(path: Path) -> None:

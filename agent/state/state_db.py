@@ -123,7 +123,7 @@ class Loaded:
     live_envs: int
 
 
-Key = tuple[str, str]  # (kind, uri)
+RowKey = tuple[str, str]  # (kind, uri)
 
 
 @dataclass
@@ -133,15 +133,24 @@ class _Batch:
     Invariant: ``used`` and ``dropped`` share no key (a later note of a key voids an earlier
     one of the other kind)."""
 
-    used: dict[Key, int] = field(default_factory=dict)  # -> last_used_ms
-    dropped: set[Key] = field(default_factory=set)
+    used: dict[RowKey, int] = field(default_factory=dict)  # -> last_used_ms
+    dropped: set[RowKey] = field(default_factory=set)
     live_envs: int | None = None  # None: not noted
+
+    def use(self, key: RowKey, last_used_ms: int) -> None:
+        self.used[key] = last_used_ms
+        self.dropped.discard(key)  # installed again since: the drop is void
+
+    def drop(self, key: RowKey) -> None:
+        self.used.pop(key, None)
+        self.dropped.add(key)
 
     def __len__(self) -> int:
         return len(self.used) + len(self.dropped) + (self.live_envs is not None)
 
     def then(self, newer: _Batch) -> _Batch:
-        """This batch followed by a newer one, as one batch: the newer note of a row wins."""
+        """This batch followed by a newer one, as one batch: the same as noting this batch's
+        changes and then the newer one's into one (the newer note of a row wins)."""
         used = {key: ms for key, ms in self.used.items() if key not in newer.dropped}
         used.update(newer.used)
         dropped = (self.dropped - newer.used.keys()) | newer.dropped
@@ -297,7 +306,7 @@ class StateDB:
 
         await self._run(lambda conn: self._write(conn, batch, insert))
 
-    async def reset_after_recovery(self, dropped: Iterable[Key]) -> None:
+    async def reset_after_recovery(self, dropped: Iterable[RowKey]) -> None:
         """Recovery: drop the rows of missing directories; forget the envs (their clients died
         with the previous agent)."""
         batch = self._take_batch()
@@ -311,13 +320,11 @@ class StateDB:
 
     # -- write-behind notes (no I/O) ------------------------------------------------------
     def note_uri(self, kind: str, uri: str, last_used_ms: int) -> None:
-        self._notes.used[(kind, uri)] = last_used_ms
-        self._notes.dropped.discard((kind, uri))
+        self._notes.use((kind, uri), last_used_ms)
         self._mark_dirty()
 
     def note_uri_dropped(self, kind: str, uri: str) -> None:
-        self._notes.used.pop((kind, uri), None)
-        self._notes.dropped.add((kind, uri))
+        self._notes.drop((kind, uri))
         self._mark_dirty()
 
     def note_live_envs(self, count: int) -> None:
