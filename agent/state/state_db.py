@@ -9,8 +9,11 @@ What must survive ``kill -9`` is committed before the reply that depends on it: 
 (``record_install``) before the create that installed it returns. Everything else is noted in
 memory (``note_*``, no I/O) and written behind, in one transaction at most every
 ``flush_interval_s`` or every ``flush_every`` changes: last-use times, the rows of evicted
-packages (dropped), the live-env number. A miss awaits only its packages' commits, and a hit
-or a delete no write at all. Every statement runs on the one thread, in submission order, and a
+packages (dropped), the live-env number. A miss awaits only its packages' commits (they carry
+the notes, its env among them), and a hit or a delete awaits none. A ``kill -9`` loses the last
+window's notes: a little older last uses, an evicted row (recovery drops it: its directory is
+gone), a live-env number behind by that window's envs (a summary figure, nothing more).
+Every statement runs on the one thread, in submission order, and a
 commit carries the batch noted before it: a row deleted behind can never overwrite a row
 inserted after it. A batch whose write fails is carried by the thread into its next write (so
 the order still holds), and the write-behind task retries it; a bug in that task is logged
