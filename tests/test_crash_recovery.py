@@ -19,7 +19,7 @@ import sys
 import zipfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -139,19 +139,19 @@ async def agent_process(
 
 @dataclass(frozen=True)
 class Index:
-    uris: dict[str, tuple[str, str, int]]  # dir -> (kind, uri, refcount)
-    env_counts: list[int] = field(default_factory=list)
+    uris: dict[str, tuple[str, str, int]]  # dir -> (kind, uri, last_used_ms)
+    live_envs: int  # the envs live at the agent's last write
 
 
 def read_index(root: Path) -> Index:
     """Read ``state.db`` through a read-only connection of this process."""
     conn = sqlite3.connect(f"file:{root / 'state.db'}?mode=ro", uri=True)
     try:
-        rows = conn.execute("SELECT dir, kind, uri, refcount FROM uris").fetchall()
-        envs = conn.execute("SELECT refcount FROM envs").fetchall()
+        rows = conn.execute("SELECT dir, kind, uri, last_used_ms FROM uris").fetchall()
+        [(live,)] = conn.execute("SELECT envs FROM live").fetchall()
     finally:
         conn.close()
-    return Index({d: (k, u, n) for d, k, u, n in rows}, [n for (n,) in envs])
+    return Index({d: (k, u, n) for d, k, u, n in rows}, live)
 
 
 def listing(path: Path) -> list[str]:
@@ -181,14 +181,12 @@ async def replied_or_died(call: Awaitable[object]) -> None:
 async def create_a_then_crash_installing_b(
     agent: AgentProc, pkgs: PackageServer, root: Path
 ) -> None:
-    """A (cached X) gets a reference, written behind; then B's install of Y dies midway."""
+    """A (cached X) is created, its live env written behind; then B's install of Y dies
+    midway."""
     await agent.create(env_of(pkgs, "x.zip"))
-    x_url = f"{pkgs.base_url}/x.zip"
-
-    def x_counted() -> bool:
-        return any(u == x_url and n == 1 for _, u, n in read_index(root).uris.values())
-
-    await wait_until(x_counted, timeout_s=10, what="X's count of 1 written behind")
+    await wait_until(
+        lambda: read_index(root).live_envs == 1, timeout_s=10, what="1 live env written behind"
+    )
     with pytest.raises(grpc.aio.AioRpcError) as failed:
         await agent.create(env_of(pkgs, "y.zip"))
     assert failed.value.code() == grpc.StatusCode.UNAVAILABLE, failed.value
@@ -197,8 +195,8 @@ async def create_a_then_crash_installing_b(
 async def install_b_then_crash_writing_counts(
     agent: AgentProc, pkgs: PackageServer, root: Path
 ) -> None:
-    """B installs Y (its row committed before the reply); the count batch written behind it,
-    about 100 ms later, dies midway."""
+    """B installs Y (its row committed before the reply, with the live env noted before it);
+    the batch written behind it, about 100 ms later, dies midway."""
     await replied_or_died(agent.create(env_of(pkgs, "y.zip")))
 
 
@@ -288,15 +286,14 @@ def leftovers(root: Path) -> list[str]:
 async def check_recovered(
     agent: AgentProc, root: Path, pkgs: PackageServer, kept: frozenset[str]
 ) -> agent_pb2.RecoverySummary:
-    """Index and disk agree, every count is 0, leftovers go; return the recovery summary."""
+    """Index and disk agree, no env is live, leftovers go; return the recovery summary."""
     assert agent.address, agent.log_text()
     await wait_health_serving(agent.address)
     index = read_index(root)
     assert set(index.uris) == set(listing(root / "uris")), "rows and directories differ"
     urls = {f"{pkgs.base_url}/{name}": name for name in ZIPS}
     assert {urls[u] for _, u, _ in index.uris.values()} == kept
-    assert [n for _, _, n in index.uris.values()] == [0] * len(kept), index
-    assert index.env_counts == [], "envs of the dead agent's clients survived"
+    assert index.live_envs == 0, "envs of the dead agent's clients survived"
 
     info = await agent.info()
     assert {urls[u.uri] for u in info.uris} == kept
@@ -328,7 +325,7 @@ async def create_each(
 async def test_restart_after_sigkill_at_crash_point_agrees_with_disk_and_reuses_packages(
     base: Path, point: str
 ) -> None:
-    """After kill -9 at POINT: rows == dirs, tmp/trash empty, counts 0, no re-download of
+    """After kill -9 at POINT: rows == dirs, tmp/trash empty, no env live, no re-download of
     committed packages, one re-download of a lost one."""
     scenario, root = SCENARIOS[point], base / "root"
     async with package_server() as pkgs:
@@ -353,7 +350,7 @@ async def test_restart_after_sigkill_at_crash_point_agrees_with_disk_and_reuses_
             r = await check_recovered(agent, root, pkgs, scenario.kept)
             assert r.rows_dropped == scenario.rows_dropped, r
             assert r.orphans_deleted == scenario.orphans, r
-            assert r.envs_forgotten == 1, r  # the env the armed agent had committed
+            assert r.envs_forgotten == 1, r  # the armed agent's env, carried by a commit
             assert r.bytes_freed == scenario.bytes_freed, r
             await create_each(
                 agent, root, pkgs, set(scenario.kept | scenario.refetched), set(scenario.refetched)

@@ -118,16 +118,16 @@ async def wait_log(agent: Served, text: str) -> None:
     await wait_until(lambda: text in agent.log_text(), what=f"{text!r} in the agent's log")
 
 
-def db_rows(root: Path) -> tuple[dict[str, int], dict[str, tuple[str, int]]]:
-    """({env_id: refcount}, {uri: (dir, refcount)}) from a stopped agent's state.db."""
+def db_rows(root: Path) -> tuple[int, dict[str, str]]:
+    """(live envs, {uri: dir}) from a stopped agent's state.db."""
     conn = sqlite3.connect(root / "state.db")
     try:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        envs = dict(conn.execute("SELECT env_id, refcount FROM envs").fetchall())
-        uris = {u: (d, n) for u, d, n in conn.execute("SELECT uri, dir, refcount FROM uris")}
+        [(live,)] = conn.execute("SELECT envs FROM live").fetchall()
+        uris = dict(conn.execute("SELECT uri, dir FROM uris").fetchall())
     finally:
         conn.close()
-    return envs, uris
+    return live, uris
 
 
 async def test_sigterm_refuses_new_calls_lets_in_flight_creates_finish_and_flushes(
@@ -144,8 +144,8 @@ async def test_sigterm_refuses_new_calls_lets_in_flight_creates_finish_and_flush
                 grpc.aio.insecure_channel(agent.address) as channel,
             ):
                 stub = stub_for(channel)
-                first = await create_call(stub, a_url)
-                await create_call(stub, a_url)  # a hit: its count is written behind
+                await create_call(stub, a_url)
+                await create_call(stub, a_url)  # a hit: its last use is written behind
                 in_flight = create_call(stub, b_url)
                 await asyncio.wait_for(pkgs.requested("b.zip").wait(), 10)
 
@@ -158,10 +158,10 @@ async def test_sigterm_refuses_new_calls_lets_in_flight_creates_finish_and_flush
                 assert await asyncio.wait_for(agent.proc.wait(), STOP_S) == 0, agent.log_text()
         finally:
             gate.set()
-    envs, uris = db_rows(root)
-    assert envs == {first.runtime_env_id: 2, second.runtime_env_id: 1}
-    assert {u: n for u, (_, n) in uris.items()} == {a_url: 1, b_url: 1}
-    assert sorted(d for d, _ in uris.values()) == sorted(p.name for p in (root / "uris").iterdir())
+    live, uris = db_rows(root)
+    assert live == 2, "the live envs noted behind were not written at the stop"
+    assert set(uris) == {a_url, b_url}
+    assert sorted(uris.values()) == sorted(p.name for p in (root / "uris").iterdir())
     assert list((root / "tmp").iterdir()) == []
 
 
@@ -188,7 +188,7 @@ async def test_sigterm_cancels_an_install_outlasting_the_grace_and_removes_its_f
             assert caught.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
     assert list((root / "tmp").iterdir()) == [], "the cancelled install left its files"
     assert list((root / "uris").iterdir()) == []
-    assert db_rows(root) == ({}, {})
+    assert db_rows(root) == (0, {})
 
 
 async def test_second_sigterm_during_the_graceful_wait_exits_at_once_non_zero(base: Path) -> None:

@@ -294,7 +294,7 @@ async def test_an_install_is_in_the_state_db_before_the_create_answers(tmp_path:
         a = r.packages.add("a")
         await r.create(env_json(py_modules=[a]))
         assert r.db is not None
-        uris, _ = await r.db.load()
+        uris = (await r.db.load()).uris
         assert [(row.kind, row.uri, row.last_used_ms) for row in uris] == [
             ("py_modules", a, int(r.clock.now * 1000))
         ]

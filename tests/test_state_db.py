@@ -1,8 +1,9 @@
-"""``agent.state_db.StateDB`` on a real SQLite file, read back through a second connection."""
+"""``agent.state.state_db.StateDB`` on a real SQLite file, read back through a second connection."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -10,12 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from agent.state.state_db import SCHEMA_VERSION, EnvRow, StateDB, StateDBError, UriRow
-from tests.helpers import wait_until
+from agent.state import state_db
+from agent.state.state_db import SCHEMA_VERSION, Loaded, StateDB, StateDBError, UriRow
+from tests.helpers import env_json, package_server, running_agent, wait_until, workdir_zip
 
-X = UriRow("working_dir", "https://h/x.zip", "working_dir-x", 10, None, 1_000)
-Y = UriRow("py_modules", "https://h/y.zip", "py_modules-y", 20, "ab" * 32, 2_000)
+X = UriRow("working_dir", "https://h/x.zip", "working_dir-x", 10, 1_000)
+Y = UriRow("py_modules", "https://h/y.zip#sha256=" + "ab" * 32, "py_modules-y", 20, 2_000)
 NEVER = 3600.0  # a flush window that never closes within a test
 
 
@@ -28,9 +32,13 @@ def query(path: Path, sql: str) -> list[tuple[Any, ...]]:
         conn.close()
 
 
-def counts(path: Path) -> dict[str, tuple[int, int]]:
-    rows = query(path, "SELECT uri, refcount, last_used_ms FROM uris")
-    return {uri: (count, used) for uri, count, used in rows}
+def last_used(path: Path) -> dict[str, int]:
+    return {uri: used for uri, used in query(path, "SELECT uri, last_used_ms FROM uris")}
+
+
+def live_envs(path: Path) -> int:
+    [(count,)] = query(path, "SELECT envs FROM live")
+    return int(count)
 
 
 @asynccontextmanager
@@ -48,44 +56,85 @@ async def test_a_new_file_is_migrated_from_version_0_to_the_schema_in_wal_mode(
 ) -> None:
     path = tmp_path / "state.db"
     async with opened(path):
-        assert query(path, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(1,)]
+        assert query(path, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(2,)]
         assert query(path, "PRAGMA journal_mode") == [("wal",)]
         columns = [row[1] for row in query(path, "PRAGMA table_info(uris)")]
-        assert columns == [
-            "kind", "uri", "dir", "size", "digest", "last_used_ms", "refcount", "installed_ms"
-        ]  # fmt: skip
-        assert query(path, "SELECT count(*) FROM envs") == [(0,)]
+        assert columns == ["kind", "uri", "dir", "size", "last_used_ms"]
+        tables = query(path, "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY 1")
+        assert tables == [("live",), ("uris",)]
+        assert live_envs(path) == 0
     async with opened(path) as db:  # a second open finds the schema and changes nothing
-        assert await db.load() == ([], [])
+        assert await db.load() == Loaded([], 0)
 
 
-async def test_record_install_and_record_env_are_committed_when_they_return(
-    tmp_path: Path,
-) -> None:
+# The schema version 1 as the agent wrote it (up to 2026-12), with rows of a stopped agent.
+V1_SCHEMA = """
+CREATE TABLE uris (
+    kind TEXT NOT NULL, uri TEXT NOT NULL, dir TEXT NOT NULL, size INTEGER NOT NULL,
+    digest TEXT, last_used_ms INTEGER NOT NULL, refcount INTEGER NOT NULL DEFAULT 0,
+    installed_ms INTEGER NOT NULL, PRIMARY KEY (kind, uri)
+);
+CREATE TABLE envs (
+    env_id TEXT PRIMARY KEY, canonical TEXT NOT NULL, keys TEXT NOT NULL,
+    refcount INTEGER NOT NULL DEFAULT 0, created_ms INTEGER NOT NULL
+);
+INSERT INTO uris VALUES ('working_dir', 'https://h/x.zip', 'working_dir-x', 10, NULL, 1000, 2, 900);
+INSERT INTO uris VALUES ('py_modules', 'https://h/y.zip#sha256={ab}', 'py_modules-y', 20, '{ab}',
+                         2000, 0, 1900);
+INSERT INTO envs VALUES ('e1', '{{}}', '[["working_dir", "https://h/x.zip"]]', 2, 950);
+INSERT INTO envs VALUES ('e2', '{{}}', '[]', 1, 960);
+PRAGMA user_version = 1;
+PRAGMA journal_mode = WAL;
+""".format(ab="ab" * 32)
+
+
+async def test_a_version_1_file_opens_as_version_2_keeping_its_packages(tmp_path: Path) -> None:
+    """The migration keeps every package's row (key, directory, size, last use), turns the env
+    rows into their number (recovery's envs forgotten) and drops the columns nothing read."""
+    path = tmp_path / "state.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.executescript(V1_SCHEMA)
+    finally:
+        conn.close()
+    async with opened(path, flush_interval_s=NEVER) as db:
+        assert query(path, "PRAGMA user_version") == [(2,)]
+        assert await db.load() == Loaded([X, Y], 2)
+        assert query(path, "SELECT name FROM sqlite_master WHERE name = 'envs'") == []
+        await db.record_install(UriRow("working_dir", "https://h/z.zip", "z", 1, 3_000))
+    async with opened(path) as db:  # migrated once: the second open is a plain open
+        loaded = await db.load()
+        assert [row.dir for row in loaded.uris] == ["working_dir-x", "py_modules-y", "z"]
+        assert loaded.live_envs == 2
+    assert query(path, "PRAGMA integrity_check") == [("ok",)]
+
+
+async def test_record_install_is_committed_when_it_returns(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     async with opened(path, flush_interval_s=NEVER) as db:
         await db.record_install(X)
-        assert counts(path) == {X.uri: (0, X.last_used_ms)}
-        await db.record_env(EnvRow("e1", "{}", (("working_dir", X.uri),), 5), refcount=1)
-        assert query(path, "SELECT env_id, refcount FROM envs") == [("e1", 1)]
-        uris, envs = await db.load()
-        assert uris == [X]
-        assert [(e.env_id, e.keys) for e in envs] == [("e1", (("working_dir", X.uri),))]
+        assert last_used(path) == {X.uri: X.last_used_ms}
+        assert await db.load() == Loaded([X], 0)
 
 
-async def test_noted_counts_are_not_written_until_flush(tmp_path: Path) -> None:
+async def test_noted_changes_are_not_written_until_flush(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     async with opened(path, flush_interval_s=NEVER) as db:
         await db.record_install(X)
-        db.note_uri(X.kind, X.uri, 3, 7_000)
-        assert db.pending() == 1
-        assert counts(path) == {X.uri: (0, X.last_used_ms)}, "a note was written before a flush"
+        db.note_uri(X.kind, X.uri, 7_000)
+        db.note_live_envs(3)
+        assert db.pending() == 2
+        assert last_used(path) == {X.uri: X.last_used_ms}, "a note was written before a flush"
+        assert live_envs(path) == 0
         await db.flush()
-        assert counts(path) == {X.uri: (3, 7_000)}
+        assert last_used(path) == {X.uri: 7_000}
+        assert live_envs(path) == 3
         assert db.pending() == 0
-        db.note_uri(X.kind, X.uri, 4, 7_500)
+        db.note_uri(X.kind, X.uri, 7_500)
+        db.note_live_envs(4)
         await db.record_install(Y)  # a durable write carries what was noted before it
-        assert counts(path) == {X.uri: (4, 7_500), Y.uri: (0, Y.last_used_ms)}
+        assert last_used(path) == {X.uri: 7_500, Y.uri: Y.last_used_ms}
+        assert live_envs(path) == 4
 
 
 async def test_flush_every_changes_writes_the_batch_without_waiting_for_the_window(
@@ -95,11 +144,11 @@ async def test_flush_every_changes_writes_the_batch_without_waiting_for_the_wind
     async with opened(path, flush_interval_s=NEVER, flush_every=2) as db:
         await db.record_install(X)
         await db.record_install(Y)
-        db.note_uri(X.kind, X.uri, 1, 8_000)
-        assert counts(path)[X.uri] == (0, X.last_used_ms)
-        db.note_uri(Y.kind, Y.uri, 2, 9_000)
+        db.note_uri(X.kind, X.uri, 8_000)
+        assert last_used(path)[X.uri] == X.last_used_ms
+        db.note_uri(Y.kind, Y.uri, 9_000)
         await wait_until(
-            lambda: counts(path) == {X.uri: (1, 8_000), Y.uri: (2, 9_000)},
+            lambda: last_used(path) == {X.uri: 8_000, Y.uri: 9_000},
             timeout_s=10,
             what="the batch of two written at once",
         )
@@ -109,9 +158,12 @@ async def test_notes_are_written_behind_when_the_window_closes(tmp_path: Path) -
     path = tmp_path / "state.db"
     async with opened(path, flush_interval_s=0.05) as db:
         await db.record_install(X)
-        db.note_uri(X.kind, X.uri, 4, 8_000)
+        db.note_uri(X.kind, X.uri, 8_000)
+        db.note_live_envs(1)
         await wait_until(
-            lambda: counts(path)[X.uri] == (4, 8_000), timeout_s=10, what="written behind"
+            lambda: last_used(path)[X.uri] == 8_000 and live_envs(path) == 1,
+            timeout_s=10,
+            what="written behind",
         )
 
 
@@ -119,7 +171,7 @@ async def test_a_drop_noted_before_a_later_install_of_the_key_never_deletes_its_
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "state.db"
-    again = UriRow(X.kind, X.uri, "working_dir-x2", 11, None, 5_000)
+    again = UriRow(X.kind, X.uri, "working_dir-x2", 11, 5_000)
     async with opened(path, flush_interval_s=NEVER) as db:
         await db.record_install(X)
         db.note_uri_dropped(X.kind, X.uri)  # evicted, written behind...
@@ -130,50 +182,196 @@ async def test_a_drop_noted_before_a_later_install_of_the_key_never_deletes_its_
         assert query(path, "SELECT dir FROM uris") == [("working_dir-x2",)]
         db.note_uri_dropped(Y.kind, Y.uri)
         db.note_uri_dropped(X.kind, X.uri)
-        db.note_uri(X.kind, X.uri, 1, 6_000)  # installed again meanwhile: the drop is void
+        db.note_uri(X.kind, X.uri, 6_000)  # installed again meanwhile: the drop is void
         await db.flush()
-        assert query(path, "SELECT dir, size, refcount FROM uris") == [("working_dir-x2", 11, 1)]
+        assert query(path, "SELECT dir, size, last_used_ms FROM uris") == [
+            ("working_dir-x2", 11, 6_000)
+        ]
 
 
-async def test_reset_after_recovery_drops_rows_zeroes_counts_and_forgets_envs(
-    tmp_path: Path,
-) -> None:
+async def test_reset_after_recovery_drops_rows_and_forgets_envs(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     async with opened(path, flush_interval_s=NEVER) as db:
         for row in (X, Y):
             await db.record_install(row)
-        await db.record_env(EnvRow("e1", "{}", ((X.kind, X.uri),), 5), refcount=2)
-        db.note_uri(X.kind, X.uri, 2, 8_000)
+        db.note_uri(X.kind, X.uri, 8_000)
+        db.note_live_envs(2)
         await db.flush()
         await db.reset_after_recovery([(Y.kind, Y.uri)])
-        assert counts(path) == {X.uri: (0, 8_000)}
-        assert query(path, "SELECT count(*) FROM envs") == [(0,)]
+        assert last_used(path) == {X.uri: 8_000}
+        assert live_envs(path) == 0
 
 
 async def test_close_writes_what_is_still_noted(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     async with opened(path, flush_interval_s=NEVER) as db:
         await db.record_install(X)
-        db.note_uri(X.kind, X.uri, 5, 9_000)
-    assert counts(path) == {X.uri: (5, 9_000)}
+        db.note_uri(X.kind, X.uri, 9_000)
+        db.note_live_envs(5)
+    assert last_used(path) == {X.uri: 9_000}
+    assert live_envs(path) == 5
+
+
+Op = tuple[str, int, int]  # ("use" | "drop" | "live", key number, value)
+OPS = st.lists(
+    st.tuples(st.sampled_from(["use", "drop", "live"]), st.integers(0, 3), st.integers(0, 9))
+)
+
+
+def noted(ops: list[Op]) -> state_db._Batch:
+    batch = state_db._Batch()
+    for op, key, value in ops:
+        if op == "use":
+            batch.use(("py_modules", f"u{key}"), value)
+        elif op == "drop":
+            batch.drop(("py_modules", f"u{key}"))
+        else:
+            batch.live_envs = value
+        batch.check_invariants()
+    return batch
+
+
+@given(OPS, st.integers(0, 40))
+def test_a_failed_batch_followed_by_newer_notes_is_the_same_as_one_batch_of_them_all(
+    ops: list[Op], split: int
+) -> None:
+    """What a failed write leaves is merged with what was noted since (``_Batch.then``): the
+    result must be what noting everything, in order, into one batch gives."""
+    merged = noted(ops[:split]).then(noted(ops[split:]))
+    merged.check_invariants()
+    assert merged == noted(ops)
+
+
+def plant_failing_writes(path: Path) -> None:
+    """A real SQLite error for every transaction that writes the live row, while ``fail`` has a
+    row: a trigger that aborts."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("CREATE TABLE fail (x)")
+        conn.execute(
+            "CREATE TRIGGER failing BEFORE UPDATE ON live WHEN EXISTS (SELECT 1 FROM fail) "
+            "BEGIN SELECT RAISE(ABORT, 'planted failure'); END"
+        )
+        conn.execute("INSERT INTO fail VALUES (1)")
+    finally:
+        conn.close()
+
+
+async def test_a_failed_write_behind_keeps_its_changes_and_is_retried_in_order(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "state.db"
+    caplog.set_level(logging.INFO, logger="agent.state.state_db")
+    async with opened(path, flush_interval_s=0.02) as db:
+        await db.record_install(X)
+        await db.record_install(Y)
+        plant_failing_writes(path)
+        db.note_uri(X.kind, X.uri, 7_000)
+        db.note_uri_dropped(Y.kind, Y.uri)
+        db.note_live_envs(3)
+        await wait_until(
+            lambda: "writing behind" in caplog.text and "failed" in caplog.text,
+            what="the failure logged",
+        )
+        failed = [r for r in caplog.records if "failed" in r.getMessage()]
+        assert len(failed) == 1, "a failure is logged once, not at every retry"
+        assert failed[0].exc_info is not None, "logged without its traceback"
+        assert "planted failure" in caplog.text
+        db.note_uri(X.kind, X.uri, 7_500)  # newer than the failed batch: it wins
+        db.note_uri(Y.kind, Y.uri, 7_600)  # installed again: the older drop is void
+        await wait_until(lambda: db.pending() == 0, what="the new notes taken by a retry")
+        with pytest.raises(sqlite3.IntegrityError):
+            await db.flush()  # still failing, and after the retry's write (one thread)
+        assert last_used(path) == {X.uri: X.last_used_ms, Y.uri: Y.last_used_ms}
+        assert live_envs(path) == 0
+        with sqlite3.connect(path) as conn:  # the disk has room again, say
+            conn.execute("DELETE FROM fail")
+        conn.close()
+        await wait_until(
+            lambda: last_used(path) == {X.uri: 7_500, Y.uri: 7_600} and live_envs(path) == 3,
+            what="the kept changes written by a retry, with nothing noted since",
+        )
+        await wait_until(lambda: "works again" in caplog.text, what="the recovery logged")
+
+
+async def test_a_bug_in_the_write_behind_task_is_logged_and_raised_by_close_after_writing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not an SQLite error: the task dies loudly (traceback logged at once), the changes it
+    held are written at close all the same, and close() raises what it died of."""
+    path = tmp_path / "state.db"
+    real_apply = state_db._apply
+    calls = []
+
+    def buggy_once(conn: sqlite3.Connection, batch: Any, *, crash_midway: bool = False) -> None:
+        calls.append(crash_midway)
+        if crash_midway and calls.count(True) == 1:
+            raise KeyError("planted bug")
+        real_apply(conn, batch, crash_midway=crash_midway)
+
+    monkeypatch.setattr(state_db, "_apply", buggy_once)
+    db = StateDB(path, flush_interval_s=0.02)
+    await db.open()
+    try:
+        await db.record_install(X)
+        db.note_uri(X.kind, X.uri, 7_000)
+        await wait_until(lambda: "died" in caplog.text, what="the task's death logged")
+        [record] = [r for r in caplog.records if "died" in r.getMessage()]
+        assert record.levelno == logging.CRITICAL
+        assert record.exc_info is not None
+        assert "planted bug" in caplog.text
+        db.note_live_envs(2)
+    finally:
+        with pytest.raises(RuntimeError, match="died earlier") as raised:
+            await db.close()
+    assert isinstance(raised.value.__cause__, KeyError)
+    assert last_used(path) == {X.uri: 7_000}, "the dead task's batch was lost"
+    assert live_envs(path) == 2
+
+
+async def test_a_miss_awaits_only_its_installs_commits_and_a_miss_of_cached_packages_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A real agent: every trip to the database thread a create awaits is counted (the
+    write-behind task's are not). The live envs are written behind all the same."""
+    awaited: list[str] = []
+    real_run = StateDB._run
+
+    async def counting(self: StateDB, fn: Any) -> Any:
+        if asyncio.current_task() is not self._flusher:
+            awaited.append(asyncio.current_task().get_name())  # type: ignore[union-attr]
+        return await real_run(self, fn)
+
+    monkeypatch.setattr(StateDB, "_run", counting)
+    async with package_server() as pkgs, running_agent() as agent:
+        url = pkgs.add("x.zip", workdir_zip({"x.txt": "x"}))
+        awaited.clear()
+        await agent.create(env_json(working_dir=url))
+        assert len(awaited) == 1, f"a cold miss awaited {awaited}, not its one install's commit"
+        awaited.clear()
+        await agent.create(env_json(working_dir=url, env_vars={"OTHER": "1"}))  # X cached
+        assert awaited == [], "a miss of cached packages awaited the database"
+        db = agent.root / "state.db"
+        await wait_until(lambda: live_envs(db) == 2, what="2 live envs written behind")
 
 
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
         (b"garbage, not SQLite\n" * 100, "is unreadable (file is not a database)"),
-        (None, f"has schema version 99, newer than this agent's {SCHEMA_VERSION}"),
+        (3, f"has schema version 3, newer than this agent's {SCHEMA_VERSION}"),
+        (99, f"has schema version 99, newer than this agent's {SCHEMA_VERSION}"),
     ],
 )
 async def test_an_unusable_file_raises_state_db_error_and_is_left_as_it_was(
-    tmp_path: Path, content: bytes | None, expected: str
+    tmp_path: Path, content: bytes | int, expected: str
 ) -> None:
     path = tmp_path / "state.db"
-    if content is None:
+    if isinstance(content, int):
         async with opened(path):
             pass
         conn = sqlite3.connect(path)
-        conn.execute("PRAGMA user_version=99")
+        conn.execute(f"PRAGMA user_version={content}")
         conn.close()
     else:
         path.write_bytes(content)

@@ -63,7 +63,7 @@ from agent.core.refs import RefTables
 from agent.core.runtime_env import RuntimeEnv, parse_runtime_env
 from agent.core.uris import UriKey, UriKind
 from agent.state.recovery import RecoverySummary
-from agent.state.state_db import EnvRow, StateDB
+from agent.state.state_db import StateDB
 from agent.state.store import UriEntry, UriState, UriStore
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,6 @@ class EnvRecord:
     job_ids: tuple[str, ...] = ()
     eager_install: bool = False  # the latest create asked for it (nothing more to do: see above)
     error: str = ""
-    persisted: bool = False  # its row is in the index
 
     def note_job(self, job_id: str, eager_install: bool) -> None:
         """One more create of this env, by ``job_id`` ("" = none said)."""
@@ -192,13 +191,10 @@ class AgentService:
             self.tables.commit_create(env_id)
             self._note(env)
             return True
+        self._note(env)  # before the installs: their commits carry it, no commit of its own
         try:
             async with asyncio.timeout(setup_timeout_s):
                 await asyncio.gather(*(self.store.ensure(key) for key in env.uri_keys))
-            if self._db is not None and not record.persisted:
-                row = EnvRow(env_id, env.canonical, _pairs(env), record.created_ms)
-                await self._db.record_env(row, self.tables.env_count(env_id))
-                record.persisted = True
         except BaseException as exc:
             self._abort(env, exc)
             if isinstance(exc, TimeoutError):
@@ -237,9 +233,10 @@ class AgentService:
             self._failure_bytes -= _failure_weight(self.failures.popleft())
 
     def _note(self, env: RuntimeEnv) -> None:
-        """Note the env's and its packages' counts for the index, written behind (no I/O)."""
+        """Note the live envs and the env's packages' last use for the index, written behind
+        (no I/O)."""
         if self._db is not None:
-            self._db.note_env(env.env_id, self.tables.env_count(env.env_id))
+            self._db.note_live_envs(len(self.records))
             self.store.note(env.uri_keys)
 
     def _created(self, record: EnvRecord, *, hit: bool) -> Created:
@@ -437,7 +434,3 @@ def _recovery_view(summary: RecoverySummary) -> RecoveryView:
         orphans_deleted=summary.orphans_deleted, bytes_freed=summary.bytes_freed,
         envs_forgotten=summary.envs_forgotten, seconds=summary.seconds,
     )  # fmt: skip
-
-
-def _pairs(env: RuntimeEnv) -> tuple[tuple[str, str], ...]:
-    return tuple((key.kind.value, key.uri) for key in env.uri_keys)

@@ -273,14 +273,25 @@ async def serve(settings: Settings) -> int:
     notifier.send(f"READY=1\nSTATUS=serving on {agent.address}")
     watcher = None
     if settings.parent_pid is not None:
-        watcher = asyncio.create_task(_watch_parent(settings.parent_pid, stop))
-    await stop.wait()
-    log.info("shutting down")
-    notifier.send("STOPPING=1")
-    if watcher is not None:
-        watcher.cancel()
+        watcher = asyncio.create_task(_watch_parent(settings.parent_pid, stop), name="parent")
+    try:
+        await stop.wait()
+        log.info("shutting down")
+        notifier.send("STOPPING=1")
+    finally:
+        if watcher is not None:
+            await _end(watcher)
     await agent.stop()
     return 0
+
+
+async def _end(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` and wait until it has finished (its ``finally`` blocks run); log what it
+    died of, if it died of something else."""
+    task.cancel()
+    await asyncio.wait([task])  # never raises the task's own exception
+    if not task.cancelled() and task.exception() is not None:
+        log.error("task %s had died", task.get_name(), exc_info=task.exception())
 
 
 def describe_loop(loop: asyncio.AbstractEventLoop) -> str:
@@ -306,11 +317,13 @@ async def _watch_parent(pid: int, stop: asyncio.Event) -> None:
     else:
         gone = asyncio.Event()
         loop = asyncio.get_running_loop()
-        loop.add_reader(fd, gone.set)
         try:
-            await gone.wait()
+            loop.add_reader(fd, gone.set)
+            try:
+                await gone.wait()
+            finally:
+                loop.remove_reader(fd)  # also when cancelled: no reader left on a closed fd
         finally:
-            loop.remove_reader(fd)
             os.close(fd)
     log.warning("parent %d exited; shutting down", pid)
     stop.set()

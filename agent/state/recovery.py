@@ -1,14 +1,15 @@
 """Recovery at start, before the agent reports SERVING: make the index and the disk agree.
 
 1. ``tmp/`` and ``trash/`` hold nothing anyone can use: renamed aside, deleted in a thread.
+   Every file system call runs in a thread; the loop only compares names.
 2. A row whose directory is missing (or malformed) is dropped, and so is one whose directory is
    not the agent's own or may have been written by others since (group or other writable: an
    agent started under ``umask 000`` before modes were set explicitly): its files cannot be
    vouched for, so it is deleted and installed again when next needed.
 3. A directory under ``uris/`` that no row vouches for (a crash between rename and commit) is
    deleted: the next create of its URI installs it again.
-4. Every count is set to 0 and every env forgotten: the previous clients died with the previous
-   agent (fate sharing).
+4. Every env is forgotten (their number, written behind, is the summary's ``envs_forgotten``):
+   the previous clients died with the previous agent (fate sharing), so every count starts at 0.
 5. The kept packages are adopted as unused, least recently used first, and the budget enforced.
 """
 
@@ -27,7 +28,7 @@ from agent.core.uris import UriKey, UriKind
 from agent.install.archive import is_loose, make_dir
 from agent.install.disk import du, move_to_trash
 from agent.install.venv import kill_orphaned_installers
-from agent.state.state_db import StateDB, UriRow
+from agent.state.state_db import Loaded, StateDB, UriRow
 from agent.state.store import UriStore
 
 log = logging.getLogger(__name__)
@@ -55,14 +56,14 @@ class RecoverySummary:
 async def recover(store: UriStore, db: StateDB | None) -> RecoverySummary:
     started = time.monotonic()
     root = store.root
-    rows, envs = await db.load() if db is not None else ([], [])
+    loaded = await db.load() if db is not None else Loaded([], 0)
     orphans_killed = await asyncio.to_thread(kill_orphaned_installers, root / "tmp")
     if orphans_killed:
         log.warning("killed %d installer process group(s) a crash left running", orphans_killed)
     scan = await asyncio.to_thread(_scan, root)
     kept: list[tuple[UriKey, UriRow]] = []
     dropped: list[tuple[str, str]] = []
-    for row in rows:
+    for row in loaded.uris:
         key = _key_of(row)
         if (
             key is None
@@ -82,7 +83,7 @@ async def recover(store: UriStore, db: StateDB | None) -> RecoverySummary:
     vouched = {row.dir for _, row in kept}
     orphans = [root / "uris" / name for name in scan.dirs if name not in vouched]
     freed = scan.leftover_bytes + await asyncio.to_thread(_du_all, orphans)
-    aside = [*_set_aside(root), *(move_to_trash(root, path) for path in orphans)]
+    aside = await asyncio.to_thread(_set_aside, root, orphans)
     if db is not None:
         await db.reset_after_recovery(dropped)
     for key, row in sorted(kept, key=lambda kr: kr[1].last_used_ms):
@@ -97,7 +98,7 @@ async def recover(store: UriStore, db: StateDB | None) -> RecoverySummary:
         rows_dropped=len(dropped),
         orphans_deleted=len(orphans),
         bytes_freed=freed,
-        envs_forgotten=len(envs),
+        envs_forgotten=loaded.live_envs,
         seconds=time.monotonic() - started,
     )
     log.info("%s", summary.line(), extra=asdict(summary))
@@ -126,15 +127,16 @@ def _key_of(row: UriRow) -> UriKey | None:
         return None
 
 
-def _set_aside(root: Path) -> list[Path]:
-    """Rename tmp/ and trash/ aside (one rename each) and make them anew; return what to delete,
-    with whatever an earlier start had set aside and not finished deleting."""
+def _set_aside(root: Path, orphans: list[Path]) -> list[Path]:
+    """Rename tmp/ and trash/ aside (one rename each) and make them anew, then move the orphans
+    into trash/; return what to delete: all that, with whatever an earlier start had set aside
+    and not finished deleting. In a thread: each is a system call."""
     for sub in ("tmp", "trash"):
         directory = root / sub
         if any(directory.iterdir()):
             os.rename(directory, root / f".old-{sub}-{uuid.uuid4().hex}")
             make_dir(directory)
-    return sorted(root.glob(".old-*"))
+    return [*sorted(root.glob(".old-*")), *(move_to_trash(root, path) for path in orphans)]
 
 
 def _du_all(paths: list[Path]) -> int:

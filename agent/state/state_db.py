@@ -1,12 +1,23 @@
 """The durable cache index: ``<root>/state.db``, SQLite in WAL mode, on one dedicated thread.
 
+It holds what recovery needs to reuse a package after a restart, and nothing else: one row per
+installed package (its key, its directory's name, its size, its last use), and one number, the
+envs live at the last write (recovery's "N envs forgotten"). Counts are not kept: the previous
+clients died with the previous agent (fate sharing), so every count starts at 0.
+
 What must survive ``kill -9`` is committed before the reply that depends on it: a package's row
-(``record_install``) before the create that installed it returns, and an env's row
-(``record_env``) before its first create returns. Reference counts and last-use times are noted
-in memory (``note_*``, no I/O) and written behind, in one transaction at most every
-``flush_interval_s`` or every ``flush_every`` changes. Every statement runs on the one thread,
-in submission order, and a commit carries the batch noted before it: a row deleted behind can
-never overwrite a row inserted after it.
+(``record_install``) before the create that installed it returns. Everything else is noted in
+memory (``note_*``, no I/O) and written behind, in one transaction at most every
+``flush_interval_s`` or every ``flush_every`` changes: last-use times, the rows of evicted
+packages (dropped), the live-env number. A miss awaits only its packages' commits (they carry
+the notes, its env among them), and a hit or a delete awaits none. A ``kill -9`` loses the last
+window's notes: a little older last uses, an evicted row (recovery drops it: its directory is
+gone), a live-env number behind by that window's envs (a summary figure, nothing more).
+Every statement runs on the one thread, in submission order, and a
+commit carries the batch noted before it: a row deleted behind can never overwrite a row
+inserted after it. A batch whose write fails is carried by the thread into its next write (so
+the order still holds), and the write-behind task retries it; a bug in that task is logged
+with its traceback when it happens and raised again by ``close()``, after the last write.
 
 WAL with ``synchronous=NORMAL``: a commit survives the death of the process (what fate sharing
 produces); after a power loss the last commits may be lost, and recovery then drops what it
@@ -17,13 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import sqlite3
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -36,9 +45,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 FILE_NAME = "state.db"
 
+# Version 1, as the first agents wrote it. A new file climbs the same steps as an old one.
 _SCHEMA_V1 = """
 CREATE TABLE uris (
     kind TEXT NOT NULL,
@@ -60,8 +70,33 @@ CREATE TABLE envs (
 );
 """
 
+# Version 2 keeps what recovery reads. Dropped: uris.digest (the URI itself carries it, and it
+# is the archive's, so it cannot vouch for an unpacked tree), uris.refcount and the envs' rows
+# (recovery zeroed and forgot them: their clients died with the agent), uris.installed_ms (never
+# read). The envs' rows become one number, for recovery's summary.
+_SCHEMA_V2 = """
+ALTER TABLE uris RENAME TO uris_v1;
+CREATE TABLE uris (
+    kind TEXT NOT NULL,
+    uri TEXT NOT NULL,
+    dir TEXT NOT NULL,            -- the directory's name under uris/
+    size INTEGER NOT NULL,        -- bytes unpacked, for the budget without a walk of the tree
+    last_used_ms INTEGER NOT NULL,   -- written behind, the eviction order after a restart
+    PRIMARY KEY (kind, uri)
+);
+INSERT INTO uris (kind, uri, dir, size, last_used_ms)
+    SELECT kind, uri, dir, size, last_used_ms FROM uris_v1;
+DROP TABLE uris_v1;
+CREATE TABLE live (
+    id INTEGER PRIMARY KEY CHECK (id = 0),   -- one row
+    envs INTEGER NOT NULL         -- envs live at the last write (written behind)
+);
+INSERT INTO live (id, envs) SELECT 0, count(*) FROM envs;
+DROP TABLE envs;
+"""
+
 # version -> the script that takes a database from version-1 to version
-_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1}
+_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
 
 
 _WAY_OUT = "start the agent with --reset-state to move it aside and rebuild from an empty cache"
@@ -79,16 +114,54 @@ class UriRow:
     uri: str
     dir: str
     size: int
-    digest: str | None
     last_used_ms: int
 
 
 @dataclass(frozen=True)
-class EnvRow:
-    env_id: str
-    canonical: str
-    keys: tuple[tuple[str, str], ...]
-    created_ms: int
+class Loaded:
+    """What a start reads back: the packages' rows, and the envs live at the last write (their
+    clients died with the previous agent)."""
+
+    uris: list[UriRow]
+    live_envs: int
+
+
+RowKey = tuple[str, str]  # (kind, uri)
+
+
+@dataclass
+class _Batch:
+    """Changes noted behind, the latest per row, written in one transaction.
+
+    Invariant: ``used`` and ``dropped`` share no key (a later note of a key voids an earlier
+    one of the other kind)."""
+
+    used: dict[RowKey, int] = field(default_factory=dict)  # -> last_used_ms
+    dropped: set[RowKey] = field(default_factory=set)
+    live_envs: int | None = None  # None: not noted
+
+    def use(self, key: RowKey, last_used_ms: int) -> None:
+        self.used[key] = last_used_ms
+        self.dropped.discard(key)  # installed again since: the drop is void
+
+    def drop(self, key: RowKey) -> None:
+        self.used.pop(key, None)
+        self.dropped.add(key)
+
+    def __len__(self) -> int:
+        return len(self.used) + len(self.dropped) + (self.live_envs is not None)
+
+    def then(self, newer: _Batch) -> _Batch:
+        """This batch followed by a newer one, as one batch: the same as noting this batch's
+        changes and then the newer one's into one (the newer note of a row wins)."""
+        used = {key: ms for key, ms in self.used.items() if key not in newer.dropped}
+        used.update(newer.used)
+        dropped = (self.dropped - newer.used.keys()) | newer.dropped
+        live = self.live_envs if newer.live_envs is None else newer.live_envs
+        return _Batch(used, dropped, live)
+
+    def check_invariants(self) -> None:
+        assert not (self.used.keys() & self.dropped), self.used.keys() & self.dropped
 
 
 class StateDB:
@@ -100,10 +173,10 @@ class StateDB:
         self._flush_every = flush_every
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-db")
         self._conn: sqlite3.Connection | None = None
-        # write-behind: the latest value per row, applied in the next transaction
-        self._uri_notes: dict[tuple[str, str], tuple[int, int]] = {}  # -> (refcount, last_used)
-        self._uri_drops: set[tuple[str, str]] = set()
-        self._env_notes: dict[str, int] = {}  # env_id -> refcount (0: delete the row)
+        self._notes = _Batch()  # write-behind, on the loop: applied in the next transaction
+        # A batch whose transaction failed, kept for the next write. Only the thread touches it
+        # (the loop reads whether it is set, after awaiting that write).
+        self._carried: _Batch | None = None
         self._dirty = asyncio.Event()  # something is noted
         self._full = asyncio.Event()  # enough is noted to write at once
         self._flusher: asyncio.Task[None] | None = None
@@ -160,98 +233,110 @@ class StateDB:
             )
 
     async def close(self) -> None:
-        if self._flusher is not None:
-            self._flusher.cancel()
-            await asyncio.gather(self._flusher, return_exceptions=True)
-            self._flusher = None
-        if self._conn is not None:
-            await self.flush()
-            await self._run(lambda conn: conn.close())
-            self._conn = None
-        self._thread.shutdown(wait=True)
+        """Write what is noted (and what a failed write left), close the file, end the thread;
+        then raise what killed the write-behind task, if anything did: a bug is not hidden."""
+        died: BaseException | None = None
+        flusher, self._flusher = self._flusher, None
+        if flusher is not None:
+            flusher.cancel()
+            await asyncio.wait([flusher])  # never raises the task's own exception
+            if not flusher.cancelled():
+                died = flusher.exception()
+        try:
+            if self._conn is not None:
+                try:
+                    await self.flush()
+                finally:
+                    await self._run(lambda conn: conn.close())
+                    self._conn = None
+        finally:
+            # joins the thread: off the loop
+            await asyncio.to_thread(self._thread.shutdown, wait=True)
+        if died is not None:
+            raise RuntimeError(
+                f"{self.path}: the task writing behind died earlier ({died!r}); what it left "
+                "was written at close"
+            ) from died
 
     # -- reads (start-up) -----------------------------------------------------------------
-    async def load(self) -> tuple[list[UriRow], list[EnvRow]]:
-        def read(conn: sqlite3.Connection) -> tuple[list[UriRow], list[EnvRow]]:
+    async def load(self) -> Loaded:
+        def read(conn: sqlite3.Connection) -> Loaded:
             uris = [
                 UriRow(*row)
-                for row in conn.execute(
-                    "SELECT kind, uri, dir, size, digest, last_used_ms FROM uris"
-                )
+                for row in conn.execute("SELECT kind, uri, dir, size, last_used_ms FROM uris")
             ]
-            envs = [
-                EnvRow(env_id, canonical, tuple(tuple(k) for k in json.loads(keys)), created)
-                for env_id, canonical, keys, created in conn.execute(
-                    "SELECT env_id, canonical, keys, created_ms FROM envs"
-                )
-            ]
-            return uris, envs
+            (live,) = conn.execute("SELECT envs FROM live WHERE id = 0").fetchone()
+            return Loaded(uris, live)
 
         return await self._run(read)
+
+    # -- writes, on the thread ------------------------------------------------------------
+    def _write(
+        self,
+        conn: sqlite3.Connection,
+        batch: _Batch,
+        then: Callable[[sqlite3.Connection], None] | None = None,
+        *,
+        crash_midway: bool = False,
+    ) -> None:
+        """One transaction: what a failed write left, then ``batch``, then ``then``. On
+        failure nothing is applied and the batches are kept for the next write, which runs
+        after this one (one thread): the order of the notes holds."""
+        if self._carried is not None:
+            batch = self._carried.then(batch)
+            self._carried = None
+        batch.check_invariants()
+        try:
+            with _transaction(conn):
+                _apply(conn, batch, crash_midway=crash_midway)
+                if then is not None:
+                    then(conn)
+        except BaseException:
+            self._carried = batch
+            raise
 
     # -- durable writes (awaited before a reply) ------------------------------------------
     async def record_install(self, row: UriRow) -> None:
         """Commit that a package is installed, with every change noted before it."""
         batch = self._take_batch()
-        now = int(time.time() * 1000)
 
-        def write(conn: sqlite3.Connection) -> None:
-            with _transaction(conn):
-                _apply(conn, batch)
-                conn.execute(
-                    "INSERT OR REPLACE INTO uris (kind, uri, dir, size, digest, last_used_ms,"
-                    " refcount, installed_ms) VALUES (?, ?, ?, ?, ?, ?, 0, ?)",
-                    (row.kind, row.uri, row.dir, row.size, row.digest, row.last_used_ms, now),
-                )
+        def insert(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT OR REPLACE INTO uris (kind, uri, dir, size, last_used_ms)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (row.kind, row.uri, row.dir, row.size, row.last_used_ms),
+            )
 
-        await self._run(write)
+        await self._run(lambda conn: self._write(conn, batch, insert))
 
-    async def record_env(self, row: EnvRow, refcount: int) -> None:
-        """Commit an env and its (kind, URI) pairs, with every change noted before it."""
+    async def reset_after_recovery(self, dropped: Iterable[RowKey]) -> None:
+        """Recovery: drop the rows of missing directories; forget the envs (their clients died
+        with the previous agent)."""
         batch = self._take_batch()
-        self._env_notes.pop(row.env_id, None)  # this write carries the latest count
-
-        def write(conn: sqlite3.Connection) -> None:
-            with _transaction(conn):
-                _apply(conn, batch)
-                conn.execute(
-                    "INSERT OR REPLACE INTO envs (env_id, canonical, keys, refcount, created_ms)"
-                    " VALUES (?, ?, ?, ?, ?)",
-                    (row.env_id, row.canonical, json.dumps(row.keys), refcount, row.created_ms),
-                )
-
-        await self._run(write)
-
-    async def reset_after_recovery(self, dropped: Iterable[tuple[str, str]]) -> None:
-        """Recovery: drop the rows of missing directories; zero every count; forget envs (their
-        clients died with the previous agent)."""
         gone = list(dropped)
 
-        def write(conn: sqlite3.Connection) -> None:
-            with _transaction(conn):
-                conn.executemany("DELETE FROM uris WHERE kind = ? AND uri = ?", gone)
-                conn.execute("UPDATE uris SET refcount = 0 WHERE refcount != 0")
-                conn.execute("DELETE FROM envs")
+        def reset(conn: sqlite3.Connection) -> None:
+            conn.executemany("DELETE FROM uris WHERE kind = ? AND uri = ?", gone)
+            conn.execute("UPDATE live SET envs = 0 WHERE id = 0")
 
-        await self._run(write)
+        await self._run(lambda conn: self._write(conn, batch, reset))
 
     # -- write-behind notes (no I/O) ------------------------------------------------------
-    def note_uri(self, kind: str, uri: str, refcount: int, last_used_ms: int) -> None:
-        self._uri_notes[(kind, uri)] = (refcount, last_used_ms)
-        self._uri_drops.discard((kind, uri))
+    def note_uri(self, kind: str, uri: str, last_used_ms: int) -> None:
+        self._notes.use((kind, uri), last_used_ms)
         self._mark_dirty()
 
     def note_uri_dropped(self, kind: str, uri: str) -> None:
-        self._uri_notes.pop((kind, uri), None)
-        self._uri_drops.add((kind, uri))
+        self._notes.drop((kind, uri))
         self._mark_dirty()
 
-    def note_env(self, env_id: str, refcount: int) -> None:
-        self._env_notes[env_id] = refcount
+    def note_live_envs(self, count: int) -> None:
+        """The number of envs the agent holds (creating or ready): recovery's envs forgotten."""
+        self._notes.live_envs = count
         self._mark_dirty()
 
     def pending(self) -> int:
-        return len(self._uri_notes) + len(self._uri_drops) + len(self._env_notes)
+        return len(self._notes)
 
     def _mark_dirty(self) -> None:
         self._dirty.set()
@@ -259,73 +344,77 @@ class StateDB:
             self._full.set()
 
     def _take_batch(self) -> _Batch:
-        batch = _Batch(self._uri_notes, self._uri_drops, self._env_notes)
-        self._uri_notes, self._uri_drops, self._env_notes = {}, set(), {}
+        batch, self._notes = self._notes, _Batch()
         return batch
 
     async def flush(self) -> None:
-        """Write every noted change now, in one transaction."""
-        if not self.pending() or self._conn is None:
+        """Write every noted change now (and any a failed write left), in one transaction."""
+        if self._conn is None or not (self.pending() or self._carried is not None):
             return
         batch = self._take_batch()
-
-        def write(conn: sqlite3.Connection) -> None:
-            with _transaction(conn):
-                _apply(conn, batch, crash_midway=True)
-
-        await self._run(write)
+        await self._run(lambda conn: self._write(conn, batch, crash_midway=True))
 
     async def _flush_loop(self) -> None:
         """Write behind: the first note opens a window of ``flush_interval_s``; the batch is
-        written when it closes, or as soon as ``flush_every`` changes are noted."""
-        while True:
-            await self._dirty.wait()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._full.wait(), self._flush_interval_s)
-            self._dirty.clear()
-            self._full.clear()
-            try:
-                await self.flush()
-            except sqlite3.Error:
-                log.exception("writing counts behind failed; they will be retried")
-
-
-@dataclass
-class _Batch:
-    uri_notes: dict[tuple[str, str], tuple[int, int]]
-    uri_drops: set[tuple[str, str]]
-    env_notes: dict[str, int]
+        written when it closes, or as soon as ``flush_every`` changes are noted. A failed
+        write (an SQLite error: disk full, I/O) is retried a window later, its changes kept;
+        anything else is a bug, logged here and raised by ``close()``."""
+        failing = False
+        try:
+            while True:
+                await self._dirty.wait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._full.wait(), self._flush_interval_s)
+                self._dirty.clear()
+                self._full.clear()
+                try:
+                    await self.flush()
+                except sqlite3.Error:
+                    if not failing:
+                        log.exception(
+                            "writing behind to %s failed; the changes are kept and retried "
+                            "every %gs", self.path, self._flush_interval_s,
+                        )  # fmt: skip
+                    failing = True
+                    self._dirty.set()
+                    continue
+                if failing:
+                    log.warning("writing behind to %s works again", self.path)
+                failing = False
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            log.critical(
+                "the task writing behind to %s died (a bug): what is noted is now written only "
+                "with installs and at close, which raises this", self.path, exc_info=True,
+            )  # fmt: skip
+            raise
 
 
 def _apply(conn: sqlite3.Connection, batch: _Batch, *, crash_midway: bool = False) -> None:
     conn.executemany(
-        "UPDATE uris SET refcount = ?, last_used_ms = ? WHERE kind = ? AND uri = ?",
-        [(count, used, kind, uri) for (kind, uri), (count, used) in batch.uri_notes.items()],
+        "UPDATE uris SET last_used_ms = ? WHERE kind = ? AND uri = ?",
+        [(used, kind, uri) for (kind, uri), used in batch.used.items()],
     )
     if crash_midway:
         crash_point("mid_count_batch")
-    conn.executemany("DELETE FROM uris WHERE kind = ? AND uri = ?", list(batch.uri_drops))
-    conn.executemany(
-        "UPDATE envs SET refcount = ? WHERE env_id = ?",
-        [(count, env_id) for env_id, count in batch.env_notes.items() if count > 0],
-    )
-    conn.executemany(
-        "DELETE FROM envs WHERE env_id = ?",
-        [(env_id,) for env_id, count in batch.env_notes.items() if count <= 0],
-    )
+    conn.executemany("DELETE FROM uris WHERE kind = ? AND uri = ?", list(batch.dropped))
+    if batch.live_envs is not None:
+        conn.execute("UPDATE live SET envs = ? WHERE id = 0", (batch.live_envs,))
 
 
-class _transaction:
-    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on error (autocommit connection)."""
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
-
-    def __enter__(self) -> None:
-        self._conn.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self._conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on error, a failed COMMIT included (autocommit
+    connection): the next write never finds a transaction left open."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
 
 
 def _script(conn: sqlite3.Connection, script: str) -> None:

@@ -326,8 +326,7 @@ class UriStore:
         if self._db is None:
             return
         row = UriRow(
-            entry.key.kind.value, entry.key.uri, entry.path.name, entry.size, digest,
-            entry.last_used_ms,
+            entry.key.kind.value, entry.key.uri, entry.path.name, entry.size, entry.last_used_ms
         )  # fmt: skip
         try:
             await self._db.record_install(row)
@@ -336,13 +335,13 @@ class UriStore:
             raise
 
     def note(self, keys: Iterable[UriKey]) -> None:
-        """Note these keys' counts and last use for the index, written behind (no I/O)."""
+        """Note these keys' last use for the index, written behind (no I/O)."""
         if self._db is None:
             return
         for key in keys:
             entry = self._entries.get(key)
             if entry is not None and entry.state is UriState.READY:
-                self._db.note_uri(key.kind.value, key.uri, self._refcount(key), entry.last_used_ms)
+                self._db.note_uri(key.kind.value, key.uri, entry.last_used_ms)
 
     # -- references ------------------------------------------------------------------------
     def acquire(self, keys: Iterable[UriKey]) -> None:
