@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.ops.startup import StartupError, check_root_free, lock_root
+from agent.core.errors import StartupError
+from agent.ops.startup import check_root_free, lock_root
 from tests.test_process import (
     REPO,
     START_S,

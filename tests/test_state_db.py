@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from agent.state.state_db import SCHEMA_VERSION, EnvRow, StateDB, StateDBError, UriRow
+from agent.core.errors import StateDBError
+from agent.state.state_db import SCHEMA_VERSION, EnvRow, StateDB, UriRow
 from tests.helpers import wait_until
 
 X = UriRow("working_dir", "https://h/x.zip", "working_dir-x", 10, None, 1_000)

@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 
 from agent.app.config import Settings
 from agent.app.service import AgentService
+from agent.core.errors import StartupError
 from agent.core.refs import RefTables
 from agent.core.units import human_bytes
 from agent.doors.access import TokenInterceptor, read_token
@@ -32,7 +33,6 @@ from agent.doors.servicer import RuntimeEnvAgentServicer
 from agent.install.fetch import Fetcher, Sleep
 from agent.ops.sdnotify import Notifier
 from agent.ops.startup import (
-    StartupError,
     check_address,
     check_parent,
     check_python,
