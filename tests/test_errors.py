@@ -142,3 +142,25 @@ def test_nothing_below_the_doors_imports_grpc() -> None:
     }
     assert offenders == {}
     assert _imports_grpc(_sources()["doors/grpc_errors.py"]) == ["grpc"], "the check sees imports"
+
+
+def test_no_exception_is_decorated_after_it_is_raised() -> None:
+    """Facts for the log line (the env id) travel as bound log fields, not as attributes set on
+    a caught exception (``except ... as exc: exc.env_id = ...``)."""
+    decorated = []
+    for path, module in _sources().items():
+        for handler in ast.walk(module):
+            if not isinstance(handler, ast.ExceptHandler) or handler.name is None:
+                continue
+            for node in ast.walk(handler):
+                targets = node.targets if isinstance(node, ast.Assign) else []
+                if isinstance(node, ast.AugAssign | ast.AnnAssign):
+                    targets = [node.target]
+                decorated += [
+                    f"{path}:{t.lineno} {ast.unparse(t)}"
+                    for t in targets
+                    if isinstance(t, ast.Attribute)
+                    and isinstance(t.value, ast.Name)
+                    and t.value.id == handler.name
+                ]
+    assert decorated == []

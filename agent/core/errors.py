@@ -132,7 +132,6 @@ class AgentError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-        self.env_id = ""  # set where the env is known, for the log line
 
 
 class InvalidArgument(AgentError):

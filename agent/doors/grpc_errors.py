@@ -1,5 +1,9 @@
 """The one place errors become gRPC statuses: ``answer`` runs an RPC, maps its error's kind to
 a status code through ``STATUS`` (the one table from kinds to codes), counts it and logs it.
+
+While it runs, the RPC's name and request id are bound to every log line the request writes
+(``agent.core.logfields``); the service adds the env id once it knows it, so the failure line
+written here carries it too.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from typing import TypeVar
 
 import grpc
 
+from agent.core import logfields
 from agent.core.errors import AgentError, ErrorKind, cap_message
 from agent.doors.metrics import BUG, CANCELLED, OK, Metrics, Outcome
 
@@ -61,31 +66,29 @@ async def answer(
     short.
     """
     logged_id = _logged(request_id)
-    outcome: Outcome = OK
-    try:
-        return await call()
-    except AgentError as exc:
-        outcome, code = exc.kind, status_of(exc.kind)
-        message = cap_message(exc.message)
-        env_id = exc.env_id[:_LOGGED_ID_CHARS]  # ours (a hash) or a client's, cut
-        log.warning(
-            "%s failed (env_id=%s request_id=%r): %s: %s", rpc, env_id or "-", logged_id,
-            code.name, message, extra={"env_id": env_id, "request_id": logged_id, "rpc": rpc,
-                                       "code": code.name, "kind": exc.kind.value},
-        )  # fmt: skip
-    except asyncio.CancelledError:
-        outcome = CANCELLED
-        raise
-    except Exception as exc:
-        outcome, code = BUG, grpc.StatusCode.INTERNAL
-        log.exception(
-            "%s failed with a bug (request_id=%r)", rpc, logged_id,
-            extra={"rpc": rpc, "request_id": logged_id},
-        )  # fmt: skip
-        message = cap_message(f"internal error in {rpc}: {type(exc).__name__}: {exc}")
-    finally:
-        if metrics is not None:
-            metrics.count_request(rpc, outcome)
+    with logfields.bind(rpc=rpc, request_id=logged_id):
+        outcome: Outcome = OK
+        try:
+            return await call()
+        except AgentError as exc:
+            outcome, code = exc.kind, status_of(exc.kind)
+            message = cap_message(exc.message)
+            env_id = str(logfields.bound().get("env_id", ""))[:_LOGGED_ID_CHARS]  # maybe a client's
+            log.warning(
+                "%s failed (env_id=%s request_id=%r): %s: %s", rpc, env_id or "-",
+                logged_id, code.name, message,
+                extra={"code": code.name, "kind": exc.kind.value},
+            )  # fmt: skip
+        except asyncio.CancelledError:
+            outcome = CANCELLED
+            raise
+        except Exception as exc:
+            outcome, code = BUG, grpc.StatusCode.INTERNAL
+            log.exception("%s failed with a bug (request_id=%r)", rpc, logged_id)
+            message = cap_message(f"internal error in {rpc}: {type(exc).__name__}: {exc}")
+        finally:
+            if metrics is not None:
+                metrics.count_request(rpc, outcome)
     # The status is set, not raised with context.abort: grpc keeps the abort's exception, whose
     # traceback holds this frame and so the request, in a cycle only the garbage collector
     # frees (120 refused 3 MiB requests in a row held 280 MiB until it ran). The client sees
