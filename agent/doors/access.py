@@ -13,11 +13,9 @@ from typing import Any
 
 import grpc
 
-from agent.app.token import Token, read_token
+from agent.app.token import Token
 from agent.core.errors import AgentError
 from agent.doors.grpc_errors import status_of
-
-__all__ = ["TokenInterceptor", "read_token"]
 
 _OPEN_PREFIX = "/grpc.health.v1.Health/"
 

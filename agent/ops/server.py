@@ -24,10 +24,11 @@ from grpc_reflection.v1alpha import reflection
 
 from agent.app.config import Settings
 from agent.app.service import AgentService
+from agent.app.token import read_token
 from agent.core.errors import StartupError
 from agent.core.refs import RefTables
 from agent.core.units import human_bytes
-from agent.doors.access import TokenInterceptor, read_token
+from agent.doors.access import TokenInterceptor
 from agent.doors.metrics import Metrics, start_metrics_server
 from agent.doors.servicer import RuntimeEnvAgentServicer
 from agent.install.fetch import Fetcher, Sleep
