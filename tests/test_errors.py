@@ -78,9 +78,12 @@ def test_every_agent_error_is_defined_in_errors_py_and_drawn_in_its_tree() -> No
                 assert not bases & names, f"{path}: class {node.name} is an AgentError"
 
 
-def test_every_error_has_a_kind_and_a_subclass_without_one_is_refused() -> None:
+def test_every_error_has_a_kind_as_the_tree_draws_and_a_subclass_without_one_is_refused() -> None:
     for cls in _subclasses(AgentError):
         assert isinstance(cls.kind, ErrorKind), cls
+    drawn = dict(re.findall(r"[├└]── (\w+) +([A-Z_]{3,})\b", errors.__doc__ or ""))
+    assert len(drawn) == len(ErrorKind), drawn  # one branch per kind
+    assert {name: getattr(errors, name).kind.name for name in drawn} == drawn
     with pytest.raises(TypeError, match="Stray has no ErrorKind"):
 
         class Stray(AgentError):
