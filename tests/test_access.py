@@ -14,7 +14,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from agent.app.config import Settings
-from agent.doors.access import TokenError
+from agent.app.token import MISSING, WRONG, Token
+from agent.core.errors import ErrorKind, TokenError, Unauthenticated
 from agent.ops.server import Agent
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.helpers import RunningAgent, env_json, running_agent, workdir_zip
@@ -243,3 +244,19 @@ async def test_socket_is_0600_in_a_folder_others_cannot_write_whatever_the_umask
             assert info.total_envs == 0
     finally:
         await agent.stop(grace=0.5)
+
+
+def test_token_check_tells_missing_from_wrong_and_takes_only_bearer_and_the_token() -> None:
+    """The door-neutral check both doors call: None when right, else Unauthenticated."""
+    token = Token(TOKEN.encode())
+    token.check(f"Bearer {TOKEN}".encode())
+    for given, message in [
+        (None, MISSING),
+        (b"", WRONG),
+        (TOKEN.encode(), WRONG),
+        (f"Bearer {TOKEN}x".encode(), WRONG),
+        (f"bearer {TOKEN}".encode(), WRONG),
+    ]:
+        with pytest.raises(Unauthenticated) as caught:
+            token.check(given)
+        assert (caught.value.message, caught.value.kind) == (message, ErrorKind.UNAUTHENTICATED)

@@ -20,8 +20,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from agent.core.errors import StartupError
 from agent.ops.cli import format_info
-from agent.ops.startup import StartupError, check_root_free, lock_root
+from agent.ops.startup import check_root_free, lock_root
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.test_process import (
     NO_PROXY,

@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 
 from agent.app.config import Settings
+from agent.core.errors import ConfigError
 from agent.install.disk import DiskFloor
 from agent.ops import options
-from agent.ops.options import OPTIONS, ConfigError, Option
+from agent.ops.options import OPTIONS, Option
 
 REPO = Path(__file__).resolve().parents[1]
 BY_NAME = {opt.name: opt for opt in OPTIONS}

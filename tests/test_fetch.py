@@ -8,11 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
-import grpc
 import pytest
 
 from agent.core.errors import (
     DownloadFailed,
+    ErrorKind,
     IntegrityError,
     PackageNotFound,
     PackageRejected,
@@ -110,7 +110,7 @@ async def test_gives_up_after_attempts_with_download_failed(tmp_path: Path) -> N
         with pytest.raises(DownloadFailed) as info:
             await fetch(url, tmp_path / "out", limits=limits, sleep=sleep)
         assert pkgs.gets["p.zip"] == 3
-    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    assert info.value.kind is ErrorKind.UNAVAILABLE
     assert f"{url}: download failed after 3 attempts" in info.value.message
     assert "503" in info.value.message
     assert sleep.delays == [0.5, 1.0]  # no sleep after the last attempt
@@ -124,7 +124,7 @@ async def test_not_found_is_package_not_found_at_once(tmp_path: Path, status: in
         with pytest.raises(PackageNotFound) as info:
             await fetch(url, tmp_path / "out", sleep=sleep)
         assert pkgs.gets["p.zip"] == 1
-    assert info.value.code == grpc.StatusCode.NOT_FOUND
+    assert info.value.kind is ErrorKind.NOT_FOUND
     assert f"answered {status}" in info.value.message
     assert sleep.delays == []
 
@@ -144,7 +144,7 @@ async def test_other_4xx_is_package_rejected_at_once(tmp_path: Path, status: int
         with pytest.raises(PackageRejected) as info:
             await fetch(url, tmp_path / "out", sleep=sleep)
         assert pkgs.gets["p.zip"] == 1
-    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert info.value.kind is ErrorKind.REFUSED
     assert f"answered {status}" in info.value.message
     assert sleep.delays == []
 
@@ -171,7 +171,7 @@ async def test_sha256_mismatch_is_integrity_error_and_a_match_passes(tmp_path: P
             await fetch(f"{url}#sha256={bad}", tmp_path / "bad", sleep=sleep)
         assert pkgs.gets["p.zip"] == 1  # never retried
         assert await fetch(f"{url}#sha256={good.upper()}", tmp_path / "good") == len(BODY)
-    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert info.value.kind is ErrorKind.REFUSED
     assert f"is {good}, the URI expects {bad}" in info.value.message
     assert sleep.delays == []
     assert (tmp_path / "good").read_bytes() == BODY

@@ -2,12 +2,14 @@
 one line per event that matters (start, recovery, install start and end, eviction, every error
 with its env id and request id), and nothing for a cache hit at the default level. Each line's
 time is ISO-8601 with milliseconds and zone; the facts (address, budget, env id, request id,
-sizes) are fields of their own, not only words in the message."""
+sizes) are fields of their own, not only words in the message, and every line a request writes
+carries the request's rpc, request_id and env_id."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import signal
 import time
@@ -19,7 +21,8 @@ from typing import Any
 import grpc
 import pytest
 
-from agent.ops.logs import iso_time
+from agent.core import logfields
+from agent.ops.logs import BoundFields, iso_time
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.helpers import env_json, workdir_zip
 from tests.test_process import STOP_S, serving
@@ -111,22 +114,38 @@ async def test_json_logs_have_one_line_per_event_and_none_for_a_cache_hit(base: 
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await create(missing, "marker-7")
         assert caught.value.code() == grpc.StatusCode.NOT_FOUND
-        failed = await wait_line(log, lambda x: x.get("request_id") == "marker-7", "failure")
+        failed = await wait_line(
+            log, lambda x: x.get("request_id") == "marker-7" and x["level"] == "WARNING", "failure"
+        )
         lines = json_lines(log)
         between = [x["message"] for x in lines[ended + 1 : failed]]
         assert between == [f"installing working_dir:file://{base}/missing.zip"], "a hit logged"
         info = await stub.GetRuntimeEnvsInfo(agent_pb2.GetRuntimeEnvsInfoRequest(), timeout=30)
         [failed_env] = [e.runtime_env_id for e in info.envs if e.state == "failed"]
         error = lines[failed]
-        assert (error["env_id"], error["level"], error["code"]) == (
-            failed_env,
-            "WARNING",
-            "NOT_FOUND",
-        )
-        assert error["rpc"] == "CreateRuntimeEnv"
+        fields = ("rpc", "request_id", "env_id", "kind", "code")
+        assert {key: error.get(key) for key in fields} == {
+            "rpc": "CreateRuntimeEnv",
+            "request_id": "marker-7",
+            "env_id": failed_env,
+            "kind": "not_found",
+            "code": "NOT_FOUND",
+        }
         assert f"env_id={failed_env} request_id='marker-7'" in error["message"]
-        assert sum("marker-7" in json.dumps(x) for x in lines) == 1, "one line per error"
-        assert not any("create-1" in json.dumps(x) or "create-2" in json.dumps(x) for x in lines)
+        failures = [x for x in lines if x["level"] == "WARNING" and "marker-7" in json.dumps(x)]
+        assert failures == [error], "one line per error"
+
+        # Every line of a request carries its fields, the install it started included; the
+        # hit wrote no line at all.
+        def request_of(line: Line) -> tuple[object, ...]:
+            return (line.get("rpc"), line.get("request_id"), line.get("env_id"))
+
+        assert request_of(lines[failed - 1]) == ("CreateRuntimeEnv", "marker-7", failed_env)
+        first = ("CreateRuntimeEnv", "create-1", reply.runtime_env_id)
+        assert [request_of(x) for x in lines if "create-1" in json.dumps(x)] == [first, first]
+        assert (request_of(lines[began]), request_of(lines[ended])) == (first, first)
+        assert not any("create-2" in json.dumps(x) for x in lines)
+        assert all(request_of(x) == (None, None, None) for x in lines[: serving_at + 1])
 
         for _ in range(2):
             await stub.DeleteRuntimeEnv(
@@ -148,3 +167,41 @@ def test_json_time_is_iso_8601_utc_with_milliseconds_and_zone() -> None:
     # 2026-12-01 01:02:03.456789 UTC: the milliseconds are truncated, not rounded up
     assert iso_time(1796086923.456789) == "2026-12-01T01:02:03.456+00:00"
     assert datetime.fromisoformat(iso_time(0.0)) == datetime(1970, 1, 1, tzinfo=UTC)
+
+
+async def test_bound_fields_follow_the_work_into_its_tasks_and_end_with_their_scope() -> None:
+    """``note`` adds to the innermost ``bind``, whose end drops it; a task started inside keeps
+    the fields it was started with; a record's own extra fields win over bound ones."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    async def fields_seen_later() -> dict[str, object]:
+        await asyncio.sleep(0)
+        return dict(logfields.bound())
+
+    handler = Keep()
+    handler.addFilter(BoundFields())
+    logger = logging.getLogger("tests.bound")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        with logfields.bind(rpc="Create", request_id="r1"):
+            logfields.note(env_id="e1")
+            task = asyncio.create_task(fields_seen_later())
+            logger.warning("inside", extra={"request_id": "own"})
+            with logfields.bind(rpc="Inner"):
+                logfields.note(env_id="e2")
+                assert logfields.bound() == {"rpc": "Inner", "request_id": "r1", "env_id": "e2"}
+            inherited = await task
+        logger.warning("outside")
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = True
+    assert logfields.bound() == {}
+    assert inherited == {"rpc": "Create", "request_id": "r1", "env_id": "e1"}
+    inside, outside = (vars(r) for r in records)
+    assert (inside["rpc"], inside["request_id"], inside["env_id"]) == ("Create", "own", "e1")
+    assert not {"rpc", "request_id", "env_id"} & set(outside)

@@ -14,8 +14,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.app.config import Settings
+from agent.core.errors import ErrorKind, StartupError
+from agent.doors.metrics import BUG, CANCELLED, OK, Metrics, Outcome
 from agent.ops.server import Agent
-from agent.ops.startup import StartupError
 from tests.helpers import env_json, package_server, running_agent, short_tempdir, workdir_zip
 
 Labels = frozenset[tuple[str, str]]
@@ -48,8 +49,8 @@ def value(samples: Samples, name: str, labels: Mapping[str, str] | None = None) 
     return samples[key]
 
 
-def requests(samples: Samples, rpc: str, code: str) -> float:
-    return value(samples, "rtenv_requests_total", {"rpc": rpc, "code": code})
+def requests(samples: Samples, rpc: str, outcome: str) -> float:
+    return value(samples, "rtenv_requests_total", {"rpc": rpc, "outcome": outcome})
 
 
 def created(samples: Samples, cache: str) -> float:
@@ -87,8 +88,8 @@ async def test_metrics_move_with_creates_hits_failures_deletes_and_evictions() -
         middle = await scrape(a.agent.metrics_address)
         assert created(middle, "miss") - created(before, "miss") == 2
         assert created(middle, "hit") - created(before, "hit") == 1
-        assert requests(middle, "CreateRuntimeEnv", "OK") == 3
-        assert requests(middle, "CreateRuntimeEnv", "NOT_FOUND") == 1
+        assert requests(middle, "CreateRuntimeEnv", "ok") == 3
+        assert requests(middle, "CreateRuntimeEnv", "not_found") == 1
         assert value(middle, "rtenv_installs_total", {"result": "ok"}) == 2
         assert value(middle, "rtenv_installs_total", {"result": "error"}) == 1
         assert value(middle, "rtenv_install_bytes_total") == len(zips["a"]) + len(zips["b"])
@@ -113,15 +114,15 @@ async def test_metrics_move_with_creates_hits_failures_deletes_and_evictions() -
         assert value(after, "rtenv_cache_bytes", {"state": "used"}) == 0
         assert value(after, "rtenv_cache_bytes", {"state": "unused"}) == SIZE
         assert value(after, "rtenv_envs") == 0
-        assert requests(after, "DeleteRuntimeEnv", "OK") == 3
+        assert requests(after, "DeleteRuntimeEnv", "ok") == 3
         assert value(after, "rtenv_free_disk_bytes") > 0
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await a.delete(first.runtime_env_id)
         assert caught.value.code() == grpc.StatusCode.NOT_FOUND
         last = await scrape(a.agent.metrics_address)
-        assert requests(last, "DeleteRuntimeEnv", "NOT_FOUND") == 1
+        assert requests(last, "DeleteRuntimeEnv", "not_found") == 1
         await a.info()
-        assert requests(await scrape(a.agent.metrics_address), "GetRuntimeEnvsInfo", "OK") == 1
+        assert requests(await scrape(a.agent.metrics_address), "GetRuntimeEnvsInfo", "ok") == 1
 
 
 async def test_metrics_are_off_by_default() -> None:
@@ -171,3 +172,21 @@ async def test_metrics_negotiate_openmetrics_gzip_and_export_process_not_created
         assert {"process_cpu_seconds_total", "process_resident_memory_bytes"} <= samples
         assert "rtenv_requests_total" in samples
         assert [name for name in samples if name.endswith("_created")] == []
+
+
+def test_requests_are_counted_by_outcome_ok_each_error_kind_cancelled_or_bug() -> None:
+    """The outcome label is protocol-neutral: "ok", an ErrorKind's value, "cancelled", "bug"."""
+    metrics = Metrics()
+    outcomes: list[Outcome] = [OK, OK, CANCELLED, BUG, *ErrorKind]
+    for outcome in outcomes:
+        metrics.count_request("CreateRuntimeEnv", outcome)
+
+    def counted(outcome: str) -> float | None:
+        labels = {"rpc": "CreateRuntimeEnv", "outcome": outcome}
+        return metrics.registry.get_sample_value("rtenv_requests_total", labels)
+
+    assert (counted("ok"), counted("cancelled"), counted("bug")) == (2, 1, 1)
+    assert {kind.value: counted(kind.value) for kind in ErrorKind} == {
+        k.value: 1 for k in ErrorKind
+    }
+    assert counted("NOT_FOUND") is None, "a gRPC code name as a label"

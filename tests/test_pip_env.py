@@ -14,10 +14,10 @@ from typing import Any
 import grpc
 import pytest
 
-from agent.core.errors import echo
+from agent.core.errors import InstallerFailed, echo
 from agent.core.pip_spec import parse_pip
 from agent.core.uris import UriKey, UriKind
-from agent.install.venv import InstallerFailed, build_venv
+from agent.install.venv import build_venv
 from rtenv.v1 import agent_pb2
 from tests.helpers import RunningAgent, env_json, running_agent, wait_until, workdir_zip
 from tests.pip_wheels import (

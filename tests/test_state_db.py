@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent.core.errors import StateDBError
 from agent.state import state_db
-from agent.state.state_db import SCHEMA_VERSION, Loaded, StateDB, StateDBError, UriRow
+from agent.state.state_db import SCHEMA_VERSION, Loaded, StateDB, UriRow
 from tests.helpers import env_json, package_server, running_agent, wait_until, workdir_zip
 
 X = UriRow("working_dir", "https://h/x.zip", "working_dir-x", 10, 1_000)

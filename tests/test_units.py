@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.core.errors import ConfigError, StartupError
 from agent.core.units import (
     exact_bytes,
     human_bytes,
@@ -19,8 +20,8 @@ from agent.core.units import (
 )
 from agent.install.disk import DiskFloor
 from agent.ops import options
-from agent.ops.options import OPTIONS, ConfigError
-from agent.ops.startup import StartupError, check_address
+from agent.ops.options import OPTIONS
+from agent.ops.startup import check_address
 
 GiB = 1024**3
 BY_NAME = {opt.name: opt for opt in OPTIONS}

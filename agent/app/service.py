@@ -48,6 +48,7 @@ from agent.app.snapshot import (
     Snapshot,
     UriView,
 )
+from agent.core import logfields
 from agent.core.bounded import BoundedCache
 from agent.core.context import WorkerContext, build_context
 from agent.core.errors import (
@@ -150,14 +151,11 @@ class AgentService:
         check_job_id(job_id)
         env = self._parse(serialized)
         eager = eager_install or env.eager_install is True
-        try:
-            timeout = self._setup_timeout(env, timeout_s)
-            hit = await self._requests.run(
-                "create", request_id, env.env_id, lambda: self._create(env, timeout, job_id, eager)
-            )
-        except AgentError as exc:
-            exc.env_id = env.env_id
-            raise
+        logfields.note(env_id=env.env_id)  # on this request's log lines from here on
+        timeout = self._setup_timeout(env, timeout_s)
+        hit = await self._requests.run(
+            "create", request_id, env.env_id, lambda: self._create(env, timeout, job_id, eager)
+        )
         # The request log remembers only ``hit``: the reply is rebuilt from the env, the same
         # for every create of it, so a retry after a delete gets the answer it missed.
         record = self.records.get(env.env_id)
@@ -293,11 +291,8 @@ class AgentService:
         async def op() -> int:
             return self._delete(env_id)
 
-        try:
-            return await self._requests.run("delete", request_id, env_id, op)
-        except AgentError as exc:
-            exc.env_id = env_id
-            raise
+        logfields.note(env_id=env_id)  # on this request's log lines from here on
+        return await self._requests.run("delete", request_id, env_id, op)
 
     def _delete(self, env_id: str) -> int:
         env = self.records[env_id].env if env_id in self.records else None

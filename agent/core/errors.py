@@ -1,9 +1,12 @@
-"""The agent's expected errors, each carrying the gRPC status a client receives.
+"""The agent's expected errors, each with a protocol-neutral kind.
 
 Two tiers. An ``AgentError`` is an expected outcome of bad input or a bad world (a 404, a
-checksum mismatch, a zip bomb): it carries a status code and a message that says what was wrong
-and what the limit or the way out is, and the agent keeps serving. Anything else that escapes a
-handler is a bug: it is logged with its traceback and answered INTERNAL.
+checksum mismatch, a zip bomb): it carries a kind (``ErrorKind``: what sort of failure, in
+words any door can map) and a message that says what was wrong and what the limit or the way
+out is, and the agent keeps serving. Anything else that escapes a handler is a bug: it is
+logged with its traceback and answered as an internal error. A door turns a kind into its own
+answer through one table (``agent/doors/grpc_errors.py`` for gRPC); nothing below the doors
+knows a status code.
 
 Foreign exceptions (``OSError``, ``zipfile.BadZipFile``, ``aiohttp.ClientError``...) never cross
 a module boundary raw: the module that meets them converts them with ``raise ... from exc``.
@@ -13,29 +16,43 @@ for a package's URI used as the prefix of its messages, through ``echo_label`` o
 function that turns errors into statuses caps every message with ``cap_message`` before it
 sends or logs it (gRPC carries the message in a trailer of at most 16 KiB, percent-encoded).
 
-    AgentError                      (status set by each subclass)
-    ├── InvalidArgument             INVALID_ARGUMENT    a request field out of bounds (request_id)
-    │   └── InvalidRuntimeEnv                           bad JSON, unknown field, bad URI, too large
+Every expected error is defined here, and named in this tree (a test keeps them in step). The
+kind is set by each branch under ``AgentError`` and inherited by its leaves.
+
+    AgentError                      (kind set by each branch)
+    ├── InvalidArgument             INVALID          a request field out of bounds (request_id)
+    │   └── InvalidRuntimeEnv                        bad JSON, unknown field, bad URI, too large
     ├── NotFound                    NOT_FOUND
-    │   ├── EnvNotFound                                 unknown env, or no references left
-    │   └── PackageNotFound                             the package's source answered 404 / no file
-    ├── FailedPrecondition          FAILED_PRECONDITION
-    │   ├── EnvBusy                                     delete of an env whose creates are in flight
-    │   ├── RequestIdReused                             one request_id, two different requests
-    │   ├── IntegrityError                              sha256 mismatch
-    │   ├── UnsafeArchive                               zip-slip, symlink out, too many entries,
-    │   │                                               too large, ratio too high, not a zip
-    │   └── PackageRejected                             the source refused (4xx other than 404),
-    │                                                   or the download is larger than allowed
-    ├── PermissionDenied            PERMISSION_DENIED   a file:// package outside the allowed roots
-    ├── DownloadFailed              UNAVAILABLE         transient failures outlasted the retries
-    ├── DiskExhausted               RESOURCE_EXHAUSTED  no room to install
-    └── SetupTimeout                DEADLINE_EXCEEDED   the env's setup outlasted its timeout
+    │   ├── EnvNotFound                              unknown env, or no references left
+    │   └── PackageNotFound                          the package's source answered 404 / no file
+    ├── FailedPrecondition          REFUSED          the request is well formed; what it names
+    │   │                                            cannot be used
+    │   ├── IntegrityError                           sha256 mismatch
+    │   ├── UnsafeArchive                            zip-slip, symlink out, too many entries,
+    │   │                                            too large, ratio too high, not a zip
+    │   ├── PackageRejected                          the source refused (4xx other than 404),
+    │   │                                            or the download is larger than allowed
+    │   └── InstallerFailed                          pip / uv failed to install a pip spec
+    ├── Conflict                    CONFLICT         the request clashes with another one
+    │   ├── EnvBusy                                  delete of an env whose creates are in flight
+    │   └── RequestIdReused                          one request_id, two different requests
+    ├── PermissionDenied            DENIED           a file:// package outside the allowed roots
+    ├── Unauthenticated             UNAUTHENTICATED  the call's token is missing or wrong
+    ├── DownloadFailed              UNAVAILABLE      transient failures outlasted the retries
+    ├── DiskExhausted               EXHAUSTED        no room to install
+    ├── SetupTimeout                TIMEOUT          the env's setup outlasted its timeout
+    └── Misconfigured               MISCONFIGURED    the agent cannot start as configured (met at
+        │                                            start, before any client is served)
+        ├── ConfigError                              a setting's value is not valid
+        ├── StartupError                             address, socket folder, root, lock, parent
+        ├── StateDBError                             state.db unreadable, or of a newer schema
+        └── TokenError                               the token file is unreadable or empty
 """
 
 from __future__ import annotations
 
-import grpc
+from enum import Enum
+from typing import Any, ClassVar
 
 ECHO_CHARS = 120  # of one quoted input
 LABEL_CHARS = 256  # of a package's label (its kind and URI), the prefix of its messages
@@ -85,19 +102,40 @@ def cap_message(message: str, limit: int = MAX_MESSAGE_BYTES) -> str:
     return data[: limit - len(tail)].decode("utf-8", "ignore") + tail
 
 
-class AgentError(Exception):
-    """An expected failure with the gRPC status code the client should see."""
+class ErrorKind(Enum):
+    """What sort of failure an expected error is, in words every door can map to its own
+    answer (a gRPC status, an HTTP status). The value is the name logs and metrics use."""
 
-    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+    INVALID = "invalid"  # the request itself is malformed or out of bounds
+    NOT_FOUND = "not_found"  # what it names does not exist
+    REFUSED = "refused"  # well formed, but what it names cannot be used (a bad package)
+    CONFLICT = "conflict"  # it clashes with another request (in flight, or under its id)
+    DENIED = "denied"  # the caller may not have what it asks for
+    UNAUTHENTICATED = "unauthenticated"  # the caller did not prove who it is
+    UNAVAILABLE = "unavailable"  # a source failed for a while; the same request may succeed
+    EXHAUSTED = "exhausted"  # a resource of the node (disk) is used up
+    TIMEOUT = "timeout"  # the work outlasted its time limit
+    MISCONFIGURED = "misconfigured"  # the agent's own settings or files; the operator's to fix
+
+
+class AgentError(Exception):
+    """An expected failure: its kind (set by each branch of the tree) and a message saying what
+    was wrong and the limit or the way out."""
+
+    kind: ClassVar[ErrorKind]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not isinstance(getattr(cls, "kind", None), ErrorKind):
+            raise TypeError(f"{cls.__name__} has no ErrorKind: set kind on its branch")
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-        self.env_id = ""  # set where the env is known, for the log line
 
 
 class InvalidArgument(AgentError):
-    code = grpc.StatusCode.INVALID_ARGUMENT
+    kind = ErrorKind.INVALID
 
 
 class InvalidRuntimeEnv(InvalidArgument):
@@ -105,7 +143,7 @@ class InvalidRuntimeEnv(InvalidArgument):
 
 
 class NotFound(AgentError):
-    code = grpc.StatusCode.NOT_FOUND
+    kind = ErrorKind.NOT_FOUND
 
 
 class EnvNotFound(NotFound):
@@ -117,15 +155,7 @@ class PackageNotFound(NotFound):
 
 
 class FailedPrecondition(AgentError):
-    code = grpc.StatusCode.FAILED_PRECONDITION
-
-
-class EnvBusy(FailedPrecondition):
-    pass
-
-
-class RequestIdReused(FailedPrecondition):
-    pass
+    kind = ErrorKind.REFUSED
 
 
 class IntegrityError(FailedPrecondition):
@@ -140,17 +170,57 @@ class PackageRejected(FailedPrecondition):
     pass
 
 
+class InstallerFailed(FailedPrecondition):
+    pass
+
+
+class Conflict(AgentError):
+    kind = ErrorKind.CONFLICT
+
+
+class EnvBusy(Conflict):
+    pass
+
+
+class RequestIdReused(Conflict):
+    pass
+
+
 class PermissionDenied(AgentError):
-    code = grpc.StatusCode.PERMISSION_DENIED
+    kind = ErrorKind.DENIED
+
+
+class Unauthenticated(AgentError):
+    kind = ErrorKind.UNAUTHENTICATED
 
 
 class DownloadFailed(AgentError):
-    code = grpc.StatusCode.UNAVAILABLE
+    kind = ErrorKind.UNAVAILABLE
 
 
 class DiskExhausted(AgentError):
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    kind = ErrorKind.EXHAUSTED
 
 
 class SetupTimeout(AgentError):
-    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    kind = ErrorKind.TIMEOUT
+
+
+class Misconfigured(AgentError):
+    kind = ErrorKind.MISCONFIGURED
+
+
+class ConfigError(Misconfigured):
+    """A setting's value is not valid; the message names the setting and where it came from."""
+
+
+class StartupError(Misconfigured):
+    """The agent cannot start as configured (address, root, lock)."""
+
+
+class StateDBError(Misconfigured):
+    """The state database cannot be used as it is; the message says the way out."""
+
+
+class TokenError(Misconfigured):
+    """The token file cannot be read, or holds no token."""

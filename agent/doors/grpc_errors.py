@@ -1,5 +1,10 @@
-"""The one place errors become gRPC statuses: ``answer`` runs an RPC, maps its error to a
-status code, counts it and logs it."""
+"""The one place errors become gRPC statuses: ``answer`` runs an RPC, maps its error's kind to
+a status code through ``STATUS`` (the one table from kinds to codes), counts it and logs it.
+
+While it runs, the RPC's name and request id are bound to every log line the request writes
+(``agent.core.logfields``); the service adds the env id once it knows it, so the failure line
+written here carries it too.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +15,34 @@ from typing import TypeVar
 
 import grpc
 
-from agent.core.errors import AgentError, cap_message
-from agent.doors.metrics import Metrics
+from agent.core import logfields
+from agent.core.errors import AgentError, ErrorKind, cap_message
+from agent.doors.metrics import BUG, CANCELLED, OK, Metrics, Outcome
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _LOGGED_ID_CHARS = 128
+
+# Every kind has its code (a test checks the table is whole). The codes are what clients have
+# always seen: a change here changes the wire.
+STATUS: dict[ErrorKind, grpc.StatusCode] = {
+    ErrorKind.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorKind.REFUSED: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorKind.CONFLICT: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorKind.DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorKind.EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorKind.MISCONFIGURED: grpc.StatusCode.FAILED_PRECONDITION,  # met at start, not sent
+}
+
+
+def status_of(kind: ErrorKind) -> grpc.StatusCode:
+    """The gRPC status code a client sees for an error of this kind."""
+    return STATUS[kind]
 
 
 async def answer(
@@ -30,41 +56,39 @@ async def answer(
     """Run one RPC; map its error to a status, count it and log it. The one place errors become
     statuses.
 
-    Expected errors (``AgentError``) are answered with their code and message and logged as one
-    line with the env id and request id; anything else is a bug: logged with its traceback and
-    answered INTERNAL. Cancellation passes through untouched (the client has gone).
+    Expected errors (``AgentError``) are answered with their kind's code and their message, and
+    logged as one line with the env id and request id; anything else is a bug: logged with its
+    traceback and answered INTERNAL. Cancellation passes through untouched (the client has
+    gone).
 
     Every message is capped (``cap_message``) before it is sent or logged, and the ids logged
     are cut with their length said: whatever a client sent, the trailer and the log line stay
     short.
     """
-    code = grpc.StatusCode.OK
-    try:
-        return await call()
-    except AgentError as exc:
-        code = exc.code
-        message = cap_message(exc.message)
-        env_id = exc.env_id[:_LOGGED_ID_CHARS]  # ours (a hash) or a client's, cut
-        logged_id = _logged(request_id)
-        log.warning(
-            "%s failed (env_id=%s request_id=%r): %s: %s", rpc, env_id or "-", logged_id,
-            exc.code.name, message, extra={"env_id": env_id, "request_id": logged_id,
-                                           "rpc": rpc, "code": exc.code.name},
-        )  # fmt: skip
-    except asyncio.CancelledError:
-        code = grpc.StatusCode.CANCELLED
-        raise
-    except Exception as exc:
-        code = grpc.StatusCode.INTERNAL
-        logged_id = _logged(request_id)
-        log.exception(
-            "%s failed with a bug (request_id=%r)", rpc, logged_id,
-            extra={"rpc": rpc, "request_id": logged_id},
-        )  # fmt: skip
-        message = cap_message(f"internal error in {rpc}: {type(exc).__name__}: {exc}")
-    finally:
-        if metrics is not None:
-            metrics.count_request(rpc, code)
+    logged_id = _logged(request_id)
+    with logfields.bind(rpc=rpc, request_id=logged_id):
+        outcome: Outcome = OK
+        try:
+            return await call()
+        except AgentError as exc:
+            outcome, code = exc.kind, status_of(exc.kind)
+            message = cap_message(exc.message)
+            env_id = str(logfields.bound().get("env_id", ""))[:_LOGGED_ID_CHARS]  # maybe a client's
+            log.warning(
+                "%s failed (env_id=%s request_id=%r): %s: %s", rpc, env_id or "-",
+                logged_id, code.name, message,
+                extra={"code": code.name, "kind": exc.kind.value},
+            )  # fmt: skip
+        except asyncio.CancelledError:
+            outcome = CANCELLED
+            raise
+        except Exception as exc:
+            outcome, code = BUG, grpc.StatusCode.INTERNAL
+            log.exception("%s failed with a bug (request_id=%r)", rpc, logged_id)
+            message = cap_message(f"internal error in {rpc}: {type(exc).__name__}: {exc}")
+        finally:
+            if metrics is not None:
+                metrics.count_request(rpc, outcome)
     # The status is set, not raised with context.abort: grpc keeps the abort's exception, whose
     # traceback holds this frame and so the request, in a cycle only the garbage collector
     # frees (120 refused 3 MiB requests in a row held 280 MiB until it ran). The client sees

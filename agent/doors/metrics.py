@@ -1,6 +1,6 @@
 """Prometheus metrics, served over HTTP when ``--metrics-address`` is set.
 
-Events are counted as they happen (requests by RPC and status code, create latency split by
+Events are counted as they happen (requests by RPC and outcome, create latency split by
 cache hit or miss, installs with their bytes and seconds); levels are read at scrape time from
 the store and the file system (bytes in use and unused against the budget, installs in flight,
 free disk), so the request path pays one counter increment and nothing more.
@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-import grpc
 from aiohttp import web
 from prometheus_client import (
     CollectorRegistry,
@@ -28,6 +27,8 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from agent.core.errors import ErrorKind
+
 if TYPE_CHECKING:
     from agent.app.service import AgentService
 
@@ -38,13 +39,21 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
                     10, 30, 60, 300)  # fmt: skip
 
+# How an RPC ended, as rtenv_requests counts it: answered, an expected error of a kind (its
+# label is the kind's value: "not_found", "invalid"...), the client gone, or a bug.
+OK: Literal["ok"] = "ok"
+CANCELLED: Literal["cancelled"] = "cancelled"
+BUG: Literal["bug"] = "bug"
+Outcome = ErrorKind | Literal["ok", "cancelled", "bug"]
+
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, RSS, open fds...
         self.requests = Counter(
-            "rtenv_requests", "RPCs answered, by method and status code", ["rpc", "code"],
+            "rtenv_requests", "RPCs answered, by method and outcome (ok, an error kind, cancelled, "
+            "bug)", ["rpc", "outcome"],
             registry=self.registry,
         )  # fmt: skip
         self.create_seconds = Histogram(
@@ -60,7 +69,7 @@ class Metrics:
             "rtenv_install_bytes", "bytes downloaded by successful installs",
             registry=self.registry,
         )  # fmt: skip
-        self._request_children: dict[tuple[str, grpc.StatusCode], Any] = {}
+        self._request_children: dict[tuple[str, Outcome], Any] = {}
         self._create_hit = self.create_seconds.labels("hit")
         self._create_miss = self.create_seconds.labels("miss")
         self.install_seconds = Histogram(
@@ -68,10 +77,12 @@ class Metrics:
             buckets=_LATENCY_BUCKETS, registry=self.registry,
         )  # fmt: skip
 
-    def count_request(self, rpc: str, code: grpc.StatusCode) -> None:
-        child = self._request_children.get((rpc, code))
+    def count_request(self, rpc: str, outcome: Outcome) -> None:
+        """Count one RPC by how it ended."""
+        child = self._request_children.get((rpc, outcome))
         if child is None:  # labels() looks up and locks: do it once per pair
-            child = self._request_children[(rpc, code)] = self.requests.labels(rpc, code.name)
+            label = outcome.value if isinstance(outcome, ErrorKind) else outcome
+            child = self._request_children[(rpc, outcome)] = self.requests.labels(rpc, label)
         child.inc()
 
     def observe_create(self, hit: bool, seconds: float) -> None:

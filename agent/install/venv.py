@@ -31,7 +31,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from agent.core.errors import FailedPrecondition, echo
+from agent.core.errors import InstallerFailed, echo
 from agent.core.pip_spec import PipSpec
 
 log = logging.getLogger(__name__)
@@ -40,10 +40,6 @@ _TAIL_LINES = 10  # at most this many of the installer's lines go back to the cl
 _TAIL_LINE_CHARS = 200  # each cut to this
 _TAIL_READ_BYTES = 64 * 1024  # of the log's end, read to find them
 _PR_SET_PDEATHSIG = 1
-
-
-class InstallerFailed(FailedPrecondition):
-    pass
 
 
 # The installer's group leader, between the agent and the installer: it runs the installer as

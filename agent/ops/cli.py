@@ -16,9 +16,9 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from agent.app.token import read_token
 from agent.core.errors import AgentError, echo_label
 from agent.core.units import human_bytes, parse_duration, plural
-from agent.doors.access import read_token
 from agent.ops import logs, options
 from agent.ops.server import serve
 from agent.ops.startup import check_address

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.app.config import Settings
-from agent.core.errors import AgentError
+from agent.core.errors import ConfigError
 from agent.core.units import (
     exact_bytes,
     human_duration,
@@ -33,11 +33,7 @@ from agent.core.units import (
 )
 from agent.install.disk import DiskFloor
 
-__all__ = ["OPTIONS", "ConfigError", "Option", "parse_bytes", "parse_duration"]
-
-
-class ConfigError(AgentError):
-    """A setting's value is not valid; the message names the setting and where it came from."""
+__all__ = ["OPTIONS", "Option", "parse_bytes", "parse_duration"]
 
 
 def parse_floor(text: str) -> DiskFloor:

@@ -24,15 +24,16 @@ from grpc_reflection.v1alpha import reflection
 
 from agent.app.config import Settings
 from agent.app.service import AgentService
+from agent.app.token import read_token
+from agent.core.errors import StartupError
 from agent.core.refs import RefTables
 from agent.core.units import human_bytes
-from agent.doors.access import TokenInterceptor, read_token
+from agent.doors.access import TokenInterceptor
 from agent.doors.metrics import Metrics, start_metrics_server
 from agent.doors.servicer import RuntimeEnvAgentServicer
 from agent.install.fetch import Fetcher, Sleep
 from agent.ops.sdnotify import Notifier
 from agent.ops.startup import (
-    StartupError,
     check_address,
     check_parent,
     check_python,

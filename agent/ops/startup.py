@@ -21,9 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-import grpc
-
-from agent.core.errors import AgentError
+from agent.core.errors import StartupError
 from agent.core.units import quoted
 
 log = logging.getLogger(__name__)
@@ -38,12 +36,6 @@ _LOCK_TRIES, _LOCK_RETRY_S = 5, 0.02  # check_root_free holds a shared lock for 
 PYTHON_CHECK_S = 30.0  # a python that has not answered by then does not run
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
 _HOST_NAME = re.compile(rf"{_LABEL}(\.{_LABEL})*")
-
-
-class StartupError(AgentError):
-    """The agent cannot start as configured (address, root, lock)."""
-
-    code = grpc.StatusCode.FAILED_PRECONDITION
 
 
 def check_address(address: str, allow_remote: bool) -> str:

@@ -36,9 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-import grpc
-
-from agent.core.errors import AgentError
+from agent.core.errors import StateDBError
 from agent.crash import crash_point
 
 log = logging.getLogger(__name__)
@@ -100,12 +98,6 @@ _MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
 
 
 _WAY_OUT = "start the agent with --reset-state to move it aside and rebuild from an empty cache"
-
-
-class StateDBError(AgentError):
-    """The state database cannot be used as it is; the message says the way out."""
-
-    code = grpc.StatusCode.FAILED_PRECONDITION
 
 
 @dataclass(frozen=True)

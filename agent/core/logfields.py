@@ -1,0 +1,46 @@
+"""Log fields bound to the work in progress: set once where a fact becomes known (the RPC and
+its request id where a door receives the call, the env id once the service has parsed it), and
+added to every log line that work writes, whichever module writes it.
+
+A context variable holds them, so they follow the request through its awaits and into the
+threads and tasks it starts (each takes a copy of the fields as they were then: an install a
+create started keeps that create's fields). The JSON log format writes them as keys of their
+own (``agent/ops/logs.py``); a record's own ``extra`` fields win over bound ones of the same
+name.
+
+``bind`` opens a scope; ``note`` adds to the innermost scope, and its fields go when that scope
+ends. An exception is never decorated with them: its log line reads the scope it is logged in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from types import MappingProxyType
+
+_EMPTY: Mapping[str, object] = MappingProxyType({})
+# Replaced, never changed in place: a task or thread that copied the context keeps its copy.
+_FIELDS: ContextVar[Mapping[str, object]] = ContextVar("agent_log_fields", default=_EMPTY)
+
+
+@contextlib.contextmanager
+def bind(**fields: object) -> Iterator[None]:
+    """Add ``fields`` to every log line written until the block ends (and drop what ``note``
+    added inside it)."""
+    token = _FIELDS.set(MappingProxyType({**_FIELDS.get(), **fields}))
+    try:
+        yield
+    finally:
+        _FIELDS.reset(token)
+
+
+def note(**fields: object) -> None:
+    """Add ``fields`` to the innermost ``bind`` scope, from here to its end (an exception
+    propagating out of the caller still finds them where the scope logs it)."""
+    _FIELDS.set(MappingProxyType({**_FIELDS.get(), **fields}))
+
+
+def bound() -> Mapping[str, object]:
+    """The fields bound here and now (read-only)."""
+    return _FIELDS.get()
