@@ -7,21 +7,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import sqlite3
 import time
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
 import pytest
 
+from agent.app.config import Settings
+from agent.ops.server import Agent, AgentState
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.helpers import (
+    FAST_FETCH,
     env_json,
     make_zip,
     package_server,
     running_agent,
+    short_tempdir,
     wait_until,
 )
 from tests.helpers import workdir_zip as wd_zip
@@ -215,3 +221,28 @@ async def test_second_sigterm_during_the_graceful_wait_exits_at_once_non_zero(ba
                     await call
         finally:
             gate.set()
+
+
+async def test_a_step_of_stop_that_fails_still_releases_the_root_lock_and_raises() -> None:
+    """Stopping releases every resource whatever an earlier step raised (a state.db whose
+    flusher died raises at close): the root's lock is freed, so a new agent starts on the root,
+    and the failure is raised, not swallowed."""
+    base = short_tempdir()
+    try:
+        settings = replace(Settings(root=base / "root"), fetch=FAST_FETCH)
+        first = Agent(settings)
+        await first.start()
+        assert first._db is not None
+
+        async def broken_close() -> None:
+            raise RuntimeError("planted: the write-behind flusher died")
+
+        first._db.close = broken_close  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError, match="planted"):
+            await first.stop()
+        assert first.state is AgentState.STOPPED
+        second = Agent(settings)
+        await second.start()  # the lock was released
+        await second.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -7,11 +7,13 @@ which adds signals and the parent-death watch.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from enum import Enum
 from types import TracebackType
 
@@ -105,7 +107,7 @@ class Agent:
             if settings.persist:
                 db_path = root / FILE_NAME
                 if settings.reset_state:
-                    move_aside(db_path)
+                    await asyncio.to_thread(move_aside, db_path)  # up to 3000 stats
                 self._db = StateDB(db_path)
                 await self._db.open()
             interceptors = []
@@ -158,7 +160,8 @@ class Agent:
             for name in ("", SERVICE_NAME):
                 await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         except BaseException:
-            await self._close()
+            with contextlib.suppress(Exception):  # logged by _close; the start's error wins
+                await self._close()
             self.state = AgentState.STOPPED
             raise
         self.state = AgentState.SERVING
@@ -218,24 +221,38 @@ class Agent:
             await self._health.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(grace)
-        await self._close()
-        self.state = AgentState.STOPPED
+        try:
+            await self._close()
+        finally:
+            self.state = AgentState.STOPPED
         log.info("stopped")
 
     async def _close(self) -> None:
+        """Release what start took, each step whatever the one before it raised (a state.db
+        whose flusher died raises at close, after writing what it could): the root's lock and
+        the HTTP session are always released; the first error is raised at the end."""
+        steps: list[Callable[[], Awaitable[None]]] = []
         if self._metrics_runner is not None:
-            await self._metrics_runner.cleanup()
-            self._metrics_runner = None
+            steps.append(self._metrics_runner.cleanup)
         if self.service is not None:
-            await self.service.store.close()
+            steps.append(self.service.store.close)
         if self._db is not None:
-            await self._db.close()
-            self._db = None
+            steps.append(self._db.close)
         if self._session is not None:
-            await self._session.close()
+            steps.append(self._session.close)
+        self._metrics_runner, self._db = None, None
+        first: BaseException | None = None
+        for step in steps:
+            try:
+                await step()
+            except Exception as exc:
+                log.exception("stopping: %s failed", getattr(step, "__qualname__", step))
+                first = first or exc
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+        if first is not None:
+            raise first
 
     async def __aenter__(self) -> Agent:
         await self.start()
