@@ -1,0 +1,91 @@
+"""The agent's folders are its layers, and each imports only the layers below it.
+
+    core < install < state < app < doors < ops
+
+``agent/crash.py`` (the crash points tests plant) sits beside the core and may be imported by
+any layer. A module importing a layer above its own would make the layout lie: this test reads
+every module's imports (``import`` and ``from ... import``, at any depth) and fails on one.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+AGENT = Path(__file__).resolve().parent.parent / "agent"
+LAYERS = ("core", "install", "state", "app", "doors", "ops")
+ANYWHERE = {"agent.crash"}  # below every layer
+
+
+def _layer(module: str) -> int | None:
+    """The layer's rank of ``agent.<layer>...``, or None for a module outside the layers."""
+    parts = module.split(".")
+    if len(parts) >= 2 and parts[0] == "agent" and parts[1] in LAYERS:
+        return LAYERS.index(parts[1])
+    return None
+
+
+def _imports(source: str) -> list[str]:
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "agent":
+                found.extend(f"agent.{alias.name}" for alias in node.names)
+            else:
+                found.append(node.module)
+    return found
+
+
+def upward_imports(module: str, source: str) -> list[str]:
+    """The imports of ``module`` that reach a layer above its own."""
+    own = _layer(module)
+    if own is None:
+        return []
+    bad = []
+    for name in _imports(source):
+        if name in ANYWHERE or not name.startswith("agent."):
+            continue
+        target = _layer(name)
+        if target is None and name.split(".")[1] not in LAYERS:
+            bad.append(f"{module} imports {name}, which is in no layer")
+        elif target is not None and target > own:
+            bad.append(f"{module} ({LAYERS[own]}) imports {name} ({LAYERS[target]})")
+    return sorted(set(bad))
+
+
+def _modules() -> list[tuple[str, str]]:
+    out = []
+    for path in sorted(AGENT.rglob("*.py")):
+        parts = path.relative_to(AGENT.parent).with_suffix("").parts
+        out.append((".".join(p for p in parts if p != "__init__"), path.read_text()))
+    return out
+
+
+def test_every_module_of_the_agent_but_its_entry_points_is_in_a_layer_folder() -> None:
+    outside = [
+        name
+        for name, _ in _modules()
+        if _layer(name) is None and name not in {"agent", "agent.__main__", *ANYWHERE}
+    ]
+    assert outside == []
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    problems = [p for name, source in _modules() for p in upward_imports(name, source)]
+    assert problems == []
+
+
+def test_the_check_sees_an_upward_import_and_a_module_outside_the_layers() -> None:
+    assert upward_imports("agent.core.refs", "from agent.state.store import UriStore\n") == [
+        "agent.core.refs (core) imports agent.state.store (state)"
+    ]
+    assert upward_imports("agent.install.fetch", "import agent.ops.logs\n") == [
+        "agent.install.fetch (install) imports agent.ops.logs (ops)"
+    ]
+    assert upward_imports("agent.state.store", "from agent import service\n") == [
+        "agent.state.store imports agent.service, which is in no layer"
+    ]
+    assert upward_imports("agent.ops.cli", "from agent.core.errors import echo\n") == []
+    assert upward_imports("agent.core.refs", "from agent.crash import crash_point\n") == []
