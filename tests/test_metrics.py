@@ -7,6 +7,7 @@ import asyncio
 import gzip
 import shutil
 from collections.abc import Mapping
+from pathlib import Path
 
 import aiohttp
 import grpc
@@ -14,7 +15,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.app.config import Settings
+from agent.app.token import MISSING, WRONG
 from agent.core.errors import ErrorKind, StartupError
+from agent.doors.http_errors import STATUS as HTTP_STATUS
 from agent.doors.metrics import BUG, CANCELLED, OK, Metrics, Outcome
 from agent.ops.server import Agent
 from tests.helpers import env_json, package_server, running_agent, short_tempdir, workdir_zip
@@ -190,3 +193,33 @@ def test_requests_are_counted_by_outcome_ok_each_error_kind_cancelled_or_bug() -
         k.value: 1 for k in ErrorKind
     }
     assert counted("NOT_FOUND") is None, "a gRPC code name as a label"
+
+
+async def test_with_a_token_a_scrape_must_carry_it_through_the_same_check_as_grpc(
+    base: Path,
+) -> None:
+    """The metrics door calls the token check the gRPC door calls: a scrape without the token
+    is 401 with the missing-token message and ``WWW-Authenticate: Bearer``, a wrong token 401
+    with the wrong-token message, the right one gets the metrics."""
+    (base / "token").write_text("s3cret\n")
+    async with (
+        running_agent(token_file=str(base / "token"), metrics_address="127.0.0.1:0") as a,
+        aiohttp.ClientSession(trust_env=False) as session,
+    ):
+        url = f"http://{a.agent.metrics_address}/metrics"
+        async with session.get(url) as resp:
+            assert resp.status == 401
+            assert resp.headers["WWW-Authenticate"] == "Bearer"
+            assert await resp.text() == MISSING + "\n"
+        async with session.get(url, headers={"Authorization": "Bearer nope"}) as resp:
+            assert resp.status == 401
+            assert await resp.text() == WRONG + "\n"
+        async with session.get(url, headers={"Authorization": "Bearer s3cret"}) as resp:
+            assert resp.status == 200
+            assert "rtenv_cache_budget_bytes" in await resp.text()
+
+
+def test_every_error_kind_has_an_http_status() -> None:
+    assert set(HTTP_STATUS) == set(ErrorKind)
+    assert HTTP_STATUS[ErrorKind.UNAUTHENTICATED] == 401
+    assert HTTP_STATUS[ErrorKind.NOT_FOUND] == 404

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -27,7 +28,9 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agent.core.errors import ErrorKind
+from agent.app.token import Token
+from agent.core.errors import AgentError, ErrorKind
+from agent.doors.http_errors import error_response
 
 if TYPE_CHECKING:
     from agent.app.service import AgentService
@@ -132,11 +135,29 @@ class _Levels(Collector):
         )  # fmt: skip
 
 
-async def start_metrics_server(metrics: Metrics, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Serve GET /metrics; return the runner (to stop it) and the bound port."""
-    app = web.Application()
+async def start_metrics_server(
+    metrics: Metrics, host: str, port: int, *, token: Token | None = None
+) -> tuple[web.AppRunner, int]:
+    """Serve GET /metrics; return the runner (to stop it) and the bound port. With a token, a
+    scrape must carry it (``Authorization: Bearer <token>``), as every gRPC call but the health
+    checks must: the same check (``Token.check``), answered through the HTTP table."""
+    middlewares = [] if token is None else [_require(token)]
+    app = web.Application(middlewares=middlewares)
     app.router.add_get("/metrics", make_aiohttp_handler(metrics.registry))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner, runner.addresses[0][1]
+
+
+def _require(token: Token) -> Middleware:
+    @web.middleware
+    async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+        given = request.headers.get("Authorization")
+        try:
+            token.check(None if given is None else given.encode("utf-8", "surrogateescape"))
+        except AgentError as exc:
+            return error_response(exc)
+        return await handler(request)
+
+    return require_token

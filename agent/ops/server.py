@@ -26,7 +26,7 @@ from grpc_reflection.v1alpha import reflection
 
 from agent.app.config import Settings
 from agent.app.service import AgentService
-from agent.app.token import read_token
+from agent.app.token import Token, read_token
 from agent.core.errors import StartupError
 from agent.core.refs import RefTables
 from agent.core.units import human_bytes
@@ -111,8 +111,9 @@ class Agent:
                 self._db = StateDB(db_path)
                 await self._db.open()
             interceptors = []
-            if settings.token_file:
-                interceptors.append(TokenInterceptor(read_token(settings.token_file)))
+            secret = read_token(settings.token_file) if settings.token_file else None
+            if secret is not None:
+                interceptors.append(TokenInterceptor(secret))
             self._session = aiohttp.ClientSession(trust_env=False)
             tables = RefTables()
             fetcher = Fetcher(
@@ -155,7 +156,7 @@ class Agent:
             )
             self.address = await self._bind(address)
             if settings.metrics_address:
-                await self._serve_metrics(settings)
+                await self._serve_metrics(settings, None if secret is None else Token(secret))
             await self._server.start()
             for name in ("", SERVICE_NAME):
                 await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -176,14 +177,14 @@ class Agent:
                    "seconds": round(time.monotonic() - started, 3)},
         )  # fmt: skip
 
-    async def _serve_metrics(self, settings: Settings) -> None:
+    async def _serve_metrics(self, settings: Settings, token: Token | None) -> None:
         checked = check_address(settings.metrics_address, settings.allow_remote)
         host, _, port = checked.rpartition(":")
         if checked.startswith("unix:") or not port.isdigit():
             raise StartupError(f"metrics-address {checked!r} must be HOST:PORT")
         try:
             self._metrics_runner, bound = await start_metrics_server(
-                self.metrics, host.strip("[]"), int(port)
+                self.metrics, host.strip("[]"), int(port), token=token
             )
         except OSError as exc:
             raise StartupError(f"cannot serve metrics on {checked}: {exc.strerror}") from exc
