@@ -35,7 +35,6 @@ from agent.core.errors import (
 )
 from agent.core.refs import RefTables
 from agent.core.runtime_env import RuntimeEnv, parse_runtime_env
-from agent.core.uris import UriKey, UriKind
 from agent.state.state_db import EnvRow, StateDB
 from agent.state.store import UriStore
 
@@ -132,8 +131,6 @@ class AgentService:
         # Bookkeeping, atomically: no await from here to the first install.
         acquired = self.tables.begin_create(env_id, env.uri_keys)
         self.store.acquire(acquired)
-        if env.pip is not None:
-            self.store.register_pip(UriKey(UriKind.PIP, env.pip.uri), env.pip)
         self.records[env_id] = record
         if record.state is EnvState.READY:  # the hot path: no await, no I/O
             self.store.touch(env.uri_keys)
@@ -142,7 +139,7 @@ class AgentService:
             return True
         try:
             async with asyncio.timeout(setup_timeout_s):
-                await asyncio.gather(*(self.store.ensure(key) for key in env.uri_keys))
+                await asyncio.gather(*(self.store.ensure(p) for p in env.packages))
             if self._db is not None and not record.persisted:
                 row = EnvRow(env_id, env.canonical, _pairs(env), record.created_ms)
                 await self._db.record_env(row, self.tables.env_count(env_id))

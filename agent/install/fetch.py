@@ -46,8 +46,9 @@ from agent.core.errors import (
     PermissionDenied,
     echo,
 )
+from agent.core.roots import FileRoots
 from agent.core.uris import ParsedUri
-from agent.install.file_source import FileRoots, open_package
+from agent.install.file_source import open_package
 
 log = logging.getLogger(__name__)
 
