@@ -22,7 +22,6 @@ evicted key can start at once. Blocking work (copy, hash, unzip, rmtree) runs in
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 import sys
@@ -48,7 +47,7 @@ from agent.install.disk import (
 )
 from agent.install.fetch import Fetcher
 from agent.install.installers import Installer, InstallJob, InstallTools, build_installers
-from agent.install.staging import place_package, prepare_staging
+from agent.install.staging import place_package, prepare_staging, through
 from agent.state.state_db import StateDB, UriRow
 
 log = logging.getLogger(__name__)
@@ -220,7 +219,7 @@ class UriStore:
             await self._install_slots.acquire()  # a queue, not a failure
             queued = False
             self._claims.add(claim)
-            await asyncio.to_thread(prepare_staging, staging)
+            await through(asyncio.ensure_future(asyncio.to_thread(prepare_staging, staging)))
             log.info("installing %s", label, extra={"uri": label})
             await self._make_room(0, label, claim)
             space = _InstallSpace(self, claim, label)
@@ -270,12 +269,9 @@ class UriStore:
         commit will vouch for it (nothing in uris/ without an entry)."""
         step = asyncio.ensure_future(asyncio.to_thread(place_package, self.root, unpacked, final))
         try:
-            leftover = await asyncio.shield(step)
+            leftover = await through(step)
         except asyncio.CancelledError:
-            while not step.done():  # a rename or two: bounded
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.wait([step])
-            if step.exception() is None:
+            if not step.cancelled() and step.exception() is None:
                 left = step.result()
                 self.delete_in_background([self._to_trash(final), *([left] if left else [])])
             raise
