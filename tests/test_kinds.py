@@ -142,10 +142,12 @@ class _JarInstaller:
             raise recipe_error(package, "URI")
         self._fetcher.check_origin(package.recipe, label)
 
+    def prepare(self, staging: Path) -> None:
+        (staging / "jars").mkdir()
+
     async def install(self, package: Package, job: InstallJob) -> Installed:
         assert isinstance(package.recipe, ParsedUri)
         folder = job.staging / "jars"
-        await asyncio.to_thread(folder.mkdir)
         size = await self._fetcher.fetch(
             package.recipe, folder / "lib.jar", label=job.label, space=job.space
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -35,9 +36,11 @@ async def through(step: asyncio.Future[_T]) -> _T:
         raise
 
 
-def prepare_staging(staging: Path) -> None:
-    """Make the install's staging folder: private, nobody else may touch a package being built."""
+def prepare_staging(staging: Path, prepare: Callable[[Path], None]) -> None:
+    """Make the install's staging folder (private: nobody else may touch a package being built),
+    then let its installer ``prepare`` in it. Blocking: one thread hop."""
     staging.mkdir(mode=0o700)
+    prepare(staging)
 
 
 def place_package(root: Path, unpacked: Path, final: Path) -> Path | None:

@@ -219,7 +219,8 @@ class UriStore:
             await self._install_slots.acquire()  # a queue, not a failure
             queued = False
             self._claims.add(claim)
-            await through(asyncio.ensure_future(asyncio.to_thread(prepare_staging, staging)))
+            prepare = asyncio.to_thread(prepare_staging, staging, installer.prepare)
+            await through(asyncio.ensure_future(prepare))
             log.info("installing %s", label, extra={"uri": label})
             await self._make_room(0, label, claim)
             space = _InstallSpace(self, claim, label)

@@ -56,6 +56,10 @@ class Installer(Protocol):
         """Pure: refuse a package today's settings forbid, installed or not (the store calls it
         on every ensure, hits included)."""
 
+    def prepare(self, staging: Path) -> None:
+        """Blocking, short (a metadata call or two): set up in the new staging folder, in the
+        store's one thread hop that makes it."""
+
     async def install(self, package: Package, job: InstallJob) -> Installed:
         """Make the package's folder under ``job.staging``; nothing blocks the loop."""
         ...

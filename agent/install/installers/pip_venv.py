@@ -33,10 +33,13 @@ class PipVenvInstaller:
     def check(self, package: Package, label: str) -> None:
         """Nothing to check again: the places pip reads from were checked when it was parsed."""
 
+    def prepare(self, staging: Path) -> None:
+        """The logs folder, made the first time a venv is built."""
+        make_dir(self._logs)
+
     async def install(self, package: Package, job: InstallJob) -> Installed:
         if not isinstance(package.recipe, PipSpec):
             raise recipe_error(package, "pip")
-        await asyncio.to_thread(make_dir, self._logs)
         log_path = self._logs / f"{job.final.name}-{uuid.uuid4().hex[:8]}.log"
         venv = await build_venv(
             package.recipe, job.staging, python=self._python, installer=self._installer,

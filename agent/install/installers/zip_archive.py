@@ -19,6 +19,8 @@ from agent.install.disk import unpack_reservation
 from agent.install.fetch import Fetcher
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
 
+_ARCHIVE = "package.zip"  # in the staging folder, next to what it unpacks to
+
 
 class ZipArchiveInstaller:
     """One zip kind; ``strip_top_level`` for a working dir (as Ray does)."""
@@ -40,10 +42,14 @@ class ZipArchiveInstaller:
         """Today's allowed roots, even for a package cached before they were set."""
         self._fetcher.check_origin(_uri_of(package), label)
 
+    def prepare(self, staging: Path) -> None:
+        """The download is 0600 in the 0700 staging folder from before its first byte, whatever
+        the umask; the fetcher truncates and writes into it."""
+        os.close(os.open(staging / _ARCHIVE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
     async def install(self, package: Package, job: InstallJob) -> Installed:
         uri = _uri_of(package)
-        archive = job.staging / "package.zip"
-        await asyncio.to_thread(_create_private, archive)
+        archive = job.staging / _ARCHIVE
         fetched = await self._fetcher.fetch(uri, archive, label=job.label, space=job.space)
         job.downloaded(fetched)
         crash_point("after_download")
@@ -66,9 +72,3 @@ def _uri_of(package: Package) -> ParsedUri:
     if not isinstance(package.recipe, ParsedUri):
         raise recipe_error(package, "URI")
     return package.recipe
-
-
-def _create_private(archive: Path) -> None:
-    """The download is 0600 in the 0700 staging folder from before its first byte, whatever the
-    umask; the fetcher truncates and writes into it."""
-    os.close(os.open(archive, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
