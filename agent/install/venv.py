@@ -33,6 +33,7 @@ from pathlib import Path
 
 from agent.core.errors import FailedPrecondition, echo
 from agent.core.pip_spec import PipSpec
+from agent.install.staging import through
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,13 @@ async def _run(args: Sequence[str], log_path: Path, label: str, staging: Path) -
     # The installer's temp files go in its staging folder: an install killed (timeout, crash)
     # leaves its pip-* folders there, removed with the staging, not in the machine's temp dir.
     temp = staging / "installer-tmp"
-    out = await asyncio.to_thread(_open_log, log_path, temp, args)
+    opening = asyncio.ensure_future(asyncio.to_thread(_open_log, log_path, temp, args))
+    try:
+        out = await through(opening)
+    except asyncio.CancelledError:  # the log was opened all the same: close it
+        if not opening.cancelled() and opening.exception() is None:
+            os.close(opening.result())
+        raise
     try:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-c", _GROUP_LEADER, str(os.getpid()), *args,
