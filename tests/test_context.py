@@ -105,3 +105,18 @@ def test_a_pythonpath_pushed_over_max_arg_strlen_is_refused_naming_it() -> None:
         build_context(e, path_for, py_executable="py", limits=EnvLimits(max_env_var_bytes=1 << 30))
     assert "env_vars['PYTHONPATH']" in info.value.message
     assert "MAX_ARG_STRLEN" in info.value.message
+
+
+def test_a_pip_env_runs_its_venv_python_and_stays_off_the_path_behind_the_zip_kinds() -> None:
+    """Each kind placed as ``PLACEMENTS`` says: the venv gives the python only; the working dir
+    the cwd and the first PYTHONPATH entry; py_modules follow."""
+    e = env(pip=["requests"], py_modules=[M1], working_dir=WD)
+    ctx = build_context(e, path_for, py_executable="/usr/bin/python3", limits=LIMITS)
+    venv = path_for(e.uri_keys[-1])
+    assert venv.name.startswith("pip-")
+    assert ctx.py_executable == str(venv / "bin" / "python")
+    assert ctx.env_vars["PYTHONPATH"].split(os.pathsep) == [
+        "/store/uris/working_dir-wd.zip",
+        "/store/uris/py_modules-m1.zip",
+    ]
+    assert ctx.cwd == "/store/uris/working_dir-wd.zip"

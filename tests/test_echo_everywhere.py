@@ -15,8 +15,9 @@ import pytest
 
 from agent.core.errors import AgentError, PermissionDenied, UnsafeArchive, echo
 from agent.core.hostname import host_problem
+from agent.core.packages import Package
 from agent.core.pip_spec import parse_pip
-from agent.core.uris import ParsedUri, UriKey, UriKind
+from agent.core.uris import ParsedUri, UriKey, UriKind, parse_uri
 from agent.install.archive import ArchiveLimits, extract_zip
 from agent.install.fetch import Fetcher, FetchLimits
 from agent.install.file_source import FileRoots, open_package
@@ -102,7 +103,7 @@ async def test_store_cuts_a_huge_uri_once_as_the_label_of_its_messages(tmp_path:
         )  # fmt: skip
         try:
             with pytest.raises(AgentError) as failed:
-                await store.ensure(key)
+                await store.ensure(Package(key, parse_uri(key.kind.value, key.uri)))
         finally:
             await store.close()
     _short_naming(failed.value.message, len(str(key)))

@@ -16,6 +16,7 @@ from packaging.requirements import Requirement
 
 from agent.core.errors import AgentError, InvalidRuntimeEnv, PermissionDenied
 from agent.core.pip_spec import PipSpec, normalize_requirement, parse_pip
+from agent.core.roots import FileRoots
 from agent.core.runtime_env import EnvLimits, parse_runtime_env
 from agent.core.uris import UriKey, UriKind
 
@@ -384,3 +385,50 @@ def test_whitespace_inside_a_quoted_marker_value_is_part_of_the_identity() -> No
     spaced = spec(['foo; os_name in "posix nt"'])
     joined = spec(['foo; os_name in "posixnt"'])
     assert spaced.uri != joined.uri, (spaced.packages, joined.packages)
+
+
+# -- the allowed roots: one check for pip and for file:// packages -------------------------------
+
+
+def test_roots_resolved_once_and_roots_by_name_give_the_same_verdicts_and_messages(
+    tmp_path: Path,
+) -> None:
+    """``FileRoots`` (agent.core.roots), resolved once at start, is the check pip uses; the
+    refusal lists the roots as the kernel names them, as before."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "via").symlink_to(real)
+    names = (str(tmp_path / "via"),)
+    resolved = FileRoots.of(names)
+    inside = with_options("-e", str(real / "proj"))
+    outside = with_options("-e", str(tmp_path / "elsewhere"))
+    assert spec(inside, names) == parse_pip(inside, file_roots=resolved)
+    messages = []
+    for roots in (names, resolved):
+        with pytest.raises(PermissionDenied) as refused:
+            parse_pip(outside, file_roots=roots)
+        messages.append(refused.value.message)
+    assert messages[0] == messages[1]
+    assert f"({real}; the allow-file-root setting)" in messages[0]
+
+
+def test_pip_and_file_packages_agree_on_what_lies_inside_the_roots(tmp_path: Path) -> None:
+    """One check: a path pip may read from is a path a file:// package may be opened at."""
+    roots = FileRoots.of([str(tmp_path / "allowed"), ""])  # an empty root names none
+    for path, inside in (
+        (tmp_path / "allowed" / "a", True),
+        (tmp_path / "allowed", True),
+        (tmp_path / "allowed-not" / "a", False),
+        (tmp_path / "a", False),
+    ):
+        assert roots.allow_name(str(path)) is inside
+        verdict = _pip_allows(with_options("-e", str(path)), roots)
+        assert verdict is inside, path
+
+
+def _pip_allows(value: object, roots: FileRoots) -> bool:
+    try:
+        parse_pip(value, file_roots=roots)
+    except PermissionDenied:
+        return False
+    return True

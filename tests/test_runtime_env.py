@@ -6,6 +6,7 @@ import json
 import random
 from string import Template
 from typing import Any
+from urllib.parse import SplitResult
 
 import pytest
 from hypothesis import given, settings
@@ -19,7 +20,7 @@ from agent.core.runtime_env import (
     env_var_bytes,
     parse_runtime_env,
 )
-from agent.core.uris import UriKey, UriKind, parse_uri
+from agent.core.uris import SCHEMES, UriKey, UriKind, parse_uri
 
 LIMITS = EnvLimits()
 WD = "file:///pkgs/wd.zip"
@@ -153,6 +154,34 @@ def test_parse_uri_rejects_bad_uris_naming_the_field(value: object, needle: str)
         parse_uri("py_modules[3]", value)
     assert info.value.message.startswith("py_modules[3]")
     assert needle in info.value.message
+
+
+def test_the_supported_schemes_named_in_a_refusal_are_the_registry() -> None:
+    with pytest.raises(InvalidRuntimeEnv) as info:
+        parse_uri("working_dir", "ftp://h.example/p.zip")
+    assert info.value.message.endswith("supported schemes are file, http and https")
+
+
+def test_a_scheme_is_one_registry_entry_and_refusals_then_name_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """s3:// registered with its check: accepted, parsed by that check, listed in refusals."""
+
+    def s3_key(parts: SplitResult, where: str) -> str:
+        if not parts.netloc:
+            raise InvalidRuntimeEnv(f"{where}: an s3 URI names a bucket")
+        return parts.path
+
+    monkeypatch.setitem(SCHEMES, "s3", s3_key)
+    parsed = parse_uri("working_dir", f"S3://bucket/k.zip#sha256={DIGEST}")
+    assert (parsed.scheme, parsed.url, parsed.path, parsed.sha256) == (
+        "s3", "s3://bucket/k.zip", "/k.zip", DIGEST,
+    )  # fmt: skip
+    with pytest.raises(InvalidRuntimeEnv, match="s3 URI names a bucket"):
+        parse_uri("working_dir", "s3:///k.zip")
+    with pytest.raises(InvalidRuntimeEnv) as info:
+        parse_uri("working_dir", "gs://bucket/k.zip")
+    assert info.value.message.endswith("supported schemes are file, http, https and s3")
 
 
 # -- rejections of a whole env ------------------------------------------------------------------

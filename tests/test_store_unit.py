@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from agent.core.errors import DownloadFailed, PackageNotFound, PackageRejected
-from agent.core.uris import UriKey, UriKind
+from agent.core.packages import Package
+from agent.core.uris import UriKey, UriKind, parse_uri
 from agent.install.archive import ArchiveLimits
 from agent.install.fetch import Fetcher, FetchLimits
 from agent.install.transport import Failure, MockTransport, Request, Response, TransportError
@@ -159,7 +160,7 @@ class StoreRig:
         if self.refs[key] == 1:
             self.store.acquire([key])
         try:
-            return await self.store.ensure(key)
+            return await self.store.ensure(Package(key, parse_uri("py_modules[0]", url)))
         except BaseException:
             self.drop(url)
             raise

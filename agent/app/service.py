@@ -62,7 +62,6 @@ from agent.core.errors import (
 )
 from agent.core.refs import RefTables
 from agent.core.runtime_env import RuntimeEnv, parse_runtime_env
-from agent.core.uris import UriKey, UriKind
 from agent.state.recovery import RecoverySummary
 from agent.state.state_db import StateDB
 from agent.state.store import UriEntry, UriState, UriStore
@@ -181,8 +180,6 @@ class AgentService:
         # Bookkeeping, atomically: no await from here to the first install.
         acquired = self.tables.begin_create(env_id, env.uri_keys)
         self.store.acquire(acquired)
-        if env.pip is not None:
-            self.store.register_pip(UriKey(UriKind.PIP, env.pip.uri), env.pip)
         self.records[env_id] = record
         if record.state is EnvState.READY:  # the hot path: no await, no I/O
             self.store.touch(env.uri_keys)
@@ -192,7 +189,7 @@ class AgentService:
         self._note(env)  # before the installs: their commits carry it, no commit of its own
         try:
             async with asyncio.timeout(setup_timeout_s):
-                await asyncio.gather(*(self.store.ensure(key) for key in env.uri_keys))
+                await asyncio.gather(*(self.store.ensure(p) for p in env.packages))
         except BaseException as exc:
             self._abort(env, exc)
             if isinstance(exc, TimeoutError):

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.core.packages import placement_of
 from agent.core.runtime_env import EnvLimits, RuntimeEnv, check_env_var_size
-from agent.core.uris import UriKey, UriKind
+from agent.core.uris import UriKey
 
 
 @dataclass(frozen=True)
@@ -29,17 +30,26 @@ def build_context(
     py_executable: str,
     limits: EnvLimits,
 ) -> WorkerContext:
-    """PYTHONPATH is the working dir, then each py_module root in order, then the env's own."""
-    paths = [str(path_for(key)) for key in env.uri_keys if key.kind is not UriKind.PIP]
+    """Each package is placed as its kind says (``PLACEMENTS``): PYTHONPATH is the folders put
+    on it in the env's order (the working dir, then each py_module root in order), then the
+    env's own; the cwd and the python are those of the first package giving one."""
+    paths: list[str] = []
+    cwd = ""
+    python = None
+    for package in env.packages:
+        placement = placement_of(package.key.kind)
+        folder = path_for(package.key)
+        if placement.on_path:
+            paths.append(str(folder))
+        if placement.cwd and not cwd:
+            cwd = str(folder)
+        if placement.python is not None and python is None:
+            python = str(folder / placement.python)
     env_vars = dict(env.env_vars)
     own = env_vars.get("PYTHONPATH")
     if own:
         paths.append(own)
     if paths:
         env_vars["PYTHONPATH"] = os.pathsep.join(paths)
-    cwd = str(path_for(env.uri_keys[0])) if env.working_dir is not None else ""
     check_env_var_size(env_vars, limits)
-    venvs = [key for key in env.uri_keys if key.kind is UriKind.PIP]
-    if venvs:  # the env's own virtualenv; the working dir and py_modules still come first
-        py_executable = str(path_for(venvs[0]) / "bin" / "python")
-    return WorkerContext(env_vars=env_vars, cwd=cwd, py_executable=py_executable)
+    return WorkerContext(env_vars=env_vars, cwd=cwd, py_executable=python or py_executable)

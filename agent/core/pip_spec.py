@@ -35,6 +35,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from agent.core.errors import InvalidRuntimeEnv, PermissionDenied, echo
+from agent.core.roots import FileRoots
 
 # pip install options allowed in an env, by their full spelling only (pip would also take any
 # unambiguous prefix, such as --targ for --target: an allow-list of whole names refuses those),
@@ -132,8 +133,9 @@ def _canonical(req: Requirement) -> str:
     return out
 
 
-def parse_pip(value: object, *, file_roots: Sequence[str] = ()) -> PipSpec | None:
-    """The ``pip`` field, validated and normalised; None when it names nothing."""
+def parse_pip(value: object, *, file_roots: Sequence[str] | FileRoots = ()) -> PipSpec | None:
+    """The ``pip`` field, validated and normalised; None when it names nothing. ``file_roots``:
+    resolved once (``FileRoots.of``), or folder names, resolved on each call."""
     if value is None:
         return None
     if isinstance(value, list):
@@ -162,7 +164,7 @@ def parse_pip(value: object, *, file_roots: Sequence[str] = ()) -> PipSpec | Non
                     f"{field}: {echo(item)} is not a valid item (at most {_MAX_ITEM_CHARS} "
                     "characters, no NUL, no newline)"
                 )
-    roots = tuple(os.path.realpath(r) for r in file_roots)
+    roots = file_roots if isinstance(file_roots, FileRoots) else FileRoots.of(file_roots)
     _check_options(options, roots)
     normalised = set()
     for i, text in enumerate(packages):
@@ -181,7 +183,7 @@ def parse_pip(value: object, *, file_roots: Sequence[str] = ()) -> PipSpec | Non
     )
 
 
-def _check_options(options: Sequence[str], roots: tuple[str, ...]) -> None:
+def _check_options(options: Sequence[str], roots: FileRoots) -> None:
     """Every option must be on the allow-list, spelled in full; each place it names to read
     packages from must be allowed."""
     field = "pip.pip_install_options"
@@ -231,7 +233,7 @@ def _check_options(options: Sequence[str], roots: tuple[str, ...]) -> None:
 
 
 def _check_url(
-    value: str, where: str, roots: tuple[str, ...], *, vcs: bool, path: bool = True
+    value: str, where: str, roots: FileRoots, *, vcs: bool, path: bool = True
 ) -> str | None:
     """The local path ``value`` names (a ``file:`` URL, ``vcs+file:`` when ``vcs``, or an
     absolute path when ``path``), checked against the roots; None when it is remote (http(s),
@@ -266,10 +268,10 @@ def _check_url(
             + (" nor an absolute path (a relative one would mean the agent's working directory)"
                if path else "")
         )  # fmt: skip
-    if roots and not _inside(os.path.realpath(local), roots):
+    if not roots.allow_opened(os.path.realpath(local)):
         raise PermissionDenied(
             f"{where} {echo(value)} is outside the folders pip may read from "
-            f"({', '.join(roots)}; the allow-file-root setting)"
+            f"({', '.join(roots.real)}; the allow-file-root setting)"
         )
     return local
 
@@ -284,8 +286,3 @@ def _file_url_path(parts: urllib.parse.SplitResult, value: str, where: str) -> s
             f"{where} {echo(value)}: a file: URL must be absolute, and decode to no NUL"
         )
     return path
-
-
-def _inside(real: str, roots: tuple[str, ...]) -> bool:
-    """``real`` is one of the (real) roots or below one; a root of / admits every path."""
-    return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots)

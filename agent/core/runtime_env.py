@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent.core.errors import InvalidRuntimeEnv, echo, type_name
+from agent.core.packages import Package
 from agent.core.pip_spec import PipSpec, parse_pip
-from agent.core.uris import UriKey, UriKind, parse_uri
+from agent.core.roots import FileRoots
+from agent.core.uris import ParsedUri, UriKey, UriKind, parse_uri
 
 # Linux's MAX_ARG_STRLEN: one "KEY=value\0" string handed to execve may not exceed it.
 MAX_ARG_STRLEN = 128 * 1024
@@ -45,8 +47,19 @@ class RuntimeEnv:
     eager_install: bool | None
     canonical: str
     env_id: str
-    uri_keys: tuple[UriKey, ...] = field(default=())  # distinct: working_dir, py_modules, pip
-    pip: PipSpec | None = None
+    packages: tuple[Package, ...] = ()  # distinct keys: working_dir, py_modules, pip, in order
+    uri_keys: tuple[UriKey, ...] = field(init=False, repr=False, compare=False)  # packages' keys
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "uri_keys", tuple(p.key for p in self.packages))
+
+    @property
+    def pip(self) -> PipSpec | None:
+        """The pip set the env names, if it names one."""
+        for package in self.packages:
+            if isinstance(package.recipe, PipSpec):
+                return package.recipe
+        return None
 
 
 def env_var_bytes(env_vars: Mapping[str, str]) -> int:
@@ -72,9 +85,10 @@ def check_env_var_size(env_vars: Mapping[str, str], limits: EnvLimits) -> None:
 
 
 def parse_runtime_env(
-    text: str, limits: EnvLimits, *, file_roots: tuple[str, ...] = ()
+    text: str, limits: EnvLimits, *, file_roots: Sequence[str] | FileRoots = ()
 ) -> RuntimeEnv:
-    """Parse and validate a serialized runtime env; raise ``InvalidRuntimeEnv`` naming the field."""
+    """Parse and validate a serialized runtime env; raise ``InvalidRuntimeEnv`` naming the field.
+    Each package is parsed here, once, into its key and its recipe (``Package``)."""
     size = len(text.encode())
     if size > limits.max_json_bytes:
         raise InvalidRuntimeEnv(
@@ -89,25 +103,25 @@ def parse_runtime_env(
             f"unknown runtime_env field(s) {_listed(unknown)}{hint}; "
             f"supported: {', '.join(_SUPPORTED_FIELDS)}"
         )
+    packages: list[Package] = []
     working_dir = None
     if obj.get("working_dir") is not None:
         working_dir = obj["working_dir"]
-        parse_uri("working_dir", working_dir)
-    py_modules = _parse_py_modules(obj.get("py_modules"))
+        wd_uri = parse_uri("working_dir", working_dir)
+        packages.append(Package(UriKey(UriKind.WORKING_DIR, working_dir), wd_uri))
+    modules = _parse_py_modules(obj.get("py_modules"))
+    py_modules = tuple(modules)
+    packages.extend(Package(UriKey(UriKind.PY_MODULES, u), p) for u, p in modules.items())
     env_vars = _parse_env_vars(obj.get("env_vars"))
     check_env_var_size(env_vars, limits)
     timeout, eager = _parse_config(obj.get("config"))
     pip = parse_pip(obj.get("pip"), file_roots=file_roots)
 
-    keys: list[UriKey] = []
-    if working_dir is not None:
-        keys.append(UriKey(UriKind.WORKING_DIR, working_dir))
-    keys.extend(UriKey(UriKind.PY_MODULES, uri) for uri in py_modules)
     if pip is not None:
-        keys.append(UriKey(UriKind.PIP, pip.uri))
-    if len(keys) > limits.max_uris:
+        packages.append(Package(UriKey(UriKind.PIP, pip.uri), pip))
+    if len(packages) > limits.max_uris:
         raise InvalidRuntimeEnv(
-            f"the env names {len(keys)} distinct URIs; the limit is {limits.max_uris}"
+            f"the env names {len(packages)} distinct URIs; the limit is {limits.max_uris}"
         )
 
     identity: dict[str, Any] = {}
@@ -128,8 +142,7 @@ def parse_runtime_env(
         eager_install=eager,
         canonical=canonical,
         env_id=env_id_of(canonical),
-        uri_keys=tuple(keys),
-        pip=pip,
+        packages=tuple(packages),
     )
 
 
@@ -166,16 +179,17 @@ def _load_json_object(text: str) -> dict[str, Any]:
     return obj
 
 
-def _parse_py_modules(value: object) -> tuple[str, ...]:
+def _parse_py_modules(value: object) -> dict[str, ParsedUri]:
+    """Each distinct URI, parsed, in the order of its first occurrence."""
     if value is None:
-        return ()
+        return {}
     if not isinstance(value, list):
         raise InvalidRuntimeEnv(f"py_modules must be a list of URIs, got {type_name(value)}")
-    seen: dict[str, None] = {}
+    seen: dict[str, ParsedUri] = {}
     for index, uri in enumerate(value):
-        parse_uri(f"py_modules[{index}]", uri)
-        seen.setdefault(uri, None)
-    return tuple(seen)
+        parsed = parse_uri(f"py_modules[{index}]", uri)
+        seen.setdefault(uri, parsed)
+    return seen
 
 
 def _parse_env_vars(value: object) -> dict[str, str]:

@@ -1,17 +1,18 @@
 """Package URIs: what the agent downloads, counts, caches and deletes, named by (kind, URI).
 
 Pure: no I/O. ``parse_uri`` validates one URI a runtime env names (a ``ParsedUri``: scheme,
-what to fetch, the path, the digest the URI pins); ``UriKind`` says how a package is installed and
-put on the worker's path; a ``UriKey`` is one (kind, URI) pair, the unit of the reference tables,
-the store and the index.
+what to fetch, the path, the digest the URI pins), each scheme by its entry in the registry
+``SCHEMES``; ``UriKind`` says how a package is installed and put on the worker's path; a
+``UriKey`` is one (kind, URI) pair, the unit of the reference tables, the store and the index.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from agent.core.errors import InvalidRuntimeEnv, echo, echo_label, type_name
 from agent.core.hostname import host_problem
@@ -48,7 +49,7 @@ class UriKey:
 class ParsedUri:
     """A validated package URI. ``url`` is what is fetched (no fragment)."""
 
-    scheme: str  # "file", "http" or "https"
+    scheme: str  # one of ``SCHEMES``: "file", "http" or "https"
     url: str
     path: str  # the local path for file://, the URL path otherwise
     sha256: str | None  # lowercase hex, when the URI carries "#sha256=<hex>"
@@ -80,10 +81,11 @@ def parse_uri(field_name: str, value: object) -> ParsedUri:
             f"{field_name} {echo(value)} is not a URI: relative and bare paths are not supported; "
             "give file:///absolute/path.zip or http(s)://host/path.zip"
         )
-    if scheme not in ("file", "http", "https"):
+    check = SCHEMES.get(scheme)
+    if check is None:
         raise InvalidRuntimeEnv(
             f"{field_name} {echo(value)}: scheme {echo(scheme)} is not supported; "
-            "supported schemes are file, http and https"
+            f"supported schemes are {supported_schemes()}"
         )
     sha256 = None
     if parts.fragment:
@@ -94,27 +96,50 @@ def parse_uri(field_name: str, value: object) -> ParsedUri:
                 "#sha256=<64 hex digits>"
             )
         sha256 = match.group(1).lower()
+    where = f"{field_name} {echo(value)}"
     url = parts._replace(fragment="").geturl()
-    if scheme == "file":
-        if parts.netloc not in ("", "localhost"):
-            raise InvalidRuntimeEnv(
-                f"{field_name} {echo(value)}: a file URI names an absolute path on this node "
-                f"(file:///path), not host {echo(parts.netloc)}"
-            )
-        if parts.query:
-            raise InvalidRuntimeEnv(f"{field_name} {echo(value)}: a file URI takes no query")
-        path = unquote(parts.path)
-        if not path.startswith("/") or path == "/":
-            raise InvalidRuntimeEnv(f"{field_name} {echo(value)}: the file path must be absolute")
-        if "\x00" in path:
-            raise InvalidRuntimeEnv(f"{field_name} {echo(value)}: the path contains a NUL byte")
-        return ParsedUri("file", url, path, sha256)
+    return ParsedUri(scheme, url, check(parts, where), sha256)
+
+
+def supported_schemes() -> str:
+    """The schemes of ``SCHEMES`` for a message: "file, http and https"."""
+    names = list(SCHEMES)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _file_path(parts: SplitResult, where: str) -> str:
+    """A file URI names an absolute path on this node; the path is its value."""
+    if parts.netloc not in ("", "localhost"):
+        raise InvalidRuntimeEnv(
+            f"{where}: a file URI names an absolute path on this node "
+            f"(file:///path), not host {echo(parts.netloc)}"
+        )
+    if parts.query:
+        raise InvalidRuntimeEnv(f"{where}: a file URI takes no query")
+    path = unquote(parts.path)
+    if not path.startswith("/") or path == "/":
+        raise InvalidRuntimeEnv(f"{where}: the file path must be absolute")
+    if "\x00" in path:
+        raise InvalidRuntimeEnv(f"{where}: the path contains a NUL byte")
+    return path
+
+
+def _http_path(parts: SplitResult, where: str) -> str:
+    """An http(s) URI needs a valid host and port; its path is the URL's."""
     if not parts.hostname:
-        raise InvalidRuntimeEnv(f"{field_name} {echo(value)}: an http(s) URI needs a host")
+        raise InvalidRuntimeEnv(f"{where}: an http(s) URI needs a host")
     if (problem := host_problem(parts.hostname)) is not None:  # not later, as a bug in idna
-        raise InvalidRuntimeEnv(f"{field_name} {echo(value)}: {problem}")
+        raise InvalidRuntimeEnv(f"{where}: {problem}")
     try:
         parts.port  # noqa: B018 - validates the port
     except ValueError as exc:
-        raise InvalidRuntimeEnv(f"{field_name} {echo(value)}: bad port: {echo(str(exc))}") from exc
-    return ParsedUri(scheme, url, parts.path, sha256)
+        raise InvalidRuntimeEnv(f"{where}: bad port: {echo(str(exc))}") from exc
+    return parts.path
+
+
+# The scheme registry: each scheme a package URI may use, with the check of the rest of the URI
+# (its scheme, fragment and length are checked before), which returns the ``ParsedUri.path``.
+# A new scheme (s3://, gs://) is one entry here, its check, and its fetcher; messages listing
+# the supported schemes come from this table. Order: as messages list them.
+SchemeCheck = Callable[[SplitResult, str], str]  # (the split URI, "field 'value'") -> path
+SCHEMES: dict[str, SchemeCheck] = {"file": _file_path, "http": _http_path, "https": _http_path}

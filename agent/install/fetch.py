@@ -47,8 +47,9 @@ from agent.core.errors import (
     PermissionDenied,
     echo,
 )
+from agent.core.roots import FileRoots
 from agent.core.uris import ParsedUri
-from agent.install.file_source import FileRoots, open_package
+from agent.install.file_source import open_package
 from agent.install.transport import (
     AiohttpTransport,
     Failure,

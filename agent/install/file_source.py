@@ -8,7 +8,8 @@ only a regular file is a package) and where it really is (``/proc/self/fd/N``, c
 the allowed roots). Only then is it reopened for reading through that same descriptor, so the
 bytes read are those of the file that was checked. Blocking: call it in a thread.
 
-``FileRoots`` holds the allowed roots; its checks are pure string comparisons.
+``FileRoots`` (``agent.core.roots``) holds the allowed roots; its checks are pure string
+comparisons.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 from agent.core.errors import PackageNotFound, PackageRejected, PermissionDenied, echo
+from agent.core.roots import FileRoots
+
+__all__ = ["FileRoots", "open_package"]  # FileRoots lived here: its callers may import it here
 
 _KINDS = {
     stat.S_IFDIR: "a directory",
@@ -29,44 +31,6 @@ _KINDS = {
     stat.S_IFBLK: "a block device",
     stat.S_IFLNK: "a symbolic link",
 }
-
-
-@dataclass(frozen=True)
-class FileRoots:
-    """The allow-file-root folders, as given (normalized) and as the kernel names them (links
-    resolved). Both the name a URI gives and the file opened must lie under one. None: any."""
-
-    given: tuple[str, ...] = ()
-    real: tuple[str, ...] = ()
-
-    @classmethod
-    def of(cls, roots: Sequence[str]) -> FileRoots:
-        """Resolve the roots once, at start (a few system calls)."""
-        named = [root for root in roots if root]
-        return cls(
-            tuple(os.path.normpath(os.path.abspath(root)) for root in named),
-            tuple(os.path.realpath(root) for root in named),
-        )
-
-    def __bool__(self) -> bool:
-        return bool(self.given)
-
-    def allow_name(self, path: str) -> bool:
-        """The pure check on a URI's path: no file is looked at (the store repeats it on every
-        create naming a cached package). A root configured through a link holds its files."""
-        return not self or within_roots(os.path.normpath(path), self.given + self.real)
-
-    def allow_opened(self, real_path: str) -> bool:
-        """The check on where an opened file really is."""
-        return not self or within_roots(real_path, self.real)
-
-    def __str__(self) -> str:
-        return ", ".join(self.given)
-
-
-def within_roots(path: str, roots: Sequence[str]) -> bool:
-    """``path`` (absolute, normalized) is one of ``roots`` or lies under one. ``/`` holds all."""
-    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
 def open_package(path: str, roots: FileRoots, label: str) -> tuple[int, int]:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from agent.core.errors import InstallerFailed, echo
 from agent.core.pip_spec import PipSpec
+from agent.install.staging import through
 
 log = logging.getLogger(__name__)
 
@@ -77,19 +78,23 @@ async def _run(args: Sequence[str], log_path: Path, label: str, staging: Path) -
     # The installer's temp files go in its staging folder: an install killed (timeout, crash)
     # leaves its pip-* folders there, removed with the staging, not in the machine's temp dir.
     temp = staging / "installer-tmp"
-    temp.mkdir(exist_ok=True)
-    out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    opening = asyncio.ensure_future(asyncio.to_thread(_open_log, log_path, temp, args))
     try:
-        os.write(out, f"{_COMMAND}{' '.join(args)}\n".encode())
+        out = await through(opening)
+    except asyncio.CancelledError:  # the log was opened all the same: close it
+        if not opening.cancelled() and opening.exception() is None:
+            os.close(opening.result())
+        raise
+    try:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-c", _GROUP_LEADER, str(os.getpid()), *args,
             stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
             env={**installer_environ(), "TMPDIR": str(temp)}, cwd=staging,
         )  # fmt: skip
     finally:
-        os.close(out)
-    (staging / PGID_FILE).write_text(str(proc.pid))
+        os.close(out)  # the child has its own copy
     try:
+        await asyncio.to_thread((staging / PGID_FILE).write_text, str(proc.pid))
         code = await proc.wait()
     except BaseException:  # cancelled: the whole group goes, now, children included
         with contextlib.suppress(ProcessLookupError):
@@ -102,6 +107,19 @@ async def _run(args: Sequence[str], log_path: Path, label: str, staging: Path) -
             f"{label}: {os.path.basename(args[0])} exited with {code}; its last error lines "
             f"(the whole output is in {log_path} on the agent's node):\n{tail}"
         )
+
+
+def _open_log(log_path: Path, temp: Path, args: Sequence[str]) -> int:
+    """Make the installer's temp folder, open its log for appending and write the command line
+    the output follows; return the log's descriptor. Blocking: one thread hop."""
+    temp.mkdir(exist_ok=True)
+    out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(out, f"{_COMMAND}{' '.join(args)}\n".encode())
+    except BaseException:
+        os.close(out)
+        raise
+    return out
 
 
 _COMMAND = "$ "  # starts the line the log gets before each command's output
@@ -145,7 +163,7 @@ async def build_venv(
     """Make ``staging/venv`` with the spec installed; return it. ``label`` names the package in
     messages, already cut (``UriKey.label``)."""
     venv = staging / "venv"
-    uv = shutil.which("uv") if installer == "uv" else None
+    uv = await asyncio.to_thread(shutil.which, "uv") if installer == "uv" else None
     if uv is not None:
         await _run([uv, "venv", "--quiet", "--python", python, str(venv)], log_path, label, staging)
         install = [uv, "pip", "install", "--python", str(venv / "bin" / "python")]

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import os
 import sys
 import time
 import uuid
@@ -41,27 +40,20 @@ from pathlib import Path
 
 from agent.core.errors import DiskExhausted
 from agent.core.ledger import Ledger
-from agent.core.pip_spec import PipSpec
-from agent.core.uris import UriKey, UriKind, parse_uri
+from agent.core.packages import Package
+from agent.core.uris import UriKey, UriKind
 from agent.crash import crash_point
-from agent.install.archive import (
-    ArchiveLimits,
-    declared_size,
-    extract_zip,
-    harden_tree,
-    make_dir,
-)
+from agent.install.archive import ArchiveLimits, make_dir
 from agent.install.disk import (
     DiskFloor,
-    du,
     move_to_trash,
     package_dir,
     remove_all,
-    unpack_reservation,
 )
 from agent.install.fetch import Fetcher
-from agent.install.venv import build_venv, relocate
-from agent.state.room import Claim, DiskRoom, InstallSpace
+from agent.install.installers import Installer, InstallJob, InstallTools, build_installers
+from agent.install.staging import place_package, prepare_staging, through
+from agent.state.room import Claim, DiskRoom
 from agent.state.state_db import StateDB, UriRow
 
 log = logging.getLogger(__name__)
@@ -124,15 +116,14 @@ class UriStore:
         clock: Clock = time.time,
     ) -> None:
         self.root = root
-        self._fetcher = fetcher
         self._db = db
         self._refcount = refcount
-        self._archive_limits = archive_limits
         self._install_slots = asyncio.Semaphore(install_slots)  # more installs wait here
         self._on_install = on_install
-        self._python = python
-        self._pip_installer = pip_installer
-        self._pip_specs: dict[UriKey, PipSpec] = {}
+        # how each kind is installed: one installer per kind, chosen by kind (``INSTALLERS``)
+        self._installers = build_installers(
+            InstallTools(fetcher, archive_limits, python, pip_installer, root / "logs")
+        )
         self._clock = clock
         self._entries: dict[UriKey, UriEntry] = {}
         self._ledger: Ledger[UriKey] = Ledger(budget_bytes)  # S1-S3: the unused keys
@@ -163,26 +154,23 @@ class UriStore:
     def budget_bytes(self, value: int) -> None:  # enforced at the next release or install
         self._ledger.budget_bytes = value
 
-    @property
-    def _claims(self) -> set[Claim]:
-        """The disk the installs in flight expect to write (the room's claims)."""
-        return self._room.claims
-
     # -- paths -----------------------------------------------------------------------------
     def path_for(self, key: UriKey) -> Path:
         """Where a key's package lives once installed: a pure function of the key."""
         return package_dir(self.root, key)
 
     # -- installs --------------------------------------------------------------------------
-    async def ensure(self, key: UriKey) -> Path:
-        """Return the key's directory, installing it first if needed (single-flight).
+    async def ensure(self, package: Package) -> Path:
+        """Return the package's directory, installing it first if needed (single-flight), by
+        the installer of its kind, from the recipe it carries.
 
         An install runs for as long as someone waits for it: cancelling one caller leaves it to
         the others; when the last one leaves (a cancelled create, a setup timeout), the install
         is cancelled too, its download stopped and its files removed.
         """
-        if key.kind is not UriKind.PIP:  # today's roots, even for a package cached before them
-            self._fetcher.check_origin(parse_uri(key.kind.value, key.uri), key.label)
+        key = package.key
+        installer = self._installer_for(key.kind)
+        installer.check(package, key.label)  # today's settings, even for a package cached before
         entry = self._entries.get(key)
         if entry is not None and entry.state is UriState.READY:
             self.hits += 1
@@ -190,7 +178,9 @@ class UriStore:
             return entry.path
         if entry is None:
             entry = UriEntry(key=key, path=self.path_for(key))
-            entry.task = asyncio.create_task(self._install(entry), name=f"install {key.label}")
+            entry.task = asyncio.create_task(
+                self._install(entry, package, installer), name=f"install {key.label}"
+            )
             entry.task.add_done_callback(_retrieve_exception)
             self._entries[key] = entry
         task = entry.task
@@ -215,59 +205,47 @@ class UriStore:
                 self.hits += 1
                 entry.last_used_ms = now
 
-    async def _install(self, entry: UriEntry) -> None:
+    def _installer_for(self, kind: UriKind) -> Installer:
+        installer = self._installers.get(kind)
+        if installer is None:  # the table is complete: a kind without an installer is a bug
+            raise AssertionError(f"no installer for package kind {kind.value!r}")
+        return installer
+
+    async def _install(self, entry: UriEntry, package: Package, installer: Installer) -> None:
         key = entry.key
         label = key.label  # the URI cut once: every message and log line below names it
         staging = self.root / "tmp" / uuid.uuid4().hex
         started = time.monotonic()
         fetched = 0
         queued = True
-        claim = _Claim()
+        claim = Claim()
+
+        def downloaded(size: int) -> None:
+            nonlocal fetched
+            fetched = size
+            self.downloads += 1
+
+        def unpacked() -> None:
+            self.extractions += 1
+
         try:
             await self._install_slots.acquire()  # a queue, not a failure
             queued = False
-            self._claims.add(claim)
-            staging.mkdir(mode=0o700)  # private: nobody else may touch a package being built
-            archive = staging / "package.zip"
+            self._room.claims.add(claim)
+            prepare = asyncio.to_thread(prepare_staging, staging, installer.prepare)
+            await through(asyncio.ensure_future(prepare))
             log.info("installing %s", label, extra={"uri": label})
-            await self._make_room(0, label, claim)
-            digest = None
-            if key.kind is UriKind.PIP:
-                unpacked, size = await self._build_venv(key, staging, label, entry.path)
-            else:
-                parsed = parse_uri(key.kind.value, key.uri)
-                digest = parsed.sha256
-                space = _InstallSpace(self, claim, label)
-                # the download is 0600 in the 0700 staging folder from before its first byte,
-                # whatever the umask; the fetcher truncates and writes into it
-                os.close(os.open(archive, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-                fetched = await self._fetcher.fetch(parsed, archive, label=label, space=space)
-                self.downloads += 1
-                crash_point("after_download")
-                declared = await asyncio.to_thread(declared_size, archive)
-                claim.declared, claim.written = (
-                    unpack_reservation(declared, fetched, self._archive_limits), 0,
-                )  # fmt: skip
-                await self._make_room(claim.declared, label, claim)
-                unpacked = staging / "unpacked"
-                size = await asyncio.to_thread(
-                    extract_zip,
-                    archive,
-                    unpacked,
-                    strip_top_level=key.kind is UriKind.WORKING_DIR,
-                    limits=self._archive_limits,
-                    label=label,
-                )
-                self.extractions += 1
+            await self._room.make_room(0, label, claim)
+            space = self._room.space(claim, label)
+            job = InstallJob(staging, entry.path, label, space, downloaded, unpacked)
+            installed = await installer.install(package, job)
+            size = installed.size
             crash_point("after_extract")
-            if entry.path.exists():  # a leftover no record claims (a crash between steps)
-                self.delete_in_background([self._to_trash(entry.path)])
-            crash_point("before_rename")
-            os.rename(unpacked, entry.path)
+            await self._place(installed.path, entry.path)
             crash_point("after_rename_before_commit")
             entry.size = size
             entry.last_used_ms = self._now_ms()
-            await self._commit(entry, digest)
+            await self._commit(entry)
         except BaseException as exc:
             if self._entries.get(key) is entry:
                 del self._entries[key]
@@ -280,7 +258,7 @@ class UriStore:
                 ) from exc
             raise
         finally:
-            self._claims.discard(claim)
+            self._room.claims.discard(claim)
             if not queued:
                 self._install_slots.release()
             # in the background: an await here could be cancelled between the commit and READY,
@@ -299,29 +277,22 @@ class UriStore:
         if self._refcount(key) == 0:  # every create that wanted it went away meanwhile
             self.release([key])
 
-    def register_pip(self, key: UriKey, spec: PipSpec) -> None:
-        """What a pip:// key installs (its URI is only a hash). Kept while it may be needed."""
-        self._pip_specs[key] = spec
+    async def _place(self, unpacked: Path, final: Path) -> None:
+        """Rename the package into place (``place_package``: one thread hop). The hop ends even
+        if the install is cancelled meanwhile; a package it placed then goes again, as no
+        commit will vouch for it (nothing in uris/ without an entry)."""
+        step = asyncio.ensure_future(asyncio.to_thread(place_package, self.root, unpacked, final))
+        try:
+            leftover = await through(step)
+        except asyncio.CancelledError:
+            if not step.cancelled() and step.exception() is None:
+                left = step.result()
+                self.delete_in_background([self._to_trash(final), *([left] if left else [])])
+            raise
+        if leftover is not None:
+            self.delete_in_background([leftover])
 
-    async def _build_venv(
-        self, key: UriKey, staging: Path, label: str, final: Path
-    ) -> tuple[Path, int]:
-        spec = self._pip_specs.get(key)
-        if spec is None:
-            raise AssertionError(f"{label}: no pip spec registered")
-        logs = self.root / "logs"
-        make_dir(logs)
-        log_path = logs / f"{final.name}-{uuid.uuid4().hex[:8]}.log"
-        venv = await build_venv(
-            spec, staging, python=self._python, installer=self._pip_installer,
-            log_path=log_path, label=label,
-        )  # fmt: skip
-        self.extractions += 1
-        await asyncio.to_thread(relocate, venv, final)
-        await asyncio.to_thread(harden_tree, venv, label)  # the installer ran under our umask
-        return venv, await asyncio.to_thread(du, venv)
-
-    async def _commit(self, entry: UriEntry, digest: str | None) -> None:
+    async def _commit(self, entry: UriEntry) -> None:
         """Make the install durable before anyone is told of it; undo the rename if that fails."""
         if self._db is None:
             return
@@ -365,12 +336,6 @@ class UriStore:
         trashed = self._evict(self._ledger.evict_over_budget())
         if trashed:
             self.delete_in_background(trashed)
-
-    async def _make_room(
-        self, needed: int, label: str, claim: Claim, *, written: int | None = None
-    ) -> None:
-        """Disk pressure: the room's ``make_room`` (evicting through ``_evict_for``)."""
-        await self._room.make_room(needed, label, claim, written=written)
 
     def _evict_for(self, needed: int) -> list[Path]:
         """The disk room lacks ``needed`` bytes: evict what the ledger says frees them (none if
@@ -467,13 +432,3 @@ class UriStore:
 def _retrieve_exception(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and (exc := task.exception()) is not None:
         log.debug("%s ended with %s: %s", task.get_name(), type(exc).__name__, exc)
-
-
-_Claim = Claim  # the installers' name for it (kinds: a room claim per install)
-
-
-class _InstallSpace(InstallSpace):
-    """The store's floor, as the fetcher sees it (``agent.fetch.Space``) for one install."""
-
-    def __init__(self, store: UriStore, claim: Claim, label: str) -> None:
-        super().__init__(store._room, claim, label)

@@ -1,0 +1,53 @@
+"""Packages: each (kind, URI) key an env names, with the recipe its installer needs, and how
+each kind is put on the worker.
+
+Pure: no I/O. A ``Package`` is parsed once, with the env (``parse_runtime_env``), and carries
+everything its install needs: the store never parses a URI again, nor learns a recipe through
+another channel. ``PLACEMENTS`` says, per kind, where the installed folder goes in the worker's
+context (``build_context``); the installers (``agent.install.installers``) say, per kind, how
+the folder is made. A new kind is a ``UriKind``, its parser, one row here and one installer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.core.pip_spec import PipSpec
+from agent.core.uris import ParsedUri, UriKey, UriKind
+
+Recipe = ParsedUri | PipSpec  # what an installer needs: a URI to fetch, a dependency set
+
+
+@dataclass(frozen=True)
+class Package:
+    """One package of an env: its key (the unit counted, cached and deleted) and its recipe
+    (``ParsedUri`` for the zip kinds, ``PipSpec`` for pip). Equal keys have equal recipes: the
+    key's URI is the recipe's name (the URI itself, or the pip set's hash)."""
+
+    key: UriKey
+    recipe: Recipe
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How a kind's installed folder is put on the worker. An env names at most one package of
+    a kind that gives the cwd or the python."""
+
+    on_path: bool = False  # the folder goes on PYTHONPATH (in the env's order of packages)
+    cwd: bool = False  # the worker starts in the folder
+    python: str | None = None  # the worker's python, relative to the folder
+
+
+PLACEMENTS: dict[UriKind, Placement] = {
+    UriKind.WORKING_DIR: Placement(on_path=True, cwd=True),
+    UriKind.PY_MODULES: Placement(on_path=True),
+    UriKind.PIP: Placement(python="bin/python"),  # the env's own virtualenv
+}
+
+
+def placement_of(kind: UriKind) -> Placement:
+    """The kind's row of ``PLACEMENTS``; a kind without one is a bug (the table is complete)."""
+    placement = PLACEMENTS.get(kind)
+    if placement is None:
+        raise AssertionError(f"no placement for package kind {kind.value!r}")
+    return placement

@@ -1,0 +1,72 @@
+"""What an installer is: the ``Installer`` protocol, the job the store hands it, what it returns.
+
+The store (``agent.state.store``) keeps single-flight, the staging folder, the disk floor, the
+one rename into place, the commit, the counters and the crash points around an install; an
+installer only makes the package's folder inside the staging folder, from the package's recipe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from agent.core.packages import Package
+from agent.install.archive import ArchiveLimits
+from agent.install.fetch import Fetcher, Space
+
+
+@dataclass(frozen=True)
+class InstallTools:
+    """What installers are built with: the agent's settings and parts they use."""
+
+    fetcher: Fetcher
+    archive_limits: ArchiveLimits
+    python: str  # the interpreter venvs are made with
+    pip_installer: str  # "pip" or "uv"
+    logs: Path  # where installers' logs go (made when first needed)
+
+
+@dataclass(frozen=True)
+class InstallJob:
+    """One install, as the store hands it to an installer."""
+
+    staging: Path  # private (0700), empty: everything the installer writes goes under it
+    final: Path  # where the package will live after the store's rename (paths inside name it)
+    label: str  # the package as messages and log lines name it, cut once (``UriKey.label``)
+    space: Space  # the disk floor: ``expect`` a size before writing it (a reservation)
+    downloaded: Callable[[int], None]  # a download of this many bytes completed
+    unpacked: Callable[[], None]  # the package's folder was made (an extraction, a venv)
+
+
+@dataclass(frozen=True)
+class Installed:
+    """The package's folder, complete, in the staging folder; the store renames it to ``final``."""
+
+    path: Path
+    size: int  # bytes on disk, measured once
+
+
+class Installer(Protocol):
+    """How one kind of package is made. Chosen by kind from ``INSTALLERS``."""
+
+    def check(self, package: Package, label: str) -> None:
+        """Pure: refuse a package today's settings forbid, installed or not (the store calls it
+        on every ensure, hits included)."""
+
+    def prepare(self, staging: Path) -> None:
+        """Blocking, short (a metadata call or two): set up in the new staging folder, in the
+        store's one thread hop that makes it."""
+
+    async def install(self, package: Package, job: InstallJob) -> Installed:
+        """Make the package's folder under ``job.staging``; nothing blocks the loop."""
+        ...
+
+
+def recipe_error(package: Package, want: str) -> AssertionError:
+    """A package whose recipe is not the one its kind's installer takes: a bug of the parser."""
+    return AssertionError(
+        f"{package.key.label}: a {package.key.kind.value} package needs a {want} recipe, got "
+        f"{type(package.recipe).__name__}"
+    )

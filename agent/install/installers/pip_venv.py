@@ -1,0 +1,57 @@
+"""The pip kind: a package is a virtualenv built from a dependency set (``PipSpec``).
+
+Build it in the staging folder with the installer as a subprocess (``agent.install.venv``), its
+output in a log under the root's ``logs/``; then rewrite the staging path to the final one in
+its scripts, give its files the agent's modes (the installer ran under the agent's umask) and
+measure it, in one thread hop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+from agent.core.packages import Package
+from agent.core.pip_spec import PipSpec
+from agent.install.archive import harden_tree, make_dir
+from agent.install.disk import du
+from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
+from agent.install.venv import build_venv, relocate
+
+
+class PipVenvInstaller:
+    def __init__(self, *, python: str, installer: str, logs: Path) -> None:
+        self._python = python
+        self._installer = installer  # "pip", or "uv" when it is on PATH
+        self._logs = logs
+
+    @classmethod
+    def of(cls, tools: InstallTools) -> PipVenvInstaller:
+        return cls(python=tools.python, installer=tools.pip_installer, logs=tools.logs)
+
+    def check(self, package: Package, label: str) -> None:
+        """Nothing to check again: the places pip reads from were checked when it was parsed."""
+
+    def prepare(self, staging: Path) -> None:
+        """The logs folder, made the first time a venv is built."""
+        make_dir(self._logs)
+
+    async def install(self, package: Package, job: InstallJob) -> Installed:
+        if not isinstance(package.recipe, PipSpec):
+            raise recipe_error(package, "pip")
+        log_path = self._logs / f"{job.final.name}-{uuid.uuid4().hex[:8]}.log"
+        venv = await build_venv(
+            package.recipe, job.staging, python=self._python, installer=self._installer,
+            log_path=log_path, label=job.label,
+        )  # fmt: skip
+        job.unpacked()
+        size = await asyncio.to_thread(_finish, venv, job.final, job.label)
+        return Installed(venv, size)
+
+
+def _finish(venv: Path, final: Path, label: str) -> int:
+    """Point the venv's scripts at ``final``, harden its modes, return its size. Blocking."""
+    relocate(venv, final)
+    harden_tree(venv, label)
+    return du(venv)

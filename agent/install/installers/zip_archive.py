@@ -1,0 +1,74 @@
+"""The zip kinds (working_dir, py_modules): a package is a zip archive named by a URI.
+
+Fetch it into the staging folder (the fetcher: ``file://`` or ``http(s)://``, the disk floor
+checked as bytes come, the digest the URI pins verified), reserve the disk its extraction will
+write, and extract it safely (``extract_zip``; a working dir's single top-level folder dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from agent.core.packages import Package
+from agent.core.uris import ParsedUri
+from agent.crash import crash_point
+from agent.install.archive import ArchiveLimits, declared_size, extract_zip
+from agent.install.disk import unpack_reservation
+from agent.install.fetch import Fetcher
+from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
+
+_ARCHIVE = "package.zip"  # in the staging folder, next to what it unpacks to
+
+
+class ZipArchiveInstaller:
+    """One zip kind; ``strip_top_level`` for a working dir (as Ray does)."""
+
+    def __init__(self, fetcher: Fetcher, limits: ArchiveLimits, *, strip_top_level: bool) -> None:
+        self._fetcher = fetcher
+        self._limits = limits
+        self._strip_top_level = strip_top_level
+
+    @classmethod
+    def working_dir(cls, tools: InstallTools) -> ZipArchiveInstaller:
+        return cls(tools.fetcher, tools.archive_limits, strip_top_level=True)
+
+    @classmethod
+    def py_modules(cls, tools: InstallTools) -> ZipArchiveInstaller:
+        return cls(tools.fetcher, tools.archive_limits, strip_top_level=False)
+
+    def check(self, package: Package, label: str) -> None:
+        """Today's allowed roots, even for a package cached before they were set."""
+        self._fetcher.check_origin(_uri_of(package), label)
+
+    def prepare(self, staging: Path) -> None:
+        """The download is 0600 in the 0700 staging folder from before its first byte, whatever
+        the umask; the fetcher truncates and writes into it."""
+        os.close(os.open(staging / _ARCHIVE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+    async def install(self, package: Package, job: InstallJob) -> Installed:
+        uri = _uri_of(package)
+        archive = job.staging / _ARCHIVE
+        fetched = await self._fetcher.fetch(uri, archive, label=job.label, space=job.space)
+        job.downloaded(fetched)
+        crash_point("after_download")
+        declared = await asyncio.to_thread(declared_size, archive)
+        await job.space.expect(unpack_reservation(declared, fetched, self._limits))
+        unpacked = job.staging / "unpacked"
+        size = await asyncio.to_thread(
+            extract_zip,
+            archive,
+            unpacked,
+            strip_top_level=self._strip_top_level,
+            limits=self._limits,
+            label=job.label,
+        )
+        job.unpacked()
+        return Installed(unpacked, size)
+
+
+def _uri_of(package: Package) -> ParsedUri:
+    if not isinstance(package.recipe, ParsedUri):
+        raise recipe_error(package, "URI")
+    return package.recipe
