@@ -141,6 +141,8 @@ async def test_install_whose_creates_were_all_cancelled_is_cancelled_and_leaves_
             for n in ("1", "2")
         ]
         await wait_until(lambda: len(a.service.tables) == 2, what="both creates in flight")
+        # the download has begun (else a cancel before its GET leaves gets[WD] one short)
+        await asyncio.wait_for(pkgs.requested(WD).wait(), 30)
         for call in calls:
             assert call.cancel()
         await wait_until(lambda: len(a.service.tables) == 0, what="the creates to give back")
