@@ -7,6 +7,7 @@ not say how long the value was)."""
 from __future__ import annotations
 
 import stat
+import sys
 import zipfile
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from agent.core.uris import ParsedUri, UriKey, UriKind, parse_uri
 from agent.install.archive import ArchiveLimits, extract_zip
 from agent.install.fetch import Fetcher, FetchLimits
 from agent.install.file_source import FileRoots, open_package
+from agent.install.installers import InstallTools, build_installers
 from agent.install.venv import _tail
 from agent.state.store import UriStore
 
@@ -97,10 +99,17 @@ async def test_store_cuts_a_huge_uri_once_as_the_label_of_its_messages(tmp_path:
     path = "/missing" + "/" + "/".join(["d" * 200] * 19)  # under parse_uri's 4096 characters
     key = UriKey(UriKind.WORKING_DIR, f"file://{path}")
     async with aiohttp.ClientSession() as session:
-        store = UriStore(
-            tmp_path / "root", Fetcher(session, FetchLimits()), db=None,
-            refcount=lambda _: 0, budget_bytes=10**9, archive_limits=ArchiveLimits(),
-        )  # fmt: skip
+        root = tmp_path / "root"
+        installers = build_installers(
+            InstallTools(
+                Fetcher(session, FetchLimits()),
+                ArchiveLimits(),
+                sys.executable,
+                "pip",
+                root / "logs",
+            )
+        )
+        store = UriStore(root, installers, db=None, refcount=lambda _: 0, budget_bytes=10**9)
         try:
             with pytest.raises(AgentError) as failed:
                 await store.ensure(Package(key, parse_uri(key.kind.value, key.uri)))

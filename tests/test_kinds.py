@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,7 +24,13 @@ from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
 from agent.core.uris import ParsedUri, UriKey, UriKind, parse_uri
 from agent.install.archive import ArchiveLimits
 from agent.install.fetch import Fetcher, FetchLimits
-from agent.install.installers import INSTALLERS, Installed, InstallJob, InstallTools
+from agent.install.installers import (
+    INSTALLERS,
+    Installed,
+    InstallJob,
+    InstallTools,
+    build_installers,
+)
 from agent.install.installers.base import recipe_error
 from agent.install.staging import place_package
 from agent.state.store import UriStore
@@ -33,10 +40,11 @@ from tests.helpers import module_zip, wait_until
 @asynccontextmanager
 async def a_store(root: Path) -> AsyncIterator[UriStore]:
     async with aiohttp.ClientSession() as session:
-        store = UriStore(
-            root, Fetcher(session, FetchLimits()), db=None, refcount=lambda _: 1,
-            budget_bytes=10**9, archive_limits=ArchiveLimits(),
-        )  # fmt: skip
+        fetcher = Fetcher(session, FetchLimits())
+        installers = build_installers(
+            InstallTools(fetcher, ArchiveLimits(), sys.executable, "pip", root / "logs")
+        )
+        store = UriStore(root, installers, db=None, refcount=lambda _: 1, budget_bytes=10**9)
         try:
             yield store
         finally:

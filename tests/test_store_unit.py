@@ -15,6 +15,7 @@ argument is adapted there.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -28,6 +29,7 @@ from agent.core.packages import Package
 from agent.core.uris import UriKey, UriKind, parse_uri
 from agent.install.archive import ArchiveLimits
 from agent.install.fetch import Fetcher, FetchLimits
+from agent.install.installers import InstallTools, build_installers
 from agent.install.transport import Failure, MockTransport, Request, Response, TransportError
 from agent.state.state_db import StateDB
 from agent.state.store import UriState, UriStore
@@ -137,9 +139,12 @@ def make_store(
 ) -> UriStore:
     """The store as the agent builds it, over the mock transport; no disk floor."""
     fetcher = Fetcher(transport, limits, sleep=sleep or RecordingSleep(), rand=lambda: 0.0)
+    installers = build_installers(
+        InstallTools(fetcher, ArchiveLimits(), sys.executable, "pip", root / "logs")
+    )
     return UriStore(
-        root, fetcher, db=db, refcount=refcount, budget_bytes=budget_bytes,
-        archive_limits=ArchiveLimits(), clock=clock or Clock(),
+        root, installers, db=db, refcount=refcount, budget_bytes=budget_bytes,
+        clock=clock or Clock(),
     )  # fmt: skip
 
 

@@ -34,6 +34,7 @@ from agent.doors.access import TokenInterceptor
 from agent.doors.metrics import Metrics, start_metrics_server
 from agent.doors.servicer import RuntimeEnvAgentServicer
 from agent.install.fetch import Fetcher, Sleep
+from agent.install.installers import InstallTools, build_installers
 from agent.ops.sdnotify import Notifier
 from agent.ops.startup import (
     check_address,
@@ -120,18 +121,21 @@ class Agent:
                 self._session, settings.fetch, sleep=self._sleep,
                 file_roots=settings.allow_file_roots,
             )  # fmt: skip
+            installers = build_installers(
+                InstallTools(
+                    fetcher, settings.archive, settings.py_executable, settings.pip_installer,
+                    root / "logs",
+                )
+            )  # fmt: skip
             store = UriStore(
                 root,
-                fetcher,
+                installers,
                 db=self._db,
                 refcount=tables.uri_count,
                 budget_bytes=settings.cache_budget_bytes,
-                archive_limits=settings.archive,
                 disk_floor=settings.min_free_disk,
                 install_slots=settings.max_concurrent_installs,
                 on_install=self.metrics.observe_install,
-                python=settings.py_executable,
-                pip_installer=settings.pip_installer,
             )
             self.recovery = await recover(store, self._db)
             self.service = AgentService(

@@ -30,10 +30,9 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -43,15 +42,14 @@ from agent.core.ledger import Ledger
 from agent.core.packages import Package
 from agent.core.uris import UriKey, UriKind
 from agent.crash import crash_point
-from agent.install.archive import ArchiveLimits, make_dir
+from agent.install.archive import make_dir
 from agent.install.disk import (
     DiskFloor,
     move_to_trash,
     package_dir,
     remove_all,
 )
-from agent.install.fetch import Fetcher
-from agent.install.installers import Installer, InstallJob, InstallTools, build_installers
+from agent.install.installers import Installer, InstallJob
 from agent.install.staging import place_package, prepare_staging, through
 from agent.state.room import Claim, DiskRoom
 from agent.state.state_db import StateDB, UriRow
@@ -102,28 +100,24 @@ class UriStore:
     def __init__(
         self,
         root: Path,
-        fetcher: Fetcher,
+        installers: Mapping[UriKind, Installer],
         *,
         db: StateDB | None,
         refcount: Callable[[UriKey], int],
         budget_bytes: int,
-        archive_limits: ArchiveLimits,
         disk_floor: DiskFloor | None = None,
         install_slots: int = 8,
         on_install: Callable[[bool, int, float], None] | None = None,
-        python: str = sys.executable,
-        pip_installer: str = "pip",
         clock: Clock = time.time,
     ) -> None:
+        """``installers``: how each kind is made, one per kind (``build_installers``: the
+        store only knows that a package is made in a staging folder, never how)."""
         self.root = root
         self._db = db
         self._refcount = refcount
         self._install_slots = asyncio.Semaphore(install_slots)  # more installs wait here
         self._on_install = on_install
-        # how each kind is installed: one installer per kind, chosen by kind (``INSTALLERS``)
-        self._installers = build_installers(
-            InstallTools(fetcher, archive_limits, python, pip_installer, root / "logs")
-        )
+        self._installers = dict(installers)
         self._clock = clock
         self._entries: dict[UriKey, UriEntry] = {}
         self._ledger: Ledger[UriKey] = Ledger(budget_bytes)  # S1-S3: the unused keys
