@@ -206,21 +206,17 @@ class UriStore:
         return installer
 
     async def _install(self, entry: UriEntry, package: Package, installer: Installer) -> None:
-        key = entry.key
-        label = key.label  # the URI cut once: every message and log line below names it
+        """One install, from the queue to READY: a slot, a private staging folder, room on the
+        disk, the kind's installer, the rename into place, the commit. On any failure (or
+        cancellation) the entry is forgotten and the staging folder goes."""
+        label = entry.key.label  # the URI cut once: every message and log line below names it
         staging = self.root / "tmp" / uuid.uuid4().hex
-        started = time.monotonic()
-        fetched = 0
-        queued = True
-        claim = Claim()
+        started, fetched, queued, claim = time.monotonic(), 0, True, Claim()
 
         def downloaded(size: int) -> None:
             nonlocal fetched
             fetched = size
             self.downloads += 1
-
-        def unpacked() -> None:
-            self.extractions += 1
 
         try:
             await self._install_slots.acquire()  # a queue, not a failure
@@ -231,25 +227,17 @@ class UriStore:
             log.info("installing %s", label, extra={"uri": label})
             await self._room.make_room(0, label, claim)
             space = self._room.space(claim, label)
-            job = InstallJob(staging, entry.path, label, space, downloaded, unpacked)
+            job = InstallJob(staging, entry.path, label, space, downloaded, self._unpacked)
             installed = await installer.install(package, job)
-            size = installed.size
             crash_point("after_extract")
             await self._place(installed.path, entry.path)
             crash_point("after_rename_before_commit")
-            entry.size = size
-            entry.last_used_ms = self._now_ms()
+            entry.size, entry.last_used_ms = installed.size, self._now_ms()
             await self._commit(entry)
         except BaseException as exc:
-            if self._entries.get(key) is entry:
-                del self._entries[key]
-            if self._on_install is not None:
-                self._on_install(False, fetched, time.monotonic() - started)
+            self._forget(entry, fetched, started)
             if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-                raise DiskExhausted(
-                    f"{label}: no space left on the agent's disk during the install (its "
-                    "partial files are removed); free space, or lower cache-budget"
-                ) from exc
+                raise DiskExhausted(_disk_full(label)) from exc
             raise
         finally:
             self._room.claims.discard(claim)
@@ -258,18 +246,34 @@ class UriStore:
             # in the background: an await here could be cancelled between the commit and READY,
             # leaving the package installed on disk and "installing" for ever in the store
             self.delete_in_background([staging], trash=False)
+        self._ready(entry, fetched, started)
+
+    def _unpacked(self) -> None:
+        self.extractions += 1
+
+    def _forget(self, entry: UriEntry, fetched: int, started: float) -> None:
+        """A failed or cancelled install: the key is absent again (the next ensure retries)."""
+        if self._entries.get(entry.key) is entry:
+            del self._entries[entry.key]
+        if self._on_install is not None:
+            self._on_install(False, fetched, time.monotonic() - started)
+
+    def _ready(self, entry: UriEntry, fetched: int, started: float) -> None:
+        """The install is committed: READY, counted, logged, and unused at once if every create
+        that wanted it went away meanwhile."""
         entry.state = UriState.READY
         entry.task = None
-        if self._on_install is not None:
-            self._on_install(True, fetched, time.monotonic() - started)
         seconds = time.monotonic() - started
+        if self._on_install is not None:
+            self._on_install(True, fetched, seconds)
+        label, size = entry.key.label, entry.size
         log.info(
             "installed %s: %d bytes fetched, %d bytes unpacked, %.2fs", label, fetched, size,
             seconds, extra={"uri": label, "fetched_bytes": fetched, "unpacked_bytes": size,
                             "seconds": round(seconds, 3)},
         )  # fmt: skip
-        if self._refcount(key) == 0:  # every create that wanted it went away meanwhile
-            self.release([key])
+        if self._refcount(entry.key) == 0:
+            self.release([entry.key])
 
     async def _place(self, unpacked: Path, final: Path) -> None:
         """Rename the package into place (``place_package``: one thread hop). The hop ends even
@@ -426,3 +430,10 @@ class UriStore:
 def _retrieve_exception(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and (exc := task.exception()) is not None:
         log.debug("%s ended with %s: %s", task.get_name(), type(exc).__name__, exc)
+
+
+def _disk_full(label: str) -> str:
+    return (
+        f"{label}: no space left on the agent's disk during the install (its partial files are "
+        "removed); free space, or lower cache-budget"
+    )
