@@ -99,11 +99,7 @@ async def service_rig(
     try:
         yield rig
     finally:
-        for gate in packages.gates.values():
-            gate.set()
-        for stalls in packages.stalls.values():
-            for gate in stalls:
-                gate.set()
+        packages.open_all()
         await store.close()
         if db is not None:
             await db.close()

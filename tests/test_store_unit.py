@@ -71,6 +71,14 @@ class MockPackages:
         """Hold every answer to ``name`` (whatever it is) until the returned gate is set."""
         return self.gates.setdefault(name, asyncio.Event())
 
+    def open_all(self) -> None:
+        """Let every held and stalled answer go (a rig's teardown)."""
+        for gate in self.gates.values():
+            gate.set()
+        for stalls in self.stalls.values():
+            for gate in stalls:
+                gate.set()
+
     def stall(self, name: str) -> asyncio.Event:
         """Have the next 200 to ``name`` send half its body, then the rest once the returned
         gate is set."""
@@ -214,11 +222,7 @@ async def rig(
     try:
         yield r
     finally:
-        for gate in packages.gates.values():
-            gate.set()
-        for stalls in packages.stalls.values():
-            for gate in stalls:
-                gate.set()
+        packages.open_all()
         await store.close()
     assert packages.transport.open_streams == 0, "an answer's stream was left open"
     assert r.listing("tmp") == [], "staging left behind"

@@ -25,7 +25,6 @@ are injected, so the retry logic can be driven without waiting and without socke
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import hashlib
 import logging
@@ -50,6 +49,7 @@ from agent.core.errors import (
 from agent.core.roots import FileRoots
 from agent.core.uris import ParsedUri
 from agent.install.file_source import open_package
+from agent.install.staging import through
 from agent.install.transport import (
     AiohttpTransport,
     Failure,
@@ -274,16 +274,9 @@ def _too_large(label: str, limit: int, declared: int | None = None) -> PackageRe
 
 async def _hop(fn: Callable[..., _T], *args: object) -> _T:
     """Run one short blocking step in a thread. If the caller is cancelled meanwhile, the step
-    still ends (it is one chunk) before the cancellation goes on: the descriptors it uses are
-    closed only after it, and nothing is written once the install is gone."""
-    step = asyncio.ensure_future(asyncio.to_thread(fn, *args))
-    try:
-        return await asyncio.shield(step)
-    except asyncio.CancelledError:
-        while not step.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait([step])
-        raise
+    still ends (it is one chunk) before the cancellation goes on (``through``): the descriptors
+    it uses are closed only after it, and nothing is written once the install is gone."""
+    return await through(asyncio.ensure_future(asyncio.to_thread(fn, *args)))
 
 
 def _create(dest: Path) -> int:
