@@ -5,8 +5,8 @@ checksum mismatch, a zip bomb): it carries a kind (``ErrorKind``: what sort of f
 words any door can map) and a message that says what was wrong and what the limit or the way
 out is, and the agent keeps serving. Anything else that escapes a handler is a bug: it is
 logged with its traceback and answered as an internal error. A door turns a kind into its own
-answer through one table (``agent/doors/grpc_errors.py`` for gRPC); nothing below the doors
-knows a status code.
+answer through one table (``agent/doors/grpc_errors.py`` for gRPC, ``agent/doors/http_errors.py``
+for HTTP); nothing below the doors knows a status code.
 
 Foreign exceptions (``OSError``, ``zipfile.BadZipFile``, ``aiohttp.ClientError``...) never cross
 a module boundary raw: the module that meets them converts them with ``raise ... from exc``.
