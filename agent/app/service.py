@@ -412,6 +412,8 @@ def _failure_weight(record: EnvRecord) -> int:
 def check_job_id(job_id: str) -> None:
     """Refuse a job id over ``MAX_JOB_ID_BYTES``: it is kept and shown, so its size is bounded
     (quoted cut in the message, as every client input is)."""
+    if len(job_id) * 4 <= MAX_JOB_ID_BYTES:  # 4 bytes a character at most: no need to count
+        return
     size = len(job_id.encode("utf-8", "surrogatepass"))
     if size > MAX_JOB_ID_BYTES:
         raise InvalidArgument(

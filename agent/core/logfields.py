@@ -14,33 +14,39 @@ ends. An exception is never decorated with them: its log line reads the scope it
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from contextvars import ContextVar
 from types import MappingProxyType
 
 _EMPTY: Mapping[str, object] = MappingProxyType({})
-# Replaced, never changed in place: a task or thread that copied the context keeps its copy.
+# Each value is a new mapping, never changed in place once set: a task or thread that copied the
+# context keeps its copy. (Plain dicts, not read-only views: this runs on every RPC.)
 _FIELDS: ContextVar[Mapping[str, object]] = ContextVar("agent_log_fields", default=_EMPTY)
 
 
-@contextlib.contextmanager
-def bind(**fields: object) -> Iterator[None]:
+class bind:
     """Add ``fields`` to every log line written until the block ends (and drop what ``note``
-    added inside it)."""
-    token = _FIELDS.set(MappingProxyType({**_FIELDS.get(), **fields}))
-    try:
-        yield
-    finally:
-        _FIELDS.reset(token)
+    added inside it). A class, not a generator: it runs on every RPC."""
+
+    __slots__ = ("_fields", "_token")
+
+    def __init__(self, **fields: object) -> None:
+        self._fields = fields  # ours: never changed once bound
+
+    def __enter__(self) -> None:
+        outer = _FIELDS.get()
+        self._token = _FIELDS.set({**outer, **self._fields} if outer else self._fields)
+
+    def __exit__(self, *exc: object) -> None:
+        _FIELDS.reset(self._token)
 
 
 def note(**fields: object) -> None:
     """Add ``fields`` to the innermost ``bind`` scope, from here to its end (an exception
     propagating out of the caller still finds them where the scope logs it)."""
-    _FIELDS.set(MappingProxyType({**_FIELDS.get(), **fields}))
+    _FIELDS.set({**_FIELDS.get(), **fields})
 
 
 def bound() -> Mapping[str, object]:
     """The fields bound here and now (read-only)."""
-    return _FIELDS.get()
+    return MappingProxyType(dict(_FIELDS.get()))
