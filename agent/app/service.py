@@ -79,7 +79,7 @@ MAX_JOB_ID_BYTES = 128  # Ray's job ids are 8 hex digits; a submission id is abo
 MAX_JOB_IDS = 4  # job ids kept per env: the latest distinct ones
 
 
-@dataclass
+@dataclass(slots=True)
 class EnvRecord:
     env: RuntimeEnv
     context: WorkerContext

@@ -16,7 +16,7 @@ from agent.core.runtime_env import EnvLimits, RuntimeEnv, check_env_var_size
 from agent.core.uris import UriKey
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WorkerContext:
     env_vars: dict[str, str]
     cwd: str  # "" leaves the worker's cwd as it is

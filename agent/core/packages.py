@@ -18,7 +18,7 @@ from agent.core.uris import ParsedUri, UriKey, UriKind
 Recipe = ParsedUri | PipSpec  # what an installer needs: a URI to fetch, a dependency set
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Package:
     """One package of an env: its key (the unit counted, cached and deleted) and its recipe
     (``ParsedUri`` for the zip kinds, ``PipSpec`` for pip). Equal keys have equal recipes: the

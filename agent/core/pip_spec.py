@@ -77,7 +77,7 @@ MAX_REQUIREMENTS = 512
 _MAX_ITEM_CHARS = 4096
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PipSpec:
     packages: tuple[str, ...]  # normalised, sorted, distinct
     options: tuple[str, ...]  # as given: their order can matter to pip

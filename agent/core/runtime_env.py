@@ -38,7 +38,7 @@ class EnvLimits:
     max_env_var_bytes: int = 1024 * 1024  # all "K=V\0" strings plus pointers; ARG_MAX is ~2 MiB
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RuntimeEnv:
     working_dir: str | None
     py_modules: tuple[str, ...]

@@ -29,7 +29,7 @@ class UriKind(StrEnum):
     PIP = "pip"  # a virtualenv built from a requirement set; its uri is pip://<hash>
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class UriKey:
     """One (kind, URI) pair: the unit the agent downloads, counts, caches and deletes."""
 
@@ -45,7 +45,7 @@ class UriKey:
         return echo_label(str(self))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ParsedUri:
     """A validated package URI. ``url`` is what is fetched (no fragment)."""
 
