@@ -2,8 +2,10 @@
 
 Events are counted as they happen (requests by RPC and outcome, create latency split by
 cache hit or miss, installs with their bytes and seconds); levels are read at scrape time from
-the store and the file system (bytes in use and unused against the budget, installs in flight,
-free disk), so the request path pays one counter increment and nothing more.
+the service (``AgentService.levels``: bytes in use and unused against the budget, installs in
+flight, envs) and the file system (free disk), so the request path pays one counter increment
+and nothing more. With a token, a scrape must carry it, as every gRPC call but the health
+checks must.
 
 Served by prometheus-client's own aiohttp handler (content negotiation, OpenMetrics, gzip), with
 the process collector's ``process_*`` series; the ``*_created`` series are not exported.

@@ -1,5 +1,6 @@
-"""The gRPC servicer: protocol messages in and out, errors to status codes. Glue only: info is
-the service's snapshot converted (it reads neither the store nor the tables)."""
+"""The gRPC servicer: protocol messages in and out; each call runs through ``answer``
+(``grpc_errors.py``), which turns its error into a status. Glue only: info is the service's
+snapshot converted (it reads neither the store nor the tables)."""
 
 from __future__ import annotations
 
