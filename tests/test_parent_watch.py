@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 
 from agent.ops.server import _end, _watch_parent
 from tests.helpers import wait_until
@@ -37,31 +38,40 @@ def parent() -> Iterator[subprocess.Popen[bytes]]:
         proc.wait(10)
 
 
-async def test_an_ended_watch_closes_its_pidfd_and_leaves_no_reader() -> None:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
+@dataclass
+class Watch:
+    proc: subprocess.Popen[bytes]  # the parent watched
+    task: asyncio.Task[None]  # the watch
+    stop: asyncio.Event  # what the watch sets when the parent exits
+    fd: int  # the watch's pidfd
+    before: set[int]  # the pidfds open before the watch began
+
+
+@asynccontextmanager
+async def watching() -> AsyncIterator[Watch]:
+    """A parent, and a watch on it whose pidfd is open."""
     with parent() as proc:
         before = pidfds()
-        watch = asyncio.create_task(_watch_parent(proc.pid, stop))
+        stop = asyncio.Event()
+        task = asyncio.create_task(_watch_parent(proc.pid, stop))
         await wait_until(lambda: bool(pidfds() - before), what="the watch's pidfd opened")
         (fd,) = pidfds() - before
-        await _end(watch)
-        assert watch.cancelled()
-        assert pidfds() == before, "the watch's pidfd is still open after serve ended it"
-        assert not loop.remove_reader(fd), "a reader was left on the loop"
-        assert not stop.is_set()
+        yield Watch(proc, task, stop, fd, before)
+
+
+async def test_an_ended_watch_closes_its_pidfd_and_leaves_no_reader() -> None:
+    async with watching() as w:
+        await _end(w.task)
+        assert w.task.cancelled()
+        assert pidfds() == w.before, "the watch's pidfd is still open after serve ended it"
+        assert not asyncio.get_running_loop().remove_reader(w.fd), "a reader was left on the loop"
+        assert not w.stop.is_set()
 
 
 async def test_the_parent_exiting_sets_stop_and_the_watch_cleans_up() -> None:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    with parent() as proc:
-        before = pidfds()
-        watch = asyncio.create_task(_watch_parent(proc.pid, stop))
-        await wait_until(lambda: bool(pidfds() - before), what="the watch's pidfd opened")
-        (fd,) = pidfds() - before
-        proc.kill()
-        await asyncio.wait_for(stop.wait(), 10)
-        await _end(watch)
-        assert pidfds() == before
-        assert not loop.remove_reader(fd)
+    async with watching() as w:
+        w.proc.kill()
+        await asyncio.wait_for(w.stop.wait(), 10)
+        await _end(w.task)
+        assert pidfds() == w.before
+        assert not asyncio.get_running_loop().remove_reader(w.fd)
