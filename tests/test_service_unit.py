@@ -14,6 +14,7 @@ every step. The gRPC tiers (test_stampede.py, test_lifecycle.py...) stay.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -294,3 +295,21 @@ async def test_an_install_is_in_the_state_db_before_the_create_answers(tmp_path:
         assert [(row.kind, row.uri, row.last_used_ms) for row in uris] == [
             ("py_modules", a, int(r.clock.now * 1000))
         ]
+
+
+async def test_two_spellings_of_one_env_keep_each_its_own_config(tmp_path: Path) -> None:
+    """``config`` is not part of an env's identity, so two texts of one env share its id; each
+    still gets its own setup timeout and eager flag, in whichever order they are parsed."""
+    async with service_rig(tmp_path) as r:
+        config = {"eager_install": True, "setup_timeout_seconds": 5}
+        eager = json.dumps({"env_vars": {"X": "1"}, "config": config})
+        plain = json.dumps({"env_vars": {"X": "1"}})
+        for _ in range(2):  # the second round reads both from the parse cache
+            a, b = r.service._parse(eager), r.service._parse(plain)
+            assert a.env_id == b.env_id
+            assert (a.setup_timeout_seconds, a.eager_install) == (5, True)
+            assert (b.setup_timeout_seconds, b.eager_install) == (None, None)
+        created = await r.create(eager)
+        assert r.service.records[created.env_id].eager_install is True
+        await r.create(plain)  # the latest create's flag is the one shown
+        assert r.service.records[created.env_id].eager_install is False

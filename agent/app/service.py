@@ -26,6 +26,7 @@ refused, and kept in the env's record for info (the latest create's value).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import itertools
 import logging
@@ -130,8 +131,11 @@ class AgentService:
         self.failures: deque[EnvRecord] = deque()  # oldest first; see _remember_failure
         self._failure_bytes = 0
         self._requests = RequestLog(settings.request_log_capacity)
-        # digest of a JSON text -> env id -> parsed env: many spellings share one value
-        self._spellings: BoundedCache[bytes, str] = BoundedCache(_PARSED_KEPT, _PARSED_KEPT * 128)
+        # digest of a JSON text -> env id (and the text's config) -> parsed env: many spellings
+        # share one value
+        self._spellings: BoundedCache[bytes, _Spelling] = BoundedCache(
+            _PARSED_KEPT, _PARSED_KEPT * 128
+        )
         self._parsed: BoundedCache[str, RuntimeEnv] = BoundedCache(_PARSED_KEPT, _PARSED_BYTES)
 
     # -- create ----------------------------------------------------------------------------
@@ -250,13 +254,18 @@ class AgentService:
         Remembered by the digest of the text (never the text: a client may pad it to 1 MiB),
         each distinct env once by its id, within a byte budget."""
         digest = hashlib.sha256(serialized.encode("utf-8", "surrogatepass")).digest()
-        env_id = self._spellings.get(digest)
-        env = self._parsed.get(env_id) if env_id is not None else None
-        if env is None:
+        spelling = self._spellings.get(digest)
+        env = self._parsed.get(spelling.env_id) if spelling is not None else None
+        if env is None or spelling is None:
             settings = self.settings
             env = parse_runtime_env(serialized, settings.env, file_roots=settings.allow_file_roots)
-            self._spellings.put(digest, env.env_id, 128)
+            config = _Spelling(env.env_id, env.setup_timeout_seconds, env.eager_install)
+            self._spellings.put(digest, config, 128)
             self._parsed.put(env.env_id, env, _env_weight(env))
+        elif (env.setup_timeout_seconds, env.eager_install) != spelling.config:
+            # one env, another spelling with another ``config`` (not part of the env's identity)
+            timeout, eager = spelling.config
+            env = dataclasses.replace(env, setup_timeout_seconds=timeout, eager_install=eager)
         return env
 
     def _setup_timeout(self, env: RuntimeEnv, requested: int) -> float:
@@ -393,6 +402,20 @@ class AgentService:
 
 
 _NO_CONTEXT = WorkerContext(env_vars={}, cwd="", py_executable="")
+
+
+@dataclass(frozen=True, slots=True)
+class _Spelling:
+    """What a JSON text parsed to: its env's id, and its own ``config`` (which is not part of the
+    env's identity, so two texts of one env may differ in it)."""
+
+    env_id: str
+    setup_timeout_seconds: int | None
+    eager_install: bool | None
+
+    @property
+    def config(self) -> tuple[int | None, bool | None]:
+        return self.setup_timeout_seconds, self.eager_install
 
 
 def _uris(env: RuntimeEnv) -> tuple[str, ...]:
