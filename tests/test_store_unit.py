@@ -15,6 +15,7 @@ argument is adapted there.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -28,6 +29,7 @@ from agent.core.errors import DownloadFailed, PackageNotFound, PackageRejected
 from agent.core.packages import Package
 from agent.core.uris import UriKey, UriKind, parse_uri
 from agent.install.archive import ArchiveLimits
+from agent.install.disk import move_to_trash
 from agent.install.fetch import Fetcher, FetchLimits
 from agent.install.installers import InstallTools, build_installers
 from agent.install.transport import Failure, MockTransport, Request, Response, TransportError
@@ -466,3 +468,51 @@ async def test_a_package_in_use_is_never_evicted_even_over_the_budget(tmp_path: 
         r.drop(a)  # unused now, over a budget of 0: evicted at once
         assert not r.installed(a)
         r.check()
+
+
+async def test_an_eviction_whose_folder_was_removed_by_hand_forgets_it_and_evicts_the_rest(
+    tmp_path: Path,
+) -> None:
+    async with rig(tmp_path) as r:
+        a, b, c = (r.packages.add(n) for n in "abc")
+        for url in (a, b, c):
+            await r.take(url)
+            r.clock.tick()
+            r.drop(url)
+        shutil.rmtree(r.store.path_for(key_of(a)))  # an operator's cleanup
+        r.store.budget_bytes = 0
+        r.store.enforce_budget()
+        r.check()
+        assert r.unused() == set()
+        assert r.store.stats().unused_bytes == 0
+        await r.store.drain()
+        assert r.listing("uris") == []
+
+
+async def test_an_eviction_that_cannot_rename_leaves_what_it_did_not_evict_in_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rename that fails (not a missing folder) stops the evictions there: the package that
+    failed and those after it stay in the store, counted and evictable, not lost from view."""
+    async with rig(tmp_path) as r:
+        a, b, c = (r.packages.add(n) for n in "abc")
+        for url in (a, b, c):
+            await r.take(url)
+            r.clock.tick()
+            r.drop(url)
+
+        def refuse_b(root: Path, path: Path) -> Path:
+            if path == r.store.path_for(key_of(b)):
+                raise PermissionError(13, "planted", str(path))
+            return move_to_trash(root, path)
+
+        monkeypatch.setattr("agent.state.store.move_to_trash", refuse_b)
+        r.store.budget_bytes = 0
+        with pytest.raises(PermissionError):
+            r.store.enforce_budget()
+        r.check()
+        assert not r.installed(a)
+        assert r.installed(b)
+        assert r.installed(c)
+        assert r.unused() == {"b", "c"}
+        assert r.store.stats().unused_bytes == 2 * FILE_BYTES

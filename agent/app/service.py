@@ -424,8 +424,15 @@ def _uris(env: RuntimeEnv) -> tuple[str, ...]:
 
 def _env_weight(env: RuntimeEnv) -> int:
     """About the bytes a parsed env holds: its canonical text, its variables and URIs again
-    (a copy each, shared strings aside), and the objects around them."""
-    return 2 * sys.getsizeof(env.canonical) + 100 * (len(env.env_vars) + len(env.uri_keys)) + 1024
+    (a copy each, shared strings aside), each package's recipe (a URI's fetch URL and path are
+    copies of its text too), and the objects around them."""
+    uri_bytes = sum(len(key.uri) for key in env.uri_keys)
+    return (
+        2 * sys.getsizeof(env.canonical)
+        + 2 * uri_bytes
+        + 300 * (len(env.env_vars) + len(env.uri_keys))
+        + 1024
+    )
 
 
 def _failure_weight(record: EnvRecord) -> int:

@@ -345,9 +345,17 @@ class UriStore:
         trash, note the index, count and log. Return the trashed paths (still to be deleted)."""
         entries = [self._entries.pop(key) for key in keys]  # S1 holds before the first rename
         trashed = []
-        for entry in entries:
+        for done, entry in enumerate(entries):
             key = entry.key
-            trashed.append(self._to_trash(entry.path))
+            try:
+                trashed.append(self._to_trash(entry.path))
+            except FileNotFoundError:  # removed by hand: gone already, forgotten all the same
+                log.warning("evicting %s: its folder was gone already", key.label)
+            except OSError:  # the rest are not evicted: back in the store, most recent first
+                for rest in entries[done:]:
+                    self._entries[rest.key] = rest
+                    self._ledger.release(rest.key, rest.size)
+                raise
             if self._db is not None:
                 self._db.note_uri_dropped(key.kind.value, key.uri)  # behind: a row whose
                 # directory is gone is dropped by recovery, so the order of the two is safe
