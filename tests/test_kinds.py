@@ -195,3 +195,17 @@ async def test_a_new_kind_is_installed_and_placed_by_registering_it_in_the_table
         context = build_context(env, store.path_for, py_executable="py", limits=EnvLimits())
     assert context.env_vars["PYTHONPATH"].split(os.pathsep) == [str(path), "/own"]
     assert (context.cwd, context.py_executable) == (str(path), "py")
+
+
+def test_a_rename_into_place_that_fails_deletes_the_leftover_it_moved_aside(tmp_path: Path) -> None:
+    """A leftover at the final path (a crash between steps) goes to the trash before the rename;
+    if the rename then fails, nobody else knows where it went, so it is deleted at once."""
+    root = tmp_path / "root"
+    (root / "trash").mkdir(parents=True)
+    final = root / "uris" / "py_modules-x"
+    final.mkdir(parents=True)
+    (final / "old.py").write_text("")
+    with pytest.raises(FileNotFoundError):
+        place_package(root, tmp_path / "never-made", final)
+    assert list((root / "trash").iterdir()) == []
+    assert not final.exists()

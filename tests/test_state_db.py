@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -384,3 +385,47 @@ async def test_an_unusable_file_raises_state_db_error_and_is_left_as_it_was(
     assert expected in raised.value.message
     assert "--reset-state" in raised.value.message
     assert path.read_bytes() == before
+
+
+async def test_a_failed_install_commit_wakes_the_write_behind_task_to_retry_what_it_carried(
+    tmp_path: Path,
+) -> None:
+    """An install's commit carries the changes noted before it; when it fails they are kept,
+    and the write-behind task retries them without waiting for another note."""
+    path = tmp_path / "state.db"
+    async with opened(path, flush_interval_s=0.02) as db:
+        await db.record_install(X)
+        plant_failing_writes(path)
+        gate = threading.Event()
+        blocker = asyncio.ensure_future(db._run(lambda _conn: gate.wait(10)))  # the thread busy
+        db.note_live_envs(3)
+        install = asyncio.ensure_future(db.record_install(Y))  # takes the note, queued
+        await wait_until(lambda: not db._dirty.is_set(), what="the write-behind task idle again")
+        gate.set()
+        await blocker
+        with pytest.raises(sqlite3.IntegrityError):
+            await install
+        with sqlite3.connect(path) as conn:  # the disk has room again, say
+            conn.execute("DELETE FROM fail")
+        conn.close()
+        await wait_until(lambda: live_envs(path) == 3, what="the carried note written behind")
+
+
+async def test_close_never_drops_a_write_the_write_behind_task_has_queued(tmp_path: Path) -> None:
+    """close() ends the write-behind task after its write instead of cancelling it: a write
+    queued behind another statement on the thread, its batch already taken, is not lost."""
+    path = tmp_path / "state.db"
+    db = StateDB(path, flush_interval_s=0.01)
+    await db.open()
+    await db.record_install(X)
+    gate = threading.Event()
+    blocker = asyncio.ensure_future(db._run(lambda _conn: gate.wait(10)))  # the thread busy
+    db.note_uri(X.kind, X.uri, 42_000)
+    await wait_until(lambda: db.pending() == 0, what="the write-behind task took the batch")
+    closing = asyncio.ensure_future(db.close())
+    for _ in range(10):  # let close() begin and act on the task before the thread is free
+        await asyncio.sleep(0)
+    gate.set()
+    await blocker
+    await closing
+    assert last_used(path) == {X.uri: 42_000}

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from agent.crash import crash_point
-from agent.install.disk import move_to_trash
+from agent.install.disk import move_to_trash, remove_tree
 
 _T = TypeVar("_T")
 
@@ -48,5 +48,10 @@ def place_package(root: Path, unpacked: Path, final: Path) -> Path | None:
     be deleted), if there was one. Blocking: one thread hop."""
     leftover = move_to_trash(root, final) if final.exists() else None
     crash_point("before_rename")
-    os.rename(unpacked, final)
+    try:
+        os.rename(unpacked, final)
+    except BaseException:
+        if leftover is not None:  # nobody else knows where it went
+            remove_tree(leftover)
+        raise
     return leftover

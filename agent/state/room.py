@@ -49,7 +49,7 @@ class DiskRoom:
         self._root = root
         self._floor = floor
         self._evict = evict
-        # one per install between its slot and its end (the installer adds and discards it);
+        # one per install between its slot and its end (the store adds and discards it);
         # each counts against every other install's room
         self.claims: set[Claim] = set()
 

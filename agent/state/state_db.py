@@ -172,6 +172,7 @@ class StateDB:
         self._dirty = asyncio.Event()  # something is noted
         self._full = asyncio.Event()  # enough is noted to write at once
         self._flusher: asyncio.Task[None] | None = None
+        self._closing = False  # close() began: the write-behind task ends after its write
 
     # -- running statements on the thread -------------------------------------------------
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -230,7 +231,11 @@ class StateDB:
         died: BaseException | None = None
         flusher, self._flusher = self._flusher, None
         if flusher is not None:
-            flusher.cancel()
+            # Woken and told to end, not cancelled: a cancel could drop a write it has taken
+            # its batch for and queued behind another statement on the thread.
+            self._closing = True
+            self._dirty.set()
+            self._full.set()
             await asyncio.wait([flusher])  # never raises the task's own exception
             if not flusher.cancelled():
                 died = flusher.exception()
@@ -299,7 +304,11 @@ class StateDB:
                 (row.kind, row.uri, row.dir, row.size, row.last_used_ms),
             )
 
-        await self._run(lambda conn: self._write(conn, batch, insert))
+        try:
+            await self._run(lambda conn: self._write(conn, batch, insert))
+        except sqlite3.Error:
+            self._dirty.set()  # the batch it carried is kept: the write-behind task retries it
+            raise
 
     async def reset_after_recovery(self, dropped: Iterable[RowKey]) -> None:
         """Recovery: drop the rows of missing directories; forget the envs (their clients died
@@ -353,7 +362,7 @@ class StateDB:
         anything else is a bug, logged here and raised by ``close()``."""
         failing = False
         try:
-            while True:
+            while not self._closing:
                 await self._dirty.wait()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._full.wait(), self._flush_interval_s)
