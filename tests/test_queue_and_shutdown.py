@@ -9,6 +9,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import sqlite3
 import time
 import zipfile
@@ -19,6 +20,7 @@ import grpc
 import pytest
 
 from agent.app.config import Settings
+from agent.core.errors import StartupError
 from agent.ops.server import Agent, AgentState
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.helpers import (
@@ -246,3 +248,25 @@ async def test_a_step_of_stop_that_fails_still_releases_the_root_lock_and_raises
         await second.stop()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+async def test_a_start_refused_after_binding_lets_the_port_go(base: Path) -> None:
+    """A start that fails after the gRPC port is bound (here: the metrics port is taken) stops
+    the server it made: the same port can be bound again at once."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        metrics_port = taken.getsockname()[1]
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            grpc_port = probe.getsockname()[1]
+        settings = replace(
+            Settings(root=base / "root"), fetch=FAST_FETCH, address=f"127.0.0.1:{grpc_port}",
+            metrics_address=f"127.0.0.1:{metrics_port}",
+        )  # fmt: skip
+        agent = Agent(settings)
+        with pytest.raises(StartupError, match="cannot serve metrics"):
+            await agent.start()
+    with socket.socket() as again:  # nobody listens there: the failed start's server let it go
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", grpc_port))

@@ -158,13 +158,17 @@ class Agent:
             reflection.enable_server_reflection(
                 [SERVICE_NAME, "grpc.health.v1.Health", reflection.SERVICE_NAME], self._server
             )
-            self.address = await self._bind(address)
-            if settings.metrics_address:
+            if settings.metrics_address:  # before the gRPC port: a bound grpc server that
+                # never started keeps its port until the process ends (grpc's own behaviour)
                 await self._serve_metrics(settings, None if secret is None else Token(secret))
+            self.address = await self._bind(address)
             await self._server.start()
             for name in ("", SERVICE_NAME):
                 await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         except BaseException:
+            if self._server is not None:  # bound, maybe started: its port is let go
+                with contextlib.suppress(Exception):
+                    await self._server.stop(None)
             with contextlib.suppress(Exception):  # logged by _close; the start's error wins
                 await self._close()
             self.state = AgentState.STOPPED
@@ -222,14 +226,16 @@ class Agent:
         if self.state in (AgentState.STOPPING, AgentState.STOPPED):
             return
         self.state = AgentState.STOPPING
-        if self._health is not None:
-            await self._health.enter_graceful_shutdown()
-        if self._server is not None:
-            await self._server.stop(grace)
         try:
-            await self._close()
+            if self._health is not None:
+                await self._health.enter_graceful_shutdown()
+            if self._server is not None:
+                await self._server.stop(grace)
         finally:
-            self.state = AgentState.STOPPED
+            try:
+                await self._close()
+            finally:
+                self.state = AgentState.STOPPED
         log.info("stopped")
 
     async def _close(self) -> None:
@@ -247,15 +253,17 @@ class Agent:
             steps.append(self._session.close)
         self._metrics_runner, self._db = None, None
         first: BaseException | None = None
-        for step in steps:
-            try:
-                await step()
-            except Exception as exc:
-                log.exception("stopping: %s failed", getattr(step, "__qualname__", step))
-                first = first or exc
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        try:
+            for step in steps:
+                try:
+                    await step()
+                except Exception as exc:
+                    log.exception("stopping: %s failed", getattr(step, "__qualname__", step))
+                    first = first or exc
+        finally:  # a cancellation too: the lock never outlives the agent
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
         if first is not None:
             raise first
 
