@@ -2,7 +2,8 @@
 
 This is where the reference tables and the store meet. Each operation does its bookkeeping in
 one synchronous step on the event loop (no await between reading and changing the maps), then
-awaits installs. The gRPC servicer (``servicer.py``) only converts messages and errors.
+awaits installs. The doors only convert: messages (``doors/servicer.py``) and errors, by
+their kind (``doors/grpc_errors.py``).
 
 Create: parse (pure) -> build the context and check it could start a process (pure, before
 anything is counted) -> take the references (tables, store) -> await the installs under the setup

@@ -14,12 +14,12 @@ from pathlib import Path
 from agent.core.errors import TokenError, Unauthenticated
 
 MISSING = (
-    "this agent wants a token and the call carried none: send metadata "
-    "'authorization: Bearer <token>' (the content of its --token-file)"
+    "this agent wants a token and the call carried none: send 'authorization: Bearer <token>' "
+    "(gRPC metadata, or an HTTP header) with the content of its --token-file"
 )
 WRONG = (
-    "the call's token is not this agent's: send metadata 'authorization: Bearer <token>' with "
-    "the content of the agent's --token-file"
+    "the call's token is not this agent's: send 'authorization: Bearer <token>' (gRPC metadata, "
+    "or an HTTP header) with the content of the agent's --token-file"
 )
 
 
