@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import os
 import socket
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -18,8 +22,9 @@ from agent.core.errors import (
     PackageRejected,
 )
 from agent.core.uris import parse_uri
+from agent.install import fetch as fetch_module
 from agent.install.fetch import Fetcher, FetchLimits
-from tests.helpers import make_zip, package_server
+from tests.helpers import make_zip, package_server, wait_until
 
 BODY = make_zip({"proj/main.py": "print('hi')\n" * 50})
 LIMITS = FetchLimits(attempts=4, backoff_initial_s=0.5, backoff_max_s=1.5)
@@ -227,3 +232,32 @@ async def test_file_over_max_download_bytes_is_package_rejected(tmp_path: Path) 
     with pytest.raises(PackageRejected, match="max_download_bytes"):
         await fetch(f"file://{source}", tmp_path / "out", limits=FetchLimits(max_download_bytes=10))
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("step", ["open_package", "_create"])
+async def test_a_fetch_cancelled_while_a_file_is_being_opened_closes_what_was_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """The opening runs in a thread that a cancellation cannot stop: it ends, and the
+    descriptor it opened is closed rather than leaked (the package's, or the download's)."""
+    source = tmp_path / "src.zip"
+    source.write_bytes(BODY)
+    entered, release = threading.Event(), threading.Event()
+    real = getattr(fetch_module, step)
+
+    def held(*args: Any) -> Any:
+        entered.set()
+        release.wait(10)
+        return real(*args)
+
+    monkeypatch.setattr(fetch_module, step, held)
+    before = set(os.listdir("/proc/self/fd"))
+    task = asyncio.ensure_future(fetch(f"file://{source}", tmp_path / "out"))
+    await wait_until(entered.is_set, what=f"{step} running in its thread")
+    task.cancel()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await wait_until(
+        lambda: set(os.listdir("/proc/self/fd")) <= before, what="no descriptor left open"
+    )

@@ -157,11 +157,13 @@ class Fetcher:
     # -- file:// ---------------------------------------------------------------------------
     async def _copy_file(self, uri: ParsedUri, dest: Path, label: str, space: Space) -> int:
         limit = self._limits.max_download_bytes
-        src, declared = await asyncio.to_thread(open_package, uri.path, self.file_roots, label)
+        src, declared = await _opening(
+            lambda: open_package(uri.path, self.file_roots, label), fd=lambda opened: opened[0]
+        )
         try:
             if declared > limit:
                 raise _too_large(label, limit, declared)
-            out = await _hop(_create, dest)
+            out = await _opening(lambda: _create(dest), fd=int)
             try:
                 await space.expect(declared)
                 total = 0
@@ -209,7 +211,7 @@ class Fetcher:
                 expected = resp.content_length
                 if expected is not None and expected > limits.max_download_bytes:
                     raise _too_large(label, limits.max_download_bytes, expected)
-                out = await _hop(_create, dest)
+                out = await _opening(lambda: _create(dest), fd=int)
                 try:
                     await space.expect(expected or 0)
                     total = 0
@@ -277,6 +279,18 @@ async def _hop(fn: Callable[..., _T], *args: object) -> _T:
     still ends (it is one chunk) before the cancellation goes on (``through``): the descriptors
     it uses are closed only after it, and nothing is written once the install is gone."""
     return await through(asyncio.ensure_future(asyncio.to_thread(fn, *args)))
+
+
+async def _opening(open_: Callable[[], _T], *, fd: Callable[[_T], int]) -> _T:
+    """``_hop`` for a step that opens a descriptor (``fd`` finds it in the result): if the
+    caller is cancelled meanwhile, the step ends and what it opened is closed, not leaked."""
+    step = asyncio.ensure_future(asyncio.to_thread(open_))
+    try:
+        return await through(step)
+    except asyncio.CancelledError:
+        if not step.cancelled() and step.exception() is None:
+            os.close(fd(step.result()))
+        raise
 
 
 def _create(dest: Path) -> int:
