@@ -159,6 +159,9 @@ class WorkerPool:
         except BaseException:
             self._terminate(worker)
             raise
+        if self._closing or worker.state is WorkerState.STOPPING:  # the pool closed meanwhile
+            self._terminate(worker)
+            raise TaskFailed(SPAWN_FAILED, "the pool is shutting down")
         worker.state = WorkerState.BUSY
         return worker
 

@@ -12,8 +12,10 @@ from pathlib import Path
 import grpc
 import pytest
 
+from raylet_sim import workers as workers_module
 from raylet_sim.client import AgentClient, RetryPolicy
-from raylet_sim.pool import TaskSpec, WorkerPool, WorkerState
+from raylet_sim.pool import TaskFailed, TaskSpec, WorkerPool, WorkerState
+from raylet_sim.workers import Worker
 from tests.helpers import wait_until
 from tests.test_pool_unit import INFO, absent, harness, key
 
@@ -110,3 +112,30 @@ async def test_a_task_cancelled_mid_call_does_not_leave_its_reply_to_the_next_ta
         assert result["pid"] != busy.pid
         await wait_until(absent(h.pool.workers, busy.worker_id), what="the cancelled one to exit")
         h.pool.check_invariants()
+
+
+async def test_a_worker_whose_pool_closes_while_it_starts_is_not_handed_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found in review: close() stopped a worker still starting (STOPPING, stdin closed), and
+    its ready line then made it BUSY and handed it a task that could only die. The pop now
+    fails as the pool shutting down, and the worker is left to stop."""
+    ready = asyncio.Event()
+    real_wait_ready = workers_module.wait_ready
+
+    async def held_wait_ready(worker: Worker) -> None:
+        await ready.wait()
+        await real_wait_ready(worker)
+
+    monkeypatch.setattr(workers_module, "wait_ready", held_wait_ready)
+    async with harness() as h:
+        pop = asyncio.create_task(h.pool.pop_worker(key("a")))
+        await wait_until(lambda: len(h.pool.workers) == 1, what="the worker spawned")
+        (worker,) = h.pool.workers.values()
+        closing = asyncio.create_task(h.pool.close())
+        await wait_until(lambda: worker.state is WorkerState.STOPPING, what="close() stopping it")
+        ready.set()
+        with pytest.raises(TaskFailed, match="shutting down"):
+            await asyncio.wait_for(pop, 30)
+        assert worker.state is not WorkerState.BUSY
+        await asyncio.wait_for(closing, 30)
