@@ -305,7 +305,7 @@ async def test_two_spellings_of_one_env_keep_each_its_own_config(tmp_path: Path)
         eager = json.dumps({"env_vars": {"X": "1"}, "config": config})
         plain = json.dumps({"env_vars": {"X": "1"}})
         for _ in range(2):  # the second round reads both from the parse cache
-            a, b = r.service._parse(eager), r.service._parse(plain)
+            a, b = r.service._parses.parse(eager), r.service._parses.parse(plain)
             assert a.env_id == b.env_id
             assert (a.setup_timeout_seconds, a.eager_install) == (5, True)
             assert (b.setup_timeout_seconds, b.eager_install) == (None, None)

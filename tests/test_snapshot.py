@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from agent.app.config import Settings
-from agent.app.service import MAX_JOB_ID_BYTES, MAX_JOB_IDS, AgentService
+from agent.app.records import MAX_JOB_ID_BYTES, MAX_JOB_IDS
+from agent.app.service import AgentService
 from agent.app.snapshot import EnvState, PackageState, Snapshot
 from agent.core.errors import AgentError, InvalidArgument
 from agent.core.runtime_env import EnvLimits, parse_runtime_env

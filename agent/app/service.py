@@ -27,11 +27,8 @@ refused, and kept in the env's record for info (the latest create's value).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import hashlib
 import itertools
 import logging
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -40,6 +37,8 @@ from pathlib import Path
 
 from agent.app.config import Settings
 from agent.app.idempotency import RequestLog
+from agent.app.parsing import ParseCache
+from agent.app.records import MAX_JOB_IDS, EnvRecord, check_job_id, failure_weight
 from agent.app.snapshot import (
     CacheView,
     EnvState,
@@ -51,19 +50,17 @@ from agent.app.snapshot import (
     UriView,
 )
 from agent.core import logfields
-from agent.core.bounded import BoundedCache
 from agent.core.context import WorkerContext, build_context
 from agent.core.errors import (
     AgentError,
     EnvNotFound,
-    InvalidArgument,
     InvalidRuntimeEnv,
     SetupTimeout,
     cap_message,
     echo,
 )
 from agent.core.refs import RefTables
-from agent.core.runtime_env import RuntimeEnv, parse_runtime_env
+from agent.core.runtime_env import RuntimeEnv
 from agent.state.recovery import RecoverySummary
 from agent.state.state_db import StateDB
 from agent.state.store import UriEntry, UriState, UriStore
@@ -74,31 +71,7 @@ log = logging.getLogger(__name__)
 # of what it sends (an env of 1 MiB of variables, a JSON text padded to 1 MiB).
 _MAX_FAILURES_KEPT = 100
 _FAILURE_BYTES = 4 * 1024 * 1024  # bodies of recently failed envs kept for info
-_PARSED_KEPT = 4096  # parsed envs remembered by the digest of their JSON text
-_PARSED_BYTES = 8 * 1024 * 1024
 _MAX_ENV_ID_CHARS = 64  # an env id is 32 hex digits; a longer one names no env
-MAX_JOB_ID_BYTES = 128  # Ray's job ids are 8 hex digits; a submission id is about 30 characters
-MAX_JOB_IDS = 4  # job ids kept per env: the latest distinct ones
-
-
-@dataclass(slots=True)
-class EnvRecord:
-    env: RuntimeEnv
-    context: WorkerContext
-    state: EnvState
-    created_ms: int
-    # the latest distinct job ids of its creates, newest last: at most MAX_JOB_IDS, each at most
-    # MAX_JOB_ID_BYTES (checked in ``create``)
-    job_ids: tuple[str, ...] = ()
-    eager_install: bool = False  # the latest create asked for it (nothing more to do: see above)
-    error: str = ""
-
-    def note_job(self, job_id: str, eager_install: bool) -> None:
-        """One more create of this env, by ``job_id`` ("" = none said)."""
-        self.eager_install = eager_install
-        ids = self.job_ids
-        if job_id and (not ids or ids[-1] != job_id):  # the same job again: nothing to do
-            self.job_ids = (*(i for i in ids if i != job_id), job_id)[-MAX_JOB_IDS:]
 
 
 @dataclass(frozen=True)
@@ -132,12 +105,7 @@ class AgentService:
         self.failures: deque[EnvRecord] = deque()  # oldest first; see _remember_failure
         self._failure_bytes = 0
         self._requests = RequestLog(settings.request_log_capacity)
-        # digest of a JSON text -> env id (and the text's config) -> parsed env: many spellings
-        # share one value
-        self._spellings: BoundedCache[bytes, _Spelling] = BoundedCache(
-            _PARSED_KEPT, _PARSED_KEPT * 128
-        )
-        self._parsed: BoundedCache[str, RuntimeEnv] = BoundedCache(_PARSED_KEPT, _PARSED_BYTES)
+        self._parses = ParseCache(settings.env, settings.allow_file_roots)
 
     # -- create ----------------------------------------------------------------------------
     async def create(
@@ -153,7 +121,7 @@ class AgentService:
         ``eager_install`` (the request's; the JSON's ``config.eager_install`` counts too) are
         kept in the env's record for info, nothing more (see the module docstring)."""
         check_job_id(job_id)
-        env = self._parse(serialized)
+        env = self._parses.parse(serialized)
         eager = eager_install or env.eager_install is True
         logfields.note(env_id=env.env_id)  # on this request's log lines from here on
         timeout = self._setup_timeout(env, timeout_s)
@@ -228,9 +196,9 @@ class AgentService:
             record.eager_install, error=error,
         )  # fmt: skip
         self.failures.append(failed)
-        self._failure_bytes += _failure_weight(failed)
+        self._failure_bytes += failure_weight(failed)
         while len(self.failures) > _MAX_FAILURES_KEPT or self._failure_bytes > _FAILURE_BYTES:
-            self._failure_bytes -= _failure_weight(self.failures.popleft())
+            self._failure_bytes -= failure_weight(self.failures.popleft())
 
     def _note(self, env: RuntimeEnv) -> None:
         """Note the live envs and the env's packages' last use for the index, written behind
@@ -246,28 +214,6 @@ class AgentService:
             uris=_uris(record.env),
             hit=hit,
         )
-
-    def _parse(self, serialized: str) -> RuntimeEnv:
-        """Parse, remembering recent good answers: a scheduler sends the same JSON again and
-        again, and parsing (JSON, canonical form, hash) is most of a cache-hit create's work.
-        The value is immutable and a pure function of the text and the settings.
-
-        Remembered by the digest of the text (never the text: a client may pad it to 1 MiB),
-        each distinct env once by its id, within a byte budget."""
-        digest = hashlib.sha256(serialized.encode("utf-8", "surrogatepass")).digest()
-        spelling = self._spellings.get(digest)
-        env = self._parsed.get(spelling.env_id) if spelling is not None else None
-        if env is None or spelling is None:
-            settings = self.settings
-            env = parse_runtime_env(serialized, settings.env, file_roots=settings.allow_file_roots)
-            config = _Spelling(env.env_id, env.setup_timeout_seconds, env.eager_install)
-            self._spellings.put(digest, config, 128)
-            self._parsed.put(env.env_id, env, _env_weight(env))
-        elif (env.setup_timeout_seconds, env.eager_install) != spelling.config:
-            # one env, another spelling with another ``config`` (not part of the env's identity)
-            timeout, eager = spelling.config
-            env = dataclasses.replace(env, setup_timeout_seconds=timeout, eager_install=eager)
-        return env
 
     def _setup_timeout(self, env: RuntimeEnv, requested: int) -> float:
         if requested < -1:
@@ -286,7 +232,7 @@ class AgentService:
     async def delete(self, env_id: str, serialized: str, request_id: str) -> int:
         """Drop one reference of the env named by id or by its JSON; return what is left."""
         if serialized:
-            env_id = self._parse(serialized).env_id
+            env_id = self._parses.parse(serialized).env_id
         if not env_id:
             raise InvalidRuntimeEnv("name the env: set runtime_env_id or serialized_runtime_env")
         if len(env_id) > _MAX_ENV_ID_CHARS:
@@ -405,52 +351,8 @@ class AgentService:
 _NO_CONTEXT = WorkerContext(env_vars={}, cwd="", py_executable="")
 
 
-@dataclass(frozen=True, slots=True)
-class _Spelling:
-    """What a JSON text parsed to: its env's id, and its own ``config`` (which is not part of the
-    env's identity, so two texts of one env may differ in it)."""
-
-    env_id: str
-    setup_timeout_seconds: int | None
-    eager_install: bool | None
-
-    @property
-    def config(self) -> tuple[int | None, bool | None]:
-        return self.setup_timeout_seconds, self.eager_install
-
-
 def _uris(env: RuntimeEnv) -> tuple[str, ...]:
     return tuple(str(key) for key in env.uri_keys)
-
-
-def _env_weight(env: RuntimeEnv) -> int:
-    """About the bytes a parsed env holds: its canonical text, its variables and URIs again
-    (a copy each, shared strings aside), each package's recipe (a URI's fetch URL and path are
-    copies of its text too), and the objects around them."""
-    uri_bytes = sum(len(key.uri) for key in env.uri_keys)
-    return (
-        2 * sys.getsizeof(env.canonical)
-        + 2 * uri_bytes
-        + 300 * (len(env.env_vars) + len(env.uri_keys))
-        + 1024
-    )
-
-
-def _failure_weight(record: EnvRecord) -> int:
-    return _env_weight(record.env) + len(record.error) + sum(map(len, record.job_ids))
-
-
-def check_job_id(job_id: str) -> None:
-    """Refuse a job id over ``MAX_JOB_ID_BYTES``: it is kept and shown, so its size is bounded
-    (quoted cut in the message, as every client input is)."""
-    if len(job_id) * 4 <= MAX_JOB_ID_BYTES:  # 4 bytes a character at most: no need to count
-        return
-    size = len(job_id.encode("utf-8", "surrogatepass"))
-    if size > MAX_JOB_ID_BYTES:
-        raise InvalidArgument(
-            f"job_id {echo(job_id, 40)} is {size} bytes; the limit is {MAX_JOB_ID_BYTES} "
-            "(Ray's job ids are 8 hex digits)"
-        )
 
 
 def _recovery_view(summary: RecoverySummary) -> RecoveryView:

@@ -1,0 +1,64 @@
+"""Parsing runtime envs, remembering recent answers: a scheduler sends the same JSON again and
+again, and parsing (JSON, canonical form, hash) is most of a cache-hit create's work.
+
+Remembered by the digest of the text (never the text: a client may pad it to 1 MiB), each
+distinct env once by its id, within a byte budget. The value is immutable and a pure function of
+the text and the settings, but for ``config``, which is not part of an env's identity: two texts
+of one env may differ in it, and each keeps its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agent.app.records import env_weight
+from agent.core.bounded import BoundedCache
+from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
+
+_PARSED_KEPT = 4096  # parsed envs remembered by the digest of their JSON text
+_PARSED_BYTES = 8 * 1024 * 1024
+
+
+class ParseCache:
+    def __init__(self, limits: EnvLimits, file_roots: Sequence[str]) -> None:
+        self._limits = limits
+        self._file_roots = file_roots
+        # digest of a JSON text -> env id (and the text's config) -> parsed env: many spellings
+        # share one value
+        self._spellings: BoundedCache[bytes, _Spelling] = BoundedCache(
+            _PARSED_KEPT, _PARSED_KEPT * 128
+        )
+        self._parsed: BoundedCache[str, RuntimeEnv] = BoundedCache(_PARSED_KEPT, _PARSED_BYTES)
+
+    def parse(self, serialized: str) -> RuntimeEnv:
+        """The env the text names (``InvalidRuntimeEnv`` if it names none)."""
+        digest = hashlib.sha256(serialized.encode("utf-8", "surrogatepass")).digest()
+        spelling = self._spellings.get(digest)
+        env = self._parsed.get(spelling.env_id) if spelling is not None else None
+        if env is None or spelling is None:
+            env = parse_runtime_env(serialized, self._limits, file_roots=self._file_roots)
+            config = _Spelling(env.env_id, env.setup_timeout_seconds, env.eager_install)
+            self._spellings.put(digest, config, 128)
+            self._parsed.put(env.env_id, env, env_weight(env))
+        elif (env.setup_timeout_seconds, env.eager_install) != spelling.config:
+            # one env, another spelling with another ``config`` (not part of the env's identity)
+            timeout, eager = spelling.config
+            env = dataclasses.replace(env, setup_timeout_seconds=timeout, eager_install=eager)
+        return env
+
+
+@dataclass(frozen=True, slots=True)
+class _Spelling:
+    """What a JSON text parsed to: its env's id, and its own ``config`` (which is not part of the
+    env's identity, so two texts of one env may differ in it)."""
+
+    env_id: str
+    setup_timeout_seconds: int | None
+    eager_install: bool | None
+
+    @property
+    def config(self) -> tuple[int | None, bool | None]:
+        return self.setup_timeout_seconds, self.eager_install
