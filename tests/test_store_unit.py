@@ -180,6 +180,15 @@ class StoreRig:
             self.drop(url)
             raise
 
+    async def installed_unused(self, *names: str) -> list[str]:
+        """Packages installed, then released in this order (the first the least recent)."""
+        urls = [self.packages.add(name) for name in names]
+        for url in urls:
+            await self.take(url)
+            self.clock.tick()
+            self.drop(url)
+        return urls
+
     def drop(self, url: str) -> None:
         key = key_of(url)
         self.refs[key] -= 1
@@ -474,11 +483,7 @@ async def test_an_eviction_whose_folder_was_removed_by_hand_forgets_it_and_evict
     tmp_path: Path,
 ) -> None:
     async with rig(tmp_path) as r:
-        a, b, c = (r.packages.add(n) for n in "abc")
-        for url in (a, b, c):
-            await r.take(url)
-            r.clock.tick()
-            r.drop(url)
+        a, _, _ = await r.installed_unused("a", "b", "c")
         shutil.rmtree(r.store.path_for(key_of(a)))  # an operator's cleanup
         r.store.budget_bytes = 0
         r.store.enforce_budget()
@@ -495,11 +500,7 @@ async def test_an_eviction_that_cannot_rename_leaves_what_it_did_not_evict_in_th
     """A rename that fails (not a missing folder) stops the evictions there: the package that
     failed and those after it stay in the store, counted and evictable, not lost from view."""
     async with rig(tmp_path) as r:
-        a, b, c = (r.packages.add(n) for n in "abc")
-        for url in (a, b, c):
-            await r.take(url)
-            r.clock.tick()
-            r.drop(url)
+        a, b, c = await r.installed_unused("a", "b", "c")
 
         def refuse_b(root: Path, path: Path) -> Path:
             if path == r.store.path_for(key_of(b)):
