@@ -12,7 +12,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -26,13 +25,10 @@ from agent.ops.startup import check_root_free, lock_root
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.test_process import (
     NO_PROXY,
-    REPO,
-    START_S,
     STOP_S,
     refused,
     run_cli,
     serving,
-    stop,
     wait_health_serving,
 )
 
@@ -246,21 +242,8 @@ async def test_read_only_root_folder_is_found_at_start_not_at_the_first_create(
     root = base / "root"
     (root / sub).mkdir(parents=True)
     script = 'mount -t tmpfs -o ro tmpfs "$0" && exec "$@"'
-    log = base / "agent.log"
-    with log.open("wb") as err:
-        proc = await asyncio.create_subprocess_exec(
-            "unshare", "-m", "sh", "-c", script, str(root / sub),
-            sys.executable, "-m", "agent", "serve", "--root", str(root),
-            stdout=asyncio.subprocess.PIPE, stderr=err, cwd=REPO,
-        )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), START_S)
-        assert not line, f"it served: {line!r}"
-        code = await asyncio.wait_for(proc.wait(), STOP_S)
-    finally:
-        await stop(proc)
-    text = log.read_text(errors="replace")
+    under = ("unshare", "-m", "sh", "-c", script, str(root / sub))
+    code, text = await refused(base / "agent.log", "--root", str(root), under=under)
     assert code == 2, text
     message = one_line(text)
     assert f"{root / sub} is not usable by the agent: {reason}" in message, message

@@ -9,7 +9,7 @@ import signal
 import stat
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,13 +88,14 @@ async def run_cli(*args: str, timeout_s: float = START_S) -> tuple[int, str, str
     return proc.returncode, out.decode(), err.decode()
 
 
-async def refused(log: Path, *args: str) -> tuple[int, str]:
-    """Start ``serve ARGS``, which must exit without serving; return (exit code, stderr).
+async def refused(log: Path, *args: str, under: Sequence[str] = ()) -> tuple[int, str]:
+    """Start ``serve ARGS`` (through the command ``under``, if given, which must exec it), which
+    must exit without serving; return (exit code, stderr).
 
     Fails at once, rather than at a timeout, if it serves after all (it is then stopped)."""
     with log.open("wb") as err:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agent", "serve", *args,
+            *under, sys.executable, "-m", "agent", "serve", *args,
             stdout=asyncio.subprocess.PIPE, stderr=err, cwd=REPO,
         )  # fmt: skip
     try:
