@@ -42,7 +42,14 @@ from raylet_sim.pool import (
     WorkerState,
 )
 from rtenv.v1 import agent_pb2
-from tests.helpers import env_json, running_agent, short_tempdir, wait_until, workdir_zip
+from tests.helpers import (
+    assert_refused_in_one_line,
+    env_json,
+    running_agent,
+    short_tempdir,
+    wait_until,
+    workdir_zip,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CHAOS_PY = REPO / "scripts" / "chaos.py"
@@ -147,21 +154,7 @@ def test_stress_run_with_many_envs_and_short_idle_timeouts_fails_no_task() -> No
 def test_a_command_line_mistake_gets_one_line_and_exit_2(args: list[str], message: str) -> None:
     """Issue 12: --rounds 0 gave a traceback, --fault-rate 2 was accepted and --agent-kills 5
     --rounds 2 silently cut to 1."""
-    base = short_tempdir()
-    try:
-        (base / "FILE").write_text("not a folder")
-        argv = [a.replace("FILE", str(base / "FILE")) for a in args]
-        proc = subprocess.run(
-            [sys.executable, str(CHAOS_PY), *argv],
-            capture_output=True, text=True, timeout=60, cwd=REPO, check=False,
-        )  # fmt: skip
-        assert proc.returncode == 2, proc.stderr
-        assert proc.stdout == ""
-        assert len(proc.stderr.splitlines()) == 1, proc.stderr
-        assert re.fullmatch(f"chaos: {message}.*\n", proc.stderr), proc.stderr
-        assert (base / "FILE").read_text() == "not a folder"
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    assert_refused_in_one_line([sys.executable, str(CHAOS_PY)], args, f"chaos: {message}")
 
 
 # -- the oracle: which failed tasks the run's own violence explains ----------------------------

@@ -15,7 +15,7 @@ import pytest
 
 from raylet_sim.demo import run_demo
 from raylet_sim.sidecar import MAX_UNIX_PATH_BYTES
-from tests.helpers import short_tempdir
+from tests.helpers import assert_refused_in_one_line, short_tempdir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -129,18 +129,6 @@ def test_a_demo_whose_socket_needed_the_short_fallback_folder_removes_that_folde
 )
 def test_a_command_line_mistake_gets_one_line_and_exit_2(args: list[str], message: str) -> None:
     """Issue 12: --workdir naming a file gave a traceback."""
-    base = short_tempdir()
-    try:
-        (base / "FILE").write_text("not a folder")
-        argv = [a.replace("FILE", str(base / "FILE")) for a in args]
-        proc = subprocess.run(
-            [sys.executable, "-m", "raylet_sim", "demo", *argv],
-            capture_output=True, text=True, timeout=60, cwd=REPO, check=False,
-        )  # fmt: skip
-        assert proc.returncode == 2, proc.stderr
-        assert proc.stdout == ""
-        assert len(proc.stderr.splitlines()) == 1, proc.stderr
-        assert re.fullmatch(f"raylet-sim: {message}.*\n", proc.stderr), proc.stderr
-        assert (base / "FILE").read_text() == "not a folder"
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    assert_refused_in_one_line(
+        [sys.executable, "-m", "raylet_sim", "demo"], args, f"raylet-sim: {message}"
+    )
