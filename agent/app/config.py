@@ -15,6 +15,21 @@ GiB = 1024**3
 
 
 @dataclass(frozen=True)
+class RaySettings:
+    """The Ray door: Ray 2.60's runtime env agent protocol over HTTP, on the same tables and
+    store as the gRPC door, for a Ray node's raylet (``rtenv-agent ray-agent``) or any client of
+    that protocol (``serve --ray-address``)."""
+
+    host: str = "127.0.0.1"  # the node's IP (Ray's --node-ip-address)
+    port: int = 0  # Ray's --runtime-env-agent-port; 0 = a free port, told by port_file
+    port_file: Path | None = None  # <session>/runtime_env_agent_port_<node>, once listening
+    token: str | None = None  # Ray's auth token (RAY_AUTH_MODE=token): requests must carry it
+    gcs_address: str = ""  # HOST:PORT of the node's GCS, for gcs:// packages ("" = none)
+    cluster_id_hex: str = ""  # sent to the GCS as ray_cluster_id
+    node_id: str = ""  # Ray's --node-id, for logs and the port file
+
+
+@dataclass(frozen=True)
 class Settings:
     root: Path
     address: str = ""  # "" = unix:<root>/agent.sock
@@ -40,6 +55,7 @@ class Settings:
     env: EnvLimits = field(default_factory=EnvLimits)
     archive: ArchiveLimits = field(default_factory=ArchiveLimits)
     fetch: FetchLimits = field(default_factory=FetchLimits)
+    ray: RaySettings | None = None  # the Ray door; None = gRPC only
 
     def resolved_address(self) -> str:
         return self.address or f"unix:{self.root / 'agent.sock'}"
