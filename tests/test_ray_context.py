@@ -34,10 +34,10 @@ def test_the_keys_are_exactly_those_of_rays_runtime_env_context() -> None:
     from ray._private.runtime_env.context import RuntimeEnvContext  # the test may import ray
 
     ray_keys = tuple(inspect.signature(RuntimeEnvContext.__init__).parameters)[1:]
-    assert RAY_CONTEXT_KEYS == ray_keys
+    assert ray_keys == RAY_CONTEXT_KEYS
     built = context({"working_dir": "https://h/wd.zip", "pip": ["requests"]})
     assert tuple(built) == ray_keys
-    RuntimeEnvContext.deserialize(json.dumps(built))  # Ray's worker reads it as is
+    RuntimeEnvContext.deserialize(json.dumps(built))  # type: ignore[no-untyped-call]  # as Ray's worker
 
 
 def test_an_empty_env_changes_nothing() -> None:

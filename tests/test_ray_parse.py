@@ -75,12 +75,12 @@ def test_ray_normalised_pip_parses_as_the_list_form() -> None:
 
 
 def test_pip_check_true_is_refused_saying_what_to_do() -> None:
-    with pytest.raises(InvalidRuntimeEnv, match="pip_check true is not supported.*set it"):
+    with pytest.raises(InvalidRuntimeEnv, match=r"pip_check true is not supported.*set it"):
         parse({"pip": {"packages": ["requests"], "pip_check": True}})
 
 
 def test_a_pip_version_is_refused_saying_why() -> None:
-    with pytest.raises(InvalidRuntimeEnv, match="pip_version '==23.0' is not supported.*own pip"):
+    with pytest.raises(InvalidRuntimeEnv, match=r"pip_version '==23\.0' is not supported.*own pip"):
         parse({"pip": {"packages": ["requests"], "pip_version": "==23.0"}})
 
 
