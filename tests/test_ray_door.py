@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import shlex
 import shutil
 import socket
 import sys
@@ -19,10 +21,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from prometheus_client import generate_latest
 
 from agent.app.config import RaySettings, Settings
 from agent.core.errors import StartupError
 from agent.core.ray_context import RAY_CONTEXT_KEYS
+from agent.ops.options import effective, parse_ray_address
 from agent.ops.server import Agent, AgentState
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
 from tests.helpers import (
@@ -35,6 +39,7 @@ from tests.helpers import (
     wait_until,
     workdir_zip,
 )
+from tests.pip_wheels import isolate_pip, pip_env, run
 from tests.test_process import refused
 
 OK = ray_pb2.AGENT_RPC_STATUS_OK
@@ -65,6 +70,8 @@ async def test_both_doors_share_one_env_and_its_counts() -> None:
         created = await ra.create(spaced)  # over gRPC: the same env
         assert server.gets["wd.zip"] == 1
         assert ra.service.tables.env_count(created.runtime_env_id) == 3
+        [shown] = (await ra.info()).envs  # the gRPC door's info sees the Ray door's job
+        assert "01000000" in shown.job_ids
 
         assert (await ray.delete(spaced)).status == OK
         again = await ray.delete(spaced)
@@ -72,6 +79,13 @@ async def test_both_doors_share_one_env_and_its_counts() -> None:
         assert again.error_message.startswith("[rtenv-agent on node 127.0.0.1] cannot delete")
         assert (await ray.delete(tight)).status == OK
         assert ra.service.tables.env_count(created.runtime_env_id) == 1  # gRPC's, untouched
+        counted = generate_latest(ra.agent.metrics.registry).decode()
+        for rpc, outcome, n in (
+            ("ray:get_or_create_runtime_env", "ok", 2),
+            ("ray:delete_runtime_env_if_possible", "ok", 2),
+            ("ray:delete_runtime_env_if_possible", "not_found", 1),
+        ):
+            assert f'rtenv_requests_total{{outcome="{outcome}",rpc="{rpc}"}} {n}.0' in counted
         assert await ra.delete(created.runtime_env_id) == 0
 
         info = await ray.info()
@@ -100,6 +114,27 @@ async def test_info_lists_each_string_with_its_count_and_failures() -> None:
         assert states[bad].error == failed.error_message
         limited = await ray.info(limit=1)
         assert (len(limited.runtime_env_states), limited.total) == (1, 3)
+
+
+async def test_the_requests_setup_timeout_is_honoured_zero_default_minus_one_max() -> None:
+    async with (
+        package_server() as server,
+        running_agent(
+            ray=RaySettings(), default_setup_timeout_s=0.3, max_setup_timeout_s=0.6
+        ) as ra,
+        aiohttp.ClientSession() as session,
+    ):
+        ray = RayClient(session, ra.agent.ray_address)
+        url = server.add("held.zip", workdir_zip({"a.py": ""}))
+        gate = server.hold("held.zip")
+        try:
+            for asked, expected in ((1, "0.6s"), (0, "0.3s"), (-1, "0.6s")):
+                reply = await ray.create(SPACED % url, timeout_s=asked)
+                assert reply.status == FAILED
+                assert f"was not set up within {expected}" in reply.error_message, asked
+        finally:
+            gate.set()
+        assert len(ra.service.records) == 0
 
 
 async def test_client_server_installs_but_is_not_counted_over_http() -> None:
@@ -338,3 +373,51 @@ async def test_until_served_a_request_is_bounded_and_answered() -> None:
         await asyncio.wait([starting])
         await agent.stop(grace=0.5)
         shutil.rmtree(base, ignore_errors=True)
+
+
+async def test_a_pip_env_runs_as_rays_worker_would_start_it(
+    wheels: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The context run as Ray's worker runs it (variables expanded as ``update_envs`` does, then
+    ``bash -c "<command_prefix> exec <py_executable> ..."``): the base python, in the working
+    dir, imports the wheel from the venv's site-packages and finds the venv's script first."""
+    isolate_pip(monkeypatch)
+    zip_path = tmp_path / "wd.zip"
+    zip_path.write_bytes(workdir_zip({"wdmod.py": "VALUE = 'wd'\n"}))
+    text = pip_env(["Alpha_Pkg"], wheels, working_dir=zip_path.as_uri())
+    async with ray_agent() as (_, ray):
+        reply = await ray.create(text, timeout_s=180)
+        assert reply.status == OK, reply.error_message
+        context = json.loads(reply.serialized_runtime_env_context)
+        assert context["py_executable"] == sys.executable
+        env = dict(os.environ)
+        for key, value in context["env_vars"].items():  # as Ray's update_envs
+            env[key] = re.sub(r"\$\{[A-Z0-9_]+\}", "", os.path.expandvars(value))
+        script = (
+            "import alpha_pkg, os, shutil, sys, wdmod; "
+            "print(alpha_pkg.__file__); print(shutil.which('alpha-hello')); "
+            "print(os.getcwd()); print(wdmod.VALUE)"
+        )
+        command = [*context["command_prefix"], "exec", shlex.quote(sys.executable), "-c",
+                   shlex.quote(script)]  # fmt: skip
+        code, out, err = await run("bash", "-c", " ".join(command), env=env, timeout_s=60)
+        assert code == 0, err
+        module, found, cwd, value = out.splitlines()
+        site = env["PYTHONPATH"].split(os.pathsep)[1]
+        assert site.endswith(f"/lib/python{sys.version_info.major}.{sys.version_info.minor}"
+                             "/site-packages")  # fmt: skip
+        assert module.startswith(site)
+        assert found == str(Path(site).parents[2] / "bin" / "alpha-hello")
+        assert (cwd, value) == (context["command_prefix"][1], "wd")
+
+
+def test_ray_address_parses_off_and_malformed_and_shows_in_config() -> None:
+    assert parse_ray_address("") is None
+    assert parse_ray_address("127.0.0.1:0") == RaySettings(host="127.0.0.1", port=0)
+    with pytest.raises(ValueError, match="malformed"):
+        parse_ray_address("no-port")
+    settings = replace(Settings(root=Path("/r")), ray=parse_ray_address("[::1]:8000"))
+    line = next(
+        line for line in effective(settings, {}).splitlines() if line.startswith("ray-address")
+    )
+    assert "[::1]:8000" in line

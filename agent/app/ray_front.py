@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from agent.app.service import AgentService
 from agent.core.bounded import BoundedCache
-from agent.core.errors import AgentError, cap_message, echo
+from agent.core.errors import AgentError, ErrorKind, cap_message, echo
 from agent.core.ray_context import build_ray_context
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ class RayReply:
     ok: bool
     error: str = ""
     context: str = ""  # a create's serialized RuntimeEnvContext (JSON)
+    kind: ErrorKind | None = None  # a failure's kind; None when ok, or for a bug
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,19 +111,26 @@ class RayFront:
         setup_timeout_seconds: int = 0,
         job_id: bytes = b"",
         source_process: str = "",
+        eager_install: bool = False,
     ) -> RayReply:
         """One more count on ``serialized`` (none for ``client_server``), installing first
-        what is missing. ``setup_timeout_seconds``: 0 = the agent's default, -1 = its max."""
+        what is missing. ``setup_timeout_seconds``: 0 = the agent's default, -1 = its max.
+        ``job_id`` (Ray's binary job id) and ``eager_install`` are kept for the service's info,
+        the job id as hex."""
         started = self._clock()
         try:
             created = await self.service.create(
-                serialized, setup_timeout_seconds, "", job_id=job_id.hex(), eager_install=False
+                serialized,
+                setup_timeout_seconds,
+                "",
+                job_id=job_id.hex(),
+                eager_install=eager_install,
             )
         except AgentError as exc:
             elapsed = self._elapsed_ms(started)
             if source_process != CLIENT_SERVER and serialized not in self._held:
                 self._remember_failure(serialized, exc.message, elapsed)
-            return RayReply(False, self._message(exc.message))
+            return RayReply(False, self._message(exc.message), kind=exc.kind)
         except Exception:
             log.exception("ray door: create failed unexpectedly")
             return RayReply(False, self._message("internal error in the agent (see its log)"))
@@ -169,6 +177,7 @@ class RayFront:
                     "agent (never created here, or each create of this exact string was already "
                     "deleted; references are counted per serialized string)"
                 ),
+                kind=ErrorKind.NOT_FOUND,
             )
         held.count -= 1
         if held.count == 0:

@@ -31,6 +31,7 @@ from google.protobuf.message import DecodeError, Message
 from agent.app.ray_front import RayFront, RayReply
 from agent.app.token import Token
 from agent.core.errors import Unauthenticated, cap_message
+from agent.doors.metrics import Metrics, Outcome
 from rtenv.ray.v1 import runtime_env_agent_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,10 @@ def ray_app(
     token: str | None,
     max_body_bytes: int = 4 * 1024 * 1024,
     ready_timeout_s: float = 60.0,
+    metrics: Metrics | None = None,
 ) -> web.Application:
-    """The Ray door's application (see the module docstring)."""
+    """The Ray door's application (see the module docstring); with ``metrics``, each create and
+    delete is counted by its outcome (rpc ``ray:<path>``)."""
     middlewares = [] if token is None else [_require(Token(token.encode()))]
     app = web.Application(middlewares=middlewares, client_max_size=max_body_bytes)
 
@@ -65,6 +68,11 @@ def ray_app(
         except Exception as exc:  # the start failed: the agent is going away
             raise web.HTTPServiceUnavailable(text="the agent failed to start\n") from exc
 
+    def count(rpc: str, reply: RayReply) -> None:
+        if metrics is not None:
+            outcome: Outcome = "ok" if reply.ok else (reply.kind or "bug")
+            metrics.count_request(rpc, outcome)
+
     async def get_or_create(request: web.Request) -> web.Response:
         msg = await _read(request, pb.GetOrCreateRuntimeEnvRequest())
         config = msg.runtime_env_config if msg.HasField("runtime_env_config") else None
@@ -73,7 +81,9 @@ def ray_app(
             setup_timeout_seconds=config.setup_timeout_seconds if config is not None else 0,
             job_id=msg.job_id,
             source_process=msg.source_process,
+            eager_install=config is not None and config.eager_install,
         )
+        count("ray:get_or_create_runtime_env", reply)
         return _reply(
             pb.GetOrCreateRuntimeEnvReply(
                 status=_status(reply), error_message=reply.error,
@@ -86,6 +96,7 @@ def ray_app(
         reply = await (await ready()).delete(
             msg.serialized_runtime_env, source_process=msg.source_process
         )
+        count("ray:delete_runtime_env_if_possible", reply)
         return _reply(
             pb.DeleteRuntimeEnvIfPossibleReply(status=_status(reply), error_message=reply.error)
         )

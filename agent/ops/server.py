@@ -229,7 +229,7 @@ class Agent:
         self._ray_ready = asyncio.get_running_loop().create_future()
         app = ray_app(
             self._ray_ready, token=ray.token, max_body_bytes=settings.max_message_bytes,
-            ready_timeout_s=settings.max_setup_timeout_s,
+            ready_timeout_s=settings.max_setup_timeout_s, metrics=self.metrics,
         )  # fmt: skip
         self._ray_runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         await self._ray_runner.setup()
