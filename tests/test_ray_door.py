@@ -91,6 +91,8 @@ async def test_both_doors_share_one_env_and_its_counts() -> None:
         info = await ray.info()
         assert info.total == 0
         ra.service.check_invariants()
+        assert ra.agent.ray_front is not None
+        ra.agent.ray_front.check_invariants()
 
 
 async def test_info_lists_each_string_with_its_count_and_failures() -> None:
@@ -188,6 +190,8 @@ async def test_hostile_bodies_are_refused_and_the_agent_keeps_its_state() -> Non
         assert [(s.runtime_env, s.ref_cnt) for s in info.runtime_env_states] == [(held, 1)]
         assert (await ray.delete(held)).status == OK
         ra.service.check_invariants()
+        assert ra.agent.ray_front is not None
+        ra.agent.ray_front.check_invariants()
 
 
 async def test_the_port_file_exists_before_recovery_and_requests_wait_for_it() -> None:
