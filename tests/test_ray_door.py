@@ -164,6 +164,17 @@ async def test_with_a_token_missing_is_401_wrong_is_403_right_is_served() -> Non
         assert (await ray.info()).total == 0  # Authorization: Bearer s3cret
 
 
+async def test_an_empty_token_is_refused_at_start_not_taken_as_no_auth() -> None:
+    base = short_tempdir()
+    try:
+        agent = Agent(Settings(root=base / "root", ray=RaySettings(token=" ")))
+        with pytest.raises(StartupError, match="the Ray token is empty"):
+            await agent.start()
+        assert not (base / "root").exists()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 async def test_hostile_bodies_are_refused_and_the_agent_keeps_its_state() -> None:
     async with ray_agent() as (ra, ray), aiohttp.ClientSession() as session:
         held = '{"env_vars": {"K": "v"}}'

@@ -226,6 +226,8 @@ class Agent:
         host = ray.host.strip("[]")
         shown = f"[{host}]" if ":" in host else host
         check_address(f"{shown}:{ray.port}", settings.allow_remote)
+        if ray.token is not None and not ray.token.strip():
+            raise StartupError("the Ray token is empty: Ray's token auth needs a token to check")
         self._ray_ready = asyncio.get_running_loop().create_future()
         app = ray_app(
             self._ray_ready, token=ray.token, max_body_bytes=settings.max_message_bytes,
