@@ -220,10 +220,17 @@ async def test_an_unreachable_gcs_is_unavailable_naming_its_address() -> None:
         assert f"after {FAST_FETCH.attempts} attempts" in details
 
 
-async def test_a_package_over_the_size_limit_is_refused_naming_the_limit() -> None:
+@pytest.mark.parametrize(
+    "size",
+    [
+        150_000,  # within the room gRPC leaves for the reply: refused once received
+        1_000_000,  # past it: refused by gRPC's receive limit, before it is held
+    ],
+)
+async def test_a_package_over_the_size_limit_is_refused_naming_the_limit(size: int) -> None:
     fetch = replace(FAST_FETCH, max_download_bytes=100_000)
     async with kv_gcs() as gcs, running_agent(ray=ray_settings(gcs), fetch=fetch) as a:
-        gcs.values[WD.encode()] = os.urandom(150_000)
+        gcs.values[WD.encode()] = os.urandom(size)
         error = await refused(a, env_json(WD))
         assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "the limit is 100000 (max_download_bytes)" in (error.details() or "")
@@ -231,13 +238,15 @@ async def test_a_package_over_the_size_limit_is_refused_naming_the_limit() -> No
         assert a.uri_dirs() == []
 
 
-async def test_a_package_of_exactly_the_limit_is_received() -> None:
-    """gRPC's receive limit leaves room for the reply around the value."""
+async def test_a_package_of_exactly_the_limit_is_received_past_grpc_s_default() -> None:
+    """gRPC's receive limit is set from the download limit (here past gRPC's default 4 MiB),
+    with room for the reply around the value."""
+    limit = 6 * 1024 * 1024
     async with kv_gcs() as gcs:
-        gcs.values[WD.encode()] = os.urandom(100_000)
-        client = GcsKvClient(GcsConfig(gcs.address), max_value_bytes=100_000, timeout_s=10)
+        gcs.values[WD.encode()] = os.urandom(limit)
+        client = GcsKvClient(GcsConfig(gcs.address), max_value_bytes=limit, timeout_s=10)
         try:
-            assert len(await client.get(WD, WD)) == 100_000
+            assert len(await client.get(WD, WD)) == limit
         finally:
             await client.close()
 
