@@ -42,8 +42,10 @@ class Call:
 
 @dataclass
 class KvGcs:
-    """A GCS's InternalKVGet: ``values`` by key; refuses a call naming another cluster than
-    ``cluster_id`` (UNAUTHENTICATED, as Ray's GCS); ``fail_next`` statuses are answered first."""
+    """A GCS's InternalKVGet, answering as a Ray 2.60 GCS was seen to: ``values`` by key, a
+    missing key as GcsStatus 17 with no value; a call naming another cluster than ``cluster_id``
+    (compared as sent) refused UNAUTHENTICATED "WrongClusterID", one naming none served.
+    ``fail_next`` statuses are answered first."""
 
     cluster_id: str = CLUSTER
     values: dict[bytes, bytes] = field(default_factory=dict)

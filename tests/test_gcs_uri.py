@@ -120,3 +120,9 @@ def test_the_gcs_metadata_is_ray_s_cluster_id_and_the_bearer_token() -> None:
         ("ray_cluster_id", "ab12"), ("authorization", "Bearer tok"),
     )  # fmt: skip
     assert GcsConfig("[::1]:1").metadata() == ()
+
+
+def test_the_cluster_id_is_sent_in_lowercase_as_the_gcs_compares_it() -> None:
+    """A Ray GCS compares the id with its ClusterID::Hex(), lowercase: an uppercase spelling of
+    the right id is refused as another cluster's (seen on Ray 2.60)."""
+    assert GcsConfig("h:1", "AB12cd").metadata() == (("ray_cluster_id", "ab12cd"),)

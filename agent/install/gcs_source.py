@@ -5,9 +5,12 @@ and stores it in the GCS's key-value store under its URI, ``gcs://_ray_pkg_<hash
 default (empty) namespace. A node's agent reads it back with one call,
 ``/ray.rpc.InternalKVGcsService/InternalKVGet`` (messages of ``rtenv.ray.v1.gcs_kv_pb2``: this
 project's own copy of Ray's field names and numbers), carrying the metadata Ray's own clients
-send: ``ray_cluster_id`` (the cluster id in hex, as the raylet passes it in ``--cluster-id-hex``;
-a GCS refuses a call whose id is another cluster's) and, when Ray's token auth is on,
-``authorization: Bearer <token>``.
+send: ``ray_cluster_id`` (the cluster id in lowercase hex, as the raylet passes it in
+``--cluster-id-hex``) and, when Ray's token auth is on, ``authorization: Bearer <token>``.
+Checked against a Ray 2.60 GCS: a call with no cluster id is served; another id, or the right
+one in uppercase, is UNAUTHENTICATED ("WrongClusterID"); with token auth on, a missing or wrong
+token is UNAUTHENTICATED ("InvalidAuthToken"); a missing key is answered OK with GcsStatus code
+17 ("Failed to find the key") and an empty value.
 
 The whole package arrives in one gRPC message. ``GcsKvClient`` bounds it by the fetch size limit
 through the channel's ``max_receive_message_length`` (a larger reply is refused by gRPC before
@@ -76,8 +79,8 @@ class GcsConfig:
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """What every call carries, as Ray's own GCS clients send it."""
         pairs: list[tuple[str, str]] = []
-        if self.cluster_id_hex:
-            pairs.append((CLUSTER_ID_KEY, self.cluster_id_hex))
+        if self.cluster_id_hex:  # lowercase: the GCS compares it with its own ClusterID::Hex()
+            pairs.append((CLUSTER_ID_KEY, self.cluster_id_hex.lower()))
         if self.token is not None:
             pairs.append(("authorization", f"Bearer {self.token}"))
         return tuple(pairs)
