@@ -79,7 +79,7 @@ class KvGcs:
 
 
 @asynccontextmanager
-async def kv_gcs(**kwargs: object) -> AsyncIterator[KvGcs]:
+async def kv_gcs(port: int = 0, **kwargs: object) -> AsyncIterator[KvGcs]:
     gcs = KvGcs(**kwargs)  # type: ignore[arg-type]
     server = grpc.aio.server(options=[("grpc.max_send_message_length", 64 * 1024 * 1024)])
     handler = grpc.method_handlers_generic_handler(
@@ -93,7 +93,7 @@ async def kv_gcs(**kwargs: object) -> AsyncIterator[KvGcs]:
         },
     )
     server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     gcs.address = f"127.0.0.1:{port}"
     try:
@@ -220,6 +220,19 @@ async def test_an_unreachable_gcs_is_unavailable_naming_its_address() -> None:
         details = error.details() or ""
         assert f"the GCS at {address} is unavailable" in details
         assert f"after {FAST_FETCH.attempts} attempts" in details
+
+
+async def test_a_gcs_that_comes_back_is_reached_within_the_retries() -> None:
+    """The channel tries to reconnect as often as the fetcher retries (not after gRPC's default
+    1 s backoff and more, during which every call fails at once)."""
+    port = closed_port()
+    fetch = replace(FAST_FETCH, attempts=6, backoff_initial_s=0.05, backoff_max_s=0.2)
+    async with running_agent(ray=ray_settings(f"127.0.0.1:{port}"), fetch=fetch) as a:
+        assert (await refused(a, env_json(WD))).code() == grpc.StatusCode.UNAVAILABLE
+        async with kv_gcs(port=port) as gcs:
+            gcs.values[WD.encode()] = make_zip({"main.py": "x = 1\n"})
+            await a.create(env_json(WD))
+            assert gcs.gets(WD) == 1
 
 
 @pytest.mark.parametrize(

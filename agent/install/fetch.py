@@ -134,6 +134,7 @@ class Fetcher:
                 gcs,
                 max_value_bytes=limits.max_download_bytes,
                 timeout_s=limits.connect_timeout_s + limits.read_timeout_s,
+                reconnect_s=(limits.backoff_initial_s, limits.backoff_max_s),  # as its retries
             )
         )
 

@@ -94,8 +94,19 @@ class GcsUnavailable(Exception):
 class GcsKvClient:
     """``InternalKVGet`` on one GCS over one grpc.aio channel, opened at the first call."""
 
-    def __init__(self, config: GcsConfig, *, max_value_bytes: int, timeout_s: float) -> None:
+    def __init__(
+        self,
+        config: GcsConfig,
+        *,
+        max_value_bytes: int,
+        timeout_s: float,
+        reconnect_s: tuple[float, float] = (1.0, 120.0),
+    ) -> None:
+        """``timeout_s`` bounds one call; ``reconnect_s`` is the channel's reconnect backoff
+        (first, most): a call made while the channel waits to reconnect fails at once, so the
+        fetcher's retries only see a GCS that came back if the channel tries again as often."""
         self.config = config
+        self._reconnect_ms = (max(1, int(reconnect_s[0] * 1000)), int(reconnect_s[1] * 1000))
         # what one gRPC message can carry bounds a package too: the value and the reply around it
         self._capped = max_value_bytes > MAX_GRPC_MESSAGE - REPLY_OVERHEAD
         self.max_value_bytes = min(max_value_bytes, MAX_GRPC_MESSAGE - REPLY_OVERHEAD)
@@ -115,6 +126,8 @@ class GcsKvClient:
                 options=[
                     ("grpc.max_receive_message_length", self.max_receive_bytes),
                     ("grpc.enable_http_proxy", 0),  # as the agent's HTTP client: no proxy
+                    ("grpc.initial_reconnect_backoff_ms", self._reconnect_ms[0]),
+                    ("grpc.max_reconnect_backoff_ms", max(self._reconnect_ms)),
                 ],
             )
             # no response deserializer: the reply's bytes are parsed in a thread
