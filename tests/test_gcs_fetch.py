@@ -16,7 +16,7 @@ import pytest
 
 from agent.app.config import RaySettings
 from agent.core.errors import PackageNotFound
-from agent.install.gcs_source import GcsConfig, GcsKvClient
+from agent.install.gcs_source import GcsConfig, GcsKvClient, GcsUnavailable
 from rtenv.ray.v1 import gcs_kv_pb2
 from tests.helpers import (
     FAST_FETCH,
@@ -25,6 +25,7 @@ from tests.helpers import (
     make_zip,
     module_zip,
     running_agent,
+    wait_until,
 )
 
 CLUSTER = "5c1e7d4a" * 7  # 56 hex digits, as Ray's --cluster-id-hex
@@ -176,6 +177,7 @@ async def test_one_channel_per_gcs_is_reused_and_closed_at_stop() -> None:
             client = fetcher._gcs_client
             assert client is not None
             assert client._channel is not None
+            assert client._reconnect_ms == (10, 50)  # FAST_FETCH's backoff: 0.01 s to 0.05 s
         assert client._channel is None
 
 
@@ -222,17 +224,27 @@ async def test_an_unreachable_gcs_is_unavailable_naming_its_address() -> None:
         assert f"after {FAST_FETCH.attempts} attempts" in details
 
 
-async def test_a_gcs_that_comes_back_is_reached_within_the_retries() -> None:
-    """The channel tries to reconnect as often as the fetcher retries (not after gRPC's default
-    1 s backoff and more, during which every call fails at once)."""
+async def test_a_gcs_that_comes_back_is_reached_at_the_fetcher_s_pace() -> None:
+    """The channel reconnects as often as the fetcher retries (here every 50-100 ms), not after
+    gRPC's default backoff (1 s and more, during which every call fails at once)."""
     port = closed_port()
-    fetch = replace(FAST_FETCH, attempts=6, backoff_initial_s=0.05, backoff_max_s=0.2)
-    async with running_agent(ray=ray_settings(f"127.0.0.1:{port}"), fetch=fetch) as a:
-        assert (await refused(a, env_json(WD))).code() == grpc.StatusCode.UNAVAILABLE
+    config = GcsConfig(f"127.0.0.1:{port}")
+    client = GcsKvClient(config, max_value_bytes=1000, timeout_s=5, reconnect_s=(0.05, 0.1))
+    try:
+        with pytest.raises(GcsUnavailable):
+            await client.get(WD, WD)
         async with kv_gcs(port=port) as gcs:
-            gcs.values[WD.encode()] = make_zip({"main.py": "x = 1\n"})
-            await a.create(env_json(WD))
-            assert gcs.gets(WD) == 1
+            gcs.values[WD.encode()] = b"PK"
+
+            async def reached() -> bool:
+                try:
+                    return await client.get(WD, WD) == b"PK"
+                except GcsUnavailable:
+                    return False
+
+            await wait_until(reached, timeout_s=0.6, what="the GCS, back on its port")
+    finally:
+        await client.close()
 
 
 @pytest.mark.parametrize(
