@@ -10,13 +10,15 @@ import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import grpc
 import pytest
 
-from agent.app.config import RaySettings
-from agent.core.errors import PackageNotFound
+from agent.app.config import RaySettings, Settings
+from agent.core.errors import ConfigError, PackageNotFound
 from agent.install.gcs_source import GcsConfig, GcsKvClient, GcsUnavailable
+from agent.ops.server import Agent, AgentState
 from rtenv.ray.v1 import gcs_kv_pb2
 from tests.helpers import (
     FAST_FETCH,
@@ -103,7 +105,9 @@ async def kv_gcs(port: int = 0, **kwargs: object) -> AsyncIterator[KvGcs]:
         await server.stop(None)
 
 
-def ray_settings(gcs: KvGcs | str, *, cluster: str = CLUSTER, token: str | None = None) -> object:
+def ray_settings(
+    gcs: KvGcs | str, *, cluster: str = CLUSTER, token: str | None = None
+) -> RaySettings:
     address = gcs if isinstance(gcs, str) else gcs.address
     return RaySettings(gcs_address=address, cluster_id_hex=cluster, token=token)
 
@@ -311,3 +315,13 @@ async def test_gcs_without_a_ray_node_is_refused_before_anything_is_fetched() ->
         assert "`rtenv-agent ray-agent`" in details
         assert a.service.store.stats().downloads == 0
         assert (await a.info()).total_envs == 0
+
+
+async def test_an_agent_given_a_gcs_address_that_is_not_host_port_refuses_to_start(
+    base: Path,
+) -> None:
+    settings = Settings(root=base / "root", ray=RaySettings(gcs_address="gcs-host"))
+    agent = Agent(settings)
+    with pytest.raises(ConfigError, match="the GCS address 'gcs-host' must be HOST:PORT"):
+        await agent.start()
+    assert agent.state is AgentState.STOPPED

@@ -148,6 +148,7 @@ class GcsKvClient:
         if not isinstance(raw, bytes):  # an identity deserializer hands the bytes through
             raise GcsUnavailable(f"the GCS's reply is {type(raw).__name__}, not bytes")
         reply = await asyncio.to_thread(_parse_reply, raw)
+        del raw  # the value is held once, in the reply, from here on
         if reply is None:
             raise GcsUnavailable("the GCS's reply is not an InternalKVGetReply")
         status = reply.status
