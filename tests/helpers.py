@@ -241,7 +241,7 @@ async def running_agent(**overrides: Any) -> AsyncIterator[RunningAgent]:
     """A real agent on a real unix socket, in this process, and a client stub for it."""
     base = short_tempdir()
     root = base / "root"
-    settings = replace(Settings(root=root), fetch=FAST_FETCH, **overrides)
+    settings = replace(Settings(root=root), **{"fetch": FAST_FETCH, **overrides})
     agent = Agent(settings)
     await agent.start()
     channel = grpc.aio.insecure_channel(agent.address)

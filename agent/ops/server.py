@@ -43,6 +43,7 @@ from agent.doors.metrics import Metrics, start_metrics_server
 from agent.doors.ray_http import ray_app
 from agent.doors.servicer import RuntimeEnvAgentServicer
 from agent.install.fetch import Fetcher, Sleep
+from agent.install.gcs_source import GcsConfig
 from agent.install.installers import InstallTools, build_installers
 from agent.ops.sdnotify import Notifier
 from agent.ops.startup import (
@@ -92,6 +93,7 @@ class Agent:
         self._sleep = sleep
         self._server: grpc.aio.Server | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._fetcher: Fetcher | None = None  # its GCS channel is closed at stop
         self._health: health_aio.HealthServicer | None = None
         self._lock_fd: int | None = None
         self._db: StateDB | None = None
@@ -142,9 +144,12 @@ class Agent:
                 interceptors.append(TokenInterceptor(secret))
             self._session = aiohttp.ClientSession(trust_env=False)
             tables = RefTables()
-            fetcher = Fetcher(
+            ray = settings.ray
+            self._fetcher = fetcher = Fetcher(
                 self._session, settings.fetch, sleep=self._sleep,
                 file_roots=settings.allow_file_roots,
+                gcs=GcsConfig(ray.gcs_address, ray.cluster_id_hex, ray.token)
+                if ray is not None and ray.gcs_address else None,
             )  # fmt: skip
             installers = build_installers(
                 InstallTools(
@@ -320,6 +325,8 @@ class Agent:
             steps.append(self.service.store.close)
         if self._db is not None:
             steps.append(self._db.close)
+        if self._fetcher is not None:
+            steps.append(self._fetcher.close)
         if self._session is not None:
             steps.append(self._session.close)
         self._metrics_runner, self._db, self._ray_runner = None, None, None
