@@ -33,13 +33,12 @@ _original: Callable[..., Any] | None = None
 
 
 def _agent_flags(command: Sequence[str]) -> list[str] | None:
-    """Ray's flags to its agent: what follows Ray's main.py, or this agent's ``-m agent
-    ray-agent`` (a command already swapped); None for a command that is neither."""
+    """Ray's flags to its agent: what follows Ray's main.py (after the python and any profiler
+    Ray puts first); None for a command without Ray's agent (this agent's, say: the swap is
+    then idempotent)."""
     for i, word in enumerate(command):
         if tuple(word.replace("\\", "/").split("/")[-3:]) == RAY_AGENT_SCRIPT:
             return list(command[i + 1 :])
-        if tuple(command[i : i + 3]) == OUR_AGENT:
-            return list(command[i + 3 :])
     return None
 
 
