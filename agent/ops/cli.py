@@ -1,6 +1,6 @@
 """rtenv-agent: serve runs the agent; config prints its effective settings; info prints what an
 agent holds; ray-agent is the agent as a Ray raylet starts it; ray runs Ray's own CLI with its
-raylets starting this agent (``rtenv-agent ray start --head ...``)."""
+raylets starting this agent (rtenv-agent ray start --head ...)."""
 
 from __future__ import annotations
 

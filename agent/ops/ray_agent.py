@@ -63,6 +63,13 @@ _RAY_LEVELS = {"DEBUG": "DEBUG", "INFO": "INFO", "WARNING": "WARNING", "WARN": "
                "ERROR": "ERROR", "CRITICAL": "ERROR", "FATAL": "ERROR"}  # fmt: skip
 
 
+DESCRIPTION = (
+    "The agent as a Ray raylet starts it, in place of Ray's runtime env agent: Ray's agent flags "
+    "(unknown ones are logged and ignored); every other setting from RTENV_* variables and the "
+    "config file, as for serve; the root is $RTENV_ROOT, else RUNTIME_ENV_DIR/rtenv."
+)
+
+
 class Refused(Exception):
     """A command-line mistake: one line, exit 2."""
 
@@ -125,7 +132,7 @@ def _level(text: str) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description=__doc__, allow_abbrev=False)
+    p = _Parser(prog=PROG, description=DESCRIPTION, allow_abbrev=False)
     required = p.add_argument_group("Ray's flags (the raylet passes them)")
     for name, kind in (
         ("node-id", str), ("node-ip-address", str), ("runtime-env-agent-port", _port),
