@@ -24,6 +24,7 @@ import pytest
 from agent.ray import AGENT_FLAG, install, installed, swap_agent_command, uninstall
 from tests.helpers import wait_until
 from tests.test_process import REPO, stop
+from tests.test_ray_agent_cli import DOOR_MERGED
 
 RAY = Path("/venv/lib/python3.11/site-packages/ray")
 RAY_MAIN = str(RAY / "_private" / "runtime_env" / "agent" / "main.py")
@@ -255,6 +256,9 @@ async def test_rtenv_agent_ray_start_gives_the_raylet_this_agent_as_its_child() 
         assert f"--temp-dir={temp}" in agent_command
         assert _ppid(found["agent"]) == found["raylet"]
         assert _cmdline(found["agent"]) == agent_command
+        if DOOR_MERGED:  # the raylet then reads the port file and the node comes up
+            code = await asyncio.wait_for(launcher.wait(), 90)
+            assert code == 0, "rtenv-agent ray start failed"
     finally:
         await stop(launcher)
         await asyncio.to_thread(_kill_all_naming, temp)
