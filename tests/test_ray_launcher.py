@@ -78,7 +78,7 @@ def test_the_swap_names_this_agent_with_rays_flags_unchanged_and_leaves_the_rest
     argv = raylet_argv([sys.executable, "-u", RAY_MAIN, *ray_agent_flags()])
     swapped = swap_agent_command(argv)
     assert _agent_command(swapped) == [
-        sys.executable, "-u", "-m", "agent", "ray-agent", *ray_agent_flags(),
+        sys.executable, "-u", "-P", "-m", "agent", "ray-agent", *ray_agent_flags(),
     ]  # fmt: skip
     i = next(n for n, a in enumerate(argv) if a.startswith(AGENT_FLAG))
     assert swapped[:i] + swapped[i + 1 :] == argv[:i] + argv[i + 1 :]
@@ -94,7 +94,7 @@ def test_a_memory_profiler_prefix_and_paths_with_spaces_survive_the_swap() -> No
     flags = ray_agent_flags(session="/tmp/my ray/session_1")
     profiled = ["/usr/bin/python3", "-u", "-m", "memray", "run", "-o", "/tmp/x.bin", RAY_MAIN]
     swapped = swap_agent_command(raylet_argv([*profiled, *flags]))
-    assert _agent_command(swapped)[5:] == flags
+    assert _agent_command(swapped)[6:] == flags
 
 
 def test_a_raylet_command_without_rays_agent_is_left_alone() -> None:
@@ -244,7 +244,7 @@ async def test_rtenv_agent_ray_start_gives_the_raylet_this_agent_as_its_child() 
             cmd = _cmdline(pid)
             if cmd and cmd[0].endswith("/raylet"):
                 found["raylet"] = pid
-            if cmd[1:5] == ["-u", "-m", "agent", "ray-agent"]:
+            if cmd[1:6] == ["-u", "-P", "-m", "agent", "ray-agent"]:
                 found["agent"] = pid
         return "raylet" in found and "agent" in found
 
@@ -252,7 +252,7 @@ async def test_rtenv_agent_ray_start_gives_the_raylet_this_agent_as_its_child() 
         await wait_until(raylet_with_our_agent, timeout_s=60, what="a raylet and our agent")
         raylet_cmd = _cmdline(found["raylet"])
         agent_command = _agent_command(raylet_cmd)
-        assert agent_command[:5] == [sys.executable, "-u", "-m", "agent", "ray-agent"]
+        assert agent_command[:6] == [sys.executable, "-u", "-P", "-m", "agent", "ray-agent"]
         assert f"--temp-dir={temp}" in agent_command
         assert _ppid(found["agent"]) == found["raylet"]
         assert _cmdline(found["agent"]) == agent_command

@@ -32,6 +32,7 @@ def test_spacing_does_not_change_the_env_id() -> None:
         {"_ray_release": "2.60.0"},
         {"_inject_current_ray": True},
         {"excludes": ["*.log", "data/"]},
+        {"worker_process_setup_hook": "setup_logging"},  # the worker runs it, not the agent
         {"config": {"setup_timeout_seconds": 600, "eager_install": True, "log_files": []}},
         {"config": {"log_files": ["worker.log"]}},
     ],
@@ -48,6 +49,7 @@ def test_ray_extension_keys_are_accepted_and_not_identity(extra: dict[str, objec
         ({"_ray_release": ["x"]}, "_ray_release must be a string"),
         ({"_inject_current_ray": "yes"}, "_inject_current_ray must be a boolean"),
         ({"excludes": "x"}, "excludes must be a list of strings"),
+        ({"worker_process_setup_hook": 1}, "worker_process_setup_hook must be a string"),
         ({"excludes": [1]}, "excludes must be a list of strings"),
         ({"config": {"log_files": "x.log"}}, "config.log_files must be a list of strings"),
     ],

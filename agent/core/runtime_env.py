@@ -33,7 +33,11 @@ MAX_ARG_STRLEN = 128 * 1024
 _POINTER_BYTES = 8
 _SUPPORTED_FIELDS = ("working_dir", "py_modules", "env_vars", "pip", "config")
 # Ray's driver adds these; each is checked for its type and is not part of identity.
-_RAY_EXTRAS = ("_ray_commit", "_ray_release", "_inject_current_ray", "excludes")
+# Ray's keys the agent has nothing to do for: versions, upload filters, and the setup hook (the
+# worker runs it, fetching it from the GCS by the key this field holds). Never identity.
+_RAY_EXTRAS = (
+    "_ray_commit", "_ray_release", "_inject_current_ray", "excludes", "worker_process_setup_hook",
+)  # fmt: skip
 _NOT_YET = {"conda", "uv", "container", "image_uri", "java_jars", "nsight", "mpi"}
 
 
@@ -253,7 +257,7 @@ def _parse_config(value: object) -> tuple[int | None, bool | None]:
 
 def _check_ray_extras(obj: Mapping[str, Any]) -> None:
     """Ray's extension keys: accepted when of Ray's type; none is part of the env's identity."""
-    for name in ("_ray_commit", "_ray_release"):
+    for name in ("_ray_commit", "_ray_release", "worker_process_setup_hook"):
         value = obj.get(name)
         if value is not None and not isinstance(value, str):
             raise InvalidRuntimeEnv(f"{name} must be a string, got {type_name(value)}")

@@ -24,7 +24,9 @@ __all__ = ["AGENT_FLAG", "install", "installed", "swap_agent_command", "uninstal
 
 AGENT_FLAG = "--runtime_env_agent_command="  # the raylet's flag naming its agent's command
 RAY_AGENT_SCRIPT = ("runtime_env", "agent", "main.py")  # ray/_private/runtime_env/agent/main.py
-OUR_AGENT = ("-m", "agent", "ray-agent")
+# -P: the raylet's working directory is not put on sys.path, so a user's own "agent" folder
+# there can never stand in for this package.
+OUR_AGENT = ("-P", "-m", "agent", "ray-agent")
 PROCESS_TYPE_RAYLET = "raylet"  # ray_constants.PROCESS_TYPE_RAYLET
 
 _lock = threading.Lock()
