@@ -31,7 +31,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -358,7 +358,7 @@ class AgentService:
 _NO_CONTEXT = WorkerContext(env_vars={}, cwd="", py_executable="")
 
 
-async def _cancel_all(tasks: list[asyncio.Future[Path]]) -> None:
+async def _cancel_all(tasks: Sequence[asyncio.Future[Path]]) -> None:
     """Cancel the tasks not done and wait until each has finished (its ``finally`` run)."""
     for task in tasks:
         task.cancel()
