@@ -222,7 +222,7 @@ async def test_a_transient_gcs_failure_is_retried() -> None:
         assert gcs.gets(WD) == 3
 
 
-async def test_a_package_slower_than_the_http_timeouts_is_not_cut_by_a_deadline_of_its_own() -> None:
+async def test_a_package_slower_than_the_http_timeouts_is_not_cut_by_a_deadline() -> None:
     """One reply is the whole package: the setup timeout bounds it, not connect + read."""
     fetch = replace(FAST_FETCH, connect_timeout_s=0.1, read_timeout_s=0.1)
     async with kv_gcs(delay_s=0.6) as gcs, running_agent(ray=ray_settings(gcs), fetch=fetch) as a:
@@ -236,7 +236,9 @@ async def test_a_call_past_its_own_deadline_says_so_not_that_the_gcs_is_down() -
         gcs.values[WD.encode()] = b"PK"
         client = GcsKvClient(GcsConfig(gcs.address), max_value_bytes=100, timeout_s=0.1)
         try:
-            with pytest.raises(GcsUnavailable, match="within the call's deadline of 0.1s") as info:
+            with pytest.raises(
+                GcsUnavailable, match=r"within the call's deadline of 0\.1s"
+            ) as info:
                 await client.get(WD, WD)
             assert info.value.deadline_s == 0.1
         finally:
