@@ -482,12 +482,16 @@ async def test_as_a_raylet_starts_it_it_logs_where_ray_reads_and_dies_with_the_r
     try:
         assert raylet.stdout is not None
         agent_pid = int(await asyncio.wait_for(raylet.stdout.readline(), START_S))
-        await wait_until(
-            lambda: "serving on" in text(log_file) or _gone(agent_pid),
-            timeout_s=START_S, what="the agent's log file to say it serves",
+        out_file = logs / "runtime_env_agent.out"
+        await wait_until(  # the log line comes first, the line on stdout once start returns
+            lambda: (
+                ("serving on" in text(log_file) and "serving on" in text(out_file))
+                or _gone(agent_pid)
+            ),
+            timeout_s=START_S, what="the agent's log file and its stdout to say it serves",
         )  # fmt: skip
         assert not _gone(agent_pid), text(logs / "runtime_env_agent.err")
-        assert "rtenv-agent serving on unix:" in text(logs / "runtime_env_agent.out")
+        assert "rtenv-agent serving on unix:" in text(out_file)
         assert text(log_file).count("--a-flag-from-a-later-ray=1") == 1
         assert f"raylet pid {raylet.pid}" in text(log_file)
         assert f"RAY_RAYLET_PID '{other.pid}' is not this agent's parent" in text(log_file)
