@@ -1,5 +1,5 @@
 """A Ray driver the end-to-end tests run as a process of its own:
-``python tests/ray_driver.py SCENARIO 'ARGS-JSON'`` with RAY_ADDRESS and RTENV_E2E_NODE_IP (the
+``python tests/ray_driver.py SCENARIO ARGS.json`` with RAY_ADDRESS and RTENV_E2E_NODE_IP (the
 node it runs on) set.
 
 It connects to the cluster, runs one scenario and prints its result as one line,
@@ -182,7 +182,7 @@ SCENARIOS = {
 
 
 def main() -> None:
-    scenario, args = sys.argv[1], json.loads(sys.argv[2])
+    scenario, args = sys.argv[1], json.loads(Path(sys.argv[2]).read_text())
     run = SCENARIOS[scenario]
     ray.init(
         address=os.environ["RAY_ADDRESS"],

@@ -329,8 +329,12 @@ class Driver:
     ) -> None:
         self.node = node
         env = dict(node.env, RAY_ADDRESS=node.gcs_address, RTENV_E2E_NODE_IP=node.ip)
+        # the args in a file: a large env var would not fit on a command line
+        fd, args_path = tempfile.mkstemp(suffix=".json", dir=node.temp_dir)
+        with os.fdopen(fd, "w") as f:
+            json.dump(args, f)
         self.proc = subprocess.Popen(
-            [sys.executable, str(DRIVER), scenario, json.dumps(args)], env=env,
+            [sys.executable, str(DRIVER), scenario, args_path], env=env,
             cwd=cwd or node.temp_dir, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, start_new_session=True,
         )  # fmt: skip

@@ -126,7 +126,8 @@ def test_task_and_actor_see_working_dir_py_modules_env_vars_and_pip(
             env = case["runtime_env"]
             for uri in [env.get("working_dir"), *env.get("py_modules", [])]:
                 if uri is not None:
-                    assert uris[uri].state == "ready", uris[uri]
+                    # installed, kept in the cache, used by nobody now
+                    assert uris[uri].state == "unused", uris[uri]
                     assert uris[uri].references == 0, uris[uri]
         assert any(u.startswith("pip://") for u in uris), sorted(uris)
 
@@ -178,12 +179,6 @@ def test_deletes_arrive_as_workers_exit_and_every_count_returns_to_zero(
         assert held["files"] == {"data.txt": "held"}, held
         counts = ray_counts(node)
         assert (_count_of(counts, "E2E_HELD") or 0) >= 1, counts
-        if OURS:
-            info = agent_info(node)
-            mine = [e for e in info.envs if "E2E_HELD" in e.serialized_runtime_env]
-            assert mine, info.envs
-            assert mine[0].references >= 1, mine[0]
-            assert wd.as_uri() in mine[0].uris, mine[0]
         driver.go()
         driver.expect("STEP")
         wait_counts_zero(node)  # the driver is still connected: the delete came from the exit
@@ -194,27 +189,48 @@ def test_deletes_arrive_as_workers_exit_and_every_count_returns_to_zero(
     wait_counts_zero(node)
 
 
-@needs_ours
-def test_the_agents_info_shows_the_envs_and_packages_ray_created(
-    node: RayNode, served: ThreadedPackageServer
-) -> None:
-    """``rtenv-agent info --root <root> --json``, on the root under Ray's session dir, lists the
-    env Ray asked for (as Ray serialized it) and its packages, installed once."""
-    wd = served.add("info-wd.zip", workdir_zip({"data.txt": "info"}))
-    env = {"working_dir": wd, "env_vars": {"E2E_INFO": "1"}}
-    got = drive(node, "probe", {"cases": [{"name": "c", "runtime_env": env}], "tasks_only": True})
-    assert "error" not in got["c"]["task"], got
+def _cli_info(node: RayNode) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-m", "agent", "info", "--root", str(node.root), "--json"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     info: dict[str, Any] = json.loads(done.stdout)
-    envs = [e for e in info.get("envs", []) if "E2E_INFO" in e["serialized_runtime_env"]]
-    assert envs, info.get("envs")
-    assert wd in envs[0]["uris"], envs[0]
+    return info
+
+
+@needs_ours
+def test_the_agents_info_shows_the_envs_and_packages_ray_created(
+    node: RayNode, served: ThreadedPackageServer
+) -> None:
+    """``rtenv-agent info --root <root> --json``, on the root under Ray's session dir: while an
+    actor holds it, the env Ray asked for (as Ray serialized it) with its package, installed
+    once; once the driver is gone, no env and the package kept in the cache, unused."""
+    wd = served.add("info-wd.zip", workdir_zip({"data.txt": "info"}))
+    env = {"working_dir": wd, "env_vars": {"E2E_INFO": "1"}}
+    driver = Driver(node, "hold", {"runtime_env": env})
+    try:
+        driver.expect("STEP")
+        info = _cli_info(node)
+        envs = [e for e in info.get("envs", []) if "E2E_INFO" in e["serialized_runtime_env"]]
+        assert len(envs) == 1, info.get("envs")
+        assert envs[0]["state"] == "ready", envs[0]
+        assert int(envs[0]["references"]) >= 1, envs[0]
+        assert envs[0]["uris"] == [f"working_dir:{wd}"], envs[0]
+        uris = {u["uri"]: u for u in info.get("uris", [])}
+        assert uris[wd]["kind"] == "working_dir", uris[wd]
+        assert uris[wd]["state"] == "ready", uris[wd]
+        driver.go()
+        driver.expect("STEP")
+        driver.go()
+        driver.result()
+    finally:
+        driver.kill()
+    wait_counts_zero(node)
+    info = _cli_info(node)
+    assert not [e for e in info.get("envs", []) if "E2E_INFO" in e["serialized_runtime_env"]]
     uris = {u["uri"]: u for u in info.get("uris", [])}
-    assert uris[wd]["kind"] == "working_dir", uris[wd]
+    assert uris[wd]["state"] == "unused", uris[wd]
     assert served.gets("info-wd.zip") == 1
 
 
