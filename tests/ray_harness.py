@@ -455,24 +455,28 @@ def agent_info(node: RayNode) -> agent_pb2.GetRuntimeEnvsInfoReply:
 
 def wait_counts_zero(node: RayNode, timeout_s: float = 60.0) -> dict[str, int]:
     """Wait until every env the node's agent knows has count 0 (and, with this agent, every
-    package); return the last counts seen."""
+    env and package in its own info); return the last counts seen."""
     last: dict[str, int] = {}
+    held: list[str] = []
 
     def settled() -> bool | None:
-        nonlocal last
+        nonlocal last, held
         last = ray_counts(node)
         if any(last.values()):
             return None
         if OURS:
             info = agent_info(node)
-            if any(e.references for e in info.envs) or any(u.references for u in info.uris):
+            held = [f"env {e.serialized_runtime_env[:80]}: {e.references}" for e in info.envs
+                    if e.references] + [f"{u.uri}: {u.references}" for u in info.uris
+                    if u.references]  # fmt: skip
+            if held:
                 return None
         return True
 
     try:
         poll(settled, timeout_s, "every count to return to 0", every_s=0.5)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}: last counts {last}") from None
+        raise AssertionError(f"{exc}: Ray's counts {last}, this agent's {held}") from None
     return last
 
 

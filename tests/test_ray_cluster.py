@@ -32,7 +32,7 @@ from tests.ray_harness import (
     wait_counts_zero,
 )
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)  # the first test starts three nodes
 NODES = 3
 
 

@@ -246,7 +246,11 @@ BIG = "x" * 200_000
             id="a 200 KB env var",
             marks=needs_ours,  # Ray's agent accepts it, and its worker cannot start
         ),
-        pytest.param({"working_dir": "HTTP/missing.zip"}, "answered 404", id="a 404 working dir"),
+        pytest.param(
+            {"working_dir": "HTTP/missing.zip"},
+            "working_dir:HTTP/missing.zip: the server answered 404",
+            id="a 404 working dir",
+        ),
     ],
 )
 def test_an_env_the_agent_refuses_fails_the_task_with_the_agents_message(
@@ -254,13 +258,15 @@ def test_an_env_the_agent_refuses_fails_the_task_with_the_agents_message(
 ) -> None:
     """An env Ray's own validation accepts but this agent refuses: the task fails with
     RuntimeEnvSetupError and the text is this agent's message."""
-    env = {k: v.replace("HTTP", served.server.base_url) if isinstance(v, str) else v
-           for k, v in case.items()}  # fmt: skip
+    url = served.server.base_url
+    env = {k: v.replace("HTTP", url) if isinstance(v, str) else v for k, v in case.items()}
+    message = message.replace("HTTP", url)
     if "working_dir" in env and not HTTP_OK:
         pytest.skip("Ray's agent needs smart_open for http, which is not installed")
     got = drive(node, "probe", {"cases": [{"name": "bad", "runtime_env": env}], "tasks_only": True})
     outcome = got["bad"]["task"]
     assert outcome.get("error") == "RuntimeEnvSetupError", outcome
-    if OURS:
+    if OURS:  # this agent's message, saying which node's agent refused
+        assert f"[rtenv-agent on node {node.ip}]" in outcome["message"], outcome["message"]
         assert message in outcome["message"], outcome["message"]
     wait_counts_zero(node)
