@@ -66,6 +66,10 @@ EXIT_S = 30.0  # a process to exit once it should
 STOP_S = 20.0  # a node's processes to be gone after SIGKILL
 
 
+# in the agent's command line: this agent's subcommand, or Ray's agent's process title
+AGENT_MARK = " -m agent ray-agent " if OURS else "ray::RuntimeEnvAgent"
+
+
 def _ray_cli() -> list[str]:
     if OURS:
         return [sys.executable, "-m", "agent", "ray"]
@@ -283,6 +287,10 @@ def start_node(
             code = None
         assert code == 0, f"ray start exited with {code}:\n{node.logs()}"
         node.node_id = poll(lambda: _port_file_node(node), START_S, "the agent's port file")
+        agent = node.agent_pid()
+        assert agent is not None, f"nothing listens on the agent's port:\n{node.logs()}"
+        # the switch took: the raylet launched the agent the tests mean to run
+        assert AGENT_MARK in cmdline(agent), f"the agent is {cmdline(agent)!r}"
     except BaseException:
         node.stop()
         raise
@@ -466,9 +474,9 @@ def wait_counts_zero(node: RayNode, timeout_s: float = 60.0) -> dict[str, int]:
             return None
         if OURS:
             info = agent_info(node)
-            held = [f"env {e.serialized_runtime_env[:80]}: {e.references}" for e in info.envs
-                    if e.references] + [f"{u.uri}: {u.references}" for u in info.uris
-                    if u.references]  # fmt: skip
+            envs = [f"{e.serialized_runtime_env[:80]}: {e.references}" for e in info.envs]
+            uris = [f"{u.uri}: {u.references}" for u in info.uris]
+            held = [text for text in envs + uris if not text.endswith(": 0")]
             if held:
                 return None
         return True
