@@ -9,9 +9,10 @@ both, so a behaviour they pin is Ray's as much as ours.
 Every node gets a short temp dir of its own (``/tmp/r-e2e-*``), free ports chosen at run time,
 and a loopback node IP of its own: 127.0.0.2 for a head, 127.0.0.3, 127.0.0.4... for worker
 nodes (Ray replaces 127.0.0.1 with the machine's address; any other loopback one it keeps).
-``ray start`` runs in a new session, so every process of the node (GCS, raylet, the agents, the
-workers) is in one process group, and stopping a node is one ``killpg`` of that group: never
-``ray stop``, which kills every Ray process on the machine, other suites' too.
+``ray start`` runs in a new session, so the node's processes (GCS, raylet, the agents) are in one
+process group, and its workers (each in a group of its own) are their descendants: stopping a
+node is SIGKILL to those, by PID; never ``ray stop``, which kills every Ray process on the
+machine, other suites' too.
 """
 
 from __future__ import annotations
@@ -133,15 +134,28 @@ def alive(pid: int) -> bool:
     return fields is not None and fields[0] not in ("Z", "X")
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live processes of process group ``pgid``."""
-    found = []
+def _live() -> dict[int, list[str]]:
+    """Every live process's stat fields."""
+    found = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             fields = _stat(int(entry))
-            if fields is not None and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-                found.append(int(entry))
+            if fields is not None and fields[0] not in ("Z", "X"):
+                found[int(entry)] = fields
     return found
+
+
+def group_and_descendants(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid``, and their descendants (a raylet puts each
+    worker in a process group of its own)."""
+    live = _live()
+    found = {pid for pid, fields in live.items() if int(fields[2]) == pgid}
+    for _ in range(len(live)):
+        more = {pid for pid, fields in live.items() if int(fields[1]) in found} - found
+        if not more:
+            break
+        found |= more
+    return sorted(found)
 
 
 def cmdline(pid: int) -> str:
@@ -207,7 +221,8 @@ class RayNode:
         return self.ports["runtime-env-agent-port"]
 
     def members(self) -> list[int]:
-        return group_members(self.pgid)
+        """The node's live processes: those ``ray start`` started and what they started."""
+        return group_and_descendants(self.pgid)
 
     def raylet_pid(self) -> int | None:
         return listener(self.ports["node-manager-port"], self.members())
@@ -230,13 +245,18 @@ class RayNode:
         return "\n".join([f"--- ray start ---\n{start}", *(self.log_tail(n) for n in names)])
 
     def stop(self) -> None:
-        """SIGKILL the node's process group; wait until it is gone; remove the temp dir."""
+        """SIGKILL the node's processes (found first: a worker whose raylet is gone has no tie
+        to the node left); wait until they are gone; remove the temp dir."""
         if not self.stopped:
             self.stopped = True
+            doomed = self.members()
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pgid, signal.SIGKILL)
+            for pid in doomed:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(AssertionError):
-                poll(lambda: True if not self.members() else None, STOP_S, "the node to exit")
+                poll(lambda: None if any(map(alive, doomed)) else True, STOP_S, "the node's end")
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
