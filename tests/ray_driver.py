@@ -140,15 +140,16 @@ def wait_nodes(count: int, timeout_s: float) -> list[str]:
 
 
 def spread(args: Json) -> Json:
-    """Tasks of one env spread over the nodes until each alive node ran one (bounded rounds);
-    then one task pinned to each node, so every node is shown to serve the env."""
+    """Tasks of one env spread over the nodes, a round of one per node at a time, until each
+    alive node ran one (bounded rounds); then one task pinned to each node, so every node is
+    shown to serve the env whatever SPREAD chose."""
     nodes = wait_nodes(args["nodes"], float(args.get("wait_s", 60)))
     env, spec = args["runtime_env"], args.get("spec", {})
     results: list[Json] = []
     for _ in range(int(args.get("rounds", 3))):
         refs = [
             probe_task.options(runtime_env=env, scheduling_strategy="SPREAD").remote(spec)
-            for _ in range(int(args.get("tasks", 6)))
+            for _ in range(int(args.get("tasks", len(nodes))))
         ]
         results += [_outcome(ref) for ref in refs]
         if {r.get("node") for r in results} >= set(nodes):

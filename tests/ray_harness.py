@@ -504,7 +504,11 @@ def wait_counts_zero(node: RayNode, timeout_s: float = 60.0) -> dict[str, int]:
     try:
         poll(settled, timeout_s, "every count to return to 0", every_s=0.5)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}: Ray's counts {last}, this agent's {held}") from None
+        workers = [cmdline(pid)[:60].strip() for pid in node.members() if pid != node.pgid]
+        raise AssertionError(
+            f"node {node.ip}: {exc}: Ray's counts {last}, this agent's {held}; the node's "
+            f"processes: {workers}\n{node.log_tail('raylet.out', 40)}"
+        ) from None
     return last
 
 
