@@ -247,6 +247,18 @@ BIG = "x" * 200_000
             marks=needs_ours,  # Ray's agent accepts it, and its worker cannot start
         ),
         pytest.param(
+            {"pip": {"packages": ["alpha_pkg"], "pip_install_options": ["--target", "/tmp/x"]}},
+            "pip.pip_install_options: '--target' is refused: writes outside the env's venv",
+            id="a pip option that writes outside the venv",
+            marks=needs_ours,  # Ray's agent passes it to pip
+        ),
+        pytest.param(
+            {"conda": {"dependencies": ["pip"]}},
+            "unknown runtime_env field(s) 'conda' (conda not supported yet)",
+            id="a field this agent does not support",
+            marks=needs_ours,  # Ray's agent runs conda
+        ),
+        pytest.param(
             {"working_dir": "HTTP/missing.zip"},
             "working_dir:HTTP/missing.zip: the server answered 404",
             id="a 404 working dir",
