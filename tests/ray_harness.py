@@ -50,7 +50,7 @@ from tests.pip_wheels import hermetic_pip_environ
 T = TypeVar("T")
 Json = dict[str, Any]
 
-AGENT = os.environ.get("RTENV_E2E_AGENT", "ray")
+AGENT = os.environ.get("RTENV_E2E_AGENT", "ours")
 OURS = AGENT == "ours"
 assert AGENT in ("ours", "ray"), f"RTENV_E2E_AGENT must be 'ours' or 'ray', not {AGENT!r}"
 needs_ours = pytest.mark.skipif(not OURS, reason="reads what only this agent has")
