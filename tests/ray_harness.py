@@ -58,7 +58,6 @@ needs_ours = pytest.mark.skipif(not OURS, reason="reads what only this agent has
 HTTP_OK = OURS or importlib.util.find_spec("smart_open") is not None
 PIP_OK = OURS or importlib.util.find_spec("virtualenv") is not None
 
-REPO = Path(__file__).resolve().parents[1]
 DRIVER = Path(__file__).with_name("ray_driver.py")
 HEAD_IP = "127.0.0.2"
 START_S = 90.0  # `ray start` to return, and the node's agent to have written its port file
