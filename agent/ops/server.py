@@ -408,6 +408,19 @@ async def serve(
     signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     for sig in signals:
         loop.add_signal_handler(sig, on_signal)
+    try:  # the handlers stay until the agent has stopped: a second signal during the
+        # graceful stop must still exit at once
+        return await _serve(settings, stop, before_recovery)
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+
+
+async def _serve(
+    settings: Settings,
+    stop: asyncio.Event,
+    before_recovery: Callable[[], Awaitable[None]] | None,
+) -> int:
     watcher = None
     try:
         if settings.parent_pid is not None:
@@ -418,7 +431,7 @@ async def serve(
         if not await _start_unless_stopped(agent, stop):
             log.info("stopped while starting")
             return 0
-        log.info("event loop: %s", describe_loop(loop))
+        log.info("event loop: %s", describe_loop(asyncio.get_running_loop()))
         print(f"rtenv-agent serving on {agent.address}", flush=True)
         if agent.ray_address:
             print(f"rtenv-agent serving Ray's protocol on {agent.ray_address}", flush=True)
@@ -429,8 +442,6 @@ async def serve(
     finally:
         if watcher is not None:
             await _end(watcher)
-        for sig in signals:
-            loop.remove_signal_handler(sig)
     await agent.stop()
     return 0
 
