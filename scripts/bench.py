@@ -8,7 +8,8 @@ Workloads (``--only NAME``, repeatable; the parts are in ``scripts/benchlib/``):
 - hot: cache-hit create+delete pairs through the real agent over its unix socket, at
   concurrency 1 (create latency) and 64 (pairs/s), against a bare grpc.aio server answering the
   same requests with the agent's own replies (same transport, sizes and client code); both
-  also on uvloop when it is installed.
+  also on uvloop when it is installed. The same agent's Ray door (Ray's HTTP protocol, the
+  same client loops) beside its gRPC door, when the checkout has one.
 - persistence: the hot workload with state.db and without it (--no-state-db).
 - cold-large: one create of an env whose working_dir is a ~60 MB zip (thousands of small files,
   a few large ones) over http from an empty cache, against a sequential aiohttp download +
