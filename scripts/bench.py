@@ -251,6 +251,7 @@ def _parser() -> argparse.ArgumentParser:
         ("--e2e-tasks", "e2e_tasks", int),
         ("--e2e-envs", "e2e_envs", int),
         ("--e2e-zips", "e2e_zips", int),
+        ("--e2e-rounds", "e2e_rounds", int),
     ):
         knobs.add_argument(flag, dest=name, type=kind, help=f"default {getattr(d, name)}")
     return p

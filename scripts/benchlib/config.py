@@ -50,6 +50,7 @@ class Sizes:
     e2e_envs: int = 50
     e2e_zips: int = 5
     e2e_cpus: int = 2
+    e2e_rounds: int = 2
     # pip
     pip_jobs: int = 10
     pip_payload_kib: int = 256
@@ -93,6 +94,7 @@ SMOKE = Sizes(
     e2e_tasks=20,
     e2e_envs=4,
     e2e_zips=2,
+    e2e_rounds=1,
     phase_timeout_s=40.0,
 )
 
