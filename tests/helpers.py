@@ -241,7 +241,7 @@ async def running_agent(**overrides: Any) -> AsyncIterator[RunningAgent]:
     """A real agent on a real unix socket, in this process, and a client stub for it."""
     base = short_tempdir()
     root = base / "root"
-    settings = replace(Settings(root=root), fetch=FAST_FETCH, **overrides)
+    settings = replace(Settings(root=root), **{"fetch": FAST_FETCH, **overrides})
     agent = Agent(settings)
     await agent.start()
     channel = grpc.aio.insecure_channel(agent.address)
@@ -307,3 +307,74 @@ def assert_refused_in_one_line(command: list[str], args: list[str], prefix: str)
         assert (base / "FILE").read_text() == "not a folder"
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+# -- the Ray door ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RayResponse:
+    status: int
+    content_type: str
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode(errors="replace")
+
+
+class RayClient:
+    """Ray 2.60's runtime env agent protocol over HTTP, as the raylet speaks it: protobuf bodies
+    (``rtenv.ray.v1``) POSTed to a Ray door at ``address`` (HOST:PORT)."""
+
+    def __init__(self, session: Any, address: str, *, token: str | None = None) -> None:
+        self.session = session  # an aiohttp.ClientSession
+        self.base = f"http://{address}"
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def post(
+        self, path: str, body: bytes, headers: Mapping[str, str] | None = None
+    ) -> RayResponse:
+        """The response, read; ``headers`` replace the token's."""
+        async with self.session.post(
+            self.base + path, data=body, headers=self.headers if headers is None else headers
+        ) as response:
+            data = await response.read()
+            return RayResponse(response.status, response.content_type, data)
+
+    async def call(self, path: str, request: Any, reply: Any) -> Any:
+        response = await self.post(path, request.SerializeToString())
+        assert response.status == 200, (response.status, response.text)
+        assert response.content_type == "application/octet-stream"
+        reply.ParseFromString(response.body)
+        return reply
+
+    async def create(self, serialized: str, *, timeout_s: int = 0, source_process: str = "") -> Any:
+        from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
+
+        request = ray_pb2.GetOrCreateRuntimeEnvRequest(
+            serialized_runtime_env=serialized, job_id=b"\x01\x00\x00\x00",
+            source_process=source_process,
+            runtime_env_config=ray_pb2.RuntimeEnvConfig(setup_timeout_seconds=timeout_s),
+        )  # fmt: skip
+        return await self.call(
+            "/get_or_create_runtime_env", request, ray_pb2.GetOrCreateRuntimeEnvReply()
+        )
+
+    async def delete(self, serialized: str, *, source_process: str = "") -> Any:
+        from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
+
+        request = ray_pb2.DeleteRuntimeEnvIfPossibleRequest(
+            serialized_runtime_env=serialized, source_process=source_process
+        )
+        return await self.call(
+            "/delete_runtime_env_if_possible", request, ray_pb2.DeleteRuntimeEnvIfPossibleReply()
+        )
+
+    async def info(self, limit: int | None = None) -> Any:
+        from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
+
+        request = ray_pb2.GetRuntimeEnvsInfoRequest()
+        if limit is not None:
+            request.limit = limit
+        return await self.call("/get_runtime_envs_info", request, ray_pb2.GetRuntimeEnvsInfoReply())

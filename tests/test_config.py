@@ -53,6 +53,7 @@ SAMPLES = {
     "state-db": "false",
     "reset-state": "true",
     "metrics-address": "127.0.0.1:9100",
+    "ray-address": "127.0.0.1:0",
     "log-format": "json",
     "log-level": "DEBUG",
 }

@@ -1,6 +1,11 @@
 """The agent's folders are its layers, and each imports only the layers below it.
 
-    core < install < state < app < doors < ops
+    core < install < state < app < doors < ops < ray
+
+``agent/ray`` is the launcher (it imports Ray); ``rtenv-agent ray`` loads it by name, so the agent
+itself (the server and everything it imports) never imports it, nor ``ray``: no module but the
+launcher's imports ``ray`` (checked here by reading the sources, and by importing the agent's
+entry points in a fresh python).
 
 ``agent/crash.py`` (the crash points tests plant) sits beside the core and may be imported by
 any layer. A module importing a layer above its own would make the layout lie: this test reads
@@ -10,10 +15,12 @@ every module's imports (``import`` and ``from ... import``, at any depth) and fa
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 AGENT = Path(__file__).resolve().parent.parent / "agent"
-LAYERS = ("core", "install", "state", "app", "doors", "ops")
+LAYERS = ("core", "install", "state", "app", "doors", "ops", "ray")
 ANYWHERE = {"agent.crash"}  # below every layer
 
 
@@ -89,3 +96,42 @@ def test_the_check_sees_an_upward_import_and_a_module_outside_the_layers() -> No
     ]
     assert upward_imports("agent.ops.cli", "from agent.core.errors import echo\n") == []
     assert upward_imports("agent.core.refs", "from agent.crash import crash_point\n") == []
+
+
+def ray_imports(module: str, source: str) -> list[str]:
+    """The imports of ``ray`` (or a module of it) by ``module``, unless it is the launcher's."""
+    if module == "agent.ray" or module.startswith("agent.ray."):
+        return []
+    return sorted(
+        {
+            f"{module} imports {name}"
+            for name in _imports(source)
+            if name == "ray" or name.startswith("ray.")
+        }
+    )
+
+
+def test_no_module_but_the_launchers_imports_ray() -> None:
+    problems = [p for name, source in _modules() for p in ray_imports(name, source)]
+    assert problems == []
+
+
+def test_the_ray_check_sees_an_import_of_ray_at_any_depth() -> None:
+    nested = "def f() -> None:\n    if True:\n        from ray._private import services\n"
+    assert ray_imports("agent.ops.cli", nested) == ["agent.ops.cli imports ray._private"]
+    assert ray_imports("agent.app.x", "import ray\n") == ["agent.app.x imports ray"]
+    assert ray_imports("agent.ray.launcher", "import ray\n") == []
+    assert ray_imports("agent.ops.cli", "import rayon\n") == []
+
+
+def test_the_agents_entry_points_load_neither_ray_nor_the_launcher() -> None:
+    code = (
+        "import sys, agent.ops.cli, agent.ops.server, agent.ops.ray_agent\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'ray' or "
+        "m.startswith('agent.ray'))\n"
+        "print(bad)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout

@@ -348,7 +348,7 @@ BAD = [
     {"packages": [None]},
     {"packages": ["ok"], "pip_install_options": "--no-index"},
     {"packages": ["ok"], "pip_install_options": [1]},
-    {"packages": ["ok"], "pip_check": False},
+    {"packages": ["ok"], "pip_checkout": False},
     [""],
     ["   "],
     ["!!!"],
@@ -369,8 +369,8 @@ def test_a_pip_field_of_the_wrong_shape_is_refused(value: object) -> None:
 
 
 def test_an_unknown_pip_key_is_refused_by_name() -> None:
-    with pytest.raises(InvalidRuntimeEnv, match="pip_check"):
-        parse_pip({"packages": ["ok"], "pip_check": False})
+    with pytest.raises(InvalidRuntimeEnv, match="pip_checkout"):
+        parse_pip({"packages": ["ok"], "pip_checkout": False})
 
 
 # PEP 508 whitespace is not always insignificant: it separates tokens, and inside a quoted marker

@@ -159,7 +159,7 @@ def test_parse_uri_rejects_bad_uris_naming_the_field(value: object, needle: str)
 def test_the_supported_schemes_named_in_a_refusal_are_the_registry() -> None:
     with pytest.raises(InvalidRuntimeEnv) as info:
         parse_uri("working_dir", "ftp://h.example/p.zip")
-    assert info.value.message.endswith("supported schemes are file, http and https")
+    assert info.value.message.endswith("supported schemes are file, http, https and gcs")
 
 
 def test_a_scheme_is_one_registry_entry_and_refusals_then_name_it(
@@ -181,7 +181,7 @@ def test_a_scheme_is_one_registry_entry_and_refusals_then_name_it(
         parse_uri("working_dir", "s3:///k.zip")
     with pytest.raises(InvalidRuntimeEnv) as info:
         parse_uri("working_dir", "gs://bucket/k.zip")
-    assert info.value.message.endswith("supported schemes are file, http, https and s3")
+    assert info.value.message.endswith("supported schemes are file, http, https, gcs and s3")
 
 
 # -- rejections of a whole env ------------------------------------------------------------------

@@ -31,7 +31,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,11 +160,18 @@ class AgentService:
             self._note(env)
             return True
         self._note(env)  # before the installs: their commits carry it, no commit of its own
+        # Each package's install as a task of this create's: when one fails, the others are
+        # cancelled (gather alone would leave them running for nobody); an install another
+        # create also waits for goes on for it (``UriStore.ensure``'s waiters).
+        ensures = [asyncio.ensure_future(self.store.ensure(p)) for p in env.packages]
         try:
             async with asyncio.timeout(setup_timeout_s):
-                await asyncio.gather(*(self.store.ensure(p) for p in env.packages))
+                await asyncio.gather(*ensures)
         except BaseException as exc:
-            self._abort(env, exc)
+            try:
+                await _cancel_all(ensures)
+            finally:  # a second cancellation here still gives back what was taken
+                self._abort(env, exc)
             if isinstance(exc, TimeoutError):
                 raise SetupTimeout(
                     f"runtime env {env_id} was not set up within {setup_timeout_s:g}s "
@@ -349,6 +356,18 @@ class AgentService:
 
 
 _NO_CONTEXT = WorkerContext(env_vars={}, cwd="", py_executable="")
+
+
+async def _cancel_all(tasks: Sequence[asyncio.Future[Path]]) -> None:
+    """Cancel the tasks not done and wait until each has finished (its ``finally`` run)."""
+    for task in tasks:
+        task.cancel()
+    pending = [t for t in tasks if not t.done()]
+    if pending:
+        await asyncio.wait(pending)
+    for task in tasks:  # retrieved: a sibling's own failure is not logged as never retrieved
+        if not task.cancelled():
+            task.exception()
 
 
 def _uris(env: RuntimeEnv) -> tuple[str, ...]:

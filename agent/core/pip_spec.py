@@ -2,10 +2,15 @@
 ``realpath`` and ``isdir`` of the local paths it names.
 
 Ray's two forms are accepted: a list of requirement strings, or
-``{"packages": [...], "pip_install_options": [...]}``. Requirement names are normalised as PEP 503
-says (lowercase, runs of ``-_.`` become ``-``), whitespace is dropped, and the list is sorted and
-de-duplicated; the set, the options, the Python version and the platform are hashed into
-``pip://<hash>``, so the same set written in another order or spelling is the same venv.
+``{"packages": [...], "pip_install_options": [...]}``, with Ray's normalised keys
+``pip_check`` and ``pip_version``: ``pip_check: false`` (Ray's default) and an empty or null
+``pip_version`` change nothing and are not part of the set's identity; ``pip_check: true`` is
+refused (this agent does not run ``pip check`` after installing), and so is a ``pip_version``
+(the venv is made with the pip this agent installs with: the ``pip_installer`` setting).
+Requirement names are normalised as PEP 503 says (lowercase, runs of ``-_.`` become ``-``),
+whitespace is dropped, and the list is sorted and de-duplicated; the set, the options, the
+Python version and the platform are hashed into ``pip://<hash>``, so the same set written in
+another order or spelling is the same venv.
 
 Every place pip would read packages from is checked up front: a direct reference
 (``name @ file:///x.whl``, ``name @ git+file:///repo``), ``--find-links``, ``--index-url``,
@@ -74,6 +79,7 @@ _REMOTE = frozenset({"http", "https"})
 _VCS = frozenset({"git", "hg", "svn", "bzr"})
 _VCS_REMOTE = frozenset({"http", "https", "ssh", "git", "svn"})
 MAX_REQUIREMENTS = 512
+_RAY_PIP_KEYS = ("pip_check", "pip_version")  # Ray's normalised form adds them
 _MAX_ITEM_CHARS = 4096
 
 
@@ -141,12 +147,13 @@ def parse_pip(value: object, *, file_roots: Sequence[str] | FileRoots = ()) -> P
     if isinstance(value, list):
         packages, options = value, []
     elif isinstance(value, dict):
-        unknown = sorted(set(value) - {"packages", "pip_install_options"})
+        unknown = sorted(set(value) - {"packages", "pip_install_options", *_RAY_PIP_KEYS})
         if unknown:
             raise InvalidRuntimeEnv(
                 f"unknown pip field(s) {', '.join(echo(k) for k in unknown[:5])}; supported: "
-                "packages, pip_install_options"
+                "packages, pip_install_options, pip_check (false), pip_version (unset)"
             )
+        _check_ray_pip_keys(value)
         packages = value.get("packages", [])
         options = value.get("pip_install_options", [])
     else:
@@ -181,6 +188,27 @@ def parse_pip(value: object, *, file_roots: Sequence[str] | FileRoots = ()) -> P
         python=f"{sys.version_info.major}.{sys.version_info.minor}",
         platform=f"{sys.platform}-{platform.machine()}",
     )
+
+
+def _check_ray_pip_keys(value: dict[str, object]) -> None:
+    """Ray's ``pip_check`` and ``pip_version``: their do-nothing values only (see the module
+    docstring); anything else is refused, saying what this agent does instead."""
+    check = value.get("pip_check", False)
+    if not isinstance(check, bool):
+        raise InvalidRuntimeEnv(f"pip.pip_check must be a boolean, got {echo(check)}")
+    if check:
+        raise InvalidRuntimeEnv(
+            "pip.pip_check true is not supported: this agent does not run 'pip check' after "
+            "installing; set it to false (Ray's default) or leave it out"
+        )
+    version = value.get("pip_version")
+    if version is not None and not isinstance(version, str):
+        raise InvalidRuntimeEnv(f"pip.pip_version must be a string, got {echo(version)}")
+    if version:
+        raise InvalidRuntimeEnv(
+            f"pip.pip_version {echo(version)} is not supported: this agent makes each venv with "
+            "its own pip (the pip_installer setting); leave pip_version out"
+        )
 
 
 def _check_options(options: Sequence[str], roots: FileRoots) -> None:

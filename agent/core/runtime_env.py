@@ -6,6 +6,12 @@ wrong, and the limit where one applies.
 Identity: the env id is a hash of the canonical JSON (sorted keys, no whitespace, ``config``
 removed, empty fields dropped, ``py_modules`` de-duplicated keeping first occurrence), so key
 order or an empty ``env_vars`` never makes two envs.
+
+Ray's own spellings parse, as its driver serialises them: the extension keys ``_ray_commit``,
+``_ray_release`` (strings), ``_inject_current_ray`` (a boolean) and ``excludes`` (a list of
+strings: what the driver left out of its uploads, already applied to the package) are checked for
+their type and are not part of identity; nor is ``config`` (with Ray's ``log_files``, a list of
+strings, accepted). Any other unknown field is still refused by name.
 """
 
 from __future__ import annotations
@@ -26,6 +32,12 @@ from agent.core.uris import ParsedUri, UriKey, UriKind, parse_uri
 MAX_ARG_STRLEN = 128 * 1024
 _POINTER_BYTES = 8
 _SUPPORTED_FIELDS = ("working_dir", "py_modules", "env_vars", "pip", "config")
+# Ray's driver adds these; each is checked for its type and is not part of identity.
+# Ray's keys the agent has nothing to do for: versions, upload filters, and the setup hook (the
+# worker runs it, fetching it from the GCS by the key this field holds). Never identity.
+_RAY_EXTRAS = (
+    "_ray_commit", "_ray_release", "_inject_current_ray", "excludes", "worker_process_setup_hook",
+)  # fmt: skip
 _NOT_YET = {"conda", "uv", "container", "image_uri", "java_jars", "nsight", "mpi"}
 
 
@@ -95,14 +107,15 @@ def parse_runtime_env(
             f"serialized_runtime_env is {size} bytes; the limit is {limits.max_json_bytes}"
         )
     obj = _load_json_object(text)
-    unknown = sorted(set(obj) - set(_SUPPORTED_FIELDS))
+    unknown = sorted(set(obj) - set(_SUPPORTED_FIELDS) - set(_RAY_EXTRAS))
     if unknown:
         later = [name for name in unknown if name in _NOT_YET]
         hint = f" ({', '.join(later)} not supported yet)" if later else ""
         raise InvalidRuntimeEnv(
             f"unknown runtime_env field(s) {_listed(unknown)}{hint}; "
-            f"supported: {', '.join(_SUPPORTED_FIELDS)}"
+            f"supported: {', '.join(_SUPPORTED_FIELDS)} (and Ray's {', '.join(_RAY_EXTRAS)})"
         )
+    _check_ray_extras(obj)
     packages: list[Package] = []
     working_dir = None
     if obj.get("working_dir") is not None:
@@ -217,11 +230,16 @@ def _parse_config(value: object) -> tuple[int | None, bool | None]:
         return None, None
     if not isinstance(value, dict):
         raise InvalidRuntimeEnv(f"config must be an object, got {type_name(value)}")
-    unknown = sorted(set(value) - {"setup_timeout_seconds", "eager_install"})
+    unknown = sorted(set(value) - {"setup_timeout_seconds", "eager_install", "log_files"})
     if unknown:
         raise InvalidRuntimeEnv(
             f"unknown config field(s) {_listed(unknown)}; "
-            "supported: setup_timeout_seconds, eager_install"
+            "supported: setup_timeout_seconds, eager_install, log_files"
+        )
+    log_files = value.get("log_files")
+    if log_files is not None and not _strings(log_files):
+        raise InvalidRuntimeEnv(
+            f"config.log_files must be a list of strings, got {type_name(log_files)}"
         )
     timeout = value.get("setup_timeout_seconds")
     if timeout is not None and (
@@ -235,6 +253,27 @@ def _parse_config(value: object) -> tuple[int | None, bool | None]:
     if eager is not None and not isinstance(eager, bool):
         raise InvalidRuntimeEnv(f"config.eager_install must be a boolean, got {type_name(eager)}")
     return timeout, eager
+
+
+def _check_ray_extras(obj: Mapping[str, Any]) -> None:
+    """Ray's extension keys: accepted when of Ray's type; none is part of the env's identity."""
+    for name in ("_ray_commit", "_ray_release", "worker_process_setup_hook"):
+        value = obj.get(name)
+        if value is not None and not isinstance(value, str):
+            raise InvalidRuntimeEnv(f"{name} must be a string, got {type_name(value)}")
+    inject = obj.get("_inject_current_ray")
+    if inject is not None and not isinstance(inject, bool):
+        raise InvalidRuntimeEnv(f"_inject_current_ray must be a boolean, got {type_name(inject)}")
+    excludes = obj.get("excludes")
+    if excludes is not None and not _strings(excludes):
+        raise InvalidRuntimeEnv(
+            f"excludes must be a list of strings (paths left out of uploads), got "
+            f"{type_name(excludes)}"
+        )
+
+
+def _strings(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
 
 def _listed(names: list[str], most: int = 8) -> str:

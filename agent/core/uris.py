@@ -2,8 +2,10 @@
 
 Pure: no I/O. ``parse_uri`` validates one URI a runtime env names (a ``ParsedUri``: scheme,
 what to fetch, the path, the digest the URI pins), each scheme by its entry in the registry
-``SCHEMES``; ``UriKind`` says how a package is installed and put on the worker's path; a
-``UriKey`` is one (kind, URI) pair, the unit of the reference tables, the store and the index.
+``SCHEMES`` (``file``, ``http(s)``, and ``gcs``: a package a Ray driver uploaded to its cluster's
+GCS, named ``gcs://_ray_pkg_<hash>.zip``); ``UriKind`` says how a package is installed and put
+on the worker's path; a ``UriKey`` is one (kind, URI) pair, the unit of the reference tables,
+the store and the index.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from agent.core.hostname import host_problem
 
 MAX_URI_CHARS = 4096
 _SHA256_FRAGMENT = re.compile(r"sha256=([0-9a-fA-F]{64})")
+_GCS_NAME = re.compile(r"[A-Za-z0-9._-]+")
+_WHEEL = ".whl"
 
 
 class UriKind(StrEnum):
@@ -49,9 +53,9 @@ class UriKey:
 class ParsedUri:
     """A validated package URI. ``url`` is what is fetched (no fragment)."""
 
-    scheme: str  # one of ``SCHEMES``: "file", "http" or "https"
+    scheme: str  # one of ``SCHEMES``: "file", "http", "https" or "gcs"
     url: str
-    path: str  # the local path for file://, the URL path otherwise
+    path: str  # the local path for file://, the package's name for gcs://, else the URL path
     sha256: str | None  # lowercase hex, when the URI carries "#sha256=<hex>"
 
 
@@ -79,7 +83,7 @@ def parse_uri(field_name: str, value: object) -> ParsedUri:
     if not scheme:
         raise InvalidRuntimeEnv(
             f"{field_name} {echo(value)} is not a URI: relative and bare paths are not supported; "
-            "give file:///absolute/path.zip or http(s)://host/path.zip"
+            "give file:///absolute/path.zip, http(s)://host/path.zip or gcs://name.zip"
         )
     check = SCHEMES.get(scheme)
     if check is None:
@@ -87,6 +91,10 @@ def parse_uri(field_name: str, value: object) -> ParsedUri:
             f"{field_name} {echo(value)}: scheme {echo(scheme)} is not supported; "
             f"supported schemes are {supported_schemes()}"
         )
+    where = f"{field_name} {echo(value)}"
+    path = check(parts, where)  # first: a scheme that takes no fragment says so
+    if path.lower().endswith(_WHEEL):
+        raise InvalidRuntimeEnv(_wheel_refusal(where, scheme))
     sha256 = None
     if parts.fragment:
         match = _SHA256_FRAGMENT.fullmatch(parts.fragment)
@@ -96,9 +104,8 @@ def parse_uri(field_name: str, value: object) -> ParsedUri:
                 "#sha256=<64 hex digits>"
             )
         sha256 = match.group(1).lower()
-    where = f"{field_name} {echo(value)}"
     url = parts._replace(fragment="").geturl()
-    return ParsedUri(scheme, url, check(parts, where), sha256)
+    return ParsedUri(scheme, url, path, sha256)
 
 
 def supported_schemes() -> str:
@@ -137,9 +144,64 @@ def _http_path(parts: SplitResult, where: str) -> str:
     return parts.path
 
 
+def _gcs_name(parts: SplitResult, where: str) -> str:
+    """A gcs URI names a package in the Ray cluster's GCS key-value store, as a Ray driver
+    uploads it (``gcs://_ray_pkg_<hash>.zip``): a name, and nothing else; the name is its value.
+    The whole URI is the key the package is stored under, so the URI takes no digest fragment
+    (the GCS keeps one value per key, written once by the driver that uploaded it)."""
+    name = parts.netloc
+    if not name:
+        raise InvalidRuntimeEnv(f"{where}: a gcs URI needs a package name (gcs://<name>)")
+    if parts.fragment:
+        raise InvalidRuntimeEnv(
+            f"{where}: a gcs URI names a package the Ray driver uploaded, gcs://<name>; "
+            "it takes no fragment"
+        )
+    if parts.query:
+        raise InvalidRuntimeEnv(f"{where}: a gcs URI takes no query (gcs://<name>)")
+    if parts.path:
+        raise InvalidRuntimeEnv(
+            f"{where}: a gcs URI names a package, gcs://<name>, with no path after the name"
+        )
+    if "@" in name:
+        raise InvalidRuntimeEnv(f"{where}: a gcs URI takes no user info (gcs://<name>)")
+    if ":" in name and name.rpartition(":")[2].isdecimal():  # a port, where a name goes
+        raise InvalidRuntimeEnv(
+            f"{where}: a gcs URI takes no port (gcs://<name>): the GCS is the Ray node's own"
+        )
+    if _GCS_NAME.fullmatch(name) is None:
+        raise InvalidRuntimeEnv(
+            f"{where}: a gcs package name is made of letters, digits, '.', '_' and '-' "
+            "(as Ray names its uploads: _ray_pkg_<hash>.zip)"
+        )
+    if not name.endswith(".zip") and not name.lower().endswith(_WHEEL):
+        raise InvalidRuntimeEnv(
+            f"{where}: a gcs package must be a zip (gcs://<name>.zip, as Ray uploads a "
+            "working_dir or a py_modules folder)"
+        )
+    return name
+
+
+def _wheel_refusal(where: str, scheme: str) -> str:
+    """Why a wheel is refused: Ray pip-installs a wheel named in py_modules; this agent unzips
+    py_modules and does not install wheels from them yet."""
+    instead = (
+        "list it under pip as 'name @ <URL>' instead"
+        if scheme in ("http", "https", "file")
+        else "build a folder for py_modules, or serve the wheel over http(s) and list it under "
+        "pip as 'name @ <URL>'"
+    )
+    return (
+        f"{where}: a .whl is a wheel, which Ray pip-installs when py_modules names it; "
+        f"wheels in py_modules are not supported here yet: {instead}"
+    )
+
+
 # The scheme registry: each scheme a package URI may use, with the check of the rest of the URI
 # (its scheme, fragment and length are checked before), which returns the ``ParsedUri.path``.
 # A new scheme (s3://, gs://) is one entry here, its check, and its fetcher; messages listing
 # the supported schemes come from this table. Order: as messages list them.
 SchemeCheck = Callable[[SplitResult, str], str]  # (the split URI, "field 'value'") -> path
-SCHEMES: dict[str, SchemeCheck] = {"file": _file_path, "http": _http_path, "https": _http_path}
+SCHEMES: dict[str, SchemeCheck] = {
+    "file": _file_path, "http": _http_path, "https": _http_path, "gcs": _gcs_name,
+}  # fmt: skip

@@ -11,6 +11,11 @@ cancelled create) stops the copy after at most one chunk. ``http(s)://`` is stre
 way through a ``Transport`` (``transport.py``: aiohttp in the agent, a function in unit tests),
 asking for the identity encoding and storing the body byte for byte.
 
+``gcs://`` is read from the Ray node's GCS in one call (``gcs_source``: ``GcsKvClient``, one
+channel, made at the first such fetch and closed by ``close``), retried as a download is, then
+written chunk by chunk in threads as a file is copied. Without a GCS (``gcs=None``: an agent with
+no Ray node) a gcs:// package is refused by ``check_origin``, before anything is fetched.
+
 Outcomes: 404 or 410 is ``PackageNotFound`` at once. ``PackageRejected``, at once: another
 4xx (but 408 and 429), an answer other than 200, an answer that is not valid HTTP (more bytes
 than its Content-Length, an overlong header), a TLS certificate that fails verification, a
@@ -49,6 +54,7 @@ from agent.core.errors import (
 from agent.core.roots import FileRoots
 from agent.core.uris import ParsedUri
 from agent.install.file_source import open_package
+from agent.install.gcs_source import GcsConfig, GcsKvClient, GcsUnavailable
 from agent.install.staging import through
 from agent.install.transport import (
     AiohttpTransport,
@@ -111,6 +117,7 @@ class Fetcher:
         sleep: Sleep = asyncio.sleep,
         rand: Random = random.random,
         file_roots: tuple[str, ...] = (),
+        gcs: GcsConfig | None = None,
     ) -> None:
         if isinstance(transport, aiohttp.ClientSession):
             transport = AiohttpTransport(transport)
@@ -119,14 +126,38 @@ class Fetcher:
         self._sleep = sleep
         self._rand = rand
         self.file_roots = FileRoots.of(file_roots)
+        self.gcs = gcs
+        self._gcs_client = (
+            None
+            if gcs is None
+            else GcsKvClient(
+                gcs,
+                max_value_bytes=limits.max_download_bytes,
+                timeout_s=limits.connect_timeout_s + limits.read_timeout_s,
+                reconnect_s=(limits.backoff_initial_s, limits.backoff_max_s),  # as its retries
+            )
+        )
 
     def check_origin(self, uri: ParsedUri, label: str) -> None:
-        """Pure: a file:// package must be named under today's roots, installed or not."""
+        """Pure: a file:// package must be named under today's roots, installed or not; a
+        gcs:// package needs the Ray node's GCS."""
         if uri.scheme == "file" and not self.file_roots.allow_name(uri.path):
             raise PermissionDenied(
                 f"{label}: {echo(os.path.normpath(uri.path))} is outside the folders file:// "
                 f"packages may come from ({self.file_roots}; the allow-file-root setting)"
             )
+        if uri.scheme == "gcs" and self.gcs is None:
+            raise PackageRejected(
+                f"{label}: a gcs:// package is read from a Ray node's GCS, and this agent has "
+                "none: run it as the node's runtime env agent (`rtenv-agent ray-agent`, which "
+                "Ray's raylet starts with the GCS address), or give it a Ray door with a GCS "
+                "address"
+            )
+
+    async def close(self) -> None:
+        """Close the GCS channel, if one was opened (the agent's stop)."""
+        if self._gcs_client is not None:
+            await self._gcs_client.close()
 
     async def fetch(
         self, uri: ParsedUri, dest: Path, *, label: str, space: Space | None = None
@@ -139,6 +170,8 @@ class Fetcher:
         try:
             if uri.scheme == "file":
                 size = await self._copy_file(uri, dest, label, room)
+            elif uri.scheme == "gcs":
+                size = await self._read_gcs(uri, dest, label, room)
             else:
                 size = await self._download(uri, dest, label, room)
         except OSError as exc:
@@ -181,18 +214,64 @@ class Fetcher:
         finally:
             os.close(src)
 
+    # -- gcs:// ----------------------------------------------------------------------------
+    async def _read_gcs(self, uri: ParsedUri, dest: Path, label: str, space: Space) -> int:
+        client = self._gcs_client
+        if client is None:  # check_origin refuses it first
+            raise AssertionError(f"{label}: a gcs:// fetch with no GCS configured")
+
+        async def once() -> bytes:
+            try:
+                return await client.get(uri.url, label)
+            except GcsUnavailable as exc:
+                raise _Transient(str(exc)) from exc
+
+        value = await self._retrying(
+            once,
+            lambda attempts, exc: DownloadFailed(
+                f"{label}: the GCS at {client.config.address} is unavailable: no answer after "
+                f"{attempts} attempts ({exc}); is the Ray node's GCS running?"
+            ),
+            label,
+        )
+        out = await _opening(lambda: _create(dest), fd=int)
+        try:
+            await space.expect(len(value))
+            view = memoryview(value)
+            for start in range(0, len(view), self._limits.chunk_bytes):
+                chunk = view[start : start + self._limits.chunk_bytes]
+                await space.take(start, len(chunk))
+                await _hop(_write_all, out, chunk)
+        finally:
+            os.close(out)
+        return len(value)
+
     # -- http(s):// ------------------------------------------------------------------------
     async def _download(self, uri: ParsedUri, dest: Path, label: str, space: Space) -> int:
+        return await self._retrying(
+            lambda: self._get_once(uri.url, dest, label, space),
+            lambda attempts, exc: DownloadFailed(
+                f"{label}: download failed after {attempts} attempts: {exc}"
+            ),
+            label,
+        )
+
+    async def _retrying(
+        self,
+        once: Callable[[], Awaitable[_T]],
+        failed: Callable[[int, _Transient], DownloadFailed],
+        label: str,
+    ) -> _T:
+        """``once()`` until it returns, raises something final, or has failed transiently
+        ``attempts`` times (then ``failed(attempts, last)``), with backoff and jitter between."""
         limits = self._limits
         delay = limits.backoff_initial_s
         for attempt in range(1, limits.attempts + 1):
             try:
-                return await self._get_once(uri.url, dest, label, space)
+                return await once()
             except _Transient as exc:
                 if attempt == limits.attempts:
-                    raise DownloadFailed(
-                        f"{label}: download failed after {attempt} attempts: {exc}"
-                    ) from exc
+                    raise failed(attempt, exc) from exc
                 log.warning(
                     "download %s attempt %d failed: %s; retrying", label, attempt, exc,
                     extra={"uri": label, "attempt": attempt},
@@ -310,7 +389,7 @@ def _copy_chunk(src: int, out: int, size: int, label: str) -> int:
     return len(data)
 
 
-def _write_all(out: int, data: bytes) -> None:
+def _write_all(out: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(out, view) :]

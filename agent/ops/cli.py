@@ -1,10 +1,12 @@
 """rtenv-agent: serve runs the agent; config prints its effective settings; info prints what an
-agent holds."""
+agent holds; ray-agent is the agent as a Ray raylet starts it; ray runs Ray's own CLI with its
+raylets starting this agent (rtenv-agent ray start --head ...)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import os
 import sys
 import textwrap
@@ -16,10 +18,11 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from agent.app.config import Settings
 from agent.app.token import read_token
 from agent.core.errors import AgentError, echo_label
 from agent.core.units import human_bytes, parse_duration, plural
-from agent.ops import logs, options
+from agent.ops import logs, options, ray_agent
 from agent.ops.server import serve
 from agent.ops.startup import check_address
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
@@ -86,6 +89,16 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     i.add_argument("--token-file", help="a file holding the agent's token, if it wants one")
     i.add_argument("--json", action="store_true", help="print the reply as JSON (exact bytes)")
+    # Both parse their own arguments (main hands them over before this parser runs): listed
+    # here for --help.
+    sub.add_parser(
+        "ray-agent", add_help=False,
+        help="the agent as a Ray raylet starts it (Ray's agent flags; rtenv-agent ray-agent -h)",
+    )  # fmt: skip
+    sub.add_parser(
+        "ray", add_help=False,
+        help="Ray's own CLI, its raylets starting this agent: rtenv-agent ray start --head ...",
+    )  # fmt: skip
     return parser
 
 
@@ -183,8 +196,41 @@ def _use_uvloop_if_installed() -> None:
     uvloop.install()
 
 
+def _run(settings: Settings) -> int:
+    # The loop hands the GIL to the unzip and hash threads every 5 ms by default, which is
+    # what an RPC then waits; 1 ms keeps the loop answering while an install runs.
+    sys.setswitchinterval(0.001)
+    _use_uvloop_if_installed()
+    return asyncio.run(serve(settings))
+
+
+def _ray_agent(argv: Sequence[str]) -> int:
+    try:
+        settings = ray_agent.prepare(argv, os.environ)
+        return _run(settings)
+    except ray_agent.Refused as exc:
+        print(f"{ray_agent.PROG}: {exc}", file=sys.stderr)
+        return 2
+    except (AgentError, ValueError) as exc:
+        print(f"{ray_agent.PROG}: {getattr(exc, 'message', exc)}", file=sys.stderr)
+        return 2
+
+
+def _ray(argv: Sequence[str]) -> int:
+    # The launcher sits above ops (it imports ray); loaded by name here only, so that nothing
+    # the server imports reaches it (tests/test_layers.py).
+    launcher = importlib.import_module("agent.ray.launcher")
+    code: int = launcher.main(argv)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["ray-agent"]:
+        return _ray_agent(given[1:])
+    if given[:1] == ["ray"]:
+        return _ray(given[1:])
+    args = _parser().parse_args(given)
     if args.command == "info":
         return _info(args)
     try:
@@ -193,11 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(options.effective(settings, sources))
             return 0
         logs.configure(settings.log_level, settings.log_format)
-        # The loop hands the GIL to the unzip and hash threads every 5 ms by default, which is
-        # what an RPC then waits; 1 ms keeps the loop answering while an install runs.
-        sys.setswitchinterval(0.001)
-        _use_uvloop_if_installed()
-        return asyncio.run(serve(settings))
+        return _run(settings)
     except (AgentError, ValueError) as exc:
         print(f"rtenv-agent: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 2

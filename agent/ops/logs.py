@@ -62,16 +62,26 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
-def configure(level: str, fmt: str) -> None:
-    """Send the agent's logs to stderr at ``level`` in ``fmt`` ("text" or "json")."""
+def configure(
+    level: str,
+    fmt: str,
+    *,
+    handler: logging.Handler | None = None,
+    text_format: str | None = None,
+) -> None:
+    """Send the agent's logs to ``handler`` (default stderr; ``ray-agent`` passes Ray's rotated
+    log file) at ``level`` in ``fmt`` ("text" or "json"); ``text_format`` replaces the text
+    format's line layout (a ``logging`` format string, as Ray's --logging-format)."""
     if fmt not in ("text", "json"):
         raise ValueError(f"log-format must be text or json, not {fmt!r}")
-    handler = logging.StreamHandler(sys.stderr)
+    if handler is None:
+        handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
         handler.addFilter(BoundFields())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        layout = text_format or "%(asctime)s %(levelname)s %(name)s: %(message)s"
+        handler.setFormatter(logging.Formatter(layout))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

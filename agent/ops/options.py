@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from agent.app.config import Settings
-from agent.core.errors import ConfigError
+from agent.app.config import RaySettings, Settings
+from agent.core.errors import ConfigError, StartupError
 from agent.core.units import (
     exact_bytes,
     human_duration,
@@ -32,6 +32,7 @@ from agent.core.units import (
     quoted,
 )
 from agent.install.disk import DiskFloor
+from agent.ops.startup import split_host_port
 
 __all__ = ["OPTIONS", "Option", "parse_bytes", "parse_duration"]
 
@@ -47,6 +48,18 @@ def parse_floor(text: str) -> DiskFloor:
             raise ValueError(f"{quoted(text)}: a percentage from 0 to 100")
         return DiskFloor(bytes_=None, percent=percent)
     return DiskFloor(bytes_=parse_bytes(text), percent=None)
+
+
+def parse_ray_address(text: str) -> RaySettings | None:
+    """``--ray-address``: HOST:PORT of the Ray door ("" = off); loopback unless allow-remote
+    (checked at start, as for ``address``)."""
+    if not text.strip():
+        return None
+    try:
+        host, port = split_host_port(text.strip())
+    except StartupError as exc:
+        raise ValueError(exc.message) from exc
+    return RaySettings(host=host, port=port)
 
 
 def parse_bool(text: str) -> bool:
@@ -172,6 +185,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("metrics-address", "metrics_address", str,
            "HOST:PORT to serve Prometheus metrics on (off by default; loopback unless "
            "allow-remote)"),
+    Option("ray-address", "ray", parse_ray_address,
+           "HOST:PORT to serve Ray's runtime env agent protocol on, for clients of it other than "
+           "a raylet (off by default; loopback unless allow-remote)",
+           "a malformed address, a port in use, or a non-loopback host without allow-remote: "
+           "refused at start"),
     Option("log-format", "log_format", _one_of("text", "json"), "text or json"),
     Option("log-level", "log_level", _one_of("DEBUG", "INFO", "WARNING", "ERROR"),
            "DEBUG, INFO, WARNING or ERROR (any case)"),
@@ -303,6 +321,9 @@ def _value_text(settings: Settings, opt: Option) -> str:
     value = _get(settings, opt.field)
     if opt.field == "address":
         return settings.resolved_address()
+    if isinstance(value, RaySettings):
+        host = f"[{value.host}]" if ":" in value.host else value.host
+        return f"{host}:{value.port}"
     if opt.unit == "bytes":
         return exact_bytes(value)
     if opt.unit == "seconds":

@@ -2,6 +2,12 @@
 
 ``Agent`` is used in-process by the integration tests and by ``serve`` (the CLI's process entry),
 which adds signals and the parent-death watch.
+
+With ``settings.ray``, the Ray door (``doors/ray_http.py``) is bound first, before the root is
+locked and before recovery (Ray's raylet gives up on an agent whose port file has not appeared
+within about 15 s; recovering a large cache takes longer), and its port file is written then
+(temp file and rename: a reader never sees part of it). Requests wait until the agent serves.
+A failed start removes the port file; so does a stop.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from enum import Enum
+from pathlib import Path
 from types import TracebackType
 
 import aiohttp
@@ -24,7 +31,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from agent.app.config import Settings
+from agent.app.config import RaySettings, Settings
+from agent.app.ray_front import RayFront
 from agent.app.service import AgentService
 from agent.app.token import Token, read_token
 from agent.core.errors import StartupError
@@ -32,8 +40,10 @@ from agent.core.refs import RefTables
 from agent.core.units import human_bytes
 from agent.doors.access import TokenInterceptor
 from agent.doors.metrics import Metrics, start_metrics_server
+from agent.doors.ray_http import ray_app
 from agent.doors.servicer import RuntimeEnvAgentServicer
 from agent.install.fetch import Fetcher, Sleep
+from agent.install.gcs_source import GcsConfig
 from agent.install.installers import InstallTools, build_installers
 from agent.ops.sdnotify import Notifier
 from agent.ops.startup import (
@@ -67,7 +77,15 @@ class AgentState(Enum):
 
 
 class Agent:
-    def __init__(self, settings: Settings, *, sleep: Sleep = asyncio.sleep) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        sleep: Sleep = asyncio.sleep,
+        before_recovery: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """``before_recovery``: awaited just before recovery (a test's hook to hold the start
+        there, with the Ray door already listening)."""
         self.settings = settings
         self.state = AgentState.NEW
         self.address = ""  # the bound address, with a real port for "HOST:0"
@@ -75,6 +93,7 @@ class Agent:
         self._sleep = sleep
         self._server: grpc.aio.Server | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._fetcher: Fetcher | None = None  # its GCS channel is closed at stop
         self._health: health_aio.HealthServicer | None = None
         self._lock_fd: int | None = None
         self._db: StateDB | None = None
@@ -82,6 +101,12 @@ class Agent:
         self.metrics = Metrics()
         self.metrics_address = ""  # the bound HOST:PORT when metrics are served
         self._metrics_runner: web.AppRunner | None = None
+        self._before_recovery = before_recovery
+        self.ray_address = ""  # the Ray door's bound HOST:PORT, when settings.ray is set
+        self.ray_front: RayFront | None = None
+        self._ray_runner: web.AppRunner | None = None
+        self._ray_ready: asyncio.Future[RayFront] | None = None
+        self._port_file: Path | None = None  # the port file written by this agent, if any
 
     async def start(self) -> None:
         if self.state is not AgentState.NEW:
@@ -94,6 +119,8 @@ class Agent:
             root = settings.root.resolve()
             check_root_free(root)
             probe_address(address)
+            if settings.ray is not None:  # before any slow work: Ray waits ~15 s for the port
+                await self._open_ray_door(settings, settings.ray)
             if settings.py_executable != sys.executable:
                 await asyncio.to_thread(check_python, settings.py_executable)
             try:
@@ -117,9 +144,12 @@ class Agent:
                 interceptors.append(TokenInterceptor(secret))
             self._session = aiohttp.ClientSession(trust_env=False)
             tables = RefTables()
-            fetcher = Fetcher(
+            ray = settings.ray
+            self._fetcher = fetcher = Fetcher(
                 self._session, settings.fetch, sleep=self._sleep,
                 file_roots=settings.allow_file_roots,
+                gcs=GcsConfig(ray.gcs_address, ray.cluster_id_hex, ray.token)
+                if ray is not None and ray.gcs_address else None,
             )  # fmt: skip
             installers = build_installers(
                 InstallTools(
@@ -137,6 +167,8 @@ class Agent:
                 install_slots=settings.max_concurrent_installs,
                 on_install=self.metrics.observe_install,
             )
+            if self._before_recovery is not None:
+                await self._before_recovery()
             self.recovery = await recover(store, self._db)
             self.service = AgentService(
                 settings, store, tables, db=self._db, recovery=self.recovery
@@ -165,10 +197,19 @@ class Agent:
             await self._server.start()
             for name in ("", SERVICE_NAME):
                 await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            if self._ray_ready is not None:  # requests waiting at the Ray door go on now
+                self.ray_front = RayFront(
+                    self.service, node=settings.ray.host if settings.ray else "",
+                    node_pythonpath=os.environ.get("PYTHONPATH", ""),
+                )  # fmt: skip
+                self._ray_ready.set_result(self.ray_front)
         except BaseException:
             if self._server is not None:  # bound, maybe started: its port is let go
                 with contextlib.suppress(Exception):
                     await self._server.stop(None)
+            if self._ray_ready is not None and not self._ray_ready.done():
+                self._ray_ready.set_exception(StartupError("the agent failed to start"))
+                self._ray_ready.exception()  # retrieved: waiting requests answer 503
             with contextlib.suppress(Exception):  # logged by _close; the start's error wins
                 await self._close()
             self.state = AgentState.STOPPED
@@ -183,6 +224,36 @@ class Agent:
             extra={"address": self.address, "root": str(root),
                    "budget_bytes": settings.cache_budget_bytes,
                    "seconds": round(time.monotonic() - started, 3)},
+        )  # fmt: skip
+
+    async def _open_ray_door(self, settings: Settings, ray: RaySettings) -> None:
+        """Bind the Ray door (requests wait for ``_ray_ready``) and write its port file."""
+        host = ray.host.strip("[]")
+        shown = f"[{host}]" if ":" in host else host
+        check_address(f"{shown}:{ray.port}", settings.allow_remote)
+        if ray.token is not None and not ray.token.strip():
+            raise StartupError("the Ray token is empty: Ray's token auth needs a token to check")
+        self._ray_ready = asyncio.get_running_loop().create_future()
+        app = ray_app(
+            self._ray_ready, token=ray.token, max_body_bytes=settings.max_message_bytes,
+            ready_timeout_s=settings.max_setup_timeout_s, metrics=self.metrics,
+        )  # fmt: skip
+        self._ray_runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        await self._ray_runner.setup()
+        try:
+            await web.TCPSite(self._ray_runner, host, ray.port).start()
+        except OSError as exc:
+            raise StartupError(
+                f"cannot serve the Ray door on {shown}:{ray.port}: {exc.strerror or exc}"
+            ) from exc
+        port = self._ray_runner.addresses[0][1]
+        self.ray_address = f"{shown}:{port}"
+        if ray.port_file is not None:
+            await asyncio.to_thread(_write_port_file, ray.port_file, port)
+            self._port_file = ray.port_file
+        log.info(
+            "Ray door on http://%s (port file %s)", self.ray_address, ray.port_file,
+            extra={"ray_address": self.ray_address},
         )  # fmt: skip
 
     async def _serve_metrics(self, settings: Settings, token: Token | None) -> None:
@@ -243,15 +314,22 @@ class Agent:
         whose flusher died raises at close, after writing what it could): the root's lock and
         the HTTP session are always released; the first error is raised at the end."""
         steps: list[Callable[[], Awaitable[None]]] = []
+        if self._port_file is not None:
+            port_file, self._port_file = self._port_file, None
+            steps.append(lambda: asyncio.to_thread(_remove_port_file, port_file))
+        if self._ray_runner is not None:
+            steps.append(self._ray_runner.cleanup)
         if self._metrics_runner is not None:
             steps.append(self._metrics_runner.cleanup)
         if self.service is not None:
             steps.append(self.service.store.close)
         if self._db is not None:
             steps.append(self._db.close)
+        if self._fetcher is not None:
+            steps.append(self._fetcher.close)
         if self._session is not None:
             steps.append(self._session.close)
-        self._metrics_runner, self._db = None, None
+        self._metrics_runner, self._db, self._ray_runner = None, None, None
         first: BaseException | None = None
         try:
             for step in steps:
@@ -280,6 +358,24 @@ class Agent:
         await self.stop()
 
 
+def _write_port_file(path: Path, port: int) -> None:
+    """The port as decimal text, written to a temp file beside it and renamed over it: a reader
+    sees no file or the whole file."""
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temp.write_text(str(port))
+        os.replace(temp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+        raise StartupError(f"cannot write the Ray port file {path}: {exc.strerror or exc}") from exc
+
+
+def _remove_port_file(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
 async def serve(settings: Settings) -> int:
     """Run the agent until SIGTERM, SIGINT or SIGHUP (each a graceful stop) or the parent's
     death; return the exit code."""
@@ -301,6 +397,8 @@ async def serve(settings: Settings) -> int:
     await agent.start()
     log.info("event loop: %s", describe_loop(loop))
     print(f"rtenv-agent serving on {agent.address}", flush=True)
+    if agent.ray_address:
+        print(f"rtenv-agent serving Ray's protocol on {agent.ray_address}", flush=True)
     notifier.send(f"READY=1\nSTATUS=serving on {agent.address}")
     watcher = None
     if settings.parent_pid is not None:

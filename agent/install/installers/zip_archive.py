@@ -3,6 +3,10 @@
 Fetch it into the staging folder (the fetcher: ``file://`` or ``http(s)://``, the disk floor
 checked as bytes come, the digest the URI pins verified), reserve the disk its extraction will
 write, and extract it safely (``extract_zip``; a working dir's single top-level folder dropped).
+
+A ``gcs://`` zip is unpacked as it is, its top folder kept, working dir or not: Ray zips an
+uploaded working dir's contents (no top folder of its own) and unpacks GCS packages with
+``remove_top_level_directory=False``, so a working dir holding one folder keeps it.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ from agent.install.fetch import Fetcher
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
 
 _ARCHIVE = "package.zip"  # in the staging folder, next to what it unpacks to
+_KEEP_TOP_LEVEL = frozenset({"gcs"})  # schemes whose zips are unpacked as they are (as Ray does)
 
 
 class ZipArchiveInstaller:
-    """One zip kind; ``strip_top_level`` for a working dir (as Ray does)."""
+    """One zip kind; ``strip_top_level`` for a working dir (as Ray does, but for gcs://)."""
 
     def __init__(self, fetcher: Fetcher, limits: ArchiveLimits, *, strip_top_level: bool) -> None:
         self._fetcher = fetcher
@@ -60,7 +65,7 @@ class ZipArchiveInstaller:
             extract_zip,
             archive,
             unpacked,
-            strip_top_level=self._strip_top_level,
+            strip_top_level=self._strip_top_level and uri.scheme not in _KEEP_TOP_LEVEL,
             limits=self._limits,
             label=job.label,
         )

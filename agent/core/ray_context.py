@@ -1,0 +1,83 @@
+"""The context a Ray worker is started with, in Ray's own format (Ray 2.60's
+``RuntimeEnvContext``): the raylet hands this JSON to ``RuntimeEnvContext(**json.loads(...))``,
+so it has exactly Ray's five keys (an unknown one crashes the worker before it starts).
+
+Pure: where each package lives is a function of its key (``UriStore.path_for``).
+
+- ``command_prefix``: ``["cd", <quoted working dir>, "&&"]`` with a working_dir (Ray joins the
+  prefix, the python and its arguments with spaces and runs it with ``bash -c``), else ``[]``.
+- ``env_vars``: the env's own, with ``PYTHONPATH`` = the working dir, then each py_modules root
+  (in the env's order), then a pip venv's site-packages, then the env's own ``PYTHONPATH``, then
+  the node's (the agent's process's, as Ray's agent does); and with a pip venv, ``PATH`` = the
+  venv's ``bin``, then the env's own ``PATH`` or else ``${PATH}`` (Ray's worker expands
+  ``${NAME}`` from its own environment).
+- ``py_executable``: the base python, also with a pip venv: a Ray worker must import ``ray``,
+  which a venv of ours has not; the venv's packages reach it through ``PYTHONPATH``.
+- ``override_worker_entrypoint``: None; ``java_jars``: [].
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+
+from agent.core.runtime_env import RuntimeEnv
+from agent.core.uris import UriKey, UriKind
+
+# Ray's RuntimeEnvContext.__init__ takes exactly these (ray/_private/runtime_env/context.py).
+RAY_CONTEXT_KEYS = (
+    "command_prefix",
+    "env_vars",
+    "py_executable",
+    "override_worker_entrypoint",
+    "java_jars",
+)
+
+
+def build_ray_context(
+    env: RuntimeEnv,
+    path_for: Callable[[UriKey], Path],
+    *,
+    py_executable: str,
+    node_pythonpath: str,
+    python_version: tuple[int, int],
+) -> dict[str, object]:
+    """The worker context of ``env`` as Ray's worker reads it (see the module docstring)."""
+    roots: list[str] = []  # working dir, then py_modules, in the env's order
+    site_packages: list[str] = []
+    venv_bins: list[str] = []
+    command_prefix: list[str] = []
+    major, minor = python_version
+    for package in env.packages:
+        folder = path_for(package.key)
+        kind = package.key.kind
+        if kind is UriKind.WORKING_DIR:
+            roots.insert(0, str(folder))
+            command_prefix = ["cd", shlex.quote(str(folder)), "&&"]
+        elif kind is UriKind.PY_MODULES:
+            roots.append(str(folder))
+        elif kind is UriKind.PIP:
+            site_packages.append(str(folder / "lib" / f"python{major}.{minor}" / "site-packages"))
+            venv_bins.append(str(folder / "bin"))
+    env_vars = dict(env.env_vars)
+    paths = roots + site_packages
+    own = env_vars.get("PYTHONPATH")
+    if paths:
+        if own:
+            paths.append(own)
+        if node_pythonpath:
+            paths.append(node_pythonpath)
+        env_vars["PYTHONPATH"] = os.pathsep.join(paths)
+    if venv_bins:
+        env_vars["PATH"] = os.pathsep.join([*venv_bins, env_vars.get("PATH") or "${PATH}"])
+    context: dict[str, object] = {
+        "command_prefix": command_prefix,
+        "env_vars": env_vars,
+        "py_executable": py_executable,
+        "override_worker_entrypoint": None,
+        "java_jars": [],
+    }
+    assert tuple(context) == RAY_CONTEXT_KEYS, f"context keys {tuple(context)}"
+    return context

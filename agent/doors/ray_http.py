@@ -1,0 +1,163 @@
+"""The Ray door: Ray 2.60's runtime env agent protocol over HTTP, on the same service as the
+gRPC door (through ``RayFront``, which holds Ray's request semantics).
+
+POST ``/get_or_create_runtime_env``, ``/delete_runtime_env_if_possible`` and
+``/get_runtime_envs_info``, each with a protobuf body in Ray's message schema (``rtenv.ray.v1``,
+wire-compatible with Ray's) and an ``application/octet-stream`` reply. Failures of the request
+itself are replies with status FAILED (as Ray's agent answers them); only what is not a request
+gets an HTTP error: a body that is not the message is a 400 with one line, a body over
+``max_body_bytes`` a 413 (bounded by what is read: aiohttp stops reading there).
+
+With a token (Ray's token auth), as Ray's middleware: a request with neither ``Authorization``
+nor ``X-Ray-Authorization`` is a 401, a wrong one a 403; the value is ``Bearer <token>``,
+compared in constant time.
+
+The door may be bound before the agent serves (Ray gives up on an agent whose port file has not
+appeared within about 15 s, and recovery of a large cache takes longer): ``front`` is then a
+future, and each request waits for it (at most ``ready_timeout_s``; then a 503 saying so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+from google.protobuf.message import DecodeError, Message
+
+from agent.app.ray_front import RayFront, RayReply
+from agent.app.token import Token
+from agent.core.errors import Unauthenticated, cap_message
+from agent.doors.metrics import Metrics, Outcome
+from rtenv.ray.v1 import runtime_env_agent_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=Message)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_OCTETS = "application/octet-stream"
+_HEADERS = ("Authorization", "X-Ray-Authorization")  # Ray's middleware reads them in this order
+
+
+def ray_app(
+    front: RayFront | asyncio.Future[RayFront],
+    *,
+    token: str | None,
+    max_body_bytes: int = 4 * 1024 * 1024,
+    ready_timeout_s: float = 60.0,
+    metrics: Metrics | None = None,
+) -> web.Application:
+    """The Ray door's application (see the module docstring); with ``metrics``, each create and
+    delete is counted by its outcome (rpc ``ray:<path>``)."""
+    middlewares = [] if token is None else [_require(Token(token.encode()))]
+    app = web.Application(middlewares=middlewares, client_max_size=max_body_bytes)
+
+    async def ready() -> RayFront:
+        if isinstance(front, RayFront):
+            return front
+        try:
+            async with asyncio.timeout(ready_timeout_s):
+                return await asyncio.shield(front)
+        except TimeoutError as exc:
+            raise web.HTTPServiceUnavailable(
+                text=f"the agent is still starting after {ready_timeout_s:g}s; retry later\n"
+            ) from exc
+        except Exception as exc:  # the start failed: the agent is going away
+            raise web.HTTPServiceUnavailable(text="the agent failed to start\n") from exc
+
+    def count(rpc: str, reply: RayReply) -> None:
+        if metrics is not None:
+            outcome: Outcome = "ok" if reply.ok else (reply.kind or "bug")
+            metrics.count_request(rpc, outcome)
+
+    async def get_or_create(request: web.Request) -> web.Response:
+        msg = await _read(request, pb.GetOrCreateRuntimeEnvRequest())
+        config = msg.runtime_env_config if msg.HasField("runtime_env_config") else None
+        reply = await (await ready()).get_or_create(
+            msg.serialized_runtime_env,
+            setup_timeout_seconds=config.setup_timeout_seconds if config is not None else 0,
+            job_id=msg.job_id,
+            source_process=msg.source_process,
+            eager_install=config is not None and config.eager_install,
+        )
+        count("ray:get_or_create_runtime_env", reply)
+        return _reply(
+            pb.GetOrCreateRuntimeEnvReply(
+                status=_status(reply), error_message=reply.error,
+                serialized_runtime_env_context=reply.context,
+            )
+        )  # fmt: skip
+
+    async def delete(request: web.Request) -> web.Response:
+        msg = await _read(request, pb.DeleteRuntimeEnvIfPossibleRequest())
+        reply = await (await ready()).delete(
+            msg.serialized_runtime_env, source_process=msg.source_process
+        )
+        count("ray:delete_runtime_env_if_possible", reply)
+        return _reply(
+            pb.DeleteRuntimeEnvIfPossibleReply(status=_status(reply), error_message=reply.error)
+        )
+
+    async def info(request: web.Request) -> web.Response:
+        msg = await _read(request, pb.GetRuntimeEnvsInfoRequest())
+        got = (await ready()).info(msg.limit if msg.HasField("limit") else None)
+        out = pb.GetRuntimeEnvsInfoReply(total=got.total)
+        for state in got.states:
+            item = out.runtime_env_states.add(
+                runtime_env=state.runtime_env, ref_cnt=state.ref_cnt, success=state.success,
+                creation_time_ms=state.creation_time_ms,
+            )  # fmt: skip
+            if state.error is not None:
+                item.error = state.error
+        return _reply(out)
+
+    app.router.add_post("/get_or_create_runtime_env", get_or_create)
+    app.router.add_post("/delete_runtime_env_if_possible", delete)
+    app.router.add_post("/get_runtime_envs_info", info)
+    return app
+
+
+async def _read(request: web.Request, message: M) -> M:
+    """The body as ``message``: at most the app's ``client_max_size`` bytes are read (413
+    beyond); a body that is not the message is a 400 with one line."""
+    body = await request.read()
+    try:
+        message.ParseFromString(body)
+    except (DecodeError, ValueError) as exc:
+        name = message.DESCRIPTOR.name
+        raise web.HTTPBadRequest(
+            text=f"the body ({len(body)} bytes) is not a {name} protobuf message\n"
+        ) from exc
+    return message
+
+
+def _reply(message: Message) -> web.Response:
+    return web.Response(body=message.SerializeToString(), content_type=_OCTETS)
+
+
+def _status(reply: RayReply) -> pb.AgentRpcStatus:
+    return pb.AGENT_RPC_STATUS_OK if reply.ok else pb.AGENT_RPC_STATUS_FAILED
+
+
+def _require(token: Token) -> Middleware:
+    @web.middleware
+    async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+        given = next((request.headers[h] for h in _HEADERS if request.headers.get(h)), None)
+        if given is None:
+            return web.Response(
+                status=401,
+                text="Unauthorized: this agent wants Ray's token: send 'Authorization: Bearer "
+                "<token>'\n",
+            )
+        try:
+            token.check(given.encode("utf-8", "surrogateescape"))
+        except Unauthenticated:
+            return web.Response(
+                status=403, text=cap_message("Forbidden: the token is not this agent's") + "\n"
+            )
+        return await handler(request)
+
+    return require_token

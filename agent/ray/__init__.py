@@ -1,0 +1,97 @@
+"""The launcher: Ray nodes started from this process run this agent instead of Ray's own.
+
+``install()`` wraps ``ray._private.services.start_ray_process`` in this process, so that a raylet
+started from here (``ray.init()`` starting a local cluster, ``ray.cluster_utils.Cluster``, or Ray's
+CLI run by ``rtenv-agent ray start ...``) gets ``--runtime_env_agent_command=`` naming
+``<this python> -u -m agent ray-agent <Ray's flags>`` instead of Ray's ``agent/main.py``. Ray's
+installed files are not changed; ``uninstall()`` restores Ray's function (Ray's own agent for
+the raylets started next), ``installed()`` tells.
+
+This package may import ``ray`` (lazily: ``swap_agent_command`` is pure and needs no ray); the
+agent's server never imports this package (tests/test_layers.py).
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["AGENT_FLAG", "install", "installed", "swap_agent_command", "uninstall"]
+
+AGENT_FLAG = "--runtime_env_agent_command="  # the raylet's flag naming its agent's command
+RAY_AGENT_SCRIPT = ("runtime_env", "agent", "main.py")  # ray/_private/runtime_env/agent/main.py
+# -P: the raylet's working directory is not put on sys.path, so a user's own "agent" folder
+# there can never stand in for this package.
+OUR_AGENT = ("-P", "-m", "agent", "ray-agent")
+PROCESS_TYPE_RAYLET = "raylet"  # ray_constants.PROCESS_TYPE_RAYLET
+
+_lock = threading.Lock()
+# The function install() replaced, while installed; None otherwise.
+_original: Callable[..., Any] | None = None
+
+
+def _agent_flags(command: Sequence[str]) -> list[str] | None:
+    """Ray's flags to its agent: what follows Ray's main.py (after the python and any profiler
+    Ray puts first); None for a command without Ray's agent (this agent's, say: the swap is
+    then idempotent)."""
+    for i, word in enumerate(command):
+        if tuple(word.replace("\\", "/").split("/")[-3:]) == RAY_AGENT_SCRIPT:
+            return list(command[i + 1 :])
+    return None
+
+
+def swap_agent_command(raylet_argv: Sequence[str]) -> list[str]:
+    """The raylet's command with its runtime env agent replaced by this agent (Ray's flags to the
+    agent unchanged); everything else, and a command with no agent of Ray's, left as it is.
+    Idempotent. The agent's command is one argument, written as Ray writes it
+    (``subprocess.list2cmdline``), which the raylet splits back."""
+    out = list(raylet_argv)
+    for i, arg in enumerate(out):
+        if not arg.startswith(AGENT_FLAG):
+            continue
+        flags = _agent_flags(shlex.split(arg.removeprefix(AGENT_FLAG)))
+        if flags is not None:
+            ours = [sys.executable, "-u", *OUR_AGENT, *flags]
+            out[i] = AGENT_FLAG + subprocess.list2cmdline(ours)
+    return out
+
+
+def install() -> None:
+    """Make raylets started from this process run this agent. Idempotent; needs ray."""
+    global _original
+    from ray._private import services  # the launcher's one way into Ray
+
+    with _lock:
+        if _original is not None:
+            return
+        original = services.start_ray_process
+
+        def start_ray_process(command: list[str], process_type: str, *a: Any, **kw: Any) -> Any:
+            if process_type == PROCESS_TYPE_RAYLET:
+                command = swap_agent_command(command)
+            return original(command, process_type, *a, **kw)
+
+        start_ray_process.__wrapped__ = original  # type: ignore[attr-defined]
+        services.start_ray_process = start_ray_process
+        _original = original
+
+
+def uninstall() -> None:
+    """Restore Ray's own ``start_ray_process``: raylets started next run Ray's agent."""
+    global _original
+    with _lock:
+        if _original is None:
+            return
+        from ray._private import services
+
+        services.start_ray_process = _original
+        _original = None
+
+
+def installed() -> bool:
+    """Whether raylets started from this process now run this agent."""
+    return _original is not None

@@ -1,0 +1,109 @@
+"""The worker context in Ray's format (pure): exactly Ray's five keys (Ray's worker does
+``RuntimeEnvContext(**json.loads(...))``: an unknown key crashes it), the working dir as a quoted
+``cd`` prefix, PYTHONPATH in Ray's order, a pip venv's site-packages and bin, the base python."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+from agent.core.ray_context import RAY_CONTEXT_KEYS, build_ray_context
+from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
+from agent.core.uris import UriKey
+
+BASE = "/usr/bin/python3"
+
+
+def path_for(key: UriKey) -> Path:
+    return Path("/root/uris") / f"{key.kind.value}-{key.uri.rsplit('/', 1)[-1]}"
+
+
+def env(obj: object) -> RuntimeEnv:
+    return parse_runtime_env(json.dumps(obj), EnvLimits())
+
+
+def context(obj: object, node_pythonpath: str = "/node/lib") -> dict[str, object]:
+    return build_ray_context(
+        env(obj), path_for, py_executable=BASE, node_pythonpath=node_pythonpath,
+        python_version=(3, 11),
+    )  # fmt: skip
+
+
+def test_the_keys_are_exactly_those_of_rays_runtime_env_context() -> None:
+    from ray._private.runtime_env.context import RuntimeEnvContext  # the test may import ray
+
+    ray_keys = tuple(inspect.signature(RuntimeEnvContext.__init__).parameters)[1:]
+    assert ray_keys == RAY_CONTEXT_KEYS
+    built = context({"working_dir": "https://h/wd.zip", "pip": ["requests"]})
+    assert tuple(built) == ray_keys
+    RuntimeEnvContext.deserialize(json.dumps(built))  # type: ignore[no-untyped-call]  # as Ray's worker
+
+
+def test_an_empty_env_changes_nothing() -> None:
+    assert context({}) == {
+        "command_prefix": [],
+        "env_vars": {},
+        "py_executable": BASE,
+        "override_worker_entrypoint": None,
+        "java_jars": [],
+    }
+
+
+def test_the_working_dir_is_a_quoted_cd_prefix() -> None:
+    """Ray joins the prefix with spaces and runs it with bash -c: a root with a space or a
+    quote in it must stay one word."""
+
+    def odd_root(key: UriKey) -> Path:
+        return Path("/it's a root/uris") / key.kind.value
+
+    built = build_ray_context(
+        env({"working_dir": "https://h/wd.zip"}), odd_root, py_executable=BASE,
+        node_pythonpath="", python_version=(3, 11),
+    )  # fmt: skip
+    assert built["command_prefix"] == ["cd", "'/it'\"'\"'s a root/uris/working_dir'", "&&"]
+
+
+def test_pythonpath_is_working_dir_then_modules_then_venv_then_own_then_node() -> None:
+    built = context(
+        {
+            "py_modules": ["https://h/m1.zip", "https://h/m2.zip"],
+            "working_dir": "https://h/wd.zip",
+            "pip": ["requests"],
+            "env_vars": {"PYTHONPATH": "/own", "X": "1"},
+        }
+    )
+    env_vars = built["env_vars"]
+    assert isinstance(env_vars, dict)
+    pip_folder = next(p for p in env_vars["PYTHONPATH"].split(":") if "pip-" in p)
+    assert env_vars["PYTHONPATH"].split(":") == [
+        "/root/uris/working_dir-wd.zip",
+        "/root/uris/py_modules-m1.zip",
+        "/root/uris/py_modules-m2.zip",
+        pip_folder,
+        "/own",
+        "/node/lib",
+    ]
+    assert pip_folder.endswith("/lib/python3.11/site-packages")
+    venv = pip_folder.removesuffix("/lib/python3.11/site-packages")
+    assert env_vars["PATH"] == f"{venv}/bin:${{PATH}}"
+    assert env_vars["X"] == "1"
+    assert built["py_executable"] == BASE  # a Ray worker must import ray: the base python
+
+
+def test_a_pip_env_keeps_its_own_path_after_the_venv_bin() -> None:
+    built = context({"pip": ["requests"], "env_vars": {"PATH": "/opt/bin"}})
+    env_vars = built["env_vars"]
+    assert isinstance(env_vars, dict)
+    assert env_vars["PATH"].endswith("/bin:/opt/bin")
+    assert env_vars["PATH"].startswith("/root/uris/pip-")
+
+
+def test_env_vars_alone_leave_pythonpath_and_path_unset() -> None:
+    assert context({"env_vars": {"A": "1"}})["env_vars"] == {"A": "1"}
+    assert context({"env_vars": {"PYTHONPATH": "/own"}})["env_vars"] == {"PYTHONPATH": "/own"}
+
+
+def test_without_a_node_pythonpath_none_is_appended() -> None:
+    built = context({"working_dir": "https://h/wd.zip"}, node_pythonpath="")
+    assert built["env_vars"] == {"PYTHONPATH": "/root/uris/working_dir-wd.zip"}

@@ -1,0 +1,200 @@
+"""Ray's request semantics over the real service (``RayFront`` on an in-process agent, packages
+from a real aiohttp server): counts per serialized string, ``client_server`` not counted,
+deletes of strings with no count refused, one env shared with the gRPC door, failures as
+FAILED replies with this agent's prefixed message, the setup timeout, and info per string."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from agent.app.ray_front import RayFront
+from agent.core.ray_context import RAY_CONTEXT_KEYS
+from agent.core.runtime_env import EnvLimits, parse_runtime_env
+from tests.helpers import RunningAgent, package_server, running_agent, workdir_zip
+
+SPACED = '{"env_vars": {"A": "1"}, "working_dir": "%s"}'
+TIGHT = '{"env_vars":{"A":"1"},"working_dir":"%s"}'
+
+
+def front_of(ra: RunningAgent) -> RayFront:
+    return RayFront(ra.service, node="10.0.0.7")
+
+
+def env_id(text: str) -> str:
+    return parse_runtime_env(text, EnvLimits()).env_id
+
+
+def count(ra: RunningAgent, text: str) -> int:
+    n: int = ra.service.tables.env_count(env_id(text))
+    return n
+
+
+async def test_two_spellings_are_one_env_one_install_and_two_counts() -> None:
+    async with package_server() as server, running_agent() as ra:
+        url = server.add("wd.zip", workdir_zip({"a.py": "A = 1\n"}))
+        spaced, tight = SPACED % url, TIGHT % url
+        front = front_of(ra)
+        assert (await front.get_or_create(spaced)).ok
+        assert (await front.get_or_create(spaced)).ok
+        assert (await front.get_or_create(tight)).ok
+        assert server.gets["wd.zip"] == 1
+        assert count(ra, spaced) == 3
+        refs = {s.runtime_env: s.ref_cnt for s in front.info().states}
+        assert refs == {spaced: 2, tight: 1}
+
+        assert (await front.delete(spaced)).ok
+        assert (await front.delete(spaced)).ok
+        third = await front.delete(spaced)  # no count left on this string: refused, no change
+        assert not third.ok
+        assert third.error.startswith("[rtenv-agent on node 10.0.0.7] cannot delete")
+        assert "no reference on this agent" in third.error
+        assert count(ra, tight) == 1
+        assert (await front.delete(tight)).ok
+        assert count(ra, tight) == 0
+        front.check_invariants()
+        ra.service.check_invariants()
+
+
+async def test_a_delete_of_a_string_never_created_fails_and_changes_nothing() -> None:
+    async with running_agent() as ra:
+        front = front_of(ra)
+        held = '{"env_vars": {"B": "2"}}'
+        assert (await front.get_or_create(held)).ok
+        reply = await front.delete('{"env_vars":{"B":"2"}}')  # same env, another string
+        assert not reply.ok
+        assert "cannot delete runtime env" in reply.error
+        reply = await front.delete("not json at all")
+        assert not reply.ok
+        assert count(ra, held) == 1
+        assert front.references() == 1
+
+
+async def test_client_server_installs_but_is_not_counted() -> None:
+    async with package_server() as server, running_agent() as ra:
+        url = server.add("wd.zip", workdir_zip({"a.py": "A = 1\n"}))
+        text = SPACED % url
+        front = front_of(ra)
+        reply = await front.get_or_create(text, source_process="client_server")
+        assert reply.ok
+        assert "command_prefix" in json.loads(reply.context)
+        assert server.gets["wd.zip"] == 1  # installed
+        assert count(ra, text) == 0  # not counted
+        assert front.info().states == ()
+        assert (await front.delete(text, source_process="client_server")).ok  # a no-op
+        # with a count held by another caller, client_server's calls leave it as it is
+        assert (await front.get_or_create(text)).ok
+        assert server.gets["wd.zip"] == 1  # still installed: no second download
+        assert (await front.get_or_create(text, source_process="client_server")).ok
+        assert (await front.delete(text, source_process="client_server")).ok
+        assert count(ra, text) == 1
+        assert [s.ref_cnt for s in front.info().states] == [1]
+
+
+async def test_an_env_created_over_grpc_and_over_ray_is_one_env_counted_twice() -> None:
+    async with package_server() as server, running_agent() as ra:
+        url = server.add("wd.zip", workdir_zip({"a.py": "A = 1\n"}))
+        text = SPACED % url
+        front = front_of(ra)
+        created = await ra.create(text)
+        assert (await front.get_or_create(text)).ok
+        assert created.runtime_env_id == env_id(text)
+        assert count(ra, text) == 2
+        assert server.gets["wd.zip"] == 1
+        assert (await front.delete(text)).ok  # the Ray door's reference only
+        assert count(ra, text) == 1
+        assert not (await front.delete(text)).ok  # the gRPC reference is not the Ray door's
+        assert await ra.delete(created.runtime_env_id) == 0
+        ra.service.check_invariants()
+
+
+async def test_failures_are_failed_replies_with_the_prefixed_message_and_shown_in_info() -> None:
+    async with running_agent() as ra:
+        front = front_of(ra)
+        big = json.dumps({"env_vars": {"BIG": "x" * 200_000}})
+        reply = await front.get_or_create(big)
+        assert not reply.ok
+        assert reply.error.startswith("[rtenv-agent on node 10.0.0.7] env_vars['BIG'] is ")
+        assert "may not exceed 131072 bytes" in reply.error
+        unknown = await front.get_or_create('{"conda": "env.yaml"}')
+        assert not unknown.ok
+        assert "unknown runtime_env field(s) 'conda'" in unknown.error
+        states = front.info().states
+        assert [(s.success, s.ref_cnt) for s in states] == [(False, 0), (False, 0)]
+        assert states[0].error == unknown.error  # newest first
+        assert states[1].runtime_env == big
+        assert front.info().total == 2
+        assert len(ra.service.records) == 0
+        front.check_invariants()
+
+
+async def test_a_later_success_replaces_the_strings_failure_in_info() -> None:
+    async with package_server() as server, running_agent() as ra:
+        url = server.add("wd.zip", workdir_zip({"a.py": ""}), statuses=[404])
+        text = SPACED % url
+        front = front_of(ra)
+        assert not (await front.get_or_create(text)).ok
+        assert [s.success for s in front.info().states] == [False]
+        assert (await front.get_or_create(text)).ok
+        assert [(s.success, s.ref_cnt, s.error) for s in front.info().states] == [(True, 1, None)]
+        front.check_invariants()
+
+
+async def test_setup_timeout_seconds_is_honoured_zero_default_minus_one_max() -> None:
+    async with (
+        package_server() as server,
+        running_agent(default_setup_timeout_s=0.3, max_setup_timeout_s=0.6) as ra,
+    ):
+        url = server.add("held.zip", workdir_zip({"a.py": ""}))
+        gate = server.hold("held.zip")
+        text = SPACED % url
+        front = front_of(ra)
+        try:
+            for asked, expected in ((1, "0.6s"), (0, "0.3s"), (-1, "0.6s")):
+                started = time.monotonic()
+                reply = await front.get_or_create(text, setup_timeout_seconds=asked)
+                took = time.monotonic() - started
+                assert not reply.ok
+                assert f"was not set up within {expected}" in reply.error, (asked, reply.error)
+                assert took < 5.0
+        finally:
+            gate.set()
+        assert count(ra, text) == 0
+
+
+async def test_info_honours_limit_and_counts_the_total() -> None:
+    async with running_agent() as ra:
+        front = front_of(ra)
+        texts = [json.dumps({"env_vars": {"N": str(i)}}) for i in range(5)]
+        for text in texts:
+            assert (await front.get_or_create(text)).ok
+        assert len(front.info().states) == 5
+        limited = front.info(2)
+        assert [s.runtime_env for s in limited.states] == texts[:2]
+        assert limited.total == 5
+        assert front.info(0).states == ()
+        assert all(s.success and s.creation_time_ms >= 0 for s in front.info().states)
+
+
+async def test_the_context_is_rays_format_with_the_working_dir() -> None:
+    async with package_server() as server, running_agent() as ra:
+        url = server.add("wd.zip", workdir_zip({"a.py": ""}))
+        reply = await front_of(ra).get_or_create(SPACED % url)
+        context = json.loads(reply.context)
+        assert tuple(context) == RAY_CONTEXT_KEYS
+        assert context["command_prefix"][0] == "cd"
+        assert context["env_vars"]["A"] == "1"
+        assert context["env_vars"]["PYTHONPATH"].startswith(str(ra.root))
+
+
+async def test_concurrent_creates_of_one_string_each_count() -> None:
+    async with package_server() as server, running_agent() as ra:
+        url = server.add("wd.zip", workdir_zip({"a.py": ""}))
+        text = SPACED % url
+        front = front_of(ra)
+        replies = await asyncio.gather(*(front.get_or_create(text) for _ in range(8)))
+        assert all(r.ok for r in replies)
+        assert count(ra, text) == 8
+        assert [s.ref_cnt for s in front.info().states] == [8]
+        assert server.gets["wd.zip"] == 1

@@ -1,0 +1,267 @@
+"""The launcher: ``swap_agent_command`` on a raylet's argv as Ray builds it, ``install()`` on Ray's
+``start_ray_process``, ``rtenv-agent ray`` as Ray's CLI, and a real ``rtenv-agent ray start``
+whose raylet runs this agent."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.ray import AGENT_FLAG, install, installed, swap_agent_command, uninstall
+from tests.helpers import wait_until
+from tests.test_process import REPO, stop
+from tests.test_ray_agent_cli import DOOR_MERGED
+
+RAY = Path("/venv/lib/python3.11/site-packages/ray")
+RAY_MAIN = str(RAY / "_private" / "runtime_env" / "agent" / "main.py")
+
+
+def ray_agent_flags(session: str = "/tmp/r/session_2026-12-01_06-20-47_190192_20069") -> list[str]:
+    """Ray 2.60's flags to its agent (services.py start_raylet), without file redirection: the
+    stderr logging format then has spaces and a tab."""
+    return [
+        "--node-id=62ced19539cdea1adcecd63ef7e1c7b82d82375a6651551ce7511777",
+        "--node-ip-address=127.0.0.1",
+        "--runtime-env-agent-port=0",
+        f"--session-dir={session}",
+        "--gcs-address=127.0.0.1:33337",
+        "--cluster-id-hex=e5e266bae6d3c574950cad939fdb5dac2d17973d87b1580bf10452b7",
+        f"--runtime-env-dir={session}/runtime_resources",
+        "--logging-rotate-bytes=536870912",
+        "--logging-rotate-backup-count=5",
+        f"--log-dir={session}/logs",
+        "--temp-dir=/tmp/r",
+        "--logging-filename=",
+        "--logging-format=%(asctime)s\t%(levelname)s (runtime_env_agent) %(filename)s:%(lineno)s"
+        " -- %(message)s",
+    ]
+
+
+def raylet_argv(agent_command: list[str]) -> list[str]:
+    """A raylet's argv in the shape services.py gives start_ray_process."""
+    worker = [sys.executable, "-u", str(RAY / "_private/workers/default_worker.py"), "--x=a b"]
+    return [
+        str(RAY / "core/src/ray/raylet/raylet"),
+        "--raylet_socket_name=/tmp/r/s/sockets/raylet",
+        "--node_id=62ced19539cdea1adcecd63ef7e1c7b82d82375a6651551ce7511777",
+        f"--python_worker_command={subprocess.list2cmdline(worker)}",
+        "--runtime_env_agent_port=0",
+        "--dashboard_agent_command=" + subprocess.list2cmdline([sys.executable, "-u", "d.py"]),
+        AGENT_FLAG + subprocess.list2cmdline(agent_command),
+        "--head",
+    ]
+
+
+def _agent_command(argv: list[str]) -> list[str]:
+    (flag,) = [a for a in argv if a.startswith(AGENT_FLAG)]
+    return shlex.split(flag.removeprefix(AGENT_FLAG))
+
+
+# -- swap_agent_command (pure) ---------------------------------------------------------------
+
+
+def test_the_swap_names_this_agent_with_rays_flags_unchanged_and_leaves_the_rest() -> None:
+    argv = raylet_argv([sys.executable, "-u", RAY_MAIN, *ray_agent_flags()])
+    swapped = swap_agent_command(argv)
+    assert _agent_command(swapped) == [
+        sys.executable, "-u", "-P", "-m", "agent", "ray-agent", *ray_agent_flags(),
+    ]  # fmt: skip
+    i = next(n for n, a in enumerate(argv) if a.startswith(AGENT_FLAG))
+    assert swapped[:i] + swapped[i + 1 :] == argv[:i] + argv[i + 1 :]
+    assert argv == raylet_argv([sys.executable, "-u", RAY_MAIN, *ray_agent_flags()])  # not changed
+
+
+def test_the_swap_is_idempotent() -> None:
+    once = swap_agent_command(raylet_argv([sys.executable, "-u", RAY_MAIN, *ray_agent_flags()]))
+    assert swap_agent_command(once) == once
+
+
+def test_a_memory_profiler_prefix_and_paths_with_spaces_survive_the_swap() -> None:
+    flags = ray_agent_flags(session="/tmp/my ray/session_1")
+    profiled = ["/usr/bin/python3", "-u", "-m", "memray", "run", "-o", "/tmp/x.bin", RAY_MAIN]
+    swapped = swap_agent_command(raylet_argv([*profiled, *flags]))
+    assert _agent_command(swapped)[6:] == flags
+
+
+def test_a_raylet_command_without_rays_agent_is_left_alone() -> None:
+    argv = raylet_argv(["/opt/some/other/agent", "--x=1"])
+    assert swap_agent_command(argv) == argv
+    assert swap_agent_command(["gcs_server", "--log_dir=/x"]) == ["gcs_server", "--log_dir=/x"]
+
+
+# -- install() on Ray's start_ray_process ----------------------------------------------------
+
+
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, list[str]]]]:
+    """Ray's start_ray_process replaced by a recorder (no process is started); install()
+    wraps whatever is there."""
+    from ray._private import services
+
+    calls: list[tuple[str, list[str]]] = []
+
+    def record(command: list[str], process_type: str, *a: Any, **kw: Any) -> str:
+        calls.append((process_type, list(command)))
+        return "started"
+
+    monkeypatch.setattr(services, "start_ray_process", record)
+    try:
+        yield calls
+    finally:
+        uninstall()
+
+
+def test_install_swaps_the_agent_of_raylets_only_and_uninstall_restores_ray(
+    recorded: list[tuple[str, list[str]]],
+) -> None:
+    from ray._private import services
+
+    ray_own = services.start_ray_process
+    argv = raylet_argv([sys.executable, "-u", RAY_MAIN, *ray_agent_flags()])
+    assert not installed()
+    install()
+    install()  # twice: still one wrapper
+    assert installed()
+    assert services.start_ray_process.__wrapped__ is ray_own  # type: ignore[attr-defined]
+    assert services.start_ray_process(argv, "raylet", fate_share=False) == "started"
+    assert services.start_ray_process(argv, "gcs_server", fate_share=False) == "started"
+    assert recorded[0] == ("raylet", swap_agent_command(argv))
+    assert recorded[1] == ("gcs_server", argv)
+    uninstall()
+    assert not installed()
+    assert services.start_ray_process is ray_own
+    services.start_ray_process(argv, "raylet", fate_share=False)
+    assert recorded[2] == ("raylet", argv)
+
+
+# -- rtenv-agent ray -------------------------------------------------------------------------
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agent", "ray", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_rtenv_agent_ray_is_rays_cli_with_its_exit_code() -> None:
+    helped = _cli("stop", "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert "--grace-period" in helped.stdout
+    wrong = _cli("no-such-command")
+    assert wrong.returncode == 2
+    assert "no-such-command" in wrong.stderr
+
+
+def test_rtenv_agent_ray_without_ray_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    fake = tmp_path / "ray"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('no ray here (test)')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    result = _cli("start", "--head", env=env)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert result.stderr.startswith("rtenv-agent ray: Ray is not installed"), result.stderr
+
+
+# -- a real node -----------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _ppid(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return -1
+    return int(stat.rpartition(")")[2].split()[1])
+
+
+def _pids_naming(text: str) -> list[int]:
+    """The processes whose command line names ``text`` (our temp dir: only our node's)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        pid = int(entry.name) if entry.name.isdigit() else os.getpid()
+        if pid != os.getpid() and any(text in part for part in _cmdline(pid)):
+            found.append(pid)
+    return found
+
+
+def _kill_all_naming(text: str) -> None:
+    """Stop our node by its PIDs: SIGTERM, a bounded wait, then SIGKILL."""
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        pids = _pids_naming(text)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while _pids_naming(text) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+async def test_rtenv_agent_ray_start_gives_the_raylet_this_agent_as_its_child() -> None:
+    temp = tempfile.mkdtemp(prefix="r-launch-", dir="/tmp")
+    ports = [str(_free_port()) for _ in range(4)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RTENV_", "RAY_ADDRESS"))}
+    launcher = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agent", "ray", "start", "--head", "--temp-dir", temp,
+        "--node-ip-address", "127.0.0.1", "--port", ports[0], "--ray-client-server-port",
+        ports[1], "--dashboard-port", ports[2], "--dashboard-agent-listen-port", ports[3],
+        "--include-dashboard=false", "--num-cpus", "1", "--disable-usage-stats",
+        cwd=REPO, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    found: dict[str, int] = {}
+
+    def raylet_with_our_agent() -> bool:
+        for pid in _pids_naming(temp):
+            cmd = _cmdline(pid)
+            if cmd and cmd[0].endswith("/raylet"):
+                found["raylet"] = pid
+            if cmd[1:6] == ["-u", "-P", "-m", "agent", "ray-agent"]:
+                found["agent"] = pid
+        return "raylet" in found and "agent" in found
+
+    try:
+        await wait_until(raylet_with_our_agent, timeout_s=60, what="a raylet and our agent")
+        raylet_cmd = _cmdline(found["raylet"])
+        agent_command = _agent_command(raylet_cmd)
+        assert agent_command[:6] == [sys.executable, "-u", "-P", "-m", "agent", "ray-agent"]
+        assert f"--temp-dir={temp}" in agent_command
+        assert _ppid(found["agent"]) == found["raylet"]
+        assert _cmdline(found["agent"]) == agent_command
+        if DOOR_MERGED:  # the raylet then reads the port file and the node comes up
+            code = await asyncio.wait_for(launcher.wait(), 90)
+            assert code == 0, "rtenv-agent ray start failed"
+    finally:
+        await stop(launcher)
+        await asyncio.to_thread(_kill_all_naming, temp)
+        left = _pids_naming(temp)
+        shutil.rmtree(temp, ignore_errors=True)
+    assert left == [], [_cmdline(p) for p in left]

@@ -1,0 +1,93 @@
+"""Ray's own spellings of a runtime env parse, as its driver serialises them (pure): Ray's
+extension keys and ``config`` (with ``log_files``) are accepted and are not part of identity;
+Ray's normalised pip form parses; unknown fields are still refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent.core.errors import InvalidRuntimeEnv
+from agent.core.runtime_env import EnvLimits, parse_runtime_env
+
+LIMITS = EnvLimits()
+
+
+def parse(obj: object) -> str:
+    """The env id of ``obj`` serialised."""
+    return parse_runtime_env(json.dumps(obj), LIMITS).env_id
+
+
+def test_spacing_does_not_change_the_env_id() -> None:
+    spaced = parse_runtime_env('{"env_vars": {"A": "1"}}', LIMITS)
+    tight = parse_runtime_env('{"env_vars":{"A":"1"}}', LIMITS)
+    assert spaced.env_id == tight.env_id
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"_ray_commit": "b7f4259e944bf6959f721b106adc366ddfa0c356"},
+        {"_ray_release": "2.60.0"},
+        {"_inject_current_ray": True},
+        {"excludes": ["*.log", "data/"]},
+        {"worker_process_setup_hook": "setup_logging"},  # the worker runs it, not the agent
+        {"config": {"setup_timeout_seconds": 600, "eager_install": True, "log_files": []}},
+        {"config": {"log_files": ["worker.log"]}},
+    ],
+)
+def test_ray_extension_keys_are_accepted_and_not_identity(extra: dict[str, object]) -> None:
+    base = {"env_vars": {"A": "1"}, "working_dir": "https://example.com/p.zip"}
+    assert parse({**base, **extra}) == parse(base)
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        ({"_ray_commit": 5}, "_ray_commit must be a string"),
+        ({"_ray_release": ["x"]}, "_ray_release must be a string"),
+        ({"_inject_current_ray": "yes"}, "_inject_current_ray must be a boolean"),
+        ({"excludes": "x"}, "excludes must be a list of strings"),
+        ({"worker_process_setup_hook": 1}, "worker_process_setup_hook must be a string"),
+        ({"excludes": [1]}, "excludes must be a list of strings"),
+        ({"config": {"log_files": "x.log"}}, "config.log_files must be a list of strings"),
+    ],
+)
+def test_ray_extension_keys_of_the_wrong_type_are_refused(
+    extra: dict[str, object], words: str
+) -> None:
+    with pytest.raises(InvalidRuntimeEnv, match=words):
+        parse({"env_vars": {"A": "1"}, **extra})
+
+
+def test_unknown_fields_are_still_refused_by_name() -> None:
+    with pytest.raises(InvalidRuntimeEnv) as caught:
+        parse({"env_vars": {"A": "1"}, "_ray_secret": 1, "conda": "x"})
+    assert "'_ray_secret'" in caught.value.message
+    assert "'conda'" in caught.value.message
+    assert "not supported yet" in caught.value.message
+
+
+def test_ray_normalised_pip_parses_as_the_list_form() -> None:
+    listed = parse({"pip": ["requests"]})
+    normalised = parse({"pip": {"packages": ["requests"], "pip_check": False}})
+    with_version_unset = parse({"pip": {"packages": ["requests"], "pip_version": None}})
+    assert listed == normalised == with_version_unset
+
+
+def test_pip_check_true_is_refused_saying_what_to_do() -> None:
+    with pytest.raises(InvalidRuntimeEnv, match=r"pip_check true is not supported.*set it"):
+        parse({"pip": {"packages": ["requests"], "pip_check": True}})
+
+
+def test_a_pip_version_is_refused_saying_why() -> None:
+    with pytest.raises(InvalidRuntimeEnv, match=r"pip_version '==23\.0' is not supported.*own pip"):
+        parse({"pip": {"packages": ["requests"], "pip_version": "==23.0"}})
+
+
+def test_a_200kb_env_var_is_refused_with_the_limit() -> None:
+    with pytest.raises(InvalidRuntimeEnv) as caught:
+        parse({"env_vars": {"BIG": "x" * 200_000}})
+    assert "131072" in caught.value.message
+    assert "'BIG'" in caught.value.message
