@@ -121,7 +121,9 @@ async def wait_serving(address: str, timeout_s: float, *, token: str | None = No
     deadline = time.monotonic() + timeout_s
     last = ""
     async with RayHttpTarget(address, connections=1, token=token) as target:
-        while time.monotonic() < deadline:
+        for _ in range(int(timeout_s / 0.05) + 1):  # bounded in count and time
+            if time.monotonic() >= deadline:
+                break
             try:
                 await target.info(2)
                 return

@@ -63,7 +63,7 @@ def _pids() -> list[int]:
 
 def _names(line: str, folder: str) -> bool:
     """Whether a command line names ``folder`` (itself or a path inside it)."""
-    return any(line.endswith(folder) or f"{folder}{end}" in line for end in ("/", " ", "\0"))
+    return any(line.endswith(folder) or f"{folder}{end}" in line for end in ("/", " "))
 
 
 def _alive(pid: int) -> bool:
@@ -161,7 +161,9 @@ class RayNode:
         """Wait (bounded) for the agent's port file and its process among the raylet's
         children."""
         port = ""
-        while time.monotonic() < deadline:
+        for _ in range(int(max(deadline - time.monotonic(), 0) / 0.1) + 1):
+            if time.monotonic() >= deadline:
+                break
             session = self._session()
             port_files = sorted(session.glob(f"{_PORT_FILE}*")) if session.is_dir() else []
             if port_files and not port:
