@@ -353,7 +353,7 @@ class RayClient:
         from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
 
         request = ray_pb2.GetOrCreateRuntimeEnvRequest(
-            serialized_runtime_env=serialized, job_id=b"\x01\x00\x00\x00",
+            serialized_runtime_env=serialized, job_id=b"01000000",  # ASCII hex, as the raylet
             source_process=source_process,
             runtime_env_config=ray_pb2.RuntimeEnvConfig(setup_timeout_seconds=timeout_s),
         )  # fmt: skip

@@ -5,6 +5,7 @@ records what each call carried; a real agent in this process installs from it ov
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -55,6 +56,7 @@ class KvGcs:
     fail_next: list[grpc.StatusCode] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list)
     address: str = ""
+    delay_s: float = 0.0  # before each answer: a large package, slow to arrive
 
     def gets(self, uri: str) -> int:
         return sum(1 for c in self.calls if c.key == uri.encode())
@@ -70,6 +72,8 @@ class KvGcs:
         self.calls.append(Call(request.key, request.namespace, metadata, context.peer()))
         if self.fail_next:
             await context.abort(self.fail_next.pop(0), "injected")
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
         sent = metadata.get("ray_cluster_id")
         if sent is not None and sent != self.cluster_id:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "WrongClusterID")
@@ -216,6 +220,29 @@ async def test_a_transient_gcs_failure_is_retried() -> None:
         gcs.fail_next = [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL]
         await a.create(env_json(WD))
         assert gcs.gets(WD) == 3
+
+
+async def test_a_package_slower_than_the_http_timeouts_is_not_cut_by_a_deadline() -> None:
+    """One reply is the whole package: the setup timeout bounds it, not connect + read."""
+    fetch = replace(FAST_FETCH, connect_timeout_s=0.1, read_timeout_s=0.1)
+    async with kv_gcs(delay_s=0.6) as gcs, running_agent(ray=ray_settings(gcs), fetch=fetch) as a:
+        gcs.values[WD.encode()] = make_zip({"main.py": "x = 1\n"})
+        await a.create(env_json(WD))
+        assert gcs.gets(WD) == 1
+
+
+async def test_a_call_past_its_own_deadline_says_so_not_that_the_gcs_is_down() -> None:
+    async with kv_gcs(delay_s=2.0) as gcs:
+        gcs.values[WD.encode()] = b"PK"
+        client = GcsKvClient(GcsConfig(gcs.address), max_value_bytes=100, timeout_s=0.1)
+        try:
+            with pytest.raises(
+                GcsUnavailable, match=r"within the call's deadline of 0\.1s"
+            ) as info:
+                await client.get(WD, WD)
+            assert info.value.deadline_s == 0.1
+        finally:
+            await client.close()
 
 
 async def test_an_unreachable_gcs_is_unavailable_naming_its_address() -> None:

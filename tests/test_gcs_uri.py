@@ -54,7 +54,11 @@ def test_an_env_with_gcs_packages_names_them_as_keys() -> None:
         ("gcs://_ray_pkg_1+x.zip", "letters, digits, '.', '_' and '-'"),
         ("gcs://_ray_pkg_\u00e9.zip", "letters, digits, '.', '_' and '-'"),
         ("gcs://[::1].zip", "letters, digits"),
-        ("gcs://_ray_pkg_1.tar.gz", "must be a zip"),
+        ("gcs://_ray_pkg_1.tar.gz", "tarball is not supported yet"),
+        ("gcs://_ray_pkg_1.TGZ", "tarball is not supported yet"),
+        ("gcs://_ray_pkg_1.zip#", "takes no fragment"),  # empty: urlsplit drops it
+        ("gcs://_ray_pkg_1.zip?", "takes no query"),
+        ("gcs://_ray_pkg_1.zip?#", "takes no fragment"),
         ("gcs://_ray_pkg_1", "must be a zip"),
         (f"gcs://_ray_pkg_1.zip#sha256={'0' * 64}", "takes no fragment"),
         ("gcs://_ray_pkg_1.zip#x", "takes no fragment"),
@@ -73,6 +77,7 @@ def test_a_gcs_uri_that_is_not_a_package_name_is_refused_saying_why(
     "value",
     [
         "gcs://mymod-0.1-py3-none-any.whl",
+        "gcs://mymod-0.1+local-py3-none-any.WHL",  # '+' is no name character, yet a wheel
         "https://h.example/wheels/mymod-0.1-py3-none-any.whl",
         "http://127.0.0.1:9/mymod-0.1-py3-none-any.WHL",
         "file:///wheels/mymod-0.1-py3-none-any.whl",
@@ -86,6 +91,10 @@ def test_a_wheel_in_py_modules_is_refused_with_the_reason(value: str) -> None:
     assert message.startswith("py_modules[0] ")
     assert "Ray pip-installs" in message
     assert "not supported here yet" in message
+
+
+def test_a_gcs_zip_is_taken_in_any_case_as_a_wheel_is_refused_in_any_case() -> None:
+    assert parse_uri("working_dir", "gcs://_ray_pkg_1.ZIP").path == "_ray_pkg_1.ZIP"
 
 
 def test_the_http_wheel_refusal_names_the_way_through_pip() -> None:

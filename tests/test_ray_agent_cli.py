@@ -4,20 +4,22 @@ raylet starts it (a fake raylet: a process of ours whose pid is in RAY_RAYLET_PI
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib.util
 import logging
 import logging.handlers
 import os
+import signal
 import sys
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
 from agent.app.config import Settings
 from agent.core.errors import ConfigError
-from agent.ops import ray_agent
+from agent.ops import logs, ray_agent
 from agent.ops.ray_agent import RayFlags, Refused, parse_flags, ray_token, settings_for
 from rtenv.ray.v1 import runtime_env_agent_pb2
 from tests.helpers import wait_until
@@ -56,7 +58,22 @@ def _no_read(path: Path) -> str:
 
 
 def _settings(flags: RayFlags, environ: Mapping[str, str]) -> Settings:
-    return settings_for(flags, environ, _no_read, home=Path("/nonexistent"), getppid=lambda: 4242)
+    return settings_for(
+        flags, environ, _no_read, home=lambda: Path("/nonexistent"), getppid=lambda: 4242
+    )
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """The root logger as it was, and no writer thread left, after a test that configures it."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        logs.shutdown()
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 # -- flags and settings (pure) ---------------------------------------------------------------
@@ -118,7 +135,7 @@ def test_settings_take_rays_flags_for_the_ray_door_the_root_and_the_parent() -> 
     assert s.root == Path("/b/s/runtime_resources/rtenv")
     assert s.address == "unix:/b/s/runtime_resources/rtenv/agent.sock"
     assert s.allow_remote is True
-    assert s.parent_pid == 4242  # no RAY_RAYLET_PID: the parent
+    assert s.parent_pid == 4242  # the parent, the raylet
     assert s.ray is not None
     assert (s.ray.host, s.ray.port) == ("127.0.0.1", 4567)
     assert s.ray.port_file == Path(f"/b/s/runtime_env_agent_port_{NODE}")
@@ -127,7 +144,7 @@ def test_settings_take_rays_flags_for_the_ray_door_the_root_and_the_parent() -> 
     assert s.ray.token is None
 
 
-def test_rtenv_root_the_options_table_and_the_raylet_pid_come_from_the_environment() -> None:
+def test_rtenv_root_and_the_options_table_come_from_the_environment() -> None:
     flags = parse_flags(ray_flags(Path("/b")))
     s = _settings(
         flags,
@@ -137,10 +154,23 @@ def test_rtenv_root_the_options_table_and_the_raylet_pid_come_from_the_environme
     assert s.root == Path("/keep/cache")
     assert s.address == "unix:/keep/cache/agent.sock"
     assert s.cache_budget_bytes == 1024**3
-    assert s.parent_pid == 777
+    assert s.parent_pid == 4242  # the real parent, whatever RAY_RAYLET_PID says (Ray's rule)
     assert s.log_level == "DEBUG"
-    with pytest.raises(ConfigError, match="RAY_RAYLET_PID"):
-        _settings(flags, {"RAY_RAYLET_PID": "me"})
+
+
+def test_the_parent_is_the_real_parent_and_a_parent_of_1_means_the_raylet_is_gone() -> None:
+    assert ray_agent.parent_pid(lambda: 4242) == 4242
+    with pytest.raises(ConfigError, match="already gone"):
+        ray_agent.parent_pid(lambda: 1)
+    note = ray_agent.raylet_pid_note({"RAY_RAYLET_PID": "777"}, 4242)
+    assert note is not None
+    assert "777" in note
+    assert "4242" in note
+    assert ray_agent.raylet_pid_note({"RAY_RAYLET_PID": "4242"}, 4242) is None
+    assert ray_agent.raylet_pid_note({}, 4242) is None
+    flags = parse_flags(ray_flags(Path("/b")))
+    with pytest.raises(ConfigError, match="already gone"):
+        settings_for(flags, {}, _no_read, getppid=lambda: 1)
 
 
 def test_the_config_file_is_read_and_rtenv_address_wins_over_the_socket_in_the_root(
@@ -149,7 +179,7 @@ def test_the_config_file_is_read_and_rtenv_address_wins_over_the_socket_in_the_r
     config = tmp_path / "agent.toml"
     config.write_text('max_uris = 7\naddress = "unix:/elsewhere/a.sock"\n')
     flags = parse_flags([*ray_flags(Path("/b")), f"--config={config}"])
-    s = settings_for(flags, {}, lambda p: p.read_text(), home=tmp_path)
+    s = settings_for(flags, {}, lambda p: p.read_text(), home=lambda: tmp_path)
     assert s.env.max_uris == 7
     assert s.address == "unix:/elsewhere/a.sock"
 
@@ -167,6 +197,64 @@ def test_a_root_too_long_for_a_unix_socket_gets_a_short_socket_and_still_starts(
     assert _settings(other, {}).address != s.address
 
 
+def test_the_short_socket_is_under_rays_temp_dir() -> None:
+    long_dir = Path("/t") / ("d" * 120)
+    flags = parse_flags(ray_flags(Path("/rt"), more={"runtime-env-dir": str(long_dir)}))
+    assert _settings(flags, {}).address.startswith("unix:/rt/rtenv-")
+
+
+def test_a_socket_folder_made_by_someone_else_or_open_to_others_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "rtenv-x"
+    assert ray_agent.claim_socket_folder(folder) is True
+    assert os.stat(folder).st_mode & 0o777 == 0o700
+    assert ray_agent.claim_socket_folder(folder) is False  # ours already: used, not made
+    os.chmod(folder, 0o755)
+    with pytest.raises(ConfigError, match="mode 0700"):
+        ray_agent.claim_socket_folder(folder)
+    os.chmod(folder, 0o700)
+    if os.geteuid() == 0:  # only root can give a folder away
+        os.chown(folder, 4321, -1)
+        with pytest.raises(ConfigError, match="someone else"):
+            ray_agent.claim_socket_folder(folder)
+    os.rmdir(folder)
+    folder.write_text("")
+    with pytest.raises(ConfigError, match="not a folder"):
+        ray_agent.claim_socket_folder(folder)
+
+
+@pytest.mark.parametrize(
+    ("more", "said"),
+    [
+        ({"gcs-address": ""}, "--gcs-address is empty"),
+        ({"gcs-address": "gcs-host"}, "must be HOST:PORT"),
+        ({"cluster-id-hex": "not hex"}, "must be hex"),
+        ({"logging-filename": "../x.log"}, "a file name in --log-dir"),
+        ({"logging-filename": "a/x.log"}, "a file name in --log-dir"),
+        ({"logging-filename": ".."}, "a file name in --log-dir"),
+    ],
+)
+def test_a_malformed_gcs_address_or_log_file_name_is_refused_by_the_flags(
+    more: dict[str, str], said: str
+) -> None:
+    with pytest.raises(Refused, match=said):
+        parse_flags(ray_flags(Path("/b"), more=more))
+
+
+def test_rays_tls_mode_is_refused_naming_tls() -> None:
+    flags = parse_flags(ray_flags(Path("/b")))
+    for on in ("1", "true", "TRUE"):
+        with pytest.raises(ConfigError, match=r"RAY_USE_TLS .*TLS mode is not supported"):
+            _settings(flags, {"RAY_USE_TLS": on})
+    assert _settings(flags, {"RAY_USE_TLS": "0"}).ray is not None
+
+
+def test_a_log_dir_that_is_a_file_says_so(tmp_path: Path) -> None:
+    (tmp_path / "logs").write_text("")
+    flags = parse_flags(ray_flags(tmp_path, more={"log-dir": str(tmp_path / "logs")}))
+    with pytest.raises(ConfigError, match="is a file, not a folder"):
+        ray_agent.log_handler(flags)
+
+
 def test_rays_logging_level_wins_over_the_setting() -> None:
     flags = parse_flags([*ray_flags(Path("/b")), "--logging-level=warning"])
     assert _settings(flags, {"RTENV_LOG_LEVEL": "DEBUG"}).log_level == "WARNING"
@@ -176,7 +264,48 @@ def test_rays_logging_level_wins_over_the_setting() -> None:
 
 
 def test_no_token_when_rays_token_auth_is_off() -> None:
-    assert ray_token({"RAY_AUTH_TOKEN": "t"}, Path("/h"), _no_read) is None
+    assert ray_token({"RAY_AUTH_TOKEN": "t"}, _no_home, _no_read) is None
+
+
+def _no_home() -> Path:
+    raise RuntimeError("Could not determine home directory.")
+
+
+def test_the_home_folder_is_looked_up_only_for_the_default_token_file() -> None:
+    flags = parse_flags(ray_flags(Path("/b")))
+    on = {"RAY_AUTH_MODE": "token"}
+    assert settings_for(flags, {}, _no_read, home=_no_home, getppid=lambda: 9).ray is not None
+    s = settings_for(
+        flags, {**on, "RAY_AUTH_TOKEN": "t"}, _no_read, home=_no_home, getppid=lambda: 9
+    )
+    assert s.ray is not None
+    assert s.ray.token == "t"
+    with pytest.raises(ConfigError, match="no home folder"):
+        ray_token(on, _no_home, _no_read)
+
+
+def test_prepare_with_no_home_folder_starts_when_token_auth_is_off(
+    base: Path, monkeypatch: pytest.MonkeyPatch, restore_logging: None
+) -> None:
+    """No HOME and no passwd entry: Path.home() raises; only the token's default file needs it."""
+    monkeypatch.setattr(Path, "home", _no_home)
+    prepared = ray_agent.prepare(ray_flags(base), {})
+    prepared.cleanup()
+    with pytest.raises(ConfigError, match="no home folder"):
+        ray_agent.prepare(ray_flags(base), {"RAY_AUTH_MODE": "token"})
+
+
+def test_a_token_path_that_is_a_fifo_is_refused_without_hanging(tmp_path: Path) -> None:
+    fifo = tmp_path / "token"
+    os.mkfifo(fifo)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        read = pool.submit(ray_agent.read_token_file, fifo)
+        try:
+            with pytest.raises(ConfigError, match="not a regular file"):
+                read.result(timeout=5)
+        finally:
+            if not read.done():  # a reader blocked in open: a writer lets it go
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
 
 
 def test_the_token_comes_from_the_variable_then_the_named_file_then_the_home_file(
@@ -192,14 +321,15 @@ def test_the_token_comes_from_the_variable_then_the_named_file_then_the_home_fil
         return p.read_text()
 
     both = {**on, "RAY_AUTH_TOKEN": " from-var ", "RAY_AUTH_TOKEN_PATH": str(named)}
-    assert ray_token(both, home, read) == "from-var"
-    assert ray_token({**on, "RAY_AUTH_TOKEN_PATH": str(named)}, home, read) == "from-named"
-    assert ray_token(on, home, read) == "from-home"
+    assert ray_token(both, lambda: home, read) == "from-var"
+    named_on = {**on, "RAY_AUTH_TOKEN_PATH": str(named)}
+    assert ray_token(named_on, lambda: home, read) == "from-named"
+    assert ray_token(on, lambda: home, read) == "from-home"
     with pytest.raises(ConfigError, match="RAY_AUTH_TOKEN_PATH"):
-        ray_token({**on, "RAY_AUTH_TOKEN_PATH": str(tmp_path / "none")}, home, read)
+        ray_token({**on, "RAY_AUTH_TOKEN_PATH": str(tmp_path / "none")}, lambda: home, read)
     (home / ".ray" / "auth_token").write_text("\n")
     with pytest.raises(ConfigError, match="empty"):
-        ray_token(on, home, read)
+        ray_token(on, lambda: home, read)
 
 
 def test_the_settings_carry_rays_token() -> None:
@@ -231,6 +361,30 @@ def test_the_log_file_handler_rotates_at_rays_size_and_count(tmp_path: Path) -> 
         assert (handler.maxBytes, handler.backupCount) == (1000, 3)
     finally:
         handler.close()
+
+
+def test_the_log_is_written_by_a_thread_through_a_queue_and_flushed_at_shutdown(
+    tmp_path: Path, restore_logging: None
+) -> None:
+    path = tmp_path / "a.log"
+    logs.configure("INFO", "text", handler=logging.FileHandler(path), threaded=True)
+    (front,) = logging.getLogger().handlers
+    assert isinstance(front, logging.handlers.QueueHandler)
+    logging.getLogger("t").info("one %s", "line")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        logging.getLogger("t").exception("failed")
+    logs.shutdown()
+    text = path.read_text()
+    assert "one line" in text
+    assert "ValueError: boom" in text  # the traceback crosses the queue
+
+
+def test_a_bad_logging_format_is_refused_at_configure(restore_logging: None) -> None:
+    for bad in ("%(no_such_field)s", "%(message"):
+        with pytest.raises(ValueError, match="is not a Python logging format"):
+            logs.configure("INFO", "text", text_format=bad)
 
 
 # -- the process -----------------------------------------------------------------------------
@@ -279,9 +433,32 @@ async def _fake_raylet() -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec("sleep", "120")
 
 
+# A raylet as far as fate sharing goes: the agent's real parent, which starts it and waits.
+_RAYLET = """
+import subprocess, sys
+agent = subprocess.Popen(
+    [sys.executable, "-u", "-m", "agent", "ray-agent", *sys.argv[1:]],
+    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+)
+print(agent.pid, flush=True)
+agent.wait()
+"""
+
+
+def _gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie nobody reaped yet (its parent was killed)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
 async def test_as_a_raylet_starts_it_it_logs_where_ray_reads_and_dies_with_the_raylet(
     base: Path,
 ) -> None:
+    """The raylet is the agent's real parent; RAY_RAYLET_PID names another live process (as
+    Ray's own watcher, the parent is what counts): the parent's death ends the agent."""
     logs = base / "s" / "logs"
     argv = [
         *ray_flags(base),
@@ -290,35 +467,98 @@ async def test_as_a_raylet_starts_it_it_logs_where_ray_reads_and_dies_with_the_r
         "--logging-filename=runtime_env_agent.log",
         "--a-flag-from-a-later-ray=1",
     ]
-    raylet = await _fake_raylet()
-    agent = await asyncio.create_subprocess_exec(
-        sys.executable, "-u", "-m", "agent", "ray-agent", *argv,
-        cwd=REPO, env=_environ(RAY_RAYLET_PID=str(raylet.pid)),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    other = await _fake_raylet()
+    raylet = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _RAYLET, *argv,
+        cwd=REPO, env=_environ(RAY_RAYLET_PID=str(other.pid)),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     log_file = logs / "runtime_env_agent.log"
+    agent_pid = 0
 
     def text(path: Path) -> str:
         return path.read_text(errors="replace") if path.exists() else ""
 
     try:
-        await wait_until(
-            lambda: "serving on" in text(log_file) or agent.returncode is not None,
-            timeout_s=START_S, what="the agent's log file to say it serves",
+        assert raylet.stdout is not None
+        agent_pid = int(await asyncio.wait_for(raylet.stdout.readline(), START_S))
+        out_file = logs / "runtime_env_agent.out"
+        await wait_until(  # the log line comes first, the line on stdout once start returns
+            lambda: (
+                ("serving on" in text(log_file) and "serving on" in text(out_file))
+                or _gone(agent_pid)
+            ),
+            timeout_s=START_S, what="the agent's log file and its stdout to say it serves",
         )  # fmt: skip
-        assert agent.returncode is None, text(logs / "runtime_env_agent.err")
-        assert "rtenv-agent serving on unix:" in text(logs / "runtime_env_agent.out")
+        assert not _gone(agent_pid), text(logs / "runtime_env_agent.err")
+        assert "rtenv-agent serving on unix:" in text(out_file)
         assert text(log_file).count("--a-flag-from-a-later-ray=1") == 1
         assert f"raylet pid {raylet.pid}" in text(log_file)
+        assert f"RAY_RAYLET_PID '{other.pid}' is not this agent's parent" in text(log_file)
         assert (base / "s" / "runtime_resources" / "rtenv" / "agent.sock").is_socket()
         raylet.kill()
         await raylet.wait()
-        code = await asyncio.wait_for(agent.wait(), STOP_S)
-        assert code == 0
+        await wait_until(
+            lambda: _gone(agent_pid), timeout_s=STOP_S, what="the agent to exit with its raylet"
+        )
         assert f"parent {raylet.pid} exited" in text(log_file)
+        assert other.returncode is None  # the process RAY_RAYLET_PID named still runs
+    finally:
+        if agent_pid and not _gone(agent_pid):
+            os.kill(agent_pid, signal.SIGKILL)
+        await stop(raylet)
+        await stop(other)
+
+
+async def test_info_root_finds_an_agent_whose_root_is_too_long_for_a_socket(base: Path) -> None:
+    """The root's own socket path is over 107 bytes: the agent listens under Ray's temp dir and
+    info --root follows the same rule; the folder it made is gone when it stops."""
+    root_dir = base / ("d" * 90)
+    raylet = await _fake_raylet()
+    agent = await asyncio.create_subprocess_exec(
+        sys.executable, "-u", "-m", "agent", "ray-agent",
+        *ray_flags(base, more={"runtime-env-dir": str(root_dir)}),
+        cwd=REPO, env=_environ(), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        assert agent.stdout is not None
+        line = (await asyncio.wait_for(agent.stdout.readline(), START_S)).decode()
+        assert line.startswith("rtenv-agent serving on unix:"), line
+        socket_path = Path(line.split("unix:", 1)[1].strip())
+        assert socket_path.parent.parent == base  # under Ray's --temp-dir
+        info = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agent", "info", "--root", str(root_dir / "rtenv"),
+            cwd=REPO, env=_environ(), stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(info.communicate(), START_S)
+        assert info.returncode == 0, err.decode()
+        assert "ENV ID" in out.decode()
+        agent.terminate()
+        assert await asyncio.wait_for(agent.wait(), STOP_S) == 0
+        assert not socket_path.parent.exists()  # the folder it made, removed at its exit
     finally:
         await stop(agent)
         await stop(raylet)
+
+
+@pytest.mark.parametrize(
+    ("more", "said"),
+    [
+        ({"logging-format": "%(no_such_field)s"}, "is not a Python logging format"),
+        ({"log-dir": "/" + "d" * 100_000}, "cannot write the log file"),
+        ({"logging-filename": "../up.log"}, "a file name in --log-dir"),
+    ],
+)
+async def test_a_bad_logging_flag_is_one_short_line_and_exit_2(
+    base: Path, more: dict[str, str], said: str
+) -> None:
+    code, err = await _run(ray_flags(base, more=more), _environ())
+    assert code == 2, err
+    assert err.strip().count("\n") == 0, err
+    assert said in err, err
+    assert len(err) <= 1024, len(err)
 
 
 @pytest.mark.skipif(not DOOR_MERGED, reason="the Ray door (helper door's branch) is not merged")

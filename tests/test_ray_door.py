@@ -26,6 +26,7 @@ from prometheus_client import generate_latest
 from agent.app.config import RaySettings, Settings
 from agent.core.errors import StartupError
 from agent.core.ray_context import RAY_CONTEXT_KEYS
+from agent.doors import ray_http
 from agent.ops.options import effective, parse_ray_address
 from agent.ops.server import Agent, AgentState
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
@@ -231,8 +232,8 @@ async def test_the_port_file_exists_before_recovery_and_requests_wait_for_it() -
         async with aiohttp.ClientSession() as session:
             ray = RayClient(session, agent.ray_address)
             asked = asyncio.create_task(ray.create('{"env_vars": {"A": "1"}}'))
-            done, _ = await asyncio.wait([asked], timeout=0.5)
-            assert not done, "served before the agent was ready"
+            await wait_until(lambda: door_waiting(agent) == 1, what="the request waiting")
+            assert not asked.done(), "served before the agent was ready"
             hold.set()
             await asyncio.wait_for(starting, 30)
             reply = await asyncio.wait_for(asked, 30)
@@ -289,8 +290,8 @@ async def test_a_request_waiting_through_a_failed_start_gets_503_and_no_port_fil
         async with aiohttp.ClientSession() as session:
             ray = RayClient(session, agent.ray_address)
             asked = asyncio.create_task(ray.post("/get_runtime_envs_info", b""))
-            done, _ = await asyncio.wait([asked], timeout=0.3)
-            assert not done
+            await wait_until(lambda: door_waiting(agent) == 1, what="the request waiting")
+            assert not asked.done()
             go.set()
             with pytest.raises(StartupError, match="injected"):
                 await asyncio.wait_for(starting, 30)
@@ -303,6 +304,12 @@ async def test_a_request_waiting_through_a_failed_start_gets_503_and_no_port_fil
         go.set()
         await asyncio.wait([starting])
         shutil.rmtree(base, ignore_errors=True)
+
+
+def door_waiting(agent: Agent) -> int:
+    """Requests at ``agent``'s Ray door waiting for it to serve."""
+    assert agent.ray_app is not None
+    return ray_http.waiting(agent.ray_app)
 
 
 def _assert_closed(address: str) -> None:
@@ -357,8 +364,12 @@ async def test_serve_ray_address_opens_the_door_and_non_loopback_needs_allow_rem
         await asyncio.wait_for(proc.wait(), 30)
 
 
-async def test_until_served_a_request_is_bounded_and_answered() -> None:
-    """The wait at the door is bounded: one that outlasts it is a 503 saying so."""
+async def test_until_served_a_request_is_bounded_and_answered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The wait at the door is bounded by READY_WAIT_S (not the hour-long max setup timeout):
+    one that outlasts it is a 503 saying so."""
+    monkeypatch.setattr(ray_http, "READY_WAIT_S", 0.3)
     base = short_tempdir()
     hold = asyncio.Event()
 
@@ -366,7 +377,7 @@ async def test_until_served_a_request_is_bounded_and_answered() -> None:
         await hold.wait()
 
     settings = replace(
-        Settings(root=base / "root"), fetch=FAST_FETCH, max_setup_timeout_s=0.3,
+        Settings(root=base / "root"), fetch=FAST_FETCH, max_setup_timeout_s=3600,
         ray=RaySettings(),
     )  # fmt: skip
     agent = Agent(settings, before_recovery=held)
@@ -375,8 +386,12 @@ async def test_until_served_a_request_is_bounded_and_answered() -> None:
         await wait_until(lambda: bool(agent.ray_address), what="the Ray door")
         async with aiohttp.ClientSession() as session:
             ray = RayClient(session, agent.ray_address)
-            response = await ray.post(
-                "/get_runtime_envs_info", ray_pb2.GetRuntimeEnvsInfoRequest().SerializeToString()
+            response = await asyncio.wait_for(
+                ray.post(
+                    "/get_runtime_envs_info",
+                    ray_pb2.GetRuntimeEnvsInfoRequest().SerializeToString(),
+                ),
+                10,
             )
             assert response.status == 503
             assert "still starting" in response.text

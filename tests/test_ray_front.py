@@ -9,7 +9,11 @@ import asyncio
 import json
 import time
 
-from agent.app.ray_front import RayFront
+import pytest
+
+from agent.app import ray_front
+from agent.app.ray_front import MAX_STRINGS_PER_ENV, RayFront
+from agent.core.errors import EnvNotFound
 from agent.core.ray_context import RAY_CONTEXT_KEYS
 from agent.core.runtime_env import EnvLimits, parse_runtime_env
 from tests.helpers import RunningAgent, package_server, running_agent, workdir_zip
@@ -198,3 +202,137 @@ async def test_concurrent_creates_of_one_string_each_count() -> None:
         assert count(ra, text) == 8
         assert [s.ref_cnt for s in front.info().states] == [8]
         assert server.gets["wd.zip"] == 1
+
+
+async def test_a_delete_during_the_create_of_its_string_is_counted_and_nothing_is_left() -> None:
+    """As the raylet does when a job ends: the delete arrives while the create installs."""
+    async with package_server() as server, running_agent() as ra:
+        url = server.add("wd.zip", workdir_zip({"a.py": ""}))
+        gate = server.hold("wd.zip")
+        text = SPACED % url
+        front = front_of(ra)
+        creating = asyncio.create_task(front.get_or_create(text))
+        try:
+            await asyncio.wait_for(server.requested("wd.zip").wait(), 10)
+            assert front.in_flight() == 1
+            deleted = await front.delete(text)
+            assert deleted.ok, deleted.error
+            front.check_invariants()
+            assert not (await front.delete(text)).ok  # the count is 0 now
+        finally:
+            gate.set()
+        assert (await asyncio.wait_for(creating, 30)).ok
+        assert count(ra, text) == 0
+        assert front.references() == 0
+        assert front.info().states == ()
+        front.check_invariants()
+        ra.service.check_invariants()
+
+
+async def test_a_failed_create_after_a_delete_gives_back_no_more_than_it_took() -> None:
+    async with package_server() as server, running_agent() as ra:
+        url = server.add("wd.zip", workdir_zip({"a.py": ""}), statuses=[404])
+        gate = server.hold("wd.zip")
+        text = SPACED % url
+        front = front_of(ra)
+        creating = asyncio.create_task(front.get_or_create(text))
+        try:
+            await asyncio.wait_for(server.requested("wd.zip").wait(), 10)
+            assert (await front.delete(text)).ok
+        finally:
+            gate.set()
+        assert not (await asyncio.wait_for(creating, 30)).ok
+        assert front.in_flight() == 0
+        front.check_invariants()
+        assert [s.success for s in front.info().states] == [False]
+
+
+async def test_delete_is_by_the_env_id_and_a_service_error_is_a_failed_reply(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with running_agent() as ra:
+        front = front_of(ra)
+        text = '{"env_vars": {"B": "2"}}'
+        assert (await front.get_or_create(text)).ok
+        calls: list[tuple[str, str, str]] = []
+
+        async def refusing(env_id: str, serialized: str, request_id: str) -> int:
+            calls.append((env_id, serialized, request_id))
+            raise EnvNotFound("injected: no such env")
+
+        monkeypatch.setattr(ra.service, "delete", refusing)
+        reply = await front.delete(text)
+        assert not reply.ok
+        assert reply.error == "[rtenv-agent on node 10.0.0.7] injected: no such env"
+        assert calls == [(env_id(text), "", "")]
+        assert [s.ref_cnt for s in front.info().states] == [1]  # nothing changed
+        monkeypatch.undo()
+        assert (await front.delete(text)).ok
+        assert count(ra, text) == 0
+        front.check_invariants()
+
+
+async def test_a_context_that_cannot_be_built_is_a_bug_reply_and_leaks_no_reference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with running_agent() as ra:
+        front = front_of(ra)
+        text = '{"env_vars": {"C": "3"}}'
+
+        def broken(env_id: str) -> str:
+            raise RuntimeError("injected bug")
+
+        monkeypatch.setattr(front, "_context", broken)
+        reply = await front.get_or_create(text)
+        assert not reply.ok
+        assert "internal error in the agent" in reply.error
+        assert count(ra, text) == 0
+        assert front.references() == 0
+        front.check_invariants()
+
+
+async def test_one_env_under_too_many_spellings_is_refused_saying_the_limit() -> None:
+    async with running_agent() as ra:
+        front = front_of(ra)
+        spellings = ['{"env_vars":' + " " * i + '{"D": "4"}}' for i in range(MAX_STRINGS_PER_ENV)]
+        for text in spellings:
+            assert (await front.get_or_create(text)).ok
+        extra = '{"env_vars":' + " " * MAX_STRINGS_PER_ENV + '{"D": "4"}}'
+        reply = await front.get_or_create(extra)
+        assert not reply.ok
+        assert f"the limit is {MAX_STRINGS_PER_ENV}" in reply.error
+        assert count(ra, extra) == MAX_STRINGS_PER_ENV
+        assert (await front.get_or_create(spellings[0])).ok  # a known spelling still counts
+        front.check_invariants()
+
+
+async def test_held_strings_are_bounded_in_bytes_and_info_in_reply_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with running_agent() as ra:
+        front = front_of(ra)
+        texts = [json.dumps({"env_vars": {"N": str(i) * 40}}) for i in range(3)]
+        monkeypatch.setattr(ray_front, "MAX_HELD_BYTES", 2 * len(texts[0]))
+        assert (await front.get_or_create(texts[0])).ok
+        assert (await front.get_or_create(texts[1])).ok
+        reply = await front.get_or_create(texts[2])
+        assert not reply.ok
+        assert f"the limit is {2 * len(texts[0])}" in reply.error
+        assert count(ra, texts[2]) == 0
+        monkeypatch.setattr(ray_front, "MAX_INFO_BYTES", len(texts[0]) + 10)
+        info = front.info()
+        assert [s.runtime_env for s in info.states] == texts[:1]
+        assert info.total == 2  # both held strings, the one left out too
+        front.check_invariants()
+
+
+async def test_the_job_id_is_kept_as_the_raylets_text_and_odd_bytes_are_escaped() -> None:
+    async with running_agent() as ra:
+        front = front_of(ra)
+        assert (await front.get_or_create('{"env_vars": {"E": "5"}}', job_id=b"02000000")).ok
+        assert (await front.get_or_create('{"env_vars": {"E": "6"}}', job_id=b"\x01a\xff")).ok
+        jobs = sorted(j for record in ra.service.records.values() for j in record.job_ids)
+        assert jobs == ["02000000", "\\x01a\\xff"]
+        reply = await front.get_or_create('{"env_vars": {"E": "7"}}', job_id=b"\x00" * 10_000)
+        assert not reply.ok
+        assert "the limit is" in reply.error

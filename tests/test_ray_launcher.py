@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shlex
 import shutil
@@ -21,7 +22,14 @@ from typing import Any
 
 import pytest
 
-from agent.ray import AGENT_FLAG, install, installed, swap_agent_command, uninstall
+from agent.ray import (
+    AGENT_FLAG,
+    agent_command_problem,
+    install,
+    installed,
+    swap_agent_command,
+    uninstall,
+)
 from tests.helpers import wait_until
 from tests.test_process import REPO, stop
 from tests.test_ray_agent_cli import DOOR_MERGED
@@ -78,7 +86,7 @@ def test_the_swap_names_this_agent_with_rays_flags_unchanged_and_leaves_the_rest
     argv = raylet_argv([sys.executable, "-u", RAY_MAIN, *ray_agent_flags()])
     swapped = swap_agent_command(argv)
     assert _agent_command(swapped) == [
-        sys.executable, "-u", "-P", "-m", "agent", "ray-agent", *ray_agent_flags(),
+        sys.executable, "-u", "-I", "-m", "agent", "ray-agent", *ray_agent_flags(),
     ]  # fmt: skip
     i = next(n for n, a in enumerate(argv) if a.startswith(AGENT_FLAG))
     assert swapped[:i] + swapped[i + 1 :] == argv[:i] + argv[i + 1 :]
@@ -101,6 +109,66 @@ def test_a_raylet_command_without_rays_agent_is_left_alone() -> None:
     argv = raylet_argv(["/opt/some/other/agent", "--x=1"])
     assert swap_agent_command(argv) == argv
     assert swap_agent_command(["gcs_server", "--log_dir=/x"]) == ["gcs_server", "--log_dir=/x"]
+
+
+def test_the_agents_command_ignores_a_users_own_agent_package_on_pythonpath(
+    tmp_path: Path,
+) -> None:
+    """The raylet passes PYTHONPATH on: an ``agent`` package there must not replace this one;
+    the agent still sees PYTHONPATH in its environment (for the workers' contexts)."""
+    fake = tmp_path / "agent"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "__main__.py").write_text("print('the user agent ran'); raise SystemExit(7)\n")
+    argv = raylet_argv([sys.executable, "-u", RAY_MAIN, *ray_agent_flags()])
+    ours = _agent_command(swap_agent_command(argv))[:6]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    probe = "import os, agent; print(agent.__file__); print(os.environ['PYTHONPATH'])"
+    shown = subprocess.run(
+        [*ours[:3], "-c", probe], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    where, pythonpath = shown.stdout.splitlines()
+    assert Path(where).resolve() == REPO / "agent" / "__init__.py"
+    assert pythonpath == str(tmp_path)
+    helped = subprocess.run(
+        [*ours, "--help"], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert "the user agent ran" not in helped.stdout
+    assert helped.returncode == 0, helped.stderr
+    assert "rtenv-agent ray-agent" in helped.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["raylet", "--node_id=1"], "has no --runtime_env_agent_command= flag"),
+        (raylet_argv(["/opt/other/agent.py", "--x=1"]), "names neither Ray's"),
+    ],
+)
+def test_a_raylet_command_the_swap_does_not_know_is_named_in_a_warning(
+    recorded: list[tuple[str, list[str]]],
+    caplog: pytest.LogCaptureFixture,
+    argv: list[str],
+    said: str,
+) -> None:
+    from ray._private import services
+
+    install()
+    with caplog.at_level(logging.WARNING, logger="agent.ray"):
+        services.start_ray_process(argv, "raylet", fate_share=False)
+    assert recorded == [("raylet", argv)]  # started as it is
+    (record,) = [r for r in caplog.records if r.name == "agent.ray"]
+    assert said in record.getMessage()
+    assert "not this one" in record.getMessage()
+
+
+def test_rays_own_agent_and_ours_are_no_problem() -> None:
+    argv = raylet_argv([sys.executable, "-u", RAY_MAIN, *ray_agent_flags()])
+    assert agent_command_problem(argv) is None
+    assert agent_command_problem(swap_agent_command(argv)) is None
 
 
 # -- install() on Ray's start_ray_process ----------------------------------------------------
@@ -244,7 +312,7 @@ async def test_rtenv_agent_ray_start_gives_the_raylet_this_agent_as_its_child() 
             cmd = _cmdline(pid)
             if cmd and cmd[0].endswith("/raylet"):
                 found["raylet"] = pid
-            if cmd[1:6] == ["-u", "-P", "-m", "agent", "ray-agent"]:
+            if cmd[1:6] == ["-u", "-I", "-m", "agent", "ray-agent"]:
                 found["agent"] = pid
         return "raylet" in found and "agent" in found
 
@@ -252,7 +320,7 @@ async def test_rtenv_agent_ray_start_gives_the_raylet_this_agent_as_its_child() 
         await wait_until(raylet_with_our_agent, timeout_s=60, what="a raylet and our agent")
         raylet_cmd = _cmdline(found["raylet"])
         agent_command = _agent_command(raylet_cmd)
-        assert agent_command[:6] == [sys.executable, "-u", "-P", "-m", "agent", "ray-agent"]
+        assert agent_command[:6] == [sys.executable, "-u", "-I", "-m", "agent", "ray-agent"]
         assert f"--temp-dir={temp}" in agent_command
         assert _ppid(found["agent"]) == found["raylet"]
         assert _cmdline(found["agent"]) == agent_command

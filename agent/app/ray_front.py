@@ -2,19 +2,29 @@
 
 Ray's raylet counts references per *serialized string*, as it sends it: the same env arrives
 with different spacing (a job's env and a task's env serialised by different code), and each
-string is deleted by itself. So this front keeps a count per string (``_held``), and each count
-is one reference on the service (one env id, shared with the gRPC door: the service's count is
-the sum of both doors' references). A delete of a string this front holds no count for is
-FAILED and changes nothing. ``source_process == "client_server"`` (Ray Client's server, which
-never deletes) installs but is not counted: its create gives its reference back at once, its
-delete does nothing.
+string is deleted by itself. So this front keeps, per string (``_strings``), what Ray believes
+(``count``: one more when a create *arrives*, one less when a delete arrives), the creates of it
+still in flight, and the service references it actually holds (``refs``, all on the env id the
+first finished create returned). As Ray's own agent does, a delete is counted at arrival, even
+while a create of that string is still installing (the raylet deletes a finished job's envs
+whether or not their creates have answered): it is FAILED, changing nothing, only if the count
+is 0; it releases a service reference only when ``refs > count``. A finished create adds its
+reference and releases at once while ``refs > count``; a failed or cancelled create gives its
+count back (never below ``refs``, hence never below 0). ``source_process == "client_server"``
+(Ray Client's server, which never deletes) installs but is not counted: its create gives its
+reference back at once, its delete does nothing.
+
+Bounds (a client chooses what it sends): at most ``MAX_STRINGS_PER_ENV`` spellings of one env id
+and ``MAX_HELD_BYTES`` of held strings; a create past either is FAILED saying the limit.
 
 Failures are replies, not exceptions: status FAILED with this agent's message, prefixed with
 which agent and node answered (Ray shows it to the user in ``RuntimeEnvSetupError``). An
-unexpected exception is a bug: logged with its traceback, answered FAILED saying so.
+unexpected exception is a bug: logged with its traceback, answered FAILED saying so (a
+cancellation still propagates, after giving back what it took).
 
-Info lists one state per string: each held string (its count, success, the time its first
-create took), then the recent failures of strings not held (bounded in number and bytes).
+Info lists one state per string: each counted string whose env is set up (its count, the time
+its first create took), then the recent failures of strings not held (bounded in number and
+bytes); the reply's strings are capped at ``MAX_INFO_BYTES`` (``total`` still counts the rest).
 ``creation_time_ms`` is, as in Ray's agent, how long the create took.
 """
 
@@ -28,6 +38,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from agent.app.records import MAX_JOB_ID_BYTES
 from agent.app.service import AgentService
 from agent.core.bounded import BoundedCache
 from agent.core.errors import AgentError, ErrorKind, cap_message, echo
@@ -36,6 +47,9 @@ from agent.core.ray_context import build_ray_context
 log = logging.getLogger(__name__)
 
 CLIENT_SERVER = "client_server"  # Ray's source_process that is never counted
+MAX_STRINGS_PER_ENV = 16  # spellings of one env id counted at once (the raylet sends 2-3)
+MAX_HELD_BYTES = 32 * 1024 * 1024  # the counted strings' text, all together
+MAX_INFO_BYTES = 8 * 1024 * 1024  # strings and messages in one info reply
 _MAX_FAILED = 100  # recent failures kept for info, per string
 _FAILED_BYTES = 4 * 1024 * 1024  # their strings and messages
 _CONTEXTS_KEPT = 4096  # serialized contexts remembered by env id
@@ -68,9 +82,15 @@ class RayInfo:
 
 
 @dataclass(slots=True)
-class _Held:
-    count: int  # >= 1: this front's references on the service for this string
-    creation_time_ms: int
+class _String:
+    """One serialized string's counts. Invariant: 0 <= refs <= count; count > 0 or in_flight
+    > 0 (else the string is forgotten); refs > 0 only once env_id is known."""
+
+    count: int = 0  # what Ray believes: creates arrived minus deletes arrived
+    in_flight: int = 0  # creates of this string not answered yet
+    refs: int = 0  # service references this front holds for the string, on env_id
+    env_id: str | None = None  # from the first finished create (the same for every create)
+    creation_time_ms: int = 0  # how long that create took
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +109,23 @@ class RayFront:
         *,
         node: str = "",
         node_pythonpath: str = "",
+        python_version: tuple[int, int] = (sys.version_info.major, sys.version_info.minor),
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """``python_version``: the version of ``settings.py_executable`` (the venvs' python:
+        their site-packages path names it)."""
         self.service = service
         self.prefix = f"[rtenv-agent on node {node}] " if node else "[rtenv-agent] "
+        self.python_version = python_version
         self._node_pythonpath = node_pythonpath
         self._clock = clock
-        # Invariant: every count >= 1; their sum is this front's references on the service.
-        self._held: dict[str, _Held] = {}
+        # Per string (see _String's invariant). The sum of refs over an env id's strings is at
+        # most the service's count for the env (the gRPC door holds the rest); each env id has
+        # at most MAX_STRINGS_PER_ENV strings (``_by_env``: exactly the strings whose env_id is
+        # known); ``_held_bytes`` is the length of all strings, at most MAX_HELD_BYTES.
+        self._strings: dict[str, _String] = {}
+        self._by_env: dict[str, set[str]] = {}
+        self._held_bytes = 0
         # Recent failures of strings not held, oldest first: at most _MAX_FAILED entries and
         # _FAILED_BYTES of their weight (``_failed_bytes``).
         self._failed: OrderedDict[str, _Failed] = OrderedDict()
@@ -115,38 +144,100 @@ class RayFront:
     ) -> RayReply:
         """One more count on ``serialized`` (none for ``client_server``), installing first
         what is missing. ``setup_timeout_seconds``: 0 = the agent's default, -1 = its max.
-        ``job_id`` (Ray's binary job id) and ``eager_install`` are kept for the service's info,
-        the job id as hex."""
+        ``job_id`` (Ray's job id, ASCII hex text as the raylet sends it) and ``eager_install``
+        are kept for the service's info."""
+        job = _job_text(job_id)
+        if source_process == CLIENT_SERVER:
+            return await self._uncounted(serialized, setup_timeout_seconds, job, eager_install)
+        entry = self._strings.get(serialized)
+        if entry is None:
+            if self._held_bytes + len(serialized) > MAX_HELD_BYTES:
+                return self._refused(
+                    f"this agent already counts {self._held_bytes} bytes of runtime env strings "
+                    f"from Ray; the limit is {MAX_HELD_BYTES} (delete some first)",
+                    ErrorKind.EXHAUSTED,
+                )
+            entry = self._strings[serialized] = _String()
+            self._held_bytes += len(serialized)
+        entry.count += 1  # at arrival, as Ray's agent counts: a delete may come before the end
+        entry.in_flight += 1
         started = self._clock()
         try:
-            created = await self.service.create(
-                serialized,
-                setup_timeout_seconds,
-                "",
-                job_id=job_id.hex(),
-                eager_install=eager_install,
+            env_id, context = await self._take(
+                serialized, setup_timeout_seconds, job, eager_install
             )
         except AgentError as exc:
-            elapsed = self._elapsed_ms(started)
-            if source_process != CLIENT_SERVER and serialized not in self._held:
-                self._remember_failure(serialized, exc.message, elapsed)
+            self._give_back(serialized, entry)
+            if serialized not in self._strings:
+                self._remember_failure(serialized, exc.message, self._elapsed_ms(started))
+            return RayReply(False, self._message(exc.message), kind=exc.kind)
+        except Exception:
+            self._give_back(serialized, entry)
+            log.exception("ray door: create failed unexpectedly")
+            return RayReply(False, self._message("internal error in the agent (see its log)"))
+        except BaseException:  # cancelled (the client went away): its count is given back
+            self._give_back(serialized, entry)
+            raise
+        # No await until the releases: the reference just taken is recorded in this step.
+        entry.in_flight -= 1
+        if entry.env_id is None:
+            strings = self._by_env.setdefault(env_id, set())
+            if len(strings) >= MAX_STRINGS_PER_ENV:
+                entry.count = max(entry.refs, entry.count - 1)
+                self._drop_if_idle(serialized, entry)
+                await self._release(env_id, 1)
+                return self._refused(
+                    f"runtime env {env_id} is already counted under {len(strings)} different "
+                    f"serialized strings; the limit is {MAX_STRINGS_PER_ENV} (Ray sends 2-3): "
+                    "delete some, or send one of those strings"
+                )
+            strings.add(serialized)
+            entry.env_id = env_id
+            entry.creation_time_ms = self._elapsed_ms(started)
+            self._forget_failure(serialized)
+        entry.refs += 1
+        excess = entry.refs - entry.count  # deletes that arrived while this create ran
+        if excess > 0:
+            entry.refs -= excess
+            self._drop_if_idle(serialized, entry)
+            await self._release(env_id, excess)
+        return RayReply(True, context=context)
+
+    async def _uncounted(
+        self, serialized: str, setup_timeout_seconds: int, job: str, eager_install: bool
+    ) -> RayReply:
+        """A create that installs and gives its reference back at once (``client_server``)."""
+        try:
+            env_id, context = await self._take(
+                serialized, setup_timeout_seconds, job, eager_install
+            )
+        except AgentError as exc:
             return RayReply(False, self._message(exc.message), kind=exc.kind)
         except Exception:
             log.exception("ray door: create failed unexpectedly")
             return RayReply(False, self._message("internal error in the agent (see its log)"))
-        # No await from here on: the service holds the reference just taken, so the record
-        # is there; the count is taken (or, for client_server, given back) in this same step.
-        context = self._context(created.env_id)
-        if source_process == CLIENT_SERVER:
-            await self.service.delete(created.env_id, "", "")
-            return RayReply(True, context=context)
-        held = self._held.get(serialized)
-        if held is None:
-            self._held[serialized] = _Held(1, self._elapsed_ms(started))
-            self._forget_failure(serialized)
-        else:
-            held.count += 1
+        await self._release(env_id, 1)
         return RayReply(True, context=context)
+
+    async def _take(
+        self, serialized: str, setup_timeout_seconds: int, job: str, eager_install: bool
+    ) -> tuple[str, str]:
+        """One service reference on the env and its serialized context; nothing taken when it
+        raises (a context that cannot be built gives the reference back)."""
+        created = await self.service.create(
+            serialized, setup_timeout_seconds, "", job_id=job, eager_install=eager_install
+        )
+        try:
+            return created.env_id, self._context(created.env_id)
+        except BaseException:
+            await self._release(created.env_id, 1)
+            raise
+
+    def _give_back(self, serialized: str, entry: _String) -> None:
+        """A create that took no reference: its count back (never below what is held)."""
+        entry.in_flight -= 1
+        entry.count = max(entry.refs, entry.count - 1)
+        self._drop_if_idle(serialized, entry)
 
     def _context(self, env_id: str) -> str:
         context = self._contexts.get(env_id)
@@ -156,8 +247,7 @@ class RayFront:
             context = json.dumps(
                 build_ray_context(
                     env, self.service.store.path_for, py_executable=settings.py_executable,
-                    node_pythonpath=self._node_pythonpath,
-                    python_version=(sys.version_info.major, sys.version_info.minor),
+                    node_pythonpath=self._node_pythonpath, python_version=self.python_version,
                 )
             )  # fmt: skip
             self._contexts.put(env_id, context, 2 * len(context) + 100)
@@ -165,57 +255,107 @@ class RayFront:
 
     # -- delete ----------------------------------------------------------------------------
     async def delete(self, serialized: str, *, source_process: str = "") -> RayReply:
-        """Give back one count of ``serialized``; FAILED, changing nothing, if none is held."""
+        """Give back one count of ``serialized`` (and a service reference, if it holds more
+        than the count left); FAILED, changing nothing, if the count is 0 or the service
+        refuses."""
         if source_process == CLIENT_SERVER:
             return RayReply(True)
-        held = self._held.get(serialized)
-        if held is None:
-            return RayReply(
-                False,
-                self._message(
-                    f"cannot delete runtime env {echo(serialized)}: it has no reference on this "
-                    "agent (never created here, or each create of this exact string was already "
-                    "deleted; references are counted per serialized string)"
-                ),
-                kind=ErrorKind.NOT_FOUND,
+        entry = self._strings.get(serialized)
+        if entry is None or entry.count == 0:
+            return self._refused(
+                f"cannot delete runtime env {echo(serialized)}: it has no reference on this "
+                "agent (never created here, or each create of this exact string was already "
+                "deleted; references are counted per serialized string)",
+                ErrorKind.NOT_FOUND,
             )
-        held.count -= 1
-        if held.count == 0:
-            del self._held[serialized]
-        try:
-            await self.service.delete("", serialized, "")
-        except BaseException:
-            # The service changed nothing: the count is given back as it was.
-            restored = self._held.setdefault(serialized, _Held(0, held.creation_time_ms))
-            restored.count += 1
-            raise
+        if entry.refs == entry.count:  # one reference more than the count will be
+            assert entry.env_id is not None, "a reference held with no env id"
+            try:
+                await self.service.delete(entry.env_id, "", "")
+            except AgentError as exc:  # the service changed nothing; neither does this
+                return RayReply(False, self._message(exc.message), kind=exc.kind)
+            entry.refs -= 1
+        entry.count -= 1
+        self._drop_if_idle(serialized, entry)
         return RayReply(True)
+
+    async def _release(self, env_id: str, n: int) -> None:
+        """Give ``n`` references on ``env_id`` back to the service (already taken off the
+        strings' ``refs``). The service holds them: a refusal is a bug, logged."""
+        for _ in range(n):
+            try:
+                await self.service.delete(env_id, "", "")
+            except AgentError:
+                log.exception("ray door: giving back a reference on %s failed", env_id)
+
+    def _drop_if_idle(self, serialized: str, entry: _String) -> None:
+        if entry.count or entry.in_flight:
+            return
+        assert entry.refs == 0, f"string {echo(serialized)} dropped holding {entry.refs}"
+        del self._strings[serialized]
+        self._held_bytes -= len(serialized)
+        if entry.env_id is not None:
+            strings = self._by_env[entry.env_id]
+            strings.discard(serialized)
+            if not strings:
+                del self._by_env[entry.env_id]
 
     # -- info ------------------------------------------------------------------------------
     def info(self, limit: int | None = None) -> RayInfo:
-        """One state per string: the held ones, then recent failures (newest first); at most
-        ``limit`` (None: all), never more than the ``max_info_envs`` setting."""
+        """One state per string: the counted ones set up, then recent failures (newest
+        first); at most ``limit`` (None: all), never more than the ``max_info_envs`` setting
+        nor MAX_INFO_BYTES of strings and messages. ``total`` counts them all."""
         cap = self.service.settings.max_info_envs
         most = cap if limit is None or limit < 0 else min(limit, cap)
         states: list[RayEnvState] = []
-        for text, held in self._held.items():
-            if len(states) >= most:
-                break
-            states.append(RayEnvState(text, held.count, True, None, held.creation_time_ms))
+        size = total = 0
+        for text, entry in self._strings.items():
+            if entry.env_id is None or entry.count == 0:
+                continue
+            total += 1
+            if len(states) < most and size + len(text) <= MAX_INFO_BYTES:
+                size += len(text)
+                states.append(RayEnvState(text, entry.count, True, None, entry.creation_time_ms))
         for text, failed in reversed(self._failed.items()):
-            if len(states) >= most:
-                break
-            states.append(RayEnvState(text, 0, False, failed.error, failed.creation_time_ms))
-        return RayInfo(tuple(states), len(self._held) + len(self._failed))
+            total += 1
+            weight = len(text) + len(failed.error)
+            if len(states) < most and size + weight <= MAX_INFO_BYTES:
+                size += weight
+                states.append(RayEnvState(text, 0, False, failed.error, failed.creation_time_ms))
+        return RayInfo(tuple(states), total)
 
     def references(self) -> int:
-        """This front's references on the service (the sum of its counts)."""
-        return sum(held.count for held in self._held.values())
+        """This front's references on the service (the sum of its strings' refs)."""
+        return sum(entry.refs for entry in self._strings.values())
+
+    def in_flight(self) -> int:
+        """Creates not answered yet."""
+        return sum(entry.in_flight for entry in self._strings.values())
 
     def check_invariants(self) -> None:
-        for text, held in self._held.items():
-            assert held.count >= 1, f"string {echo(text)} held with count {held.count}"
-            assert text not in self._failed, f"string {echo(text)} held and failed"
+        per_env: dict[str, int] = {}
+        known: dict[str, set[str]] = {}
+        for text, entry in self._strings.items():
+            shown = echo(text)
+            assert 0 <= entry.refs <= entry.count, f"string {shown}: {entry}"
+            assert entry.in_flight >= 0, f"string {shown}: {entry}"
+            assert entry.count > 0 or entry.in_flight > 0, f"string {shown} kept idle"
+            if entry.env_id is None:
+                assert entry.refs == 0, f"string {shown} holds references on no env id"
+                continue
+            assert text not in self._failed, f"string {shown} set up and failed"
+            per_env[entry.env_id] = per_env.get(entry.env_id, 0) + entry.refs
+            known.setdefault(entry.env_id, set()).add(text)
+        assert known == self._by_env, "strings by env id out of step"
+        for env_id, refs in per_env.items():
+            held = self.service.tables.env_count(env_id)
+            assert refs <= held, f"env {env_id}: {refs} references here, {held} in the service"
+            assert len(known[env_id]) <= MAX_STRINGS_PER_ENV, f"env {env_id}: too many strings"
+        held_bytes = sum(len(text) for text in self._strings)
+        assert held_bytes == self._held_bytes, (
+            f"strings weigh {held_bytes}, noted {self._held_bytes}"
+        )
+        assert held_bytes <= MAX_HELD_BYTES, f"strings weigh {held_bytes}"
         weight = sum(f.weight(t) for t, f in self._failed.items())
         assert weight == self._failed_bytes, f"failures weigh {weight}, noted {self._failed_bytes}"
         assert len(self._failed) <= _MAX_FAILED, f"{len(self._failed)} failures kept"
@@ -224,6 +364,9 @@ class RayFront:
     # -- helpers ---------------------------------------------------------------------------
     def _message(self, message: str) -> str:
         return cap_message(self.prefix + message)
+
+    def _refused(self, message: str, kind: ErrorKind = ErrorKind.INVALID) -> RayReply:
+        return RayReply(False, self._message(message), kind=kind)
 
     def _elapsed_ms(self, started: float) -> int:
         return max(0, round((self._clock() - started) * 1000))
@@ -244,3 +387,13 @@ class RayFront:
         failed = self._failed.pop(serialized, None)
         if failed is not None:
             self._failed_bytes -= failed.weight(serialized)
+
+
+def _job_text(job_id: bytes) -> str:
+    """Ray's job id as text: the raylet sends ASCII hex text; a byte that is not printable
+    ASCII is shown as ``\\xNN``. At most MAX_JOB_ID_BYTES + 1 bytes are looked at: a longer id
+    is still too long, and the service refuses it saying the limit."""
+    head = job_id[: MAX_JOB_ID_BYTES + 1]
+    if head.isascii() and head.decode("ascii").isprintable():
+        return head.decode("ascii")
+    return "".join(chr(b) if 0x20 <= b < 0x7F else f"\\x{b:02x}" for b in head)

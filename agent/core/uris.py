@@ -23,6 +23,8 @@ MAX_URI_CHARS = 4096
 _SHA256_FRAGMENT = re.compile(r"sha256=([0-9a-fA-F]{64})")
 _GCS_NAME = re.compile(r"[A-Za-z0-9._-]+")
 _WHEEL = ".whl"
+_ZIP = ".zip"
+_TARBALLS = (".tar.gz", ".tgz", ".tar")  # Ray uploads zips; a tarball is not one yet
 
 
 class UriKind(StrEnum):
@@ -92,6 +94,8 @@ def parse_uri(field_name: str, value: object) -> ParsedUri:
             f"supported schemes are {supported_schemes()}"
         )
     where = f"{field_name} {echo(value)}"
+    if scheme == "gcs":  # urlsplit drops an empty "#" or "?": read the text as written
+        _gcs_markers(value, where)
     path = check(parts, where)  # first: a scheme that takes no fragment says so
     if path.lower().endswith(_WHEEL):
         raise InvalidRuntimeEnv(_wheel_refusal(where, scheme))
@@ -144,6 +148,18 @@ def _http_path(parts: SplitResult, where: str) -> str:
     return parts.path
 
 
+def _gcs_markers(value: str, where: str) -> None:
+    """A gcs URI is the key the package is stored under: no fragment nor query, empty ones
+    included (``gcs://a.zip#`` is another key than ``gcs://a.zip``)."""
+    if "#" in value:
+        raise InvalidRuntimeEnv(
+            f"{where}: a gcs URI names a package the Ray driver uploaded, gcs://<name>; "
+            "it takes no fragment"
+        )
+    if "?" in value:
+        raise InvalidRuntimeEnv(f"{where}: a gcs URI takes no query (gcs://<name>)")
+
+
 def _gcs_name(parts: SplitResult, where: str) -> str:
     """A gcs URI names a package in the Ray cluster's GCS key-value store, as a Ray driver
     uploads it (``gcs://_ray_pkg_<hash>.zip``): a name, and nothing else; the name is its value.
@@ -169,12 +185,20 @@ def _gcs_name(parts: SplitResult, where: str) -> str:
         raise InvalidRuntimeEnv(
             f"{where}: a gcs URI takes no port (gcs://<name>): the GCS is the Ray node's own"
         )
+    lowered = name.lower()
+    if lowered.endswith(_WHEEL):
+        return name  # parse_uri refuses a wheel saying why, whatever its name holds ('+')
     if _GCS_NAME.fullmatch(name) is None:
         raise InvalidRuntimeEnv(
             f"{where}: a gcs package name is made of letters, digits, '.', '_' and '-' "
             "(as Ray names its uploads: _ray_pkg_<hash>.zip)"
         )
-    if not name.endswith(".zip") and not name.lower().endswith(_WHEEL):
+    if lowered.endswith(_TARBALLS):
+        raise InvalidRuntimeEnv(
+            f"{where}: a gcs tarball is not supported yet: a gcs package must be a zip "
+            "(gcs://<name>.zip, as Ray uploads a working_dir or a py_modules folder)"
+        )
+    if not lowered.endswith(_ZIP):
         raise InvalidRuntimeEnv(
             f"{where}: a gcs package must be a zip (gcs://<name>.zip, as Ray uploads a "
             "working_dir or a py_modules folder)"

@@ -14,7 +14,9 @@ compared in constant time.
 
 The door may be bound before the agent serves (Ray gives up on an agent whose port file has not
 appeared within about 15 s, and recovery of a large cache takes longer): ``front`` is then a
-future, and each request waits for it (at most ``ready_timeout_s``; then a 503 saying so).
+future, and each request waits for it (at most ``ready_timeout_s``, by default READY_WAIT_S;
+then a 503 saying so); ``waiting(app)`` is how many wait now. Once the front is there, a request
+goes straight on.
 """
 
 from __future__ import annotations
@@ -40,33 +42,61 @@ M = TypeVar("M", bound=Message)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _OCTETS = "application/octet-stream"
 _HEADERS = ("Authorization", "X-Ray-Authorization")  # Ray's middleware reads them in this order
+READY_WAIT_S = 30.0  # a request's wait for the agent to serve (Ray's client retries after it)
+
+
+class _Readiness:
+    """The front, or the future of it, and how many requests wait for it."""
+
+    def __init__(self, front: RayFront | asyncio.Future[RayFront], timeout_s: float) -> None:
+        self.front = front
+        self.timeout_s = timeout_s
+        self.waiting = 0
+
+    async def ready(self) -> RayFront:
+        front = self.front
+        if isinstance(front, RayFront):
+            return front
+        if front.done() and not front.cancelled() and front.exception() is None:
+            return front.result()  # the fast path: no timeout, no shield
+        self.waiting += 1
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await asyncio.shield(front)
+        except TimeoutError as exc:
+            raise web.HTTPServiceUnavailable(
+                text=f"the agent is still starting after {self.timeout_s:g}s; retry later\n"
+            ) from exc
+        except Exception as exc:  # the start failed: the agent is going away
+            raise web.HTTPServiceUnavailable(text="the agent failed to start\n") from exc
+        finally:
+            self.waiting -= 1
+
+
+_READINESS = web.AppKey("readiness", _Readiness)
+
+
+def waiting(app: web.Application) -> int:
+    """Requests at the Ray door ``app`` waiting for the agent to serve."""
+    return app[_READINESS].waiting
 
 
 def ray_app(
     front: RayFront | asyncio.Future[RayFront],
     *,
-    token: str | None,
+    token: str | bytes | None,
     max_body_bytes: int = 4 * 1024 * 1024,
-    ready_timeout_s: float = 60.0,
+    ready_timeout_s: float | None = None,
     metrics: Metrics | None = None,
 ) -> web.Application:
     """The Ray door's application (see the module docstring); with ``metrics``, each create and
     delete is counted by its outcome (rpc ``ray:<path>``)."""
-    middlewares = [] if token is None else [_require(Token(token.encode()))]
+    secret = token.encode() if isinstance(token, str) else token
+    middlewares = [] if secret is None else [_require(Token(secret))]
     app = web.Application(middlewares=middlewares, client_max_size=max_body_bytes)
-
-    async def ready() -> RayFront:
-        if isinstance(front, RayFront):
-            return front
-        try:
-            async with asyncio.timeout(ready_timeout_s):
-                return await asyncio.shield(front)
-        except TimeoutError as exc:
-            raise web.HTTPServiceUnavailable(
-                text=f"the agent is still starting after {ready_timeout_s:g}s; retry later\n"
-            ) from exc
-        except Exception as exc:  # the start failed: the agent is going away
-            raise web.HTTPServiceUnavailable(text="the agent failed to start\n") from exc
+    readiness = _Readiness(front, READY_WAIT_S if ready_timeout_s is None else ready_timeout_s)
+    app[_READINESS] = readiness
+    ready = readiness.ready
 
     def count(rpc: str, reply: RayReply) -> None:
         if metrics is not None:

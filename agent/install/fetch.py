@@ -133,7 +133,9 @@ class Fetcher:
             else GcsKvClient(
                 gcs,
                 max_value_bytes=limits.max_download_bytes,
-                timeout_s=limits.connect_timeout_s + limits.read_timeout_s,
+                # no deadline of its own: one reply is the whole package (GBs may take
+                # minutes); the create's setup timeout bounds the install and cancels the call
+                timeout_s=None,
                 reconnect_s=(limits.backoff_initial_s, limits.backoff_max_s),  # as its retries
             )
         )
@@ -228,10 +230,7 @@ class Fetcher:
 
         value = await self._retrying(
             once,
-            lambda attempts, exc: DownloadFailed(
-                f"{label}: the GCS at {client.config.address} is unavailable: no answer after "
-                f"{attempts} attempts ({exc}); is the Ray node's GCS running?"
-            ),
+            lambda attempts, exc: DownloadFailed(_gcs_failed(label, client, attempts, exc)),
             label,
         )
         out = await _opening(lambda: _create(dest), fd=int)
@@ -401,3 +400,18 @@ def _sha256_of(path: Path) -> str:
         while chunk := f.read(1024 * 1024):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def _gcs_failed(label: str, client: GcsKvClient, attempts: int, exc: _Transient) -> str:
+    """The last of a gcs:// fetch's failures: a call's deadline says so, not that the GCS is
+    down; anything else is a GCS that did not answer."""
+    cause = exc.__cause__
+    if isinstance(cause, GcsUnavailable) and cause.deadline_s is not None:
+        return (
+            f"{label}: the GCS at {client.config.address} did not send the package within the "
+            f"call's deadline of {cause.deadline_s:g}s, {attempts} times"
+        )
+    return (
+        f"{label}: the GCS at {client.config.address} is unavailable: no answer after "
+        f"{attempts} attempts ({exc}); is the Ray node's GCS running?"
+    )

@@ -23,6 +23,11 @@ the value; ``PackageNotFound`` for a key the GCS does not hold (Ray's NotFound, 
 empty value); ``PermissionDenied`` when the GCS refuses the caller (UNAUTHENTICATED,
 PERMISSION_DENIED: the wrong cluster id or token); ``PackageRejected`` for a reply over the
 limit; ``GcsUnavailable`` (transient) for the rest: no connection, a deadline, another status.
+
+A call has no deadline of its own by default (as Ray's agent reads a package): a package of GBs
+may take minutes, and the create's setup timeout already bounds the whole install (it cancels
+the call). A call made while the channel cannot connect fails at once (no wait for ready), so an
+unreachable GCS is still found out at the fetcher's pace.
 """
 
 from __future__ import annotations
@@ -88,7 +93,12 @@ class GcsConfig:
 
 class GcsUnavailable(Exception):
     """One call failed in a way worth another try (no connection, a deadline, an error status
-    other than those with a meaning here)."""
+    other than those with a meaning here). ``deadline_s``: the call's deadline, when it was what
+    ended the call."""
+
+    def __init__(self, message: str, *, deadline_s: float | None = None) -> None:
+        super().__init__(message)
+        self.deadline_s = deadline_s
 
 
 class GcsKvClient:
@@ -99,10 +109,11 @@ class GcsKvClient:
         config: GcsConfig,
         *,
         max_value_bytes: int,
-        timeout_s: float,
+        timeout_s: float | None = None,
         reconnect_s: tuple[float, float] = (1.0, 120.0),
     ) -> None:
-        """``timeout_s`` bounds one call; ``reconnect_s`` is the channel's reconnect backoff
+        """``timeout_s`` bounds one call (None: no deadline of its own; the caller's timeout,
+        the create's setup timeout, bounds it); ``reconnect_s`` is the channel's reconnect backoff
         (first, most): a call made while the channel waits to reconnect fails at once, so the
         fetcher's retries only see a GCS that came back if the channel tries again as often."""
         self.config = config
@@ -178,6 +189,12 @@ class GcsKvClient:
             return self._not_found(label)
         if code is grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
             return self._too_large(label)
+        if code is grpc.StatusCode.DEADLINE_EXCEEDED and self._timeout_s is not None:
+            return GcsUnavailable(
+                f"the package was not received within the call's deadline of "
+                f"{self._timeout_s:g}s ({echo(details)})",
+                deadline_s=self._timeout_s,
+            )
         return GcsUnavailable(f"{code.name}: {echo(details)}")
 
     def _not_found(self, label: str) -> PackageNotFound:

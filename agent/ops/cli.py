@@ -144,7 +144,8 @@ def format_info(reply: agent_pb2.GetRuntimeEnvsInfoReply) -> str:
 
 
 def _info(args: argparse.Namespace) -> int:
-    address = args.address or f"unix:{args.root.absolute() / 'agent.sock'}"
+    # --root: the rule ray-agent listens by (a root too long for AF_UNIX: the link's target)
+    address = args.address or ray_agent.info_address(args.root)
     try:
         address = check_address(address, allow_remote=True)
         token = read_token(args.token_file) if args.token_file else None
@@ -206,14 +207,19 @@ def _run(settings: Settings) -> int:
 
 def _ray_agent(argv: Sequence[str]) -> int:
     try:
-        settings = ray_agent.prepare(argv, os.environ)
-        return _run(settings)
+        prepared = ray_agent.prepare(argv, os.environ)
+        try:
+            return _run(prepared.settings)
+        finally:
+            prepared.cleanup()
     except ray_agent.Refused as exc:
         print(f"{ray_agent.PROG}: {exc}", file=sys.stderr)
         return 2
     except (AgentError, ValueError) as exc:
         print(f"{ray_agent.PROG}: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 2
+    finally:
+        logs.shutdown()  # the log's writer thread: what is queued is written
 
 
 def _ray(argv: Sequence[str]) -> int:

@@ -18,13 +18,19 @@ has two sorts of fields:
 
 from __future__ import annotations
 
+import atexit
+import copy
 import json
 import logging
+import logging.handlers
+import queue
 import sys
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
 from agent.core import logfields
+from agent.core.errors import echo
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
@@ -62,26 +68,88 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class _ToQueue(logging.handlers.QueueHandler):
+    """Hands a record to the writer thread as it is: its message made (the arguments may change
+    once the caller goes on), its ``exc_info`` kept for the formatter (the queue never leaves
+    the process, so nothing needs pickling)."""
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        record = copy.copy(record)
+        record.msg, record.args = record.getMessage(), None
+        return record
+
+
+# The writer thread of a threaded configure() while it runs; None otherwise. Guarded by _lock.
+_listener: logging.handlers.QueueListener | None = None
+_lock = threading.Lock()
+
+
 def configure(
     level: str,
     fmt: str,
     *,
     handler: logging.Handler | None = None,
     text_format: str | None = None,
+    threaded: bool = False,
 ) -> None:
     """Send the agent's logs to ``handler`` (default stderr; ``ray-agent`` passes Ray's rotated
     log file) at ``level`` in ``fmt`` ("text" or "json"); ``text_format`` replaces the text
-    format's line layout (a ``logging`` format string, as Ray's --logging-format)."""
+    format's line layout (a ``logging`` format string, as Ray's --logging-format: a bad one is
+    a ValueError here, not a failure on every line). ``threaded``: the handler writes in a
+    thread of its own (a file's writes and rotation never block the event loop); the writers
+    put records on a queue; ``shutdown()`` (also at exit) writes what is queued and stops it."""
     if fmt not in ("text", "json"):
         raise ValueError(f"log-format must be text or json, not {fmt!r}")
-    if handler is None:
-        handler = logging.StreamHandler(sys.stderr)
+    formatter: logging.Formatter
     if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-        handler.addFilter(BoundFields())
+        formatter = JsonFormatter()
     else:
         layout = text_format or "%(asctime)s %(levelname)s %(name)s: %(message)s"
-        handler.setFormatter(logging.Formatter(layout))
+        formatter = _text_formatter(layout)
+    if handler is None:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    shutdown()
+    front = handler
+    if threaded:
+        records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+        front = _ToQueue(records)
+        listener = logging.handlers.QueueListener(records, handler)
+        with _lock:
+            global _listener
+            _listener = listener
+        listener.start()
+        atexit.register(shutdown)
+    if fmt == "json":
+        front.addFilter(BoundFields())  # in the writer's context, where the fields are bound
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [front]
     root.setLevel(level.upper())
+
+
+def shutdown() -> None:
+    """Write the records queued for the writer thread, stop it and close its handler. Idempotent;
+    the root logger keeps its queue handler (a record logged after this is dropped)."""
+    global _listener
+    with _lock:
+        listener, _listener = _listener, None
+    if listener is None:
+        return
+    listener.stop()  # writes what is queued, then joins the thread
+    for handler in listener.handlers:
+        handler.flush()
+        handler.close()
+
+
+def _text_formatter(layout: str) -> logging.Formatter:
+    """A formatter for ``layout``, checked on a probe record: a field no record has, or a
+    malformed layout, is refused here with the layout named."""
+    try:
+        formatter = logging.Formatter(layout)
+        formatter.format(logging.makeLogRecord({"msg": "probe"}))
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise ValueError(
+            f"the logging format {echo(layout)} is not a Python logging format "
+            f"({type(exc).__name__}: {echo(str(exc))})"
+        ) from None
+    return formatter

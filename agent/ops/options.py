@@ -187,7 +187,8 @@ OPTIONS: tuple[Option, ...] = (
            "allow-remote)"),
     Option("ray-address", "ray", parse_ray_address,
            "HOST:PORT to serve Ray's runtime env agent protocol on, for clients of it other than "
-           "a raylet (off by default; loopback unless allow-remote)",
+           "a raylet (off by default; loopback unless allow-remote; with --token-file, it "
+           "requires that token too)",
            "a malformed address, a port in use, or a non-loopback host without allow-remote: "
            "refused at start"),
     Option("log-format", "log_format", _one_of("text", "json"), "text or json"),

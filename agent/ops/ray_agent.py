@@ -18,14 +18,22 @@ they are logged once) and turns them into the agent's ``Settings``:
 - ``allow_remote``: the door binds the node IP, as Ray's own agent does;
 - the root: ``$RTENV_ROOT``, else ``<runtime-env-dir>/rtenv`` (inside Ray's session: a new
   session starts an empty cache; set ``RTENV_ROOT`` to keep it);
-- the gRPC door on ``unix:<root>/agent.sock``, or a short path under the temp dir when that one
-  is too long for AF_UNIX (a Ray session path is long; the start never fails for it);
-- the parent: ``$RAY_RAYLET_PID`` (the raylet sets it), else the parent process: the agent exits
-  when the raylet dies;
+- the gRPC door on ``unix:<root>/agent.sock``, or, when that path is too long for AF_UNIX (a Ray
+  session path is long; the start never fails for it), ``<temp-dir>/rtenv-<hash of the root>/
+  agent.sock`` in a folder of the agent's own (Ray's ``--temp-dir``; refused when someone else
+  made it or it is open to others; removed at exit by the agent that made it), with a link
+  ``<root>/agent.sock`` to it: ``rtenv-agent info --root`` follows the same rule
+  (``info_address``);
+- the parent: the process that started it, which is the raylet (as Ray's own agent, which counts
+  the raylet gone when its parent is; ``$RAY_RAYLET_PID`` naming another process is logged); the
+  agent exits when it dies, and refuses to start when it is already gone (parent pid 1);
 - logs to ``<log-dir>/<logging-filename>`` (Ray's ``runtime_env_agent.log`` by default) rotated at
-  Ray's size and count; to stderr when the file name is empty; stdout and stderr to
-  ``--stdout-filepath`` and ``--stderr-filepath`` when given (``ray logs`` and the dashboard read
-  them).
+  Ray's size and count, written by a thread of their own (never on the event loop); to stderr
+  when the file name is empty; stdout and stderr to ``--stdout-filepath`` and
+  ``--stderr-filepath`` when given (``ray logs`` and the dashboard read them).
+
+Not supported: Ray's TLS mode (``RAY_USE_TLS=1``): the agent reads gcs:// packages over a
+plain channel, so it refuses to start, saying so.
 
 This module never imports ``ray``: the raylet starts it with any python that has this agent.
 """
@@ -33,12 +41,13 @@ This module never imports ``ray``: the raylet starts it with any python that has
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import logging
 import logging.handlers
 import os
+import stat
 import sys
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -46,6 +55,7 @@ from typing import NoReturn
 
 from agent.app.config import RaySettings, Settings
 from agent.core.errors import ConfigError, echo
+from agent.install.gcs_source import GcsConfig
 from agent.ops import logs, options
 from agent.ops.startup import MAX_UNIX_PATH_BYTES
 
@@ -57,6 +67,8 @@ PROG = "rtenv-agent ray-agent"
 # raylet reads it (and gives up after about 15 s).
 PORT_FILE_PREFIX = "runtime_env_agent_port_"
 DEFAULT_LOG_FILENAME = "runtime_env_agent.log"  # Ray's RUNTIME_ENV_AGENT_LOG_FILENAME
+SOCKET_NAME = "agent.sock"  # in the root, as serve's default address
+SHORT_BASE = "/tmp"  # when even Ray's temp dir is too long for a socket path
 DEFAULT_TOKEN_FILE = Path(".ray") / "auth_token"  # under the home folder, as Ray looks for it
 MAX_TOKEN_FILE_BYTES = 64 * 1024  # a token file is one line; more is not a token file
 _RAY_LEVELS = {"DEBUG": "DEBUG", "INFO": "INFO", "WARNING": "WARNING", "WARN": "WARNING",
@@ -158,67 +170,133 @@ def parse_flags(argv: Sequence[str]) -> RayFlags:
         raise Refused("--node-ip-address is empty")
     if not args.node_id or "/" in args.node_id or args.node_id in (".", ".."):
         raise Refused(f"--node-id {echo(args.node_id)} cannot name a file in the session dir")
+    name = args.logging_filename
+    if "/" in name or "\0" in name or name in (".", ".."):
+        raise Refused(
+            f"--logging-filename {echo(name)} must be a file name in --log-dir, with no path"
+        )
+    if not args.gcs_address:
+        raise Refused("--gcs-address is empty; Ray passes its GCS's HOST:PORT")
+    try:  # what would fail at the first gcs:// package fails now, before anything binds
+        GcsConfig(args.gcs_address, args.cluster_id_hex)
+    except ConfigError as exc:
+        raise Refused(f"--gcs-address/--cluster-id-hex: {exc.message}") from None
     args.logging_level = args.logging_level or ""
     return RayFlags(**vars(args), unknown=tuple(unknown))
 
 
-def ray_token(environ: Mapping[str, str], home: Path, read: Callable[[Path], str]) -> str | None:
+def ray_token(
+    environ: Mapping[str, str], home: Callable[[], Path], read: Callable[[Path], str]
+) -> str | None:
     """Ray's auth token when its token auth is on (RAY_AUTH_MODE=token): RAY_AUTH_TOKEN, else
-    the file at RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token; stripped. None when auth is off."""
+    the file at RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token (``home()`` is asked only then: a
+    process with no HOME and no passwd entry has none); stripped. None when auth is off."""
     if environ.get("RAY_AUTH_MODE", "").strip().lower() != "token":
         return None
     token = environ.get("RAY_AUTH_TOKEN", "").strip()
     if token:
         return token
     named = environ.get("RAY_AUTH_TOKEN_PATH", "")
-    path = Path(named) if named else home / DEFAULT_TOKEN_FILE
-    where = "RAY_AUTH_TOKEN_PATH" if named else "the default token file"
+    if named:
+        path, where = Path(named), "RAY_AUTH_TOKEN_PATH"
+    else:
+        try:
+            path = home() / DEFAULT_TOKEN_FILE
+        except (RuntimeError, KeyError, OSError) as exc:
+            raise ConfigError(
+                "RAY_AUTH_MODE=token but no token: RAY_AUTH_TOKEN and RAY_AUTH_TOKEN_PATH are "
+                f"not set and there is no home folder for ~/.ray/auth_token ({echo(str(exc))}); "
+                "set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"
+            ) from None
+        where = "the default token file"
     try:
         token = read(path).strip()
     except FileNotFoundError:
         raise ConfigError(
-            f"RAY_AUTH_MODE=token but no token: RAY_AUTH_TOKEN is not set and {path} ({where}) "
-            "does not exist; set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"
+            f"RAY_AUTH_MODE=token but no token: RAY_AUTH_TOKEN is not set and {echo(str(path))} "
+            f"({where}) does not exist; set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"
         ) from None
     except (OSError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
-        raise ConfigError(f"cannot read Ray's token file {path} ({where}): {reason}") from exc
+        raise ConfigError(
+            f"cannot read Ray's token file {echo(str(path))} ({where}): {reason}"
+        ) from exc
     if not token:
-        raise ConfigError(f"Ray's token file {path} ({where}) is empty")
+        raise ConfigError(f"Ray's token file {echo(str(path))} ({where}) is empty")
     return token
 
 
-def _read_token_file(path: Path) -> str:
-    with path.open("rb") as f:
-        data = f.read(MAX_TOKEN_FILE_BYTES + 1)
+def read_token_file(path: Path) -> str:
+    """A token file's text: a regular file only (opened without blocking: a FIFO named there
+    would hang the start), read up to its bound."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"Ray's token file {echo(str(path))} is not a regular file")
+        with os.fdopen(fd, "rb") as f:
+            fd = -1  # the file object owns it now
+            data = f.read(MAX_TOKEN_FILE_BYTES + 1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
     if len(data) > MAX_TOKEN_FILE_BYTES:
-        raise ConfigError(f"{path} is over {MAX_TOKEN_FILE_BYTES} bytes: not a token file")
+        raise ConfigError(
+            f"{echo(str(path))} is over {MAX_TOKEN_FILE_BYTES} bytes: not a token file"
+        )
     return data.decode()
 
 
-def grpc_address(root: Path, temp_dir: str) -> str:
+def _fits(path: str) -> bool:
+    return len(os.fsencode(path)) <= MAX_UNIX_PATH_BYTES
+
+
+def grpc_address(root: Path, temp_dir: Path) -> str:
     """``unix:<root>/agent.sock``, or, when that path is over AF_UNIX's limit, a socket in a
-    folder of the agent's own under ``temp_dir`` (else /tmp) named by a hash of the root: one
-    root, one socket."""
-    path = os.path.abspath(root / "agent.sock")
-    if len(os.fsencode(path)) <= MAX_UNIX_PATH_BYTES:
+    folder of the agent's own under Ray's ``temp_dir`` (else /tmp) named by a hash of the root:
+    one root, one socket (``prepare`` links ``<root>/agent.sock`` to it)."""
+    path = os.path.abspath(root / SOCKET_NAME)
+    if _fits(path):
         return f"unix:{path}"
     digest = hashlib.sha256(os.fsencode(path)).hexdigest()[:16]
-    for base in (temp_dir, "/tmp"):
-        short = os.path.join(os.path.abspath(base), f"rtenv-{digest}", "agent.sock")
-        if len(os.fsencode(short)) <= MAX_UNIX_PATH_BYTES:
+    for base in (temp_dir, Path(SHORT_BASE)):
+        short = os.path.join(os.path.abspath(base), f"rtenv-{digest}", SOCKET_NAME)
+        if _fits(short):
             return f"unix:{short}"
-    return f"unix:/tmp/rtenv-{digest}/agent.sock"  # pragma: no cover - /tmp is short
+    return f"unix:{SHORT_BASE}/rtenv-{digest}/{SOCKET_NAME}"  # pragma: no cover - /tmp is short
 
 
-def parent_pid(environ: Mapping[str, str], getppid: Callable[[], int]) -> int:
-    """The raylet's pid: $RAY_RAYLET_PID (the raylet sets it), else our parent."""
+def info_address(root: Path) -> str:
+    """Where the agent of ``root`` listens, by the rule of ``grpc_address``: ``<root>/agent.sock``
+    when it fits AF_UNIX, else what that link (written by ``prepare``) points at."""
+    path = root.absolute() / SOCKET_NAME
+    if not _fits(str(path)):
+        with contextlib.suppress(OSError):
+            return f"unix:{os.readlink(path)}"
+    return f"unix:{path}"
+
+
+def parent_pid(getppid: Callable[[], int]) -> int:
+    """The raylet's pid: our parent, as Ray's own agent watches it. A parent of 1 means the
+    raylet that started us is already gone (we were handed to init)."""
+    pid = getppid()
+    if pid <= 1:
+        raise ConfigError(
+            "the raylet that started this agent is already gone (the agent's parent is pid "
+            f"{pid}); a raylet starts its agent itself"
+        )
+    return pid
+
+
+def raylet_pid_note(environ: Mapping[str, str], parent: int) -> str | None:
+    """What to log when $RAY_RAYLET_PID names another process than our parent (Ray's own agent
+    then counts the raylet gone; this one watches the parent)."""
     text = environ.get("RAY_RAYLET_PID", "").strip()
-    if not text:
-        return getppid()
-    if not text.isdigit() or int(text) <= 1:
-        raise ConfigError(f"RAY_RAYLET_PID {echo(text)} is not a process id")
-    return int(text)
+    if not text or text == str(parent):
+        return None
+    return (
+        f"RAY_RAYLET_PID {echo(text)} is not this agent's parent {parent}; watching the parent, "
+        "the process that started the agent"
+    )
 
 
 def settings_for(
@@ -226,10 +304,15 @@ def settings_for(
     environ: Mapping[str, str],
     read: Callable[[Path], str],
     *,
-    home: Path,
+    home: Callable[[], Path] = Path.home,
     getppid: Callable[[], int] = os.getppid,
 ) -> Settings:
     """The agent's settings: the options table (RTENV_*, the config file), Ray's flags on top."""
+    if environ.get("RAY_USE_TLS", "0").strip().lower() in ("1", "true"):  # as Ray reads it
+        raise ConfigError(
+            "RAY_USE_TLS is on: Ray's TLS mode is not supported by this agent (it reads gcs:// "
+            "packages over a plain channel); run Ray's own agent (plain ray start)"
+        )
     root = Path(environ["RTENV_ROOT"]) if environ.get("RTENV_ROOT") else flags.runtime_env_dir
     if not environ.get("RTENV_ROOT"):
         root = root / "rtenv"
@@ -239,18 +322,15 @@ def settings_for(
         host=flags.node_ip_address,
         port=flags.runtime_env_agent_port,
         port_file=flags.port_file,
-        token=ray_token(environ, home, _read_token_file),
+        token=ray_token(environ, home, read_token_file),
         gcs_address=flags.gcs_address,
         cluster_id_hex=flags.cluster_id_hex,
         node_id=flags.node_id,
     )
-    address = settings.address or grpc_address(settings.root, tempfile.gettempdir())
+    GcsConfig(ray.gcs_address, ray.cluster_id_hex, ray.token)  # a token gRPC cannot send
+    address = settings.address or grpc_address(settings.root, flags.temp_dir)
     settings = replace(
-        settings,
-        address=address,
-        allow_remote=True,
-        parent_pid=parent_pid(environ, getppid),
-        ray=ray,
+        settings, address=address, allow_remote=True, parent_pid=parent_pid(getppid), ray=ray
     )
     if flags.logging_level:
         settings = replace(settings, log_level=flags.logging_level)
@@ -266,7 +346,9 @@ def redirect_std(flags: RayFlags) -> None:
             Path(name).parent.mkdir(parents=True, exist_ok=True)
             target = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         except OSError as exc:
-            raise ConfigError(f"cannot open {name} for the agent's output: {exc.strerror}") from exc
+            raise ConfigError(
+                f"cannot open {echo(name)} for the agent's output: {exc.strerror}"
+            ) from exc
         try:
             (sys.stdout if fd == 1 else sys.stderr).flush()
             os.dup2(target, fd)
@@ -280,6 +362,8 @@ def log_handler(flags: RayFlags) -> logging.Handler:
         return logging.StreamHandler(sys.stderr)
     path = flags.log_dir / flags.logging_filename
     try:
+        if flags.log_dir.exists() and not flags.log_dir.is_dir():
+            raise ConfigError(f"--log-dir {echo(str(flags.log_dir))} is a file, not a folder")
         path.parent.mkdir(parents=True, exist_ok=True)
         return logging.handlers.RotatingFileHandler(
             path,
@@ -288,27 +372,108 @@ def log_handler(flags: RayFlags) -> logging.Handler:
             encoding="utf-8",
         )
     except OSError as exc:
-        raise ConfigError(f"cannot write the log file {path}: {exc.strerror}") from exc
+        raise ConfigError(f"cannot write the log file {echo(str(path))}: {exc.strerror}") from exc
 
 
-def prepare(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
-    """Parse, redirect the output, resolve the settings and set up logging, in that order (a
-    mistake after the redirect lands where Ray's user reads the agent's stderr). Raises Refused,
-    AgentError or ValueError for a mistake."""
+@dataclass
+class Prepared:
+    """The agent's settings, and what ``prepare`` made that the agent's exit removes."""
+
+    settings: Settings
+    made_folder: Path | None = None  # the socket's folder, when this agent made it
+    link: Path | None = None  # <root>/agent.sock, pointing at the short socket
+
+    def cleanup(self) -> None:
+        """After the agent stopped: its link, its socket and the folder it made (if empty)."""
+        address = self.settings.address.removeprefix("unix:")
+        if self.link is not None:
+            with contextlib.suppress(OSError):
+                if os.readlink(self.link) == address:
+                    self.link.unlink()
+        if self.made_folder is not None:
+            with contextlib.suppress(OSError):
+                if Path(address).is_socket():
+                    os.unlink(address)
+                self.made_folder.rmdir()
+
+
+def claim_socket_folder(folder: Path) -> bool:
+    """Make ``folder`` (mode 0700) for the agent's socket; True when made here. One that exists
+    is used only when it is a folder of this user's, mode 0700 (its name is predictable: someone
+    else's could hold their own socket)."""
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot make the socket folder {echo(str(folder))}: {exc.strerror or exc}"
+        ) from exc
+    else:
+        os.chmod(folder, 0o700)  # whatever the umask
+        return True
+    info = os.lstat(folder)
+    if (
+        not stat.S_ISDIR(info.st_mode)
+        or info.st_uid != os.geteuid()
+        or stat.S_IMODE(info.st_mode) != 0o700
+    ):
+        raise ConfigError(
+            f"the socket folder {echo(str(folder))} is not a folder of this user's with mode "
+            "0700 (someone else may have made it); remove it, or set RTENV_ADDRESS"
+        )
+    return False
+
+
+def _link(link: Path, target: str) -> None:
+    """``link`` -> ``target``, replacing what is there (a link of an earlier agent)."""
+    temp = link.with_name(f".{link.name}.{os.getpid()}.link")
+    try:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            temp.unlink()
+        os.symlink(target, temp)
+        os.replace(temp, link)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot link {echo(str(link))} to the agent's socket: {exc.strerror or exc}"
+        ) from exc
+
+
+def prepare(argv: Sequence[str], environ: Mapping[str, str]) -> Prepared:
+    """Parse, redirect the output, resolve the settings, set up logging (a thread writes the
+    log: ``logs.shutdown()`` at exit) and the short socket's folder, in that order (a mistake
+    after the redirect lands where Ray's user reads the agent's stderr). Raises Refused,
+    AgentError or ValueError for a mistake; ``Prepared.cleanup()`` after the agent stops."""
     flags = parse_flags(argv)
     redirect_std(flags)
-    settings = settings_for(flags, environ, lambda p: p.read_text(), home=Path.home())
+    # the home folder looked up when needed, not before: Path.home() raises without one
+    settings = settings_for(flags, environ, lambda p: p.read_text(), home=lambda: Path.home())
     text_format = flags.logging_format if settings.log_format == "text" else None
     logs.configure(
-        settings.log_level, settings.log_format, handler=log_handler(flags), text_format=text_format
-    )
+        settings.log_level, settings.log_format, handler=log_handler(flags),
+        text_format=text_format, threaded=True,
+    )  # fmt: skip
     if flags.unknown:
         log.warning(
             "ignoring flags this agent does not know: %s", echo(" ".join(flags.unknown), 500)
         )
+    if (note := raylet_pid_note(environ, settings.parent_pid or 0)) is not None:
+        log.warning("%s", note)
+    prepared = Prepared(settings)
+    default = f"unix:{os.path.abspath(settings.root / SOCKET_NAME)}"
+    short = grpc_address(settings.root, flags.temp_dir)
+    if settings.address == short != default:  # the root's own path is too long: ours
+        socket_path = Path(settings.address.removeprefix("unix:"))
+        if claim_socket_folder(socket_path.parent):
+            prepared.made_folder = socket_path.parent
+        link = settings.root / SOCKET_NAME
+        _link(link, str(socket_path))
+        prepared.link = link
     log.info(
         "Ray node %s: Ray door on %s:%d, port file %s, root %s, raylet pid %s",
         flags.node_id, flags.node_ip_address, flags.runtime_env_agent_port, flags.port_file,
         settings.root, settings.parent_pid,
     )  # fmt: skip
-    return settings
+    return prepared

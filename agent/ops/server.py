@@ -104,6 +104,7 @@ class Agent:
         self._before_recovery = before_recovery
         self.ray_address = ""  # the Ray door's bound HOST:PORT, when settings.ray is set
         self.ray_front: RayFront | None = None
+        self.ray_app: web.Application | None = None  # the Ray door (ray_http.waiting(app))
         self._ray_runner: web.AppRunner | None = None
         self._ray_ready: asyncio.Future[RayFront] | None = None
         self._port_file: Path | None = None  # the port file written by this agent, if any
@@ -119,10 +120,12 @@ class Agent:
             root = settings.root.resolve()
             check_root_free(root)
             probe_address(address)
+            secret = read_token(settings.token_file) if settings.token_file else None
             if settings.ray is not None:  # before any slow work: Ray waits ~15 s for the port
-                await self._open_ray_door(settings, settings.ray)
-            if settings.py_executable != sys.executable:
-                await asyncio.to_thread(check_python, settings.py_executable)
+                await self._open_ray_door(settings, settings.ray, secret)
+            python_version = (sys.version_info.major, sys.version_info.minor)
+            if settings.py_executable != sys.executable:  # the venvs' python: its version
+                python_version = await asyncio.to_thread(check_python, settings.py_executable)
             try:
                 make_folders(root, 0o755)  # every folder made, whatever the umask
                 self._lock_fd = lock_root(root)
@@ -139,7 +142,6 @@ class Agent:
                 self._db = StateDB(db_path)
                 await self._db.open()
             interceptors = []
-            secret = read_token(settings.token_file) if settings.token_file else None
             if secret is not None:
                 interceptors.append(TokenInterceptor(secret))
             self._session = aiohttp.ClientSession(trust_env=False)
@@ -201,6 +203,7 @@ class Agent:
                 self.ray_front = RayFront(
                     self.service, node=settings.ray.host if settings.ray else "",
                     node_pythonpath=os.environ.get("PYTHONPATH", ""),
+                    python_version=python_version,
                 )  # fmt: skip
                 self._ray_ready.set_result(self.ray_front)
         except BaseException:
@@ -226,19 +229,26 @@ class Agent:
                    "seconds": round(time.monotonic() - started, 3)},
         )  # fmt: skip
 
-    async def _open_ray_door(self, settings: Settings, ray: RaySettings) -> None:
-        """Bind the Ray door (requests wait for ``_ray_ready``) and write its port file."""
+    async def _open_ray_door(
+        self, settings: Settings, ray: RaySettings, secret: bytes | None
+    ) -> None:
+        """Bind the Ray door (requests wait for ``_ray_ready``) and write its port file. Its
+        token: Ray's (``ray.token``) when set, else the other doors' (``secret``)."""
         host = ray.host.strip("[]")
         shown = f"[{host}]" if ":" in host else host
         check_address(f"{shown}:{ray.port}", settings.allow_remote)
         if ray.token is not None and not ray.token.strip():
             raise StartupError("the Ray token is empty: Ray's token auth needs a token to check")
         self._ray_ready = asyncio.get_running_loop().create_future()
-        app = ray_app(
-            self._ray_ready, token=ray.token, max_body_bytes=settings.max_message_bytes,
-            ready_timeout_s=settings.max_setup_timeout_s, metrics=self.metrics,
+        self.ray_app = ray_app(
+            self._ray_ready, token=ray.token if ray.token is not None else secret,
+            max_body_bytes=settings.max_message_bytes, metrics=self.metrics,
         )  # fmt: skip
-        self._ray_runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        # handler_cancellation: a client gone (disconnected, timed out) cancels its create,
+        # which gives its count and its reference back.
+        self._ray_runner = web.AppRunner(
+            self.ray_app, access_log=None, shutdown_timeout=2.0, handler_cancellation=True
+        )
         await self._ray_runner.setup()
         try:
             await web.TCPSite(self._ray_runner, host, ray.port).start()
@@ -298,6 +308,9 @@ class Agent:
             return
         self.state = AgentState.STOPPING
         try:
+            if self._ray_runner is not None:  # first: no new Ray request during the grace
+                runner, self._ray_runner = self._ray_runner, None
+                await runner.cleanup()
             if self._health is not None:
                 await self._health.enter_graceful_shutdown()
             if self._server is not None:
@@ -376,9 +389,13 @@ def _remove_port_file(path: Path) -> None:
         path.unlink()
 
 
-async def serve(settings: Settings) -> int:
+async def serve(
+    settings: Settings, *, before_recovery: Callable[[], Awaitable[None]] | None = None
+) -> int:
     """Run the agent until SIGTERM, SIGINT or SIGHUP (each a graceful stop) or the parent's
-    death; return the exit code."""
+    death; return the exit code. Both are honoured while the agent starts too (the Ray door
+    listens before recovery, which may be long): the start is cancelled, and cleans up.
+    ``before_recovery``: as ``Agent``'s (a test's hook)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
 
@@ -388,30 +405,52 @@ async def serve(settings: Settings) -> int:
             os._exit(1)
         stop.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    for sig in signals:
         loop.add_signal_handler(sig, on_signal)
-    if settings.parent_pid is not None:
-        check_parent(settings.parent_pid)
-    notifier = Notifier.from_environment()  # systemd Type=notify, when NOTIFY_SOCKET is set
-    agent = Agent(settings)
-    await agent.start()
-    log.info("event loop: %s", describe_loop(loop))
-    print(f"rtenv-agent serving on {agent.address}", flush=True)
-    if agent.ray_address:
-        print(f"rtenv-agent serving Ray's protocol on {agent.ray_address}", flush=True)
-    notifier.send(f"READY=1\nSTATUS=serving on {agent.address}")
     watcher = None
-    if settings.parent_pid is not None:
-        watcher = asyncio.create_task(_watch_parent(settings.parent_pid, stop), name="parent")
     try:
+        if settings.parent_pid is not None:
+            check_parent(settings.parent_pid)
+            watcher = asyncio.create_task(_watch_parent(settings.parent_pid, stop), name="parent")
+        notifier = Notifier.from_environment()  # systemd Type=notify, when NOTIFY_SOCKET is set
+        agent = Agent(settings, before_recovery=before_recovery)
+        if not await _start_unless_stopped(agent, stop):
+            log.info("stopped while starting")
+            return 0
+        log.info("event loop: %s", describe_loop(loop))
+        print(f"rtenv-agent serving on {agent.address}", flush=True)
+        if agent.ray_address:
+            print(f"rtenv-agent serving Ray's protocol on {agent.ray_address}", flush=True)
+        notifier.send(f"READY=1\nSTATUS=serving on {agent.address}")
         await stop.wait()
         log.info("shutting down")
         notifier.send("STOPPING=1")
     finally:
         if watcher is not None:
             await _end(watcher)
+        for sig in signals:
+            loop.remove_signal_handler(sig)
     await agent.stop()
     return 0
+
+
+async def _start_unless_stopped(agent: Agent, stop: asyncio.Event) -> bool:
+    """Start ``agent``; False if ``stop`` was set first (the start cancelled, and waited for:
+    it releases what it took). The start's own error is raised."""
+    starting = asyncio.create_task(agent.start(), name="start")
+    stopped = asyncio.create_task(stop.wait(), name="stop-while-starting")
+    try:
+        await asyncio.wait([starting, stopped], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not starting.done():  # stopped first, or serve itself cancelled
+            starting.cancel()
+            await asyncio.wait([starting])
+    if starting.cancelled():
+        return False
+    starting.result()
+    return True
 
 
 async def _end(task: asyncio.Task[None]) -> None:

@@ -160,8 +160,9 @@ def check_parent(pid: int) -> None:
 PATH_SHOWN = 1024  # characters of a path named in a start-up error
 
 
-def check_python(python: str) -> None:
-    """The python workers start with must exist and run Python 3 (blocking: call in a thread)."""
+def check_python(python: str) -> tuple[int, int]:
+    """The python workers start with must exist and run Python 3: its (major, minor) version
+    (blocking: call in a thread)."""
     setting = f"python {quoted(python, PATH_SHOWN)} (the --python setting)"  # a path: whole
     if shutil.which(python) is None:
         raise StartupError(
@@ -169,18 +170,20 @@ def check_python(python: str) -> None:
         )
     try:
         ran = subprocess.run(
-            [python, "-c", "import sys; print(sys.version_info[0])"],
+            [python, "-c", "import sys; print(*sys.version_info[:2])"],
             stdin=subprocess.DEVNULL, capture_output=True, timeout=PYTHON_CHECK_S, check=False,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
         raise StartupError(f"{setting} did not answer within {PYTHON_CHECK_S:g}s") from None
     except OSError as exc:
         raise StartupError(f"{setting} does not run: {exc.strerror or exc}") from exc
-    if ran.returncode != 0 or ran.stdout.strip() != b"3":
+    version = ran.stdout.split()
+    if ran.returncode != 0 or len(version) != 2 or version[0] != b"3" or not version[1].isdigit():
         said = (ran.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
         raise StartupError(
             f"{setting} does not run as Python 3 (exit {ran.returncode}: {quoted(said)})"
         )
+    return 3, int(version[1])
 
 
 def check_root_dirs(root: Path) -> None:

@@ -3,9 +3,10 @@
 ``install()`` wraps ``ray._private.services.start_ray_process`` in this process, so that a raylet
 started from here (``ray.init()`` starting a local cluster, ``ray.cluster_utils.Cluster``, or Ray's
 CLI run by ``rtenv-agent ray start ...``) gets ``--runtime_env_agent_command=`` naming
-``<this python> -u -m agent ray-agent <Ray's flags>`` instead of Ray's ``agent/main.py``. Ray's
-installed files are not changed; ``uninstall()`` restores Ray's function (Ray's own agent for
-the raylets started next), ``installed()`` tells.
+``<this python> -u -I -m agent ray-agent <Ray's flags>`` instead of Ray's ``agent/main.py``.
+Ray's installed files are not changed; ``uninstall()`` restores Ray's function (Ray's own agent for
+the raylets started next), ``installed()`` tells. A raylet command with no agent command this
+swap knows (a later Ray's, say) is started as it is, with a warning naming what it holds.
 
 This package may import ``ray`` (lazily: ``swap_agent_command`` is pure and needs no ray); the
 agent's server never imports this package (tests/test_layers.py).
@@ -13,6 +14,7 @@ agent's server never imports this package (tests/test_layers.py).
 
 from __future__ import annotations
 
+import logging
 import shlex
 import subprocess
 import sys
@@ -20,15 +22,27 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["AGENT_FLAG", "install", "installed", "swap_agent_command", "uninstall"]
+from agent.core.errors import echo
+
+__all__ = [
+    "AGENT_FLAG",
+    "agent_command_problem",
+    "install",
+    "installed",
+    "swap_agent_command",
+    "uninstall",
+]
 
 AGENT_FLAG = "--runtime_env_agent_command="  # the raylet's flag naming its agent's command
 RAY_AGENT_SCRIPT = ("runtime_env", "agent", "main.py")  # ray/_private/runtime_env/agent/main.py
-# -P: the raylet's working directory is not put on sys.path, so a user's own "agent" folder
-# there can never stand in for this package.
-OUR_AGENT = ("-P", "-m", "agent", "ray-agent")
+# -I (isolated): neither the raylet's working directory nor PYTHONPATH (which the raylet passes
+# on, and may hold a user's own "agent" package) nor the user site is on sys.path, so nothing of
+# the user's can stand in for this package. The agent still reads os.environ["PYTHONPATH"]: the
+# node's path that workers' contexts carry.
+OUR_AGENT = ("-I", "-m", "agent", "ray-agent")
 PROCESS_TYPE_RAYLET = "raylet"  # ray_constants.PROCESS_TYPE_RAYLET
 
+log = logging.getLogger(__name__)
 _lock = threading.Lock()
 # The function install() replaced, while installed; None otherwise.
 _original: Callable[..., Any] | None = None
@@ -42,6 +56,30 @@ def _agent_flags(command: Sequence[str]) -> list[str] | None:
         if tuple(word.replace("\\", "/").split("/")[-3:]) == RAY_AGENT_SCRIPT:
             return list(command[i + 1 :])
     return None
+
+
+def _ours(command: Sequence[str]) -> bool:
+    """Whether an agent command is already this agent's (the swap's own output)."""
+    return any(tuple(command[i : i + len(OUR_AGENT)]) == OUR_AGENT for i in range(len(command)))
+
+
+def agent_command_problem(raylet_argv: Sequence[str]) -> str | None:
+    """Why the swap cannot put this agent in a raylet's command (None: it can, or already did):
+    no ``--runtime_env_agent_command=``, or one naming neither Ray's main.py nor this agent."""
+    found = [a for a in raylet_argv if a.startswith(AGENT_FLAG)]
+    if not found:
+        return f"the raylet's command has no {AGENT_FLAG} flag"
+    for arg in found:
+        try:
+            command = shlex.split(arg.removeprefix(AGENT_FLAG))
+        except ValueError:
+            continue
+        if _agent_flags(command) is not None or _ours(command):
+            return None
+    return (
+        f"the raylet's {AGENT_FLAG} names neither Ray's {'/'.join(RAY_AGENT_SCRIPT)} nor this "
+        f"agent: {echo(found[0], 500)}"
+    )
 
 
 def swap_agent_command(raylet_argv: Sequence[str]) -> list[str]:
@@ -72,6 +110,11 @@ def install() -> None:
 
         def start_ray_process(command: list[str], process_type: str, *a: Any, **kw: Any) -> Any:
             if process_type == PROCESS_TYPE_RAYLET:
+                if (problem := agent_command_problem(command)) is not None:
+                    log.warning(
+                        "agent.ray: this raylet runs its own runtime env agent, not this one: "
+                        "%s (a Ray this launcher does not know?)", problem,
+                    )  # fmt: skip
                 command = swap_agent_command(command)
             return original(command, process_type, *a, **kw)
 
