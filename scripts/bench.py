@@ -8,7 +8,8 @@ Workloads (``--only NAME``, repeatable; the parts are in ``scripts/benchlib/``):
 - hot: cache-hit create+delete pairs through the real agent over its unix socket, at
   concurrency 1 (create latency) and 64 (pairs/s), against a bare grpc.aio server answering the
   same requests with the agent's own replies (same transport, sizes and client code); both
-  also on uvloop when it is installed.
+  also on uvloop when it is installed. The same agent's Ray door (Ray's HTTP protocol, the
+  same client loops) beside its gRPC door, when the checkout has one.
 - persistence: the hot workload with state.db and without it (--no-state-db).
 - cold-large: one create of an env whose working_dir is a ~60 MB zip (thousands of small files,
   a few large ones) over http from an empty cache, against a sequential aiohttp download +
@@ -26,6 +27,20 @@ Workloads (``--only NAME``, repeatable; the parts are in ``scripts/benchlib/``):
 - pip: 10 concurrent jobs with one requirement set (a shared venv built once by the agent)
   against one venv per job built at once by the same pip from the same offline wheels: wall
   time and disk bytes.
+
+The peer run, ``--peer ray`` (needs ray and smart_open): Ray 2.60's own runtime env agent, in a
+real Ray head node started for the run, next to this agent's Ray door (``serve --ray-address``),
+both spoken to in Ray's HTTP protocol by the same client code; every figure is a ratio to Ray's
+agent (``benchlib/peer.py``):
+
+- peer-hot: the hot workload over HTTP at concurrency 1 and 64, with each agent's CPU per
+  request; this agent's gRPC door beside them for context.
+- peer-cold-large, peer-stampede, peer-loop-blocking (GetRuntimeEnvsInfo during an install),
+  peer-churn (the same cache budget on both): as above, on each agent.
+- peer-e2e: a Ray node runs 500 tasks over 50 runtime envs sharing 5 http working_dir zips,
+  once with Ray's agent and once on this agent (its launcher): wall time, time to first task.
+
+``--check`` exits 1 when a goal of the run is missed (or a workload failed).
 
 The disk of a shared machine can be slow for minutes after mass deletions and the page cache
 drops idle files, so: each package is read through just before it is timed, file creation next
@@ -53,6 +68,15 @@ from benchlib.cold import bench_cold_large, bench_loop_blocking, bench_stampede
 from benchlib.config import SMOKE, Sizes, with_overrides
 from benchlib.figures import WorkloadResult, fmt, plot, plot_unavailable, table, write_json
 from benchlib.hot import bench_hot, bench_persistence
+from benchlib.peer import (
+    bench_peer_churn,
+    bench_peer_cold_large,
+    bench_peer_e2e,
+    bench_peer_hot,
+    bench_peer_loop_blocking,
+    bench_peer_stampede,
+    peer_unavailable,
+)
 from benchlib.pipenv import bench_pip
 from benchlib.procs import probe_file_creation, uvloop_available
 from benchlib.recovery import bench_recovery
@@ -73,6 +97,17 @@ WORKLOADS: dict[str, Workload] = {
     "pip": lambda work, sizes, shared: bench_pip(work, sizes),
 }
 
+# --peer ray: this agent next to Ray's own agent
+PEER_WORKLOADS: dict[str, Workload] = {
+    "peer-hot": bench_peer_hot,
+    "peer-cold-large": bench_peer_cold_large,
+    "peer-stampede": bench_peer_stampede,
+    "peer-loop-blocking": bench_peer_loop_blocking,
+    "peer-churn": bench_peer_churn,
+    "peer-e2e": bench_peer_e2e,
+}
+ALL_WORKLOADS = {**WORKLOADS, **PEER_WORKLOADS}
+
 
 async def run(args: argparse.Namespace, sizes: Sizes) -> int:
     base = Path(args.workdir) if args.workdir else Path(tempfile.gettempdir())
@@ -84,7 +119,8 @@ async def run(args: argparse.Namespace, sizes: Sizes) -> int:
     shared = Shared(work, sizes)
     started = time.monotonic()
     try:
-        for name in args.only or list(WORKLOADS):
+        default = list(PEER_WORKLOADS) if args.peer else list(WORKLOADS)
+        for name in args.only or default:
             folder = work / name
             folder.mkdir()
             rate = await asyncio.to_thread(probe_file_creation, folder / "probe")
@@ -96,7 +132,7 @@ async def run(args: argparse.Namespace, sizes: Sizes) -> int:
             )
             t0 = time.monotonic()
             try:
-                result = await WORKLOADS[name](folder, sizes, shared)
+                result = await ALL_WORKLOADS[name](folder, sizes, shared)
             except Exception:
                 failed.append(name)
                 print(f"[{name}] FAILED:\n{traceback.format_exc()}", flush=True)
@@ -123,6 +159,7 @@ async def run(args: argparse.Namespace, sizes: Sizes) -> int:
         "machine": _machine(),
         "seconds": elapsed,
         "smoke": args.smoke,
+        "peer": args.peer,
         "workdir": str(base),
         "uvloop_installed": uvloop_available(),
         "failed": failed,
@@ -139,6 +176,10 @@ async def run(args: argparse.Namespace, sizes: Sizes) -> int:
             print(problem, file=sys.stderr)
             return 2
         print(f"wrote {png}")
+    missed = [f for r in results for f in r.figures if f.goal is not None and not f.goal_met]
+    if args.check and missed:
+        print(f"--check: {len(missed)} goals missed", file=sys.stderr)
+        return 1
     return 1 if failed else 0
 
 
@@ -167,7 +208,15 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--only", action="append", choices=list(WORKLOADS), help="run this workload")
+    p.add_argument("--only", action="append", choices=list(ALL_WORKLOADS), help="run this workload")
+    p.add_argument(
+        "--peer",
+        choices=["ray"],
+        help="run the peer workloads: this agent next to Ray's own agent in a Ray node",
+    )
+    p.add_argument(
+        "--check", action="store_true", help="exit 1 when a goal is missed or a workload fails"
+    )
     p.add_argument("--out", default="bench-results.json", help="the JSON results file")
     p.add_argument(
         "--plot",
@@ -199,6 +248,10 @@ def _parser() -> argparse.ArgumentParser:
         ("--rss-seconds", "rss_time_limit_s", float),
         ("--worker-starts", "worker_starts", int),
         ("--worker-envs", "worker_envs", int),
+        ("--e2e-tasks", "e2e_tasks", int),
+        ("--e2e-envs", "e2e_envs", int),
+        ("--e2e-zips", "e2e_zips", int),
+        ("--e2e-rounds", "e2e_rounds", int),
     ):
         knobs.add_argument(flag, dest=name, type=kind, help=f"default {getattr(d, name)}")
     return p
@@ -209,6 +262,11 @@ def main() -> int:
     args = parser.parse_args()
     if args.plot is not None and (problem := plot_unavailable()):
         parser.error(problem)  # before the run, not after minutes of it; exit 2
+    peer_only = [name for name in args.only or [] if name in PEER_WORKLOADS]
+    if peer_only and not args.peer:
+        parser.error(f"--only {peer_only[0]} is a peer workload: add --peer ray")
+    if args.peer and (problem := peer_unavailable()):
+        parser.error(problem)
     sizes = with_overrides(SMOKE if args.smoke else Sizes(), vars(args))
     if args.no_uvloop:
         sizes = with_overrides(sizes, {"uvloop": False})

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import short_tempdir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,3 +98,43 @@ def test_plot_without_matplotlib_is_refused_before_the_run(base: Path) -> None:
     assert proc.stdout == "", "the benchmark started"
     assert not (base / "work").exists()
     assert not (base / "out.json").exists()
+
+
+async def test_the_ray_transport_runs_pairs_against_this_agents_ray_door(
+    base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The benchmark's Ray HTTP transport (``benchlib.ray_http``) against a real agent's Ray
+    door: pairs at concurrency 4 over one keep-alive session without an error, the held
+    reference shows in GetRuntimeEnvsInfo with its count, and a FAILED reply (a delete of a
+    string that holds no count) is a failed call, not a success."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    from benchlib import rpc
+    from benchlib.procs import AgentProcess
+    from benchlib.ray_http import RayHttpTarget
+
+    env = json.dumps({"env_vars": {"BENCH": "1"}})
+    async with (
+        AgentProcess(base / "root", ray_door=True) as agent,
+        RayHttpTarget(agent.ray_address, connections=4) as target,
+    ):
+        assert await target.create(env, 30) == env  # held: Ray gives references back by string
+        calls = await rpc.pairs(target, lambda i: env, 40, 4, deadline_s=time.monotonic() + 60)
+        assert (calls.pairs, calls.errors) == (40, 0), calls.error_sample
+        assert len(calls.create_s) == 40
+        info = await target.info(10, limit=None)
+        assert [(s.runtime_env, s.ref_cnt) for s in info.runtime_env_states] == [(env, 1)]
+        with pytest.raises(rpc.CallFailed, match="delete FAILED"):
+            await target.delete(json.dumps({"env_vars": {"BENCH": "2"}}), 10)
+
+
+def test_a_peer_workload_without_peer_ray_is_refused_before_the_run(base: Path) -> None:
+    """--only peer-hot without --peer ray: one usage error and exit 2, nothing started."""
+    args = [
+        sys.executable, "scripts/bench.py", "--only", "peer-hot",
+        "--out", str(base / "out.json"), "--workdir", str(base / "work"),
+    ]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=REPO, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "add --peer ray" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (base / "work").exists()

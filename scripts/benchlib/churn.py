@@ -37,7 +37,7 @@ def zipf_trace(n_keys: int, length: int, s: float, rng: random.Random) -> list[i
     return rng.choices(ranked, weights=weights, k=length)
 
 
-def _build(directory: Path, sizes: Sizes) -> dict[int, int]:
+def build_zips(directory: Path, sizes: Sizes) -> dict[int, int]:
     rng = random.Random(sizes.seed)
     lo, hi = sizes.churn_payload_bytes
     return {
@@ -99,7 +99,7 @@ async def _run(
 async def bench_churn(work: Path, sizes: Sizes, shared: Shared) -> WorkloadResult:
     result = WorkloadResult("churn")
     server = await shared.server()
-    sizes_by_key = await asyncio.to_thread(_build, shared.packages, sizes)
+    sizes_by_key = await asyncio.to_thread(build_zips, shared.packages, sizes)
     envs = [
         json.dumps({"py_modules": [f"{server.base_url}/churn{k}.zip"]})
         for k in range(sizes.churn_zips)

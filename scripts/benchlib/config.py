@@ -45,6 +45,12 @@ class Sizes:
     worker_envs: int = 20
     worker_concurrency: int = 8
     worker_rounds: int = 2
+    # peer-e2e (--peer ray): a Ray node runs tasks over runtime envs sharing working_dir zips
+    e2e_tasks: int = 500
+    e2e_envs: int = 50
+    e2e_zips: int = 5
+    e2e_cpus: int = 2
+    e2e_rounds: int = 2
     # pip
     pip_jobs: int = 10
     pip_payload_kib: int = 256
@@ -85,6 +91,10 @@ SMOKE = Sizes(
     worker_envs=3,
     worker_concurrency=4,
     worker_rounds=1,
+    e2e_tasks=20,
+    e2e_envs=4,
+    e2e_zips=2,
+    e2e_rounds=1,
     phase_timeout_s=40.0,
 )
 

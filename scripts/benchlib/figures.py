@@ -171,7 +171,8 @@ def fmt(x: float | None, digits: int = 3) -> str:
 
 
 def table(results: list[WorkloadResult]) -> str:
-    head = f"{'WORKLOAD':<14}{'METRIC (unit)':<62}{'VALUE':>11}{'BASELINE':>11}{'RATIO':>8}  GOAL"
+    w = max([14, *(len(r.name) + 1 for r in results)])  # the peer run's names are longer
+    head = f"{'WORKLOAD':<{w}}{'METRIC (unit)':<62}{'VALUE':>11}{'BASELINE':>11}{'RATIO':>8}  GOAL"
     lines = [head, "-" * len(head)]
     for result in results:
         for f in result.figures:
@@ -181,7 +182,7 @@ def table(results: list[WorkloadResult]) -> str:
                 goal = f"{f.goal.describe(f.unit)}: {'met' if f.goal_met else 'MISSED'}"
             metric = f"{f.metric} ({f.unit})"
             lines.append(
-                f"{result.name:<14}{metric:<62}{fmt(f.value):>11}{fmt(f.baseline):>11}"
+                f"{result.name:<{w}}{metric:<62}{fmt(f.value):>11}{fmt(f.baseline):>11}"
                 f"{ratio:>8}  {goal}"
             )
             lines.append(f"{'':<16}baseline: {f.baseline_name}")

@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import grpc
 
@@ -24,7 +26,14 @@ from benchlib import rpc
 from benchlib.config import Sizes
 from benchlib.figures import Goal, Measure, WorkloadResult, percentile
 from benchlib.packages import build_small_zip
-from benchlib.procs import AgentProcess, EchoProcess, ProcWatch, uvloop_available
+from benchlib.procs import (
+    AgentProcess,
+    EchoProcess,
+    ProcWatch,
+    ray_door_missing,
+    uvloop_available,
+)
+from benchlib.ray_http import RayHttpTarget
 from rtenv.v1 import agent_pb2
 
 HIGH = 64
@@ -41,8 +50,9 @@ class Served:
     """
 
     name: str
-    address: str
+    address: str  # unix:PATH or host:port (gRPC), HOST:PORT (Ray's HTTP protocol)
     pid: int
+    transport: Literal["grpc", "ray-http"] = "grpc"
     c1_create_s: list[float] = field(default_factory=list)
     c64_rates: list[float] = field(default_factory=list)
     c64_cpu_per_rpc_s: list[float] = field(default_factory=list)
@@ -73,17 +83,30 @@ class Served:
         return f"{self.name}: {rates} pairs/s, {cpu} us CPU/RPC"
 
 
+@asynccontextmanager
+async def connect(server: Served, concurrency: int) -> AsyncIterator[rpc.Target]:
+    """A client of ``server`` over its transport: a gRPC channel, or one keep-alive HTTP
+    session with as many connections as calls in flight."""
+    if server.transport == "grpc":
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            yield rpc.GrpcTarget(rpc.stub(channel))
+    else:
+        async with RayHttpTarget(server.address, connections=concurrency) as target:
+            yield target
+
+
 async def _phase(server: Served, env: str, pairs: int, concurrency: int, sizes: Sizes) -> None:
     deadline = time.monotonic() + sizes.phase_timeout_s
-    async with grpc.aio.insecure_channel(server.address) as channel:
-        stub = rpc.stub(channel)
+    async with connect(server, concurrency) as target:
         await rpc.pairs(
-            stub, lambda i: env, sizes.hot_warmup_pairs, concurrency, deadline_s=deadline
+            target, lambda i: env, sizes.hot_warmup_pairs, concurrency, deadline_s=deadline
         )
         watch = ProcWatch(server.pid)
         watch.start()
-        calls = await rpc.pairs(stub, lambda i: env, pairs, concurrency, deadline_s=deadline)
+        calls = await rpc.pairs(target, lambda i: env, pairs, concurrency, deadline_s=deadline)
         usage = watch.stop()
+        if calls.error_sample:
+            print(f"{server.name}: {calls.errors} errors, e.g. {calls.error_sample}", flush=True)
     rpcs = 2 * calls.pairs + calls.errors
     m = Measure(server.name, calls.wall_s, rpcs, [], usage.cpu_s, usage.peak_rss_bytes)
     m.errors = calls.errors
@@ -96,8 +119,10 @@ async def _phase(server: Served, env: str, pairs: int, concurrency: int, sizes: 
     server.measure.add(m)
 
 
-async def _rounds(servers: list[Served], env: str, sizes: Sizes, rounds: int) -> None:
-    for r in range(rounds):
+async def rounds(servers: list[Served], env: str, sizes: Sizes, count: int) -> None:
+    """``count`` rounds; in each, every server in turn (the order rotates) runs a phase at
+    concurrency 1 and one at ``HIGH``."""
+    for r in range(count):
         order = servers[r % len(servers) :] + servers[: r % len(servers)]
         for server in order:
             await _phase(server, env, sizes.hot_pairs_c1, 1, sizes)
@@ -124,7 +149,7 @@ async def _hold(address: str, env: str) -> tuple[dict[str, str], str]:
     return replies, held.runtime_env_id
 
 
-async def _hot_env(work: Path) -> str:
+async def hot_env(work: Path) -> str:
     pkg = work / "hot.zip"
     await asyncio.to_thread(build_small_zip, pkg, "hotmod", 1024, 7)
     return json.dumps({"py_modules": [f"file://{pkg}"], "env_vars": {"A": "1"}})
@@ -138,10 +163,12 @@ async def _cache(agent: AgentProcess, measure: Measure) -> None:
 
 async def bench_hot(work: Path, sizes: Sizes) -> WorkloadResult:
     result = WorkloadResult("hot")
-    env = await _hot_env(work)
+    env = await hot_env(work)
     with_uvloop = sizes.uvloop and uvloop_available()
     async with AsyncExitStack() as stack:
-        agent = await stack.enter_async_context(AgentProcess(work / "agent-root"))
+        agent = await stack.enter_async_context(
+            AgentProcess(work / "agent-root", ray_door=not ray_door_missing())
+        )
         replies, _ = await _hold(agent.address, env)
         replies_path = work / "replies.json"
         replies_path.write_text(json.dumps(replies))
@@ -163,7 +190,11 @@ async def bench_hot(work: Path, sizes: Sizes) -> WorkloadResult:
                 Served("echo on uvloop", uv.address, uv.pid),
                 Served("agent on uvloop", agent_uv.address, agent_uv.pid),
             ]
-        await _rounds(servers, env, sizes, sizes.hot_rounds)
+        door: Served | None = None
+        if agent.ray_address:  # the same agent process, through its Ray door
+            door = Served("agent, Ray door (HTTP)", agent.ray_address, agent.pid, "ray-http")
+            servers.append(door)
+        await rounds(servers, env, sizes, sizes.hot_rounds)
         await _cache(agent, servers[0].measure)
         if agent_uv is not None:
             await _cache(agent_uv, servers[3].measure)
@@ -210,12 +241,29 @@ async def bench_hot(work: Path, sizes: Sizes) -> WorkloadResult:
         )
     elif sizes.uvloop:
         result.notes.append("uvloop is not installed: only the default asyncio loop measured")
+    if door is not None:
+        grpc_door = "the same agent through its gRPC door"
+        result.figure(
+            f"Ray door (HTTP): pairs/s, concurrency {HIGH}", door.rate, a.rate, grpc_door,
+            "pairs/s",
+        )  # fmt: skip
+        result.figure(
+            f"Ray door (HTTP): CPU per request, c{HIGH}", door.cpu_ms_per_rpc,
+            a.cpu_ms_per_rpc, grpc_door, "ms",
+        )  # fmt: skip
+        result.figure("Ray door (HTTP): create p50, c1", door.p50_ms, a.p50_ms, grpc_door, "ms")
+        result.notes.append(
+            "Ray door: Ray's HTTP protocol (protobuf bodies) over one keep-alive aiohttp session "
+            "per phase, to the same agent process (serve --ray-address)"
+        )
+    else:
+        result.notes.append(f"{ray_door_missing()}: its Ray door was not measured")
     result.measures = [s.measure for s in servers]
-    _round_notes(result, servers, sizes)
+    round_notes(result, servers, sizes)
     return result
 
 
-def _round_notes(result: WorkloadResult, servers: list[Served], sizes: Sizes) -> None:
+def round_notes(result: WorkloadResult, servers: list[Served], sizes: Sizes) -> None:
     result.notes.append(
         f"{sizes.hot_rounds} interleaved rounds, each {sizes.hot_pairs_c1} pairs at c1 and "
         f"{sizes.hot_pairs_c64} at c{HIGH} per server after {sizes.hot_warmup_pairs} warm-up "
@@ -226,7 +274,7 @@ def _round_notes(result: WorkloadResult, servers: list[Served], sizes: Sizes) ->
 
 async def bench_persistence(work: Path, sizes: Sizes) -> WorkloadResult:
     result = WorkloadResult("persistence")
-    env = await _hot_env(work)
+    env = await hot_env(work)
     async with AsyncExitStack() as stack:
         with_db = await stack.enter_async_context(AgentProcess(work / "db-root"))
         no_db = await stack.enter_async_context(AgentProcess(work / "nodb-root", "--no-state-db"))
@@ -236,7 +284,7 @@ async def bench_persistence(work: Path, sizes: Sizes) -> WorkloadResult:
         ]
         for agent in (with_db, no_db):
             await _hold(agent.address, env)
-        await _rounds(servers, env, sizes, sizes.hot_rounds)
+        await rounds(servers, env, sizes, sizes.hot_rounds)
         for agent, server in zip((with_db, no_db), servers, strict=True):
             await _cache(agent, server.measure)
     d, n = servers
@@ -250,5 +298,5 @@ async def bench_persistence(work: Path, sizes: Sizes) -> WorkloadResult:
         f"server CPU per RPC, concurrency {HIGH}", d.cpu_ms_per_rpc, n.cpu_ms_per_rpc, base, "ms"
     )
     result.measures = [s.measure for s in servers]
-    _round_notes(result, servers, sizes)
+    round_notes(result, servers, sizes)
     return result

@@ -14,6 +14,7 @@ import importlib.util
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -24,6 +25,8 @@ from typing import Any, cast
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from benchlib.ray_http import wait_serving
 
 # gRPC waits a second before its first reconnect by default: that, not the server, would be timed
 FAST_RECONNECT = [
@@ -46,6 +49,21 @@ _UVLOOP_LAUNCH = (
 class BenchError(Exception):
     """A workload cannot go on (a child died, a baseline failed); the run reports it and goes
     on with the next workload."""
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now (bound to port 0 and read back)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def ray_door_missing() -> str:
+    """Why this checkout's agent has no Ray door to measure ("" if it has one)."""
+    if importlib.util.find_spec("agent.doors.ray_http") is None:
+        return "this agent has no Ray door in this checkout (agent.doors.ray_http)"
+    return ""
 
 
 def uvloop_available() -> bool:
@@ -228,11 +246,19 @@ async def wait_healthy(address: str, child: Child, timeout_s: float) -> None:
 
 class AgentProcess(Child):
     """``python -m agent serve`` on a root, on its unix socket; optionally on uvloop's loop
-    (a launcher installs uvloop's policy, then runs the agent's own CLI unchanged)."""
+    (a launcher installs uvloop's policy, then runs the agent's own CLI unchanged), and
+    optionally with its Ray door (Ray's HTTP protocol) on a free port of 127.0.0.1
+    (``ray_address``)."""
 
-    def __init__(self, root: Path, *extra: str, uvloop: bool = False) -> None:
+    def __init__(
+        self, root: Path, *extra: str, uvloop: bool = False, ray_door: bool = False
+    ) -> None:
         self.root = root
         self.address = short_address(root / "agent.sock")
+        self.ray_address = ""
+        if ray_door:
+            self.ray_address = f"127.0.0.1:{free_port()}"
+            extra = ("--ray-address", self.ray_address, *extra)
         launch = ["-c", _UVLOOP_LAUNCH] if uvloop else ["-m", "agent"]
         argv = [
             sys.executable, *launch, "serve", "--root", str(root), "--address", self.address,
@@ -246,6 +272,8 @@ class AgentProcess(Child):
         await self.spawn()
         try:
             await wait_healthy(self.address, self, 120.0)
+            if self.ray_address:
+                await wait_serving(self.ray_address, 60.0)
         except BaseException:
             await self.stop()
             raise

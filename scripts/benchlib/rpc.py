@@ -1,6 +1,12 @@
-"""The one client code the gRPC figures and their baselines go through: create+delete pairs at a
+"""The one client code every figure and its baseline go through: create+delete pairs at a
 concurrency, creates of many envs at once, and GetRuntimeEnvsInfo probes at a fixed period.
-Every loop is bounded by a count and a deadline."""
+Every loop is bounded by a count and a deadline.
+
+The calls go to a ``Target``: this agent's gRPC door (``GrpcTarget``, what a gRPC stub is
+wrapped in) or Ray's HTTP protocol (``benchlib.ray_http.RayHttpTarget``: this agent's Ray door
+or Ray's own agent), so the same loops measure every door and Ray's agent alike. A failed call
+raises ``CallFailed`` whatever the transport.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -19,6 +25,65 @@ CALL_TIMEOUT_S = 60.0
 
 def stub(channel: grpc.aio.Channel) -> agent_pb2_grpc.RuntimeEnvAgentStub:
     return agent_pb2_grpc.RuntimeEnvAgentStub(channel)  # type: ignore[no-untyped-call]
+
+
+class CallFailed(Exception):
+    """A call that got no good reply: a gRPC error, an HTTP error, a FAILED status."""
+
+
+class Target(Protocol):
+    """Where the calls go. ``create`` returns what ``delete`` gives the reference back with
+    (an env id over gRPC, the serialized env itself in Ray's protocol)."""
+
+    async def create(self, env: str, timeout_s: float) -> str: ...
+
+    async def delete(self, handle: str, timeout_s: float) -> None: ...
+
+    async def info(self, timeout_s: float) -> Any: ...
+
+
+class GrpcTarget:
+    """This agent's gRPC door, through a stub."""
+
+    def __init__(self, target: agent_pb2_grpc.RuntimeEnvAgentStub) -> None:
+        self.stub = target
+
+    async def create(self, env: str, timeout_s: float) -> str:
+        request = agent_pb2.CreateRuntimeEnvRequest(serialized_runtime_env=env)
+        try:
+            reply = await self.stub.CreateRuntimeEnv(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise CallFailed(_grpc_text(exc)) from exc
+        env_id: str = reply.runtime_env_id
+        return env_id
+
+    async def delete(self, handle: str, timeout_s: float) -> None:
+        request = agent_pb2.DeleteRuntimeEnvRequest(runtime_env_id=handle)
+        try:
+            await self.stub.DeleteRuntimeEnv(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise CallFailed(_grpc_text(exc)) from exc
+
+    async def info(self, timeout_s: float) -> agent_pb2.GetRuntimeEnvsInfoReply:
+        request = agent_pb2.GetRuntimeEnvsInfoRequest(limit=1)
+        try:
+            reply: agent_pb2.GetRuntimeEnvsInfoReply = await self.stub.GetRuntimeEnvsInfo(
+                request, timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise CallFailed(_grpc_text(exc)) from exc
+        return reply
+
+
+def _grpc_text(exc: grpc.aio.AioRpcError) -> str:
+    return f"{exc.code().name}: {exc.details()}"
+
+
+def as_target(target: Target | agent_pb2_grpc.RuntimeEnvAgentStub) -> Target:
+    """A gRPC stub is this agent's gRPC door; anything else is already a target."""
+    if isinstance(target, agent_pb2_grpc.RuntimeEnvAgentStub):
+        return GrpcTarget(target)
+    return target
 
 
 @dataclass
@@ -36,14 +101,14 @@ class Calls:
     def pairs(self) -> int:
         return len(self.delete_s)
 
-    def failed(self, exc: grpc.aio.AioRpcError) -> None:
+    def failed(self, exc: CallFailed) -> None:
         self.errors += 1
         if not self.error_sample:
-            self.error_sample = f"{exc.code().name}: {exc.details()}"
+            self.error_sample = str(exc)[:500]
 
 
 async def pairs(
-    target: agent_pb2_grpc.RuntimeEnvAgentStub,
+    target: Target | agent_pb2_grpc.RuntimeEnvAgentStub,
     envs: Callable[[int], str],
     count: int,
     concurrency: int,
@@ -55,6 +120,7 @@ async def pairs(
     deletes the id the create returned. Stops issuing at ``deadline_s`` (monotonic)."""
     calls = Calls()
     issued = 0
+    to = as_target(target)
 
     async def worker() -> None:
         nonlocal issued
@@ -63,21 +129,17 @@ async def pairs(
             issued += 1
             if on_issue is not None:
                 on_issue(i)
-            request = agent_pb2.CreateRuntimeEnvRequest(serialized_runtime_env=envs(i))
             t0 = time.perf_counter()
             try:
-                reply = await target.CreateRuntimeEnv(request, timeout=CALL_TIMEOUT_S)
-            except grpc.aio.AioRpcError as exc:
+                handle = await to.create(envs(i), CALL_TIMEOUT_S)
+            except CallFailed as exc:
                 calls.failed(exc)
                 continue
             t1 = time.perf_counter()
             calls.create_s.append(t1 - t0)
             try:
-                await target.DeleteRuntimeEnv(
-                    agent_pb2.DeleteRuntimeEnvRequest(runtime_env_id=reply.runtime_env_id),
-                    timeout=CALL_TIMEOUT_S,
-                )
-            except grpc.aio.AioRpcError as exc:
+                await to.delete(handle, CALL_TIMEOUT_S)
+            except CallFailed as exc:
                 calls.failed(exc)
                 continue
             calls.delete_s.append(time.perf_counter() - t1)
@@ -89,7 +151,7 @@ async def pairs(
 
 
 async def creates(
-    target: agent_pb2_grpc.RuntimeEnvAgentStub,
+    target: Target | agent_pb2_grpc.RuntimeEnvAgentStub,
     envs: Callable[[int], str],
     count: int,
     concurrency: int,
@@ -97,25 +159,25 @@ async def creates(
     deadline_s: float,
 ) -> tuple[Calls, list[str]]:
     """``count`` creates (no deletes), ``concurrency`` at a time, until ``deadline_s``; return
-    their latencies and the env ids, so the caller can give the references back."""
+    their latencies and the handles, so the caller can give the references back."""
     calls = Calls()
     ids: list[str] = []
     issued = 0
+    to = as_target(target)
 
     async def worker() -> None:
         nonlocal issued
         while issued < count and time.monotonic() < deadline_s:
             i = issued
             issued += 1
-            request = agent_pb2.CreateRuntimeEnvRequest(serialized_runtime_env=envs(i))
             t0 = time.perf_counter()
             try:
-                reply = await target.CreateRuntimeEnv(request, timeout=CALL_TIMEOUT_S * 10)
-            except grpc.aio.AioRpcError as exc:
+                handle = await to.create(envs(i), CALL_TIMEOUT_S * 10)
+            except CallFailed as exc:
                 calls.failed(exc)
                 continue
             calls.create_s.append(time.perf_counter() - t0)
-            ids.append(reply.runtime_env_id)
+            ids.append(handle)
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(min(concurrency, count))))
@@ -124,19 +186,19 @@ async def creates(
 
 
 async def probe_info(
-    target: agent_pb2_grpc.RuntimeEnvAgentStub,
+    target: Target | agent_pb2_grpc.RuntimeEnvAgentStub,
     period_s: float,
     *,
     until: asyncio.Future[Any] | None,
     max_calls: int,
     deadline_s: float,
-    on_reply: Callable[[agent_pb2.GetRuntimeEnvsInfoReply], None] | None = None,
+    on_reply: Callable[[Any], None] | None = None,
 ) -> Calls:
     """GetRuntimeEnvsInfo(limit=1) every ``period_s`` (the next call starts at its slot, or at
     once if the last one overran it) until ``until`` is done, ``max_calls`` or ``deadline_s``."""
     calls = Calls()
     started = time.perf_counter()
-    request = agent_pb2.GetRuntimeEnvsInfoRequest(limit=1)
+    to = as_target(target)
     for n in range(max_calls):
         if (until is not None and until.done()) or time.monotonic() >= deadline_s:
             break
@@ -146,8 +208,8 @@ async def probe_info(
             await asyncio.sleep(wait)
         t0 = time.perf_counter()
         try:
-            reply = await target.GetRuntimeEnvsInfo(request, timeout=10)
-        except grpc.aio.AioRpcError as exc:
+            reply = await to.info(10)
+        except CallFailed as exc:
             calls.failed(exc)
             continue
         calls.info_s.append(time.perf_counter() - t0)
