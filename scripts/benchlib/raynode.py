@@ -32,6 +32,7 @@ _PORT_FILE = "runtime_env_agent_port_"
 _AGENT_MARKS = ("runtime_env/agent/main.py", "ray::RuntimeEnvAgent", "ray-agent")
 # Token auth off, whatever ~/.ray holds (Ray turns it on when a token file exists): its cost is
 # not what is measured, and both agents are run alike
+NODE_IP = "127.0.0.2"  # a loopback address Ray keeps (it rewrites 127.0.0.1)
 NODE_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 RAY_CLI = "import sys; from ray.scripts.scripts import main; sys.exit(main())"
 OURS_CLI = "import sys; from agent.ops.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -99,17 +100,19 @@ class RayNode:
         self.agent_address = ""  # HOST:PORT of the runtime env agent's HTTP door
         self.agent_pid = 0
         self.raylet_pid = 0
-        self.node_ip = "127.0.0.1"
+        # Ray rewrites 127.0.0.1 to the machine's own address, but keeps any other loopback
+        # address: 127.0.0.2 keeps every byte of the run on loopback.
+        self.node_ip = NODE_IP
         self.start_s = 0.0
 
     def _argv(self) -> list[str]:
         port = free_port()
-        self.gcs_address = f"127.0.0.1:{port}"
+        self.gcs_address = f"{NODE_IP}:{port}"
         cli = OURS_CLI if self.ours else RAY_CLI
         head = [sys.executable, "-c", cli] + (["ray"] if self.ours else [])
         return [
             *head, "start", "--head", "--temp-dir", str(self.temp_dir), "--port", str(port),
-            "--node-ip-address", "127.0.0.1", "--include-dashboard=false",
+            "--node-ip-address", NODE_IP, "--include-dashboard=false",
             "--num-cpus", str(self.num_cpus), "--disable-usage-stats",
             "--object-store-memory", str(100 * 2**20),
             "--ray-client-server-port", str(free_port()),
@@ -193,7 +196,7 @@ class RayNode:
             if "raylet/raylet" in line.split(" ", 1)[0] and _names(line, mark):
                 self.raylet_pid = pid
                 found = re.search(r"--node_ip_address=(\S+)", line)
-                self.node_ip = found.group(1) if found else "127.0.0.1"
+                self.node_ip = found.group(1) if found else NODE_IP
                 break
         if not self.raylet_pid:
             return 0
