@@ -9,6 +9,7 @@ import asyncio
 import json
 import time
 
+import grpc
 import pytest
 
 from agent.app import ray_front
@@ -16,7 +17,7 @@ from agent.app.ray_front import MAX_STRINGS_PER_ENV, RayFront
 from agent.core.errors import EnvNotFound
 from agent.core.ray_context import RAY_CONTEXT_KEYS
 from agent.core.runtime_env import EnvLimits, parse_runtime_env
-from tests.helpers import RunningAgent, package_server, running_agent, workdir_zip
+from tests.helpers import RunningAgent, package_server, running_agent, wait_until, workdir_zip
 
 SPACED = '{"env_vars": {"A": "1"}, "working_dir": "%s"}'
 TIGHT = '{"env_vars":{"A":"1"},"working_dir":"%s"}'
@@ -247,6 +248,54 @@ async def test_a_failed_create_after_a_delete_gives_back_no_more_than_it_took() 
         assert [s.success for s in front.info().states] == [False]
 
 
+async def test_a_create_failing_after_an_earlier_one_was_deleted_leaves_nothing_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """C0 done, C1 of the same string in flight, a delete (of C0's count), then C1 fails: Ray
+    counts 0 now (it decrements on a failed create), so the reference C0 took goes back."""
+    async with running_agent() as ra:
+        front = front_of(ra)
+        text = '{"env_vars": {"C": "3"}}'
+        assert (await front.get_or_create(text)).ok
+        real_create = ra.service.create
+        gate = asyncio.Event()
+
+        async def failing_later(*args: object, **kwargs: object) -> object:
+            await gate.wait()
+            raise EnvNotFound("injected: the second create fails")
+
+        monkeypatch.setattr(ra.service, "create", failing_later)
+        second = asyncio.create_task(front.get_or_create(text))
+        await wait_until(lambda: front.in_flight() == 1, what="the second create in flight")
+        assert (await front.delete(text)).ok  # the raylet's delete of the first create
+        gate.set()
+        assert not (await asyncio.wait_for(second, 10)).ok
+        monkeypatch.setattr(ra.service, "create", real_create)
+        assert front.references() == 0
+        assert count(ra, text) == 0
+        assert front.info().states[0].success is False  # the failure shown, no count
+        front.check_invariants()
+        ra.service.check_invariants()
+
+
+async def test_the_grpc_door_cannot_drop_a_reference_the_ray_door_holds() -> None:
+    async with running_agent() as ra:
+        front = front_of(ra)
+        text = '{"env_vars": {"D": "4"}}'
+        assert (await front.get_or_create(text)).ok
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await ra.delete(env_id(text))
+        assert "held by Ray's raylet" in (refused.value.details() or "")
+        assert count(ra, text) == 1
+        front.check_invariants()
+        created = await ra.create(text)  # a gRPC reference of its own may be dropped
+        assert await ra.delete(created.runtime_env_id) == 1
+        assert (await front.delete(text)).ok
+        assert count(ra, text) == 0
+        front.check_invariants()
+        ra.service.check_invariants()
+
+
 async def test_delete_is_by_the_env_id_and_a_service_error_is_a_failed_reply(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -256,7 +305,9 @@ async def test_delete_is_by_the_env_id_and_a_service_error_is_a_failed_reply(
         assert (await front.get_or_create(text)).ok
         calls: list[tuple[str, str, str]] = []
 
-        async def refusing(env_id: str, serialized: str, request_id: str) -> int:
+        async def refusing(
+            env_id: str, serialized: str, request_id: str, *, holder: bool = False
+        ) -> int:
             calls.append((env_id, serialized, request_id))
             raise EnvNotFound("injected: no such env")
 

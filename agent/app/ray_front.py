@@ -10,7 +10,8 @@ while a create of that string is still installing (the raylet deletes a finished
 whether or not their creates have answered): it is FAILED, changing nothing, only if the count
 is 0; it releases a service reference only when ``refs > count``. A finished create adds its
 reference and releases at once while ``refs > count``; a failed or cancelled create gives its
-count back (never below ``refs``, hence never below 0). ``source_process == "client_server"``
+count back (never below 0), releasing a reference held beyond what is left, as Ray's agent
+decrements on a failed create. ``source_process == "client_server"``
 (Ray Client's server, which never deletes) installs but is not counted: its create gives its
 reference back at once, its delete does nothing.
 
@@ -131,6 +132,7 @@ class RayFront:
         self._failed: OrderedDict[str, _Failed] = OrderedDict()
         self._failed_bytes = 0
         self._contexts: BoundedCache[str, str] = BoundedCache(_CONTEXTS_KEPT, _CONTEXT_BYTES)
+        service.held_by_holder = self.refs_on  # the gRPC door cannot drop what Ray holds
 
     # -- create ----------------------------------------------------------------------------
     async def get_or_create(
@@ -167,16 +169,16 @@ class RayFront:
                 serialized, setup_timeout_seconds, job, eager_install
             )
         except AgentError as exc:
-            self._give_back(serialized, entry)
+            await self._give_back(serialized, entry)
             if serialized not in self._strings:
                 self._remember_failure(serialized, exc.message, self._elapsed_ms(started))
             return RayReply(False, self._message(exc.message), kind=exc.kind)
         except Exception:
-            self._give_back(serialized, entry)
+            await self._give_back(serialized, entry)
             log.exception("ray door: create failed unexpectedly")
             return RayReply(False, self._message("internal error in the agent (see its log)"))
         except BaseException:  # cancelled (the client went away): its count is given back
-            self._give_back(serialized, entry)
+            await self._give_back(serialized, entry)
             raise
         # No await until the releases: the reference just taken is recorded in this step.
         entry.in_flight -= 1
@@ -233,11 +235,21 @@ class RayFront:
             await self._release(created.env_id, 1)
             raise
 
-    def _give_back(self, serialized: str, entry: _String) -> None:
-        """A create that took no reference: its count back (never below what is held)."""
+    async def _give_back(self, serialized: str, entry: _String) -> None:
+        """A create that took no reference: its count back, as Ray's agent gives it back
+        (never below 0); a reference held beyond the count that is left (a delete arrived
+        while this create ran, and took the count of an earlier create) is released, so
+        nothing stays held that Ray no longer counts. The release does not suspend (the
+        service's delete has no await), so a cancelled create can give back too."""
         entry.in_flight -= 1
-        entry.count = max(entry.refs, entry.count - 1)
+        entry.count = max(0, entry.count - 1)
+        excess = entry.refs - entry.count
+        env_id = entry.env_id
+        if excess > 0:
+            entry.refs -= excess
         self._drop_if_idle(serialized, entry)
+        if excess > 0 and env_id is not None:
+            await self._release(env_id, excess)
 
     def _context(self, env_id: str) -> str:
         context = self._contexts.get(env_id)
@@ -271,7 +283,7 @@ class RayFront:
         if entry.refs == entry.count:  # one reference more than the count will be
             assert entry.env_id is not None, "a reference held with no env id"
             try:
-                await self.service.delete(entry.env_id, "", "")
+                await self.service.delete(entry.env_id, "", "", holder=True)
             except AgentError as exc:  # the service changed nothing; neither does this
                 return RayReply(False, self._message(exc.message), kind=exc.kind)
             entry.refs -= 1
@@ -284,7 +296,7 @@ class RayFront:
         strings' ``refs``). The service holds them: a refusal is a bug, logged."""
         for _ in range(n):
             try:
-                await self.service.delete(env_id, "", "")
+                await self.service.delete(env_id, "", "", holder=True)
             except AgentError:
                 log.exception("ray door: giving back a reference on %s failed", env_id)
 
@@ -323,6 +335,10 @@ class RayFront:
                 size += weight
                 states.append(RayEnvState(text, 0, False, failed.error, failed.creation_time_ms))
         return RayInfo(tuple(states), total)
+
+    def refs_on(self, env_id: str) -> int:
+        """The service references this front holds on ``env_id``."""
+        return sum(self._strings[text].refs for text in self._by_env.get(env_id, ()))
 
     def references(self) -> int:
         """This front's references on the service (the sum of its strings' refs)."""

@@ -53,6 +53,7 @@ from agent.core import logfields
 from agent.core.context import WorkerContext, build_context
 from agent.core.errors import (
     AgentError,
+    Conflict,
     EnvNotFound,
     InvalidRuntimeEnv,
     SetupTimeout,
@@ -106,6 +107,11 @@ class AgentService:
         self._failure_bytes = 0
         self._requests = RequestLog(settings.request_log_capacity)
         self._parses = ParseCache(settings.env, settings.allow_file_roots)
+        # References a holder of its own keeps on an env (the Ray door's, counted per string
+        # by ``RayFront``): a delete by anyone else may not drop the count below them, or that
+        # holder's later deletes would find nothing to give back (``delete(holder=True)`` is
+        # the holder's own).
+        self.held_by_holder: Callable[[str], int] = _none_held
 
     # -- create ----------------------------------------------------------------------------
     async def create(
@@ -236,8 +242,11 @@ class AgentService:
         return limit if chosen > limit else float(chosen)  # compared before float(): 10**400
 
     # -- delete ----------------------------------------------------------------------------
-    async def delete(self, env_id: str, serialized: str, request_id: str) -> int:
-        """Drop one reference of the env named by id or by its JSON; return what is left."""
+    async def delete(
+        self, env_id: str, serialized: str, request_id: str, *, holder: bool = False
+    ) -> int:
+        """Drop one reference of the env named by id or by its JSON; return what is left.
+        Only the holder (``holder=True``) drops the references ``held_by_holder`` counts."""
         if serialized:
             env_id = self._parses.parse(serialized).env_id
         if not env_id:
@@ -249,6 +258,12 @@ class AgentService:
             )
 
         async def op() -> int:
+            held = 0 if holder else self.held_by_holder(env_id)
+            if held and self.tables.env_count(env_id) <= held:
+                raise Conflict(
+                    f"runtime env {env_id}'s {held} remaining reference(s) are held by Ray's "
+                    "raylet through the Ray door; it deletes them itself as its workers exit"
+                )
             return self._delete(env_id)
 
         logfields.note(env_id=env_id)  # on this request's log lines from here on
@@ -356,6 +371,10 @@ class AgentService:
 
 
 _NO_CONTEXT = WorkerContext(env_vars={}, cwd="", py_executable="")
+
+
+def _none_held(env_id: str) -> int:
+    return 0
 
 
 async def _cancel_all(tasks: Sequence[asyncio.Future[Path]]) -> None:
