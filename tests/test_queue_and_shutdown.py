@@ -270,3 +270,35 @@ async def test_a_start_refused_after_binding_lets_the_port_go(base: Path) -> Non
     with socket.socket() as again:  # nobody listens there: the failed start's server let it go
         again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         again.bind(("127.0.0.1", grpc_port))
+
+
+async def test_one_sigterm_after_the_parents_death_is_not_a_second_signal(base: Path) -> None:
+    """The parent's death starts the graceful stop; one signal during it (Ctrl-C on the
+    parent's process group) is the first signal, not an order to exit at once."""
+    parent = await asyncio.create_subprocess_exec("sleep", "600")
+    async with package_server() as pkgs:
+        url = pkgs.add("held.zip", wd_zip({"h.txt": "h"}))
+        gate = pkgs.hold("held.zip")
+        try:
+            async with (
+                serving(
+                    base / "agent.log", "--root", str(base / "root"),
+                    "--parent-pid", str(parent.pid),
+                ) as agent,
+                grpc.aio.insecure_channel(agent.address) as channel,
+            ):  # fmt: skip
+                call = create_call(stub_for(channel), url)
+                await asyncio.wait_for(pkgs.requested("held.zip").wait(), 10)
+                parent.kill()
+                await parent.wait()
+                await wait_log(agent, "shutting down")  # the parent's death: the stop begins
+                agent.proc.send_signal(signal.SIGTERM)
+                code = await asyncio.wait_for(agent.proc.wait(), STOP_S)
+                assert code == 0, agent.log_text()
+                assert "second signal" not in agent.log_text()
+                call.cancel()
+        finally:
+            gate.set()
+            if parent.returncode is None:
+                parent.kill()
+                await parent.wait()

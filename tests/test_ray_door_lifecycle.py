@@ -157,3 +157,41 @@ async def test_serve_exits_when_the_parent_dies_while_the_start_is_held() -> Non
                 serving.cancel()
             await asyncio.wait([serving])
             shutil.rmtree(base, ignore_errors=True)
+
+
+async def test_a_start_cancelled_while_the_port_file_is_written_leaves_no_port_file(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The write runs in a thread a cancellation cannot stop: the close waits for it, then
+    removes the file, so no port file is left naming a port nobody serves."""
+    import threading
+
+    from agent.ops import server as server_module
+
+    writing, release, written = threading.Event(), threading.Event(), threading.Event()
+    real_write = server_module._write_port_file
+
+    def slow_write(path: Path, port: int) -> None:
+        writing.set()
+        release.wait(10)
+        real_write(path, port)
+        written.set()
+
+    monkeypatch.setattr(server_module, "_write_port_file", slow_write)
+    base = short_tempdir()
+    port_file = base / "runtime_env_agent_port_node"
+    agent = server_module.Agent(Settings(root=base / "root", ray=RaySettings(port_file=port_file)))
+    try:
+        starting = asyncio.create_task(agent.start())
+        await wait_until(writing.is_set, what="the port file's write begun")
+        starting.cancel()
+        await asyncio.sleep(0)  # the cancellation delivered while the thread still writes
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(starting, 10)
+        await wait_until(written.is_set, what="the writer thread done")
+        assert not port_file.exists()
+    finally:
+        release.set()
+        await agent.stop()
+        shutil.rmtree(base, ignore_errors=True)

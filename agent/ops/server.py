@@ -108,6 +108,7 @@ class Agent:
         self._ray_runner: web.AppRunner | None = None
         self._ray_ready: asyncio.Future[RayFront] | None = None
         self._port_file: Path | None = None  # the port file written by this agent, if any
+        self._port_write: asyncio.Future[None] | None = None  # its write, in a thread
 
     async def start(self) -> None:
         if self.state is not AgentState.NEW:
@@ -259,8 +260,13 @@ class Agent:
         port = self._ray_runner.addresses[0][1]
         self.ray_address = f"{shown}:{port}"
         if ray.port_file is not None:
-            await asyncio.to_thread(_write_port_file, ray.port_file, port)
+            # Noted before the write, and the write waited for at close: a start cancelled
+            # while the thread writes still has its file removed, never left naming a dead port.
             self._port_file = ray.port_file
+            self._port_write = asyncio.ensure_future(
+                asyncio.to_thread(_write_port_file, ray.port_file, port)
+            )
+            await asyncio.shield(self._port_write)
         log.info(
             "Ray door on http://%s (port file %s)", self.ray_address, ray.port_file,
             extra={"ray_address": self.ray_address},
@@ -329,7 +335,14 @@ class Agent:
         steps: list[Callable[[], Awaitable[None]]] = []
         if self._port_file is not None:
             port_file, self._port_file = self._port_file, None
-            steps.append(lambda: asyncio.to_thread(_remove_port_file, port_file))
+            writing, self._port_write = self._port_write, None
+
+            async def remove_port_file() -> None:
+                if writing is not None:
+                    await asyncio.wait([writing])  # the rename done (or failed) first
+                await asyncio.to_thread(_remove_port_file, port_file)
+
+            steps.append(remove_port_file)
         if self._ray_runner is not None:
             steps.append(self._ray_runner.cleanup)
         if self._metrics_runner is not None:
@@ -399,10 +412,14 @@ async def serve(
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
 
+    signalled = False  # a signal came (the parent's death also sets ``stop``: not a signal)
+
     def on_signal() -> None:
-        if stop.is_set():  # a second signal: the operator wants it gone now
+        nonlocal signalled
+        if signalled:  # a second signal: the operator wants it gone now
             log.warning("second signal: exiting at once")
             os._exit(1)
+        signalled = True
         stop.set()
 
     signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
