@@ -96,8 +96,9 @@ async def _run(
     return m, peak, over, final.cache
 
 
-async def bench_churn(work: Path, sizes: Sizes, shared: Shared) -> WorkloadResult:
-    result = WorkloadResult("churn")
+async def churn_inputs(sizes: Sizes, shared: Shared) -> tuple[dict[int, int], list[str], list[int]]:
+    """The churn workload's zips (built and served; their sizes by key), one env per zip, and
+    the Zipf trace of env indexes: the same for this agent's churn and the peer run's."""
     server = await shared.server()
     sizes_by_key = await asyncio.to_thread(build_zips, shared.packages, sizes)
     envs = [
@@ -107,6 +108,12 @@ async def bench_churn(work: Path, sizes: Sizes, shared: Shared) -> WorkloadResul
     trace = zipf_trace(
         sizes.churn_zips, sizes.churn_pairs, sizes.churn_zipf_s, random.Random(sizes.seed)
     )
+    return sizes_by_key, envs, trace
+
+
+async def bench_churn(work: Path, sizes: Sizes, shared: Shared) -> WorkloadResult:
+    result = WorkloadResult("churn")
+    sizes_by_key, envs, trace = await churn_inputs(sizes, shared)
     budget = sizes.churn_budget_bytes
     everything = sum(sizes_by_key.values())
     roomy, _, _, _ = await _run(work / "roomy", 4 * everything, trace, envs, sizes, shared)

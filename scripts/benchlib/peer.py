@@ -25,7 +25,6 @@ import asyncio
 import importlib.util
 import json
 import os
-import random
 import statistics
 import sys
 import time
@@ -35,7 +34,7 @@ from typing import Any
 
 from benchlib import rpc
 from benchlib.baselines import lru_simulation
-from benchlib.churn import build_zips, zipf_trace
+from benchlib.churn import churn_inputs
 from benchlib.config import Sizes
 from benchlib.figures import Goal, Measure, WorkloadResult, percentile
 from benchlib.hot import HIGH, Served, hot_env, round_notes, rounds
@@ -355,14 +354,7 @@ async def bench_peer_loop_blocking(work: Path, sizes: Sizes, shared: Shared) -> 
 async def bench_peer_churn(work: Path, sizes: Sizes, shared: Shared) -> WorkloadResult:
     result = WorkloadResult("peer-churn")
     server = await shared.server()
-    sizes_by_key = await asyncio.to_thread(build_zips, shared.packages, sizes)
-    envs = [
-        json.dumps({"py_modules": [f"{server.base_url}/churn{k}.zip"]})
-        for k in range(sizes.churn_zips)
-    ]
-    trace = zipf_trace(
-        sizes.churn_zips, sizes.churn_pairs, sizes.churn_zipf_s, random.Random(sizes.seed)
-    )
+    sizes_by_key, envs, trace = await churn_inputs(sizes, shared)
     budget = sizes.churn_budget_bytes
     measures: dict[str, Measure] = {}
     for which in _sides(result):
