@@ -271,7 +271,7 @@ async def test_start_up_log_says_the_event_loop_and_the_budget_in_binary_units(
     async with serving(base / "agent.log", "--root", str(base / "root")) as agent:
         await wait_health_serving(agent.address)
         log = agent.log_text()
-    loop_line = r"INFO agent\.ops\.server: event loop: (uvloop \S+|asyncio \(uvloop not in use)"
+    loop_line = r"INFO agent\.ops\.entry: event loop: (uvloop \S+|asyncio \(uvloop not in use)"
     assert re.search(loop_line, log), log
     assert "budget 10.0 GiB," in log, log
 

@@ -1,4 +1,4 @@
-"""``serve``'s parent watch (``agent.ops.server._watch_parent``), on real child processes: it
+"""``serve``'s parent watch (``agent.ops.entry._watch_parent``), on real child processes: it
 sets the stop event when the parent exits, and once ended (``_end``, as ``serve`` ends it) it
 leaves no pidfd open and no reader on the loop."""
 
@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
-from agent.ops.server import _end, _watch_parent
+from agent.ops.entry import _end, _watch_parent
 from tests.helpers import wait_until
 
 

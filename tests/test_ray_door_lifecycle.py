@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from agent.app.config import RaySettings, Settings
-from agent.ops.server import serve
+from agent.ops.entry import serve
 from agent.ops.startup import lock_root
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
 from tests.helpers import (

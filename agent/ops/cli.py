@@ -23,7 +23,7 @@ from agent.app.token import read_token
 from agent.core.errors import AgentError, echo_label
 from agent.core.units import human_bytes, parse_duration, plural
 from agent.ops import logs, options, ray_agent
-from agent.ops.server import serve
+from agent.ops.entry import serve
 from agent.ops.startup import check_address
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 

@@ -1,7 +1,7 @@
 """One running agent: the store, the service and the gRPC server around them, with its lifecycle.
 
-``Agent`` is used in-process by the integration tests and by ``serve`` (the CLI's process entry),
-which adds signals and the parent-death watch.
+``Agent`` is used in-process by the integration tests and by ``agent.ops.entry.serve`` (the
+CLI's process entry), which adds signals and the parent-death watch.
 
 With ``settings.ray``, the Ray door (``doors/ray_http.py``) is bound first, before the root is
 locked and before recovery (Ray's raylet gives up on an agent whose port file has not appeared
@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -45,10 +44,8 @@ from agent.doors.servicer import RuntimeEnvAgentServicer
 from agent.install.fetch import Fetcher, Sleep
 from agent.install.gcs_source import GcsConfig
 from agent.install.installers import InstallTools, build_installers
-from agent.ops.sdnotify import Notifier
 from agent.ops.startup import (
     check_address,
-    check_parent,
     check_python,
     check_root_dirs,
     check_root_free,
@@ -400,136 +397,3 @@ def _write_port_file(path: Path, port: int) -> None:
 def _remove_port_file(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
-
-
-async def serve(
-    settings: Settings, *, before_recovery: Callable[[], Awaitable[None]] | None = None
-) -> int:
-    """Run the agent until SIGTERM, SIGINT or SIGHUP (each a graceful stop) or the parent's
-    death; return the exit code. Both are honoured while the agent starts too (the Ray door
-    listens before recovery, which may be long): the start is cancelled, and cleans up.
-    ``before_recovery``: as ``Agent``'s (a test's hook)."""
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-
-    signalled = False  # a signal came (the parent's death also sets ``stop``: not a signal)
-
-    def on_signal() -> None:
-        nonlocal signalled
-        if signalled:  # a second signal: the operator wants it gone now
-            log.warning("second signal: exiting at once")
-            os._exit(1)
-        signalled = True
-        stop.set()
-
-    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-    for sig in signals:
-        loop.add_signal_handler(sig, on_signal)
-    try:  # the handlers stay until the agent has stopped: a second signal during the
-        # graceful stop must still exit at once
-        return await _serve(settings, stop, before_recovery)
-    finally:
-        for sig in signals:
-            loop.remove_signal_handler(sig)
-
-
-async def _serve(
-    settings: Settings,
-    stop: asyncio.Event,
-    before_recovery: Callable[[], Awaitable[None]] | None,
-) -> int:
-    watcher = None
-    try:
-        if settings.parent_pid is not None:
-            check_parent(settings.parent_pid)
-            watcher = asyncio.create_task(_watch_parent(settings.parent_pid, stop), name="parent")
-        notifier = Notifier.from_environment()  # systemd Type=notify, when NOTIFY_SOCKET is set
-        agent = Agent(settings, before_recovery=before_recovery)
-        if not await _start_unless_stopped(agent, stop):
-            log.info("stopped while starting")
-            return 0
-        log.info("event loop: %s", describe_loop(asyncio.get_running_loop()))
-        print(f"rtenv-agent serving on {agent.address}", flush=True)
-        if agent.ray_address:
-            print(f"rtenv-agent serving Ray's protocol on {agent.ray_address}", flush=True)
-        notifier.send(f"READY=1\nSTATUS=serving on {agent.address}")
-        await stop.wait()
-        log.info("shutting down")
-        notifier.send("STOPPING=1")
-    finally:
-        if watcher is not None:
-            await _end(watcher)
-    await agent.stop()
-    return 0
-
-
-async def _start_unless_stopped(agent: Agent, stop: asyncio.Event) -> bool:
-    """Start ``agent``; False if ``stop`` was set first (the start cancelled, and waited for:
-    it releases what it took). The start's own error is raised."""
-    starting = asyncio.create_task(agent.start(), name="start")
-    stopped = asyncio.create_task(stop.wait(), name="stop-while-starting")
-    try:
-        await asyncio.wait([starting, stopped], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-        if not starting.done():  # stopped first, or serve itself cancelled
-            starting.cancel()
-            await asyncio.wait([starting])
-    if starting.cancelled():
-        return False
-    starting.result()
-    return True
-
-
-async def _end(task: asyncio.Task[None]) -> None:
-    """Cancel ``task`` and wait until it has finished (its ``finally`` blocks run); log what it
-    died of, if it died of something else."""
-    task.cancel()
-    await asyncio.wait([task])  # never raises the task's own exception
-    if not task.cancelled() and task.exception() is not None:
-        log.error("task %s had died", task.get_name(), exc_info=task.exception())
-
-
-def describe_loop(loop: asyncio.AbstractEventLoop) -> str:
-    """'uvloop 0.21.0', or 'asyncio' and how to get uvloop."""
-    module = type(loop).__module__
-    if module.startswith("uvloop"):
-        version = getattr(sys.modules.get("uvloop"), "__version__", "")
-        return f"uvloop {version}".strip()
-    return "asyncio (uvloop not in use; pip install uvloop for less overhead per RPC)"
-
-
-async def _watch_parent(pid: int, stop: asyncio.Event) -> None:
-    """Set ``stop`` when process ``pid`` exits (fate sharing)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:  # gone since check_parent
-        log.error("parent %d is already gone; shutting down", pid)
-        stop.set()
-        return
-    except OSError:  # no pidfd (old kernel): poll
-        while _alive(pid):  # noqa: ASYNC110 - nothing to wait on without a pidfd
-            await asyncio.sleep(0.5)
-    else:
-        gone = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        try:
-            loop.add_reader(fd, gone.set)
-            try:
-                await gone.wait()
-            finally:
-                loop.remove_reader(fd)  # also when cancelled: no reader left on a closed fd
-        finally:
-            os.close(fd)
-    log.warning("parent %d exited; shutting down", pid)
-    stop.set()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
