@@ -20,6 +20,7 @@ import pytest
 
 from agent.core.context import build_context
 from agent.core.packages import PLACEMENTS, Package, Placement
+from agent.core.ray_context import build_ray_context
 from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
 from agent.core.uris import ParsedUri, UriKey, UriKind, parse_uri
 from agent.install.archive import ArchiveLimits
@@ -171,9 +172,9 @@ def _jar_package(uri: str) -> Package:
 async def test_a_new_kind_is_installed_and_placed_by_registering_it_in_the_tables_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Store and context untouched: the kind's installer (``INSTALLERS``) makes its folder,
-    its placement (``PLACEMENTS``) puts the folder on the worker's PYTHONPATH and makes it
-    the cwd (which only a working dir gives today)."""
+    """Store and contexts (ours and Ray's) untouched: the kind's installer (``INSTALLERS``)
+    makes its folder, its placement (``PLACEMENTS``) puts the folder on the worker's PYTHONPATH
+    and makes it the cwd (which only a working dir gives today)."""
     monkeypatch.setitem(INSTALLERS, JARS, _JarInstaller)
     monkeypatch.setitem(PLACEMENTS, JARS, Placement(on_path=True, cwd=True))
     jar = tmp_path / "lib.jar"
@@ -193,8 +194,15 @@ async def test_a_new_kind_is_installed_and_placed_by_registering_it_in_the_table
         assert store.stats().downloads == 1
         assert store.stats().extractions == 1
         context = build_context(env, store.path_for, py_executable="py", limits=EnvLimits())
+        ray = build_ray_context(
+            env, store.path_for, py_executable="py", node_pythonpath="", python_version=(3, 11)
+        )
     assert context.env_vars["PYTHONPATH"].split(os.pathsep) == [str(path), "/own"]
     assert (context.cwd, context.py_executable) == (str(path), "py")
+    ray_vars = ray["env_vars"]
+    assert isinstance(ray_vars, dict)
+    assert ray_vars["PYTHONPATH"].split(os.pathsep) == [str(path), "/own"]  # Ray's format too
+    assert ray["command_prefix"] == ["cd", str(path), "&&"]
 
 
 def test_a_rename_into_place_that_fails_deletes_the_leftover_it_moved_aside(tmp_path: Path) -> None:

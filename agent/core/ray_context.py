@@ -2,7 +2,9 @@
 ``RuntimeEnvContext``): the raylet hands this JSON to ``RuntimeEnvContext(**json.loads(...))``,
 so it has exactly Ray's five keys (an unknown one crashes the worker before it starts).
 
-Pure: where each package lives is a function of its key (``UriStore.path_for``).
+Pure: where each package lives is a function of its key (``UriStore.path_for``); how it is put
+on the worker is its kind's row of ``PLACEMENTS``, as for ``build_context`` (a kind added
+there is placed here too).
 
 - ``command_prefix``: ``["cd", <quoted working dir>, "&&"]`` with a working_dir (Ray joins the
   prefix, the python and its arguments with spaces and runs it with ``bash -c``), else ``[]``.
@@ -23,8 +25,9 @@ import shlex
 from collections.abc import Callable
 from pathlib import Path
 
+from agent.core.packages import placement_of
 from agent.core.runtime_env import RuntimeEnv
-from agent.core.uris import UriKey, UriKind
+from agent.core.uris import UriKey
 
 # Ray's RuntimeEnvContext.__init__ takes exactly these (ray/_private/runtime_env/context.py).
 RAY_CONTEXT_KEYS = (
@@ -45,22 +48,21 @@ def build_ray_context(
     python_version: tuple[int, int],
 ) -> dict[str, object]:
     """The worker context of ``env`` as Ray's worker reads it (see the module docstring)."""
-    roots: list[str] = []  # working dir, then py_modules, in the env's order
+    roots: list[str] = []  # the folders put on the path, in the env's order of packages
     site_packages: list[str] = []
     venv_bins: list[str] = []
     command_prefix: list[str] = []
     major, minor = python_version
-    for package in env.packages:
+    for package in env.packages:  # each placed as its kind's row of PLACEMENTS says
+        placement = placement_of(package.key.kind)
         folder = path_for(package.key)
-        kind = package.key.kind
-        if kind is UriKind.WORKING_DIR:
-            roots.insert(0, str(folder))
-            command_prefix = ["cd", shlex.quote(str(folder)), "&&"]
-        elif kind is UriKind.PY_MODULES:
+        if placement.on_path:
             roots.append(str(folder))
-        elif kind is UriKind.PIP:
+        if placement.cwd and not command_prefix:
+            command_prefix = ["cd", shlex.quote(str(folder)), "&&"]
+        if placement.python is not None:  # a venv: Ray's worker keeps the base python
             site_packages.append(str(folder / "lib" / f"python{major}.{minor}" / "site-packages"))
-            venv_bins.append(str(folder / "bin"))
+            venv_bins.append(str((folder / placement.python).parent))
     env_vars = dict(env.env_vars)
     paths = roots + site_packages
     own = env_vars.get("PYTHONPATH")
