@@ -42,8 +42,14 @@ class Node:
         worker_stderr: IO[bytes] | int | None = None,
         watch_interval_s: float | None = None,
         env_keepalive_s: float = 0.0,
+        address: str | None = None,
+        log_path: Path | None = None,
     ) -> None:
-        self.sidecar = AgentSidecar(root, command=agent_command, extra_args=agent_args)
+        """``address`` and ``log_path``: the agent's own, when several nodes share one root."""
+        self.sidecar = AgentSidecar(
+            root, command=agent_command, extra_args=agent_args, address=address,
+            log_path=log_path,
+        )  # fmt: skip
         self._idle_timeout_s = idle_timeout_s
         self._worker_stderr = worker_stderr
         self._watch_interval_s = watch_interval_s

@@ -66,9 +66,12 @@ class AgentSidecar:
         extra_args: Sequence[str] = (),
         log_path: Path | None = None,
         health_timeout_s: float = 30.0,
+        address: str | None = None,
     ) -> None:
+        """``address``: the agent's own (several agents may serve one root, each on its own
+        socket); default ``socket_address(root)``."""
         self.root = root
-        self.address = socket_address(root)
+        self.address = address or socket_address(root)
         self._command = list(command)
         self._extra_args = list(extra_args)
         self.log_path = log_path or root.parent / "agent.log"
@@ -76,7 +79,9 @@ class AgentSidecar:
         self.process: asyncio.subprocess.Process | None = None
         socket = Path(self.address.removeprefix("unix:"))
         # the short private folder of a socket that did not fit in the root: ours to remove
-        self._short_dir = socket.parent if socket.parent != root.resolve() else None
+        self._short_dir = (
+            socket.parent if address is None and socket.parent != root.resolve() else None
+        )
 
     @property
     def pid(self) -> int:
