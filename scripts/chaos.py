@@ -38,7 +38,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
-from chaoslib_root import RootState, check_known, held, holder_of, read_root, root_problems
+from chaoslib_root import (
+    RootState,
+    check_known,
+    held,
+    holder_of,
+    read_root,
+    root_problems,
+    stopped_problems,
+)
 
 from raylet_sim.cli import shown
 from raylet_sim.client import AgentClient
@@ -508,18 +516,24 @@ async def _round(
     seat: Seat, seats: list[Seat], round_: int, root: Path, args: argparse.Namespace,
     plan: Plan, server: ChaosServer, tally: Tally,
 ) -> None:  # fmt: skip
-    """One node's round: restarted first if its agent was killed (while the others run)."""
-    if seat.node is None:
-        await _start(seat, root, args, tally)
-        if round_:
-            tally.restarts += 1
-            where = f"{seat.label}restart before round {round_}"
-            await _check_restarted(seat, seats, root, args.budget_kib * 1024, tally, where)
-    kill = round_ in seat.kills
+    """One node's round; if the monkey killed its agent, the node is down and, as a supervisor
+    would, the runner starts a new one on the root at once, while the other nodes work on."""
     node = seat.live
+    kill = round_ in seat.kills
     await _phase(node, plan, seat.rng, tally, args.tasks, args.concurrency, kill, server, args.calm)
-    if kill:  # the monkey killed it, maybe just as the last task ended
-        await asyncio.wait_for(node.wait_died(), 30)
+    if not kill:
+        return
+    await asyncio.wait_for(node.wait_died(), 30)  # maybe killed just as the last task ended
+    tally.violations += seat.pool.violations
+    tally.workers_started += seat.pool.stats.workers_started
+    await node.stop()
+    seat.node = None
+    if len(seats) > 1:  # a supervisor's back-off: meanwhile the others' passes may reap it
+        await asyncio.sleep(seat.rng.uniform(0.0, 0.5))
+    await _start(seat, root, args, tally)
+    tally.restarts += 1
+    where = f"{seat.label}restart after round {round_}"
+    await _check_restarted(seat, seats, root, args.budget_kib * 1024, tally, where)
 
 
 async def _run_in(work: Path, args: argparse.Namespace, interrupt: Interrupt | None) -> Tally:
@@ -542,6 +556,9 @@ async def _run_in(work: Path, args: argparse.Namespace, interrupt: Interrupt | N
     if interrupt is not None:
         interrupt.on_interrupt(interrupted)
     try:
+        async with asyncio.TaskGroup() as group:  # the nodes start together
+            for seat in seats:
+                group.create_task(_start(seat, root, args, tally))
         for round_ in range(args.rounds):
             async with asyncio.TaskGroup() as group:
                 for seat in seats:
@@ -556,25 +573,23 @@ async def _run_in(work: Path, args: argparse.Namespace, interrupt: Interrupt | N
                 f"{len(tally.violations)} violations so far",
                 flush=True,
             )
-            for seat in seats:
-                if seat.live.died is not None:
-                    tally.workers_started += seat.pool.stats.workers_started
-                    await seat.live.stop()
-                    seat.node = None
-            if all(seat.node is None for seat in seats):
-                continue
             await _check_nodes(seats, root, budget, tally, f"after round {round_}")
             for seat in seats:
-                if seat.node is not None:
-                    info = await seat.client.info()
-                    tally.downloads += info.cache.downloads - seat.stats_before[0]
-                    tally.evictions += info.cache.evictions - seat.stats_before[1]
-                    seat.stats_before = (info.cache.downloads, info.cache.evictions)
+                info = await seat.client.info()
+                tally.downloads += info.cache.downloads - seat.stats_before[0]
+                tally.evictions += info.cache.evictions - seat.stats_before[1]
+                seat.stats_before = (info.cache.downloads, info.cache.evictions)
         await asyncio.gather(*(seat.pool.close() for seat in seats))
         for seat in seats:
             tally.violations += seat.pool.violations
             tally.workers_started += seat.pool.stats.workers_started
         await _check_end(seats, root, budget, tally)
+        await asyncio.gather(*(seat.live.stop() for seat in seats))
+        for seat in seats:
+            seat.node = None
+        tally.checks += 1
+        for problem in stopped_problems(await asyncio.to_thread(read_root, root)):
+            tally.violations.append(f"after every node stopped: {problem}")
     finally:
         await asyncio.gather(*(seat.node.stop() for seat in seats if seat.node is not None))
         await server.stop()

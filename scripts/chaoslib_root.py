@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.state.holders import HOLDERS_DIR, is_alive
-
 from rtenv.v1 import agent_pb2
 
 
@@ -146,3 +145,16 @@ def check_known(
 def held(info: agent_pb2.GetRuntimeEnvsInfoReply) -> set[str]:
     """The packages ("kind:uri") an agent's live envs hold."""
     return {key for e in info.envs if e.references and e.state != "failed" for key in e.uris}
+
+
+def stopped_problems(state: RootState) -> list[str]:
+    """What is wrong with a root whose agents all stopped cleanly: each one's stop took its
+    holder row, references, claims and lock file with it."""
+    problems = []
+    if state.alive:
+        problems.append(f"holders alive after every agent stopped: {sorted(state.alive)}")
+    if left := sorted({*state.holders, *state.locks, *(h for h, _ in state.refs)}):
+        problems.append(f"holders left in state.db or holders/: {left}")
+    if claims := sorted(f"{key} by {h}" for key, _, _, st, h in state.rows if st != "ready"):
+        problems.append(f"claims left: {claims}")
+    return problems

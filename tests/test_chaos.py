@@ -327,6 +327,21 @@ def test_root_problems_name_what_is_wrong(
     assert chaoslib_root.root_problems(_root(**changes), NODES, budget) == expected
 
 
+def test_a_root_whose_agents_stopped_must_hold_no_holder_reference_or_claim() -> None:
+    """A clean stop takes its holder row, references, claims and lock file with it."""
+    stopped = _root(refs=[], holders=[], locks=[], alive=set())
+    assert chaoslib_root.stopped_problems(stopped) == []
+    left = _root(
+        refs=[(H1, WD)], holders=[], locks=[H2], alive={H2},
+        rows=[(WD, "wd-1", 10, "installing", H1)],
+    )  # fmt: skip
+    assert chaoslib_root.stopped_problems(left) == [
+        f"holders alive after every agent stopped: ['{H2}']",
+        f"holders left in state.db or holders/: ['{H1}', '{H2}']",
+        f"claims left: ['{WD} by {H1}']",
+    ]
+
+
 async def test_read_root_sees_a_package_directory_deleted_behind_the_agents_back() -> None:
     """On a real agent's root: consistent, then a package's directory removed by hand is named
     by the root's check and by the agent's own records."""
@@ -483,27 +498,23 @@ async def test_the_stress_run_sees_the_pool_race_when_it_is_planted_again(
     assert tally.violations, "the oracle did not see the planted race"
 
 
-def _evict_under_the_references(root: Path, key: str, aside: Path) -> str:
-    """What an eviction that skipped the reference re-check would do to package ``key``
-    ("kind:uri"): delete its row and move its directory out in one transaction, then delete the
-    directory. Return the directory's name."""
-    kind, uri = key.split(":", 1)
+def _evict_under_the_references(root: Path, directory: str, aside: Path) -> bool:
+    """What an eviction that skipped the reference re-check would do to the package in
+    ``uris/<directory>``: delete its row and move the directory out in one transaction, then
+    delete it. False if it was no longer there to evict."""
     db = sqlite3.connect(root / "state.db", timeout=10, isolation_level=None)
     try:
         db.execute("BEGIN IMMEDIATE")
-        found = db.execute(
-            "SELECT dir FROM uris WHERE kind = ? AND uri = ? AND state = 'ready'", (kind, uri)
-        ).fetchone()
-        if found is None:  # evicted for real meanwhile
+        gone = db.execute("DELETE FROM uris WHERE dir = ? AND state = 'ready'", (directory,))
+        if gone.rowcount != 1:  # evicted for real meanwhile
             db.execute("ROLLBACK")
-            return ""
-        db.execute("DELETE FROM uris WHERE kind = ? AND uri = ?", (kind, uri))
-        os.rename(root / "uris" / found[0], aside)
+            return False
+        os.rename(root / "uris" / directory, aside)
         db.execute("COMMIT")
     finally:
         db.close()
     shutil.rmtree(aside)
-    return str(found[0])
+    return True
 
 
 @pytest.mark.timeout(150)
@@ -529,29 +540,25 @@ async def test_a_shared_root_run_fails_naming_a_package_evicted_under_a_live_env
         fault_rate=0.0, idle_timeout=2.0, calm=True, workdir=str(base), keep=False, nodes=3,
     )  # fmt: skip
 
-    async def held_package() -> str | None:
-        """A package a node's live (ready) env holds right now, as its agent says."""
+    def package_in_use() -> str | None:
+        """The package directory a running worker of some node works in, if any."""
         for seat in list(seats):
-            node = seat.node
-            if node is None or node.client is None or node.died is not None:
-                continue
-            info = await node.client.info()
-            ready = {f"{u.kind}:{u.uri}" for u in info.uris if u.state == "ready"}
-            for env in info.envs:
-                if env.references and env.state == "ready":
-                    return next((key for key in env.uris if key in ready), None)
+            pool = None if seat.node is None else seat.node.pool
+            for worker in [] if pool is None else list(pool.workers.values()):
+                slot = pool.slots.get(worker.env_key) if pool is not None else None
+                if worker.state in (WorkerState.IDLE, WorkerState.BUSY) and slot and slot.context:
+                    return Path(slot.context.cwd).relative_to(root.resolve() / "uris").parts[0]
         return None
 
     async def evict_once() -> str:
         for _ in range(1200):  # a minute at most
-            key = await held_package()
-            if key is not None:
+            directory = package_in_use()
+            if directory is not None:
                 aside = base / "evicted"
-                directory = await asyncio.to_thread(_evict_under_the_references, root, key, aside)
-                if directory:
+                if await asyncio.to_thread(_evict_under_the_references, root, directory, aside):
                     return directory
             await asyncio.sleep(0.05)
-        raise AssertionError("no node's live env ever held a package")
+        raise AssertionError("no node's worker ever ran")
 
     running = asyncio.create_task(chaos.run(args))
     try:
