@@ -13,8 +13,10 @@ slow, answers 500, resets connections and corrupts bodies for some requests.
 
 After every round the invariants are checked against each agent's GetRuntimeEnvsInfo, each
 pool's table, the disk and state.db (the shared index: its packages, claims, references and
-holders); after the last, every count must be 0. Any violation fails the run (exit 1). The
-seed is printed; ``--seed`` replays the same plan.
+holders; each holder's staging and trash; a dead holder reaped by the next pass); after the
+last, every count must be 0, and once every node has stopped the root holds no holder,
+reference or claim. Any violation fails the run (exit 1). The seed is printed; ``--seed``
+replays the same plan (each node's stream is derived from it).
 """
 
 from __future__ import annotations
