@@ -36,7 +36,7 @@ from pathlib import Path
 
 from agent.core.ledger import Ledger
 from agent.install.venv import kill_orphaned_installers
-from agent.state.holders import Reaping, begin_reaping, is_alive, is_holder_id
+from agent.state.holders import Reaping, begin_reaping, is_alive, is_holder_id, lock_files
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,11 @@ def reap_dead(conn: sqlite3.Connection, root: Path, me: str, trash: Path) -> Rea
         for name in _names(root / sub):
             if name != me and not (is_holder_id(name) and is_alive(root, name)):
                 _set_aside(root / sub / name, trash, reaped)
+    for holder in lock_files(root):  # an agent killed between its lock and its row
+        if holder not in named and holder != me and not is_alive(root, holder):
+            lock = begin_reaping(root, holder)
+            if lock is not None:
+                reaped.locks.append(lock)
     return reaped
 
 

@@ -508,6 +508,8 @@ class UriStore:
         )
         self._periodic = None
         await self.drain()
+        # this agent's own folders, empty now (a crash leaves them to whoever reaps it)
+        await asyncio.to_thread(remove_all, [self._db.staging, self._db.trash], False)
 
     # -- views -----------------------------------------------------------------------------
     def installs_in_flight(self) -> int:
