@@ -160,7 +160,8 @@ def _reap(conn: sqlite3.Connection, root: Path, holder: str, trash: Path, reaped
     if lock is None:  # alive after all, or another agent reaps it now
         return
     reaped.locks.append(lock)
-    killed = kill_orphaned_installers(root / "tmp" / holder)
+    # its folders are named by its id: a value read from the index names one only if it is an id
+    killed = kill_orphaned_installers(root / "tmp" / holder) if is_holder_id(holder) else 0
     envs = _drop_holder_rows(conn, holder)
     reaped.holders.append((holder, envs))
     log.warning(
@@ -221,7 +222,7 @@ def obtain(
             return Obtained(Found.WAIT, installer=installer)
         elif installer != me:
             _reap(conn, root, installer, trash, reaped)
-            for sub in ("tmp", "trash"):
+            for sub in ("tmp", "trash") if is_holder_id(installer) else ():
                 _set_aside(root / sub / installer, trash, reaped)
     conn.execute(
         "INSERT OR REPLACE INTO uris (kind, uri, dir, size, last_used_ms, state, holder)"
@@ -283,7 +284,9 @@ def sweep(
         by_key[(row.kind, row.uri)] = row
         if refs == 0:
             plan.release((row.kind, row.uri), row.size)
-    chosen = plan.evict_over_budget() + plan.evict_for(needed_bytes)
+    chosen = plan.evict_over_budget()
+    freed = sum(by_key[key].size for key in chosen)  # counts toward what is needed
+    chosen += plan.evict_for(needed_bytes - freed)
     evicted = []
     for key in chosen:
         row = by_key[key]
