@@ -274,13 +274,13 @@ def sweep(
     *,
     budget_bytes: int,
     needed_bytes: int = 0,
-    since: int = 0,
+    since: int = -1,
 ) -> Swept:
     """R2, R4: reap the dead, then evict unused packages, least recently used first, until the
     root's unused bytes fit ``budget_bytes`` and, if ``needed_bytes``, until that much is freed
     (or, if evicting every unused package would not free it, only what the budget asks). Then
-    the changes of the ready packages after ``since`` (every ready package, if the log no
-    longer reaches back that far). Costs: two aggregate scans in SQLite, the unused rows read
+    the changes of the ready packages after ``since`` (every ready package when ``since`` is -1,
+    nothing seen yet, or the log no longer reaches back that far). Costs: two aggregate scans in SQLite, the unused rows read
     in LRU order only as far as evictions go, the log read from ``since``."""
     reaped = reap_dead(conn, root, me, trash)
     ready_bytes, unused = conn.execute(
@@ -344,11 +344,11 @@ def _changes_since(
 ) -> tuple[bool, list[tuple[RowKey, Row | None]], int]:
     """(full, changes, gen): the ready packages that appeared or went after ``since``, the
     latest state of each, in order; or, if the log was trimmed past ``since`` (or ``since`` is
-    0), every ready package (``full``). The log is trimmed to ``KEEP_CHANGES`` here."""
+    -1), every ready package (``full``). The log is trimmed to ``KEEP_CHANGES`` here."""
     (gen,) = conn.execute("SELECT coalesce(max(gen), 0) FROM changes").fetchone()
     conn.execute("DELETE FROM changes WHERE gen <= ?", (gen - KEEP_CHANGES,))
     (oldest,) = conn.execute("SELECT coalesce(min(gen), 0) FROM changes").fetchone()
-    if since == 0 or since < oldest - 1:
+    if since < 0 or since < oldest - 1:
         rows = conn.execute(
             "SELECT kind, uri, dir, size, last_used_ms FROM uris WHERE state = 'ready'"
         ).fetchall()

@@ -446,7 +446,7 @@ class StateDB:
         """Commit that a claimed package is installed, with every change noted before it."""
         await self._transact(lambda conn: index.commit_install(conn, self.holder_id, row))
 
-    async def sweep(self, budget_bytes: int, needed_bytes: int = 0, *, since: int = 0) -> Swept:
+    async def sweep(self, budget_bytes: int, needed_bytes: int = 0, *, since: int = -1) -> Swept:
         """R2, R4 (``index.sweep``): reap dead holders, evict over the budget (and for
         ``needed_bytes``); the changes of the ready packages after ``since``."""
 

@@ -143,7 +143,8 @@ class UriStore:
         self._sweep_again = False  # a pass was asked for while one ran
         self._periodic: asyncio.Task[None] | None = None
         self._root_bytes = (0, 0)  # the root's ready and unused bytes, as of the last pass
-        self._seen_gen = 0  # the index's last change of the ready packages this view follows
+        self._seen_gen = -1  # the index's last change of the ready packages this view follows
+        # (-1: none yet; the first pass reads them all)
         self.downloads = 0
         self.extractions = 0
         self.evictions = 0
