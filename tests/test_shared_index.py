@@ -5,8 +5,8 @@ really dead (their lock file released)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -29,17 +29,15 @@ async def holder(root: Path) -> StateDB:
 
 
 @pytest.fixture
-async def root(tmp_path: Path) -> AsyncIterator[Path]:
+def root(tmp_path: Path) -> Path:
     for sub in ("uris", "tmp", "trash"):
         (tmp_path / sub).mkdir()
-    yield tmp_path
+    return tmp_path
 
 
 def die(db: StateDB) -> None:
     """kill -9 as the index sees it: the lock goes with the process, the rows stay."""
     assert db._holder is not None
-    import os
-
     os.close(db._holder.fd)
     db._holder.fd = -1
 
@@ -54,7 +52,7 @@ async def install(db: StateDB, key: tuple[str, str], size: int = 100, used: int 
     return folder
 
 
-def rows(root: Path, sql: str) -> list[tuple[object, ...]]:
+def rows(root: Path, sql: str) -> list[tuple[str, ...]]:
     with sqlite3.connect(root / "state.db") as conn:
         return conn.execute(sql).fetchall()
 
@@ -72,7 +70,9 @@ async def test_a_second_holder_finds_a_package_a_first_one_installed_ready(root:
     try:
         folder = await install(a, KEY)
         got = await b.obtain(KEY, folder.name, take_ref=True)
-        assert got.found is Found.READY and got.row is not None and got.row.dir == folder.name
+        assert got.found is Found.READY
+        assert got.row is not None
+        assert got.row.dir == folder.name
         assert sorted(r[0] for r in rows(root, "SELECT holder FROM refs")) == sorted(
             [a.holder_id, b.holder_id]
         )
@@ -90,7 +90,8 @@ async def test_a_claim_of_a_live_holder_is_waited_for_and_one_of_a_dead_holder_r
         assert first.found is Found.CLAIMED
         (a.staging / "half").mkdir()
         waiting = await b.obtain(KEY, "dir-a", take_ref=True)
-        assert waiting.found is Found.WAIT and waiting.installer == a.holder_id
+        assert waiting.found is Found.WAIT
+        assert waiting.installer == a.holder_id
         die(a)
         taken = await b.obtain(KEY, "dir-a", take_ref=True)
         assert taken.found is Found.CLAIMED
@@ -113,7 +114,8 @@ async def test_a_pass_never_evicts_what_a_live_holder_references(root: Path) -> 
         a.note_ref_dropped(*OTHER)
         swept = await a.sweep(budget_bytes=0)
         assert [e.row.uri for e in swept.evicted] == [OTHER[1]]
-        assert kept.is_dir() and not gone.exists()
+        assert kept.is_dir()
+        assert not gone.exists()
         assert (swept.ready_bytes, swept.unused_bytes) == (100, 0)
     finally:
         await a.close()
@@ -127,7 +129,8 @@ async def test_a_dead_holders_references_stop_protecting_its_packages(root: Path
     try:
         swept = await b.sweep(budget_bytes=0)
         assert [h for h, _ in swept.reaped.holders] == [a.holder_id]
-        assert [e.row.uri for e in swept.evicted] == [KEY[1]] and not folder.exists()
+        assert [e.row.uri for e in swept.evicted] == [KEY[1]]
+        assert not folder.exists()
         assert rows(root, "SELECT * FROM refs") == []
         assert [r[0] for r in rows(root, "SELECT id FROM holders")] == [b.holder_id]
     finally:
@@ -166,15 +169,18 @@ async def test_a_view_follows_the_changes_and_reads_everything_only_when_behind(
     a = await holder(root)
     try:
         first = await a.sweep(budget_bytes=10**9)
-        assert first.full and first.changes == []
+        assert first.full
+        assert first.changes == []
         await install(a, KEY)
         second = await a.sweep(budget_bytes=10**9, since=first.gen)
-        assert not second.full and [k for k, r in second.changes if r is not None] == [KEY]
+        assert not second.full
+        assert [k for k, r in second.changes if r is not None] == [KEY]
         a.note_ref_dropped(*KEY)
         third = await a.sweep(budget_bytes=0, since=second.gen)
         assert third.changes == [(KEY, None)]
         quiet = await a.sweep(budget_bytes=0, since=third.gen)
-        assert quiet.changes == [] and quiet.gen == third.gen
+        assert quiet.changes == []
+        assert quiet.gen == third.gen
     finally:
         await a.close()
 

@@ -279,9 +279,10 @@ def sweep(
     """R2, R4: reap the dead, then evict unused packages, least recently used first, until the
     root's unused bytes fit ``budget_bytes`` and, if ``needed_bytes``, until that much is freed
     (or, if evicting every unused package would not free it, only what the budget asks). Then
-    the changes of the ready packages after ``since`` (every ready package when ``since`` is -1,
-    nothing seen yet, or the log no longer reaches back that far). Costs: two aggregate scans in SQLite, the unused rows read
-    in LRU order only as far as evictions go, the log read from ``since``."""
+    the changes of the ready packages after ``since`` (every ready package when ``since`` is
+    -1, nothing seen yet, or when the log no longer reaches back that far). Costs: one
+    aggregate scan in SQLite, the unused rows read in LRU order only as far as evictions go,
+    the log read from ``since``."""
     reaped = reap_dead(conn, root, me, trash)
     ready_bytes, unused = conn.execute(
         f"SELECT coalesce(sum(size), 0), coalesce(sum(CASE WHEN {_UNREFERENCED} THEN size END), 0)"
