@@ -132,6 +132,7 @@ class Tally:
     downloads: int = 0
     evictions: int = 0
     checks: int = 0
+    settling_s: float = 0.0  # the checks' waits for the root to settle
     violations: list[str] = field(default_factory=list)
     seconds: float = 0.0
     killed_pids: set[int] = field(default_factory=set)  # every worker the monkey SIGKILLed
@@ -147,7 +148,8 @@ class Tally:
                 f"agent        {self.agent_kills} SIGKILLs, {self.restarts} restarts",
                 f"packages     {self.downloads} installs, {self.evictions} evictions",
                 f"faults       {dict(faults)}",
-                f"checks       {self.checks} invariant checks",
+                f"checks       {self.checks} invariant checks, {self.settling_s:.1f}s waiting "
+                "for the root to settle",
                 f"violations   {len(self.violations)}",
                 *(f"  - {v}" for v in self.violations[:20]),
             ]
@@ -224,11 +226,14 @@ class Look:
     problems: list[str]
 
 
-async def _settled(live: list[Seat], root: Path, budget: int, limit_s: float = 30.0) -> Look:
+async def _settled(
+    live: list[Seat], root: Path, budget: int, tally: Tally, limit_s: float = 30.0
+) -> Look:
     """Look until the nodes' agents and the root agree: no install in flight anywhere, staging
     and trash drained, dead holders reaped, every reference written behind; at the deadline,
-    look as they are and say what is still wrong."""
-    deadline = time.monotonic() + limit_s
+    look as they are and say what is still wrong. The wait is tallied: a long one is a sign."""
+    began = time.monotonic()
+    deadline = began + limit_s
     while True:
         infos = [await seat.client.info() for seat in live]
         state = await asyncio.to_thread(read_root, root)
@@ -240,6 +245,7 @@ async def _settled(live: list[Seat], root: Path, budget: int, limit_s: float = 3
             if any(u.state == "installing" for u in info.uris)
         ]
         if (not problems and not busy) or time.monotonic() > deadline:
+            tally.settling_s += time.monotonic() - began
             return Look(infos, state, problems + busy)
         await asyncio.sleep(0.05)
 
@@ -280,7 +286,7 @@ async def _check_nodes(
         for pool in pools:
             await pool.quiesce()
         exits = [pool.stats.workers_exited for pool in pools]
-        look = await _settled(live, root, budget)
+        look = await _settled(live, root, budget, tally)
         if [pool.stats.workers_exited for pool in pools] == exits:
             break
     for seat, info in zip(live, look.infos, strict=True):
@@ -306,7 +312,7 @@ async def _check_restarted(
         if info.total_envs:
             violation("counts not 0 after recovery")
         return
-    look = await _settled([seat], root, budget)
+    look = await _settled([seat], root, budget, tally)
     info = look.infos[0]
     if info.total_envs or any(u.references for u in info.uris):
         violation("counts not 0 after recovery")
@@ -322,7 +328,7 @@ async def _check_end(seats: list[Seat], root: Path, budget: int, tally: Tally) -
     def violation(what: str) -> None:
         tally.violations.append(f"at the end: {what}")
 
-    look = await _settled(seats, root, budget)
+    look = await _settled(seats, root, budget, tally)
     for seat, info in zip(seats, look.infos, strict=True):
         left = [e.runtime_env_id for e in info.envs if e.references]
         left += [u.uri for u in info.uris if u.references]
