@@ -149,7 +149,7 @@ def held(info: agent_pb2.GetRuntimeEnvsInfoReply) -> set[str]:
 
 def stopped_problems(state: RootState) -> list[str]:
     """What is wrong with a root whose agents all stopped cleanly: each one's stop took its
-    holder row, references, claims and lock file with it."""
+    holder row, references, claims, lock file, staging and trash folders with it."""
     problems = []
     if state.alive:
         problems.append(f"holders alive after every agent stopped: {sorted(state.alive)}")
@@ -157,4 +157,6 @@ def stopped_problems(state: RootState) -> list[str]:
         problems.append(f"holders left in state.db or holders/: {left}")
     if claims := sorted(f"{key} by {h}" for key, _, _, st, h in state.rows if st != "ready"):
         problems.append(f"claims left: {claims}")
+    if state.folders:
+        problems.append(f"staging or trash folders left: {sorted(state.folders)}")
     return problems

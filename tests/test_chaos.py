@@ -328,17 +328,18 @@ def test_root_problems_name_what_is_wrong(
 
 
 def test_a_root_whose_agents_stopped_must_hold_no_holder_reference_or_claim() -> None:
-    """A clean stop takes its holder row, references, claims and lock file with it."""
-    stopped = _root(refs=[], holders=[], locks=[], alive=set())
+    """A clean stop takes its holder row, references, claims, lock file and folders with it."""
+    stopped = _root(refs=[], holders=[], locks=[], alive=set(), folders={})
     assert chaoslib_root.stopped_problems(stopped) == []
     left = _root(
         refs=[(H1, WD)], holders=[], locks=[H2], alive={H2},
-        rows=[(WD, "wd-1", 10, "installing", H1)],
+        rows=[(WD, "wd-1", 10, "installing", H1)], folders={f"trash/{H1}": []},
     )  # fmt: skip
     assert chaoslib_root.stopped_problems(left) == [
         f"holders alive after every agent stopped: ['{H2}']",
         f"holders left in state.db or holders/: ['{H1}', '{H2}']",
         f"claims left: ['{WD} by {H1}']",
+        f"staging or trash folders left: ['trash/{H1}']",
     ]
 
 
