@@ -172,10 +172,10 @@ def test_the_shared_root_workload_fetches_and_stores_each_package_once_at_smoke_
     assert (downloads["value"], downloads["baseline"]) == (PACKAGES, NODES * PACKAGES)
     worst = figs["GETs of the most-fetched package URI, shared root"]
     assert (worst["value"], worst["baseline"]) == (1, NODES)  # with the sums: each URI 1 and 6
-    disk = figs["disk bytes under uris/ after the run (du), worst round"]
+    disk = figs["disk under uris/ after the run (du), worst round"]
     assert disk["value"] > 0
     assert disk["value"] * NODES == disk["baseline"], "the private roots are not 6 copies"
-    assert figs["disk bytes under uris/ of the shared root, least round"]["goal_met"] is True
+    assert figs["disk under uris/ of the shared root, least round"]["goal_met"] is True
     assert figs["failed creates, both sets, every round"]["value"] == 0
     for name in (
         "hot pair time, concurrency 64, on the shared root",
@@ -234,11 +234,11 @@ def test_the_shared_root_goals_fail_on_each_planted_defect(
         ),
         "a package stored twice": (
             _runs(1, 4096 + 1024),
-            {"disk bytes under uris/ after the run (du), worst round"},
+            {"disk under uris/ after the run (du), worst round"},
         ),
         "a package missing": (
             _runs(1, 3072),
-            {"disk bytes under uris/ of the shared root, least round"},
+            {"disk under uris/ of the shared root, least round"},
         ),
         "a create failed": (
             _runs(1, 4096, errors=1),

@@ -40,7 +40,7 @@ from pathlib import Path
 import grpc
 
 from benchlib import rpc
-from benchlib.config import Sizes
+from benchlib.config import MiB, Sizes
 from benchlib.figures import Goal, Measure, WorkloadResult
 from benchlib.hot import Served, round_notes, rounds
 from benchlib.packages import BigSpec, build_big_zip
@@ -142,15 +142,15 @@ def add_figures(
         Goal("value", "==", 1, "exactly 1 GET per URI"),
     )  # fmt: skip
     result.figure(
-        "disk bytes under uris/ after the run (du), worst round",
-        max(r.disk_bytes for r in shared), min(r.disk_bytes for r in private),
-        f"{NODES} private roots: their uris/ folders together", "bytes",
+        "disk under uris/ after the run (du), worst round",
+        max(r.disk_bytes for r in shared) / MiB, min(r.disk_bytes for r in private) / MiB,
+        f"{NODES} private roots: their uris/ folders together", "MiB",
         Goal("ratio", "<=", SHARE * (1 + DISK_TOLERANCE), f"1/{NODES} of private roots: <= 0.168x"),
     )  # fmt: skip
     result.figure(
-        "disk bytes under uris/ of the shared root, least round",
-        min(r.disk_bytes for r in shared), unpacked_bytes,
-        "the packages' unpacked bytes (each once)", "bytes",
+        "disk under uris/ of the shared root, least round",
+        min(r.disk_bytes for r in shared) / MiB, unpacked_bytes / MiB,
+        "the packages' unpacked bytes (each once)", "MiB",
         Goal("ratio", ">=", 1.0, "every package there: ratio >= 1.0x"),
     )  # fmt: skip
     result.figure(
