@@ -41,7 +41,7 @@ import grpc
 
 from benchlib import rpc
 from benchlib.config import MiB, Sizes
-from benchlib.figures import Goal, Measure, WorkloadResult
+from benchlib.figures import Goal, Measure, WorkloadResult, fmt
 from benchlib.hot import Served, round_notes, rounds
 from benchlib.packages import BigSpec, build_big_zip
 from benchlib.procs import (
@@ -68,14 +68,15 @@ _WARM_ENV = json.dumps({"env_vars": {"BENCH": "shared-root warm-up"}})
 
 
 def package_spec(big: BigSpec) -> BigSpec:
-    """One package: a tenth of the large zip's small files and about a tenth of its large
-    bytes (the full run: 400 source-like files and 6 MB of data, about 8 MB unpacked, a 5 MB
-    zip; ``--smoke`` shrinks the large zip, so these too)."""
+    """One package: a tenth of the large zip's small files and of its large bytes (the full
+    run: 400 source-like files and 6 MB of data, about 8 MB unpacked, a 5 MB zip; ``--smoke``
+    shrinks the large zip to 2 MB, so these to 10 small files and no large one)."""
+    random_mb, text_mb = sum(big.large_random_mb) // 10, sum(big.large_text_mb) // 10
     return BigSpec(
         small_files=max(10, big.small_files // 10),
         small_max_bytes=big.small_max_bytes,
-        large_random_mb=(max(1, sum(big.large_random_mb) // 10),),
-        large_text_mb=(max(1, sum(big.large_text_mb) // 10),),
+        large_random_mb=(random_mb,) if random_mb else (),
+        large_text_mb=(text_mb,) if text_mb else (),
     )
 
 
@@ -307,7 +308,7 @@ async def bench_shared_root(work: Path, sizes: Sizes, shared: Shared) -> Workloa
     }
     runs: dict[str, list[Run]] = {"shared": [], "private": []}
     hot: list[Served] = []
-    count = 2 * max(1, sizes.stampede_rounds)  # even: S P P S, each set first as often
+    count = max(1, sizes.stampede_rounds)  # 2 in the full run: S P P S, each set first once
     for r in range(count):
         async with AsyncExitStack() as stack:
             one = work / f"shared-{r}"
@@ -335,12 +336,13 @@ async def bench_shared_root(work: Path, sizes: Sizes, shared: Shared) -> Workloa
     add_hot_figures(result, hot[0], hot[1])
     result.measures = [*measures.values(), *(s.measure for s in hot)]
     spec = package_spec(sizes.big)
-    mb = sum(p.stat().st_size for p in zips) / 2**20
+    mib = sum(p.stat().st_size for p in zips) / MiB
+    data_mb = sum(spec.large_random_mb) + sum(spec.large_text_mb)
     result.notes.append(
         f"{count} rounds; each node creates {PACKAGES} envs at once, one http working_dir zip "
-        f"each ({mb:.1f} MB of zips in all; a package: {spec.small_files} small files and "
-        f"{sum(spec.large_random_mb) + sum(spec.large_text_mb)} MB of data); all {2 * NODES} "
-        "agents of a round alive for the whole round"
+        f"each ({fmt(mib)} MiB of zips in all; a package: {spec.small_files} small files"
+        f"{f' and {data_mb} MB of data' if data_mb else ''}); all {2 * NODES} agents of a round "
+        "alive for the whole round, each warmed by one create of an env without packages"
     )
     walls = "; ".join(
         f"round {i}: shared {a.wall_s:.2f}s, private {b.wall_s:.2f}s"
