@@ -15,6 +15,7 @@ from agent.state import index
 from agent.state.holders import HolderLock, is_alive, lock_path
 from agent.state.index import Found, plan_target
 from agent.state.state_db import StateDB, UriRow
+from tests.helpers import env_json, module_zip, package_server, running_agent
 
 KEY = ("py_modules", "http://127.0.0.1:1/a.zip")
 OTHER = ("py_modules", "http://127.0.0.1:1/b.zip")
@@ -255,3 +256,22 @@ async def test_a_fifo_or_a_link_in_place_of_a_lock_file_is_a_dead_holder_never_w
         assert (root / "target").read_text() == "x"
     finally:
         await a.close()
+
+
+async def test_creates_of_a_ready_env_and_deletes_that_release_nothing_run_no_pass() -> None:
+    """The hot path on a shared root takes no cross-process lock: only a count going 0 -> 1
+    (a transaction) or 1 -> 0 (a pass) touches the index."""
+    async with package_server() as served, running_agent() as a:
+        env = env_json(py_modules=[served.add("m.zip", module_zip("hot_mod", "1"))])
+        first = await a.create(env)
+        await a.settle()
+        store = a.service.store
+        passes = store.passes
+        for _ in range(20):
+            await a.create(env)
+            assert await a.delete(first.runtime_env_id) == 1
+        await a.settle()
+        assert store.passes == passes
+        assert await a.delete(first.runtime_env_id) == 0  # the last reference: a pass
+        await a.settle()
+        assert store.passes == passes + 1

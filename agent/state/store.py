@@ -149,6 +149,7 @@ class UriStore:
         self.extractions = 0
         self.evictions = 0
         self.hits = 0
+        self.passes = 0  # over the index, run by this agent
         root.mkdir(mode=0o755, parents=True, exist_ok=True)
         for sub in ("uris", "tmp", "trash"):
             make_dir(root / sub)  # 0755 whatever the umask; loose modes of an earlier run fixed
@@ -370,6 +371,9 @@ class UriStore:
     def release(self, keys: Iterable[UriKey]) -> None:
         """These keys' counts reached 0: their references in the index go (behind), and a
         pass will evict what the root no longer needs over the budget."""
+        keys = list(keys)
+        if not keys:  # a delete that left every count above 0: no pass, no index work
+            return
         now = self._now_ms()
         for key in keys:
             self._db.note_ref_dropped(key.kind.value, key.uri)
@@ -406,6 +410,7 @@ class UriStore:
             while True:
                 self._sweep_again = False
                 try:
+                    self.passes += 1
                     swept = await self._db.sweep(self.budget_bytes, since=self._seen_gen)
                 except AgentError as exc:  # busy or failing: retried at the next pass
                     log.warning("a pass over the cache index failed (%s); retried at the next",
@@ -441,6 +446,7 @@ class UriStore:
     async def _evict_for(self, needed: int) -> list[Path]:
         """The disk room lacks ``needed`` bytes: a pass that frees them (none if all the
         unused bytes of the root would not); return the trashed paths, still to be deleted."""
+        self.passes += 1
         swept = await self._db.sweep(self.budget_bytes, needed, since=self._seen_gen)
         return self._apply(swept, delete=False)
 
