@@ -558,3 +558,29 @@ SharedRootMachine.TestCase.settings = settings(
 TestSharedRootStateMachine = pytest.mark.timeout(max(180, 12 * EXAMPLES))(
     SharedRootMachine.TestCase
 )
+
+
+# -- found by the machine -------------------------------------------------------------------------
+
+
+async def test_the_first_pass_that_reaps_a_dead_holder_removes_its_staging_and_trash() -> None:
+    """Found by the machine (crash_installing, then one evict by another holder): the pass that
+    reaps a dead holder holds the dead holder's lock while it looks for folders of dead holders
+    under tmp/ and trash/, so it finds that holder alive and leaves its folders to a later pass."""
+    base = short_tempdir()
+    settings = replace(Settings(root=base / "root"), cache_budget_bytes=BUDGET)
+    clock = Clock(time.time())
+    alive, dead = await start_holder(settings, clock), await start_holder(settings, clock)
+    try:
+        (dead.db.staging / "half-made").mkdir()  # an install it was in when it died
+        await crash(dead)
+        await alive.store.enforce_budget()
+        index = read_index(settings.root)
+        assert dead.id not in index.holders
+        assert not lock_path(settings.root, dead.id).exists()
+        left = [sub for sub in ("tmp", "trash") if (settings.root / sub / dead.id).exists()]
+        assert left == [], f"the dead holder's {' and '.join(left)} folders are left"
+    finally:
+        await bury(dead)
+        await stop(alive)
+        shutil.rmtree(base, ignore_errors=True)
