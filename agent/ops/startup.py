@@ -1,6 +1,7 @@
 """Start-up checks and preparations of the agent's process: its address (well formed, free),
-its parent and its python (alive, running), its socket's folder, the lock that makes it the only
-agent of its root, the root's folders (writable), and --reset-state. Each refusal is a
+its parent and its python (alive, running), its socket's folder, the root's lock (shared by the
+agents that share the root through its index; exclusive for one that needs the root alone), the
+root's folders (writable), and --reset-state. Each refusal is a
 StartupError naming what is wrong and what to do; the checks that need no root come first, so a
 refused start leaves the root untouched."""
 
