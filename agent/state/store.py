@@ -85,6 +85,7 @@ class UriEntry:
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     waiters: int = 0  # ensure() calls awaiting the install
     held: bool = False  # this agent's reference is committed in the index
+    was_ready: bool = False  # READY before its current obtain began
 
 
 @dataclass
@@ -155,6 +156,7 @@ class UriStore:
             make_dir(root / sub)  # 0755 whatever the umask; loose modes of an earlier run fixed
         for own in (db.staging, db.trash):
             own.mkdir(mode=0o700, exist_ok=True)
+        db.on_leftovers = self.delete_in_background  # what a cancelled transaction set aside
 
     def adopt(self, key: UriKey, size: int, last_used_ms: int) -> None:
         """A package the index vouches for and the disk holds, not used by this agent."""
@@ -190,6 +192,8 @@ class UriStore:
             if entry is None:
                 entry = UriEntry(key=key, path=self.path_for(key))
                 self._entries[key] = entry
+            else:  # ready, not held: taken again. If that fails, the next pass reads every
+                entry.was_ready = True  # ready package (the change log would not bring it back)
             entry.state = UriState.INSTALLING
             entry.task = asyncio.create_task(
                 self._obtain(entry, package, installer), name=f"install {key.label}"
@@ -306,6 +310,8 @@ class UriStore:
         key = entry.key
         if self._entries.get(key) is entry:
             del self._entries[key]
+            if entry.was_ready:
+                self._seen_gen = -1
         self._db.note_claim_dropped(key.kind.value, key.uri)
         if self._refcount(key) == 0:
             self._db.note_ref_dropped(key.kind.value, key.uri)
@@ -354,10 +360,13 @@ class UriStore:
         row = UriRow(
             entry.key.kind.value, entry.key.uri, entry.path.name, entry.size, entry.last_used_ms
         )  # fmt: skip
+        step = asyncio.ensure_future(self._db.record_install(row))
         try:
-            await self._db.record_install(row)
+            await through(step)  # a cancellation waits for the commit, to know its outcome
         except BaseException:
-            self.delete_in_background([self._to_trash(entry.path)])
+            if step.cancelled() or step.exception() is not None:  # not committed: nobody
+                self.delete_in_background([self._to_trash(entry.path)])  # vouches for it
+            # committed: the package stays, ready for every agent (unused here: forgotten)
             raise
 
     def note(self, keys: Iterable[UriKey]) -> None:
@@ -376,10 +385,14 @@ class UriStore:
             return
         now = self._now_ms()
         for key in keys:
-            self._db.note_ref_dropped(key.kind.value, key.uri)
             entry = self._entries.get(key)
-            if entry is None or entry.state is not UriState.READY:
-                continue  # an install in flight is released when it completes
+            if entry is not None and entry.state is UriState.INSTALLING:
+                # released when it ends, if its count is 0 then: a create may join it before,
+                # and its reference must still be in the index when it is handed out (R1)
+                continue
+            self._db.note_ref_dropped(key.kind.value, key.uri)
+            if entry is None:
+                continue
             entry.held = False
             entry.last_used_ms = now
             self._db.note_uri(key.kind.value, key.uri, now)
