@@ -143,9 +143,14 @@ def reap_dead(conn: sqlite3.Connection, root: Path, me: str, trash: Path) -> Rea
     for holder in sorted(named - {me}):
         if not is_alive(root, holder):
             _reap(conn, root, holder, trash, reaped)
+    # the holders reaped above look alive to ``is_alive`` (their locks are ours until the
+    # commit): their folders are set aside by name
+    reaping = {holder for holder, _ in reaped.holders}
     for sub in ("tmp", "trash"):
         for name in _names(root / sub):
-            if name != me and not (is_holder_id(name) and is_alive(root, name)):
+            if name in reaping or (
+                name != me and not (is_holder_id(name) and is_alive(root, name))
+            ):
                 _set_aside(root / sub / name, trash, reaped)
     for holder in lock_files(root):  # an agent killed between its lock and its row
         if holder not in named and holder != me and not is_alive(root, holder):
