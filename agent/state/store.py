@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from agent.core.errors import DiskExhausted
+from agent.core.errors import DiskExhausted, echo_label
 from agent.core.packages import Package
 from agent.core.uris import UriKey, UriKind
 from agent.crash import crash_point
@@ -446,14 +446,15 @@ class UriStore:
         trashed = []
         for evicted in swept.evicted:
             row = evicted.row
+            label = echo_label(f"{row.kind}:{row.uri}")  # as UriKey.label, any kind
             self.evictions += 1
             if evicted.trashed is None:
-                log.warning("evicting %s: its folder was gone already", row.uri)
+                log.warning("evicting %s: its folder was gone already", label)
             else:
                 trashed.append(evicted.trashed)
             log.info(
-                "evicted %s (%d bytes, unused)", row.uri, row.size,
-                extra={"uri": row.uri, "bytes": row.size},
+                "evicted %s (%d bytes, unused)", label, row.size,
+                extra={"uri": label, "bytes": row.size},
             )  # fmt: skip
         if delete and trashed:
             self.delete_in_background(trashed)
