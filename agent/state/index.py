@@ -355,10 +355,10 @@ def reconcile(
         kept.append(Row(kind, uri, directory, size, used))
         vouched.add(directory)
     conn.executemany("DELETE FROM uris WHERE kind = ? AND uri = ?", drop)
-    if loose := len(scan.loose - vouched):  # their rows dropped above, or none: orphans below
+    if untrusted := len(scan.loose - vouched):  # rows dropped above, or none: orphans below
         log.warning(
             "%d package directories are another user's or writable by others; they are deleted "
-            "and will be installed again", loose,
+            "and will be installed again", untrusted,
         )  # fmt: skip
     orphans = []
     for name in sorted(scan.dirs - vouched):
