@@ -18,7 +18,7 @@ from agent.app.token import MISSING, WRONG, Token
 from agent.core.errors import ErrorKind, TokenError, Unauthenticated
 from agent.ops.server import Agent
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import RunningAgent, env_json, running_agent, workdir_zip
+from tests.helpers import RunningAgent, env_json, listed, running_agent, workdir_zip
 from tests.test_process import refused, run_cli
 
 TOKEN = "s3cret-token-for-tests"
@@ -189,7 +189,7 @@ async def test_file_packages_are_confined_to_the_allowed_roots(base: Path) -> No
         assert await create_status(a, f"{allowed}/%2E%2E/other/out.zip") == PERMISSION_DENIED
         assert len(a.service.tables) == 0
         await a.settle()  # staging is removed in the background
-        assert (a.uri_dirs(), list((a.root / "tmp").iterdir())) == ([], [])
+        assert (a.uri_dirs(), listed(a.root, "tmp")) == ([], [])
         assert await create_status(a, allowed / "in.zip") == grpc.StatusCode.OK
         assert await create_status(a, allowed / "sub" / "deep.zip") == grpc.StatusCode.OK
         assert len(a.uri_dirs()) == 2

@@ -20,6 +20,7 @@ from tests.helpers import (
     PackageServer,
     RunningAgent,
     env_json,
+    listed,
     package_server,
     running_agent,
     short_tempdir,
@@ -404,7 +405,7 @@ async def test_agent_still_serves_with_intact_state_after_the_bad_input(target: 
     assert uris == [("working_dir", good, 1, "ready")]
     a.service.check_invariants()
     await a.settle()  # staging of a failed install is removed in the background
-    assert list((a.root / "tmp").iterdir()) == [], "a failed install left staging files"
+    assert listed(a.root, "tmp") == [], "a failed install left staging files"
 
     assert await a.delete(reply.runtime_env_id) == 0
     info = await a.info()

@@ -294,22 +294,38 @@ def test_no_process_is_left_behind() -> None:
 def test_root_checks_create_nothing_and_the_lock_outlasts_another_starters_check(
     base: Path,
 ) -> None:
-    """check_root_free makes no lock file; its brief shared lock never makes lock_root refuse."""
+    """check_root_free makes no lock file; agents with state.db share the lock, one that needs
+    the root alone (--no-state-db) refuses and is refused by them; a starter's brief check,
+    shared or exclusive, never makes lock_root refuse."""
     root = base / "root"
     root.mkdir()
     check_root_free(root)
+    check_root_free(root, alone=True)
     assert list(root.iterdir()) == [], "the check made a file"
-    fd = lock_root(root)
+    shared = lock_root(root)
     try:
-        with pytest.raises(StartupError, match=rf"another agent \(pid {os.getpid()}\)"):
-            check_root_free(root)
-    finally:
-        os.close(fd)
-    probe = os.open(root / "agent.lock", os.O_RDONLY)
-    fcntl.flock(probe, fcntl.LOCK_SH)  # another starter, in the middle of its check
-    timer = threading.Timer(0.03, os.close, (probe,))
-    timer.start()
-    try:
+        check_root_free(root)  # another agent with state.db may share it
         os.close(lock_root(root))
+        with pytest.raises(StartupError, match=r"other agents serve root .* needs it alone"):
+            check_root_free(root, alone=True)
     finally:
-        timer.join(STOP_S)
+        os.close(shared)
+    alone = lock_root(root, alone=True)
+    try:
+        with pytest.raises(
+            StartupError, match=rf"an agent started with --no-state-db \(pid {os.getpid()}\)"
+        ):
+            check_root_free(root)
+        with pytest.raises(StartupError, match=r"other agents serve root"):
+            check_root_free(root, alone=True)
+    finally:
+        os.close(alone)
+    for held, alone_after in ((fcntl.LOCK_SH, True), (fcntl.LOCK_EX, False)):
+        probe = os.open(root / "agent.lock", os.O_RDONLY)
+        fcntl.flock(probe, held)  # another starter, in the middle of its check
+        timer = threading.Timer(0.03, os.close, (probe,))
+        timer.start()
+        try:
+            os.close(lock_root(root, alone=alone_after))
+        finally:
+            timer.join(STOP_S)

@@ -26,10 +26,12 @@ import grpc
 import pytest
 
 from agent.crash import ENV_VAR, POINTS
+from agent.state.holders import is_alive, lock_files
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.helpers import (
     PackageServer,
     env_json,
+    listed,
     make_zip,
     package_server,
     wait_until,
@@ -139,19 +141,25 @@ async def agent_process(
 
 @dataclass(frozen=True)
 class Index:
-    uris: dict[str, tuple[str, str, int]]  # dir -> (kind, uri, last_used_ms)
-    live_envs: int  # the envs live at the agent's last write
+    uris: dict[str, tuple[str, str, int]]  # dir -> (kind, uri, last_used_ms), ready packages
+    live_envs: int  # the envs live at the agents' last writes, summed over the holders
+    claims: int  # packages being installed (claimed by a holder)
 
 
 def read_index(root: Path) -> Index:
     """Read ``state.db`` through a read-only connection of this process."""
     conn = sqlite3.connect(f"file:{root / 'state.db'}?mode=ro", uri=True)
     try:
-        rows = conn.execute("SELECT dir, kind, uri, last_used_ms FROM uris").fetchall()
-        [(live,)] = conn.execute("SELECT envs FROM live").fetchall()
+        rows = conn.execute(
+            "SELECT dir, kind, uri, last_used_ms FROM uris WHERE state = 'ready'"
+        ).fetchall()
+        [(live,)] = conn.execute("SELECT coalesce(sum(live_envs), 0) FROM holders").fetchall()
+        [(claims,)] = conn.execute(
+            "SELECT count(*) FROM uris WHERE state = 'installing'"
+        ).fetchall()
     finally:
         conn.close()
-    return Index({d: (k, u, n) for d, k, u, n in rows}, live)
+    return Index({d: (k, u, n) for d, k, u, n in rows}, live, claims)
 
 
 def listing(path: Path) -> list[str]:
@@ -159,10 +167,11 @@ def listing(path: Path) -> list[str]:
 
 
 def staging(root: Path) -> set[str]:
-    """What the one staging directory under tmp/ holds (empty set if there is none)."""
-    dirs = listing(root / "tmp")
-    assert len(dirs) <= 1, dirs
-    return set(listing(root / "tmp" / dirs[0])) if dirs else set()
+    """What the one staging directory under tmp/ holds (empty set if there is none): tmp/ holds
+    one folder per holder, the dead agent's holding at most one staging directory."""
+    inside = [own / name for own in (root / "tmp").iterdir() for name in listing(own)]
+    assert len(inside) <= 1, inside
+    return set(listing(inside[0])) if inside else set()
 
 
 # -- scenarios -------------------------------------------------------------------------------
@@ -219,6 +228,7 @@ class Scenario:
     rows_dropped: int
     orphans: int
     bytes_freed: int
+    envs_forgotten: int  # the armed agent's live envs, as its last transaction wrote them
     args: tuple[str, ...] = ()
 
 
@@ -228,11 +238,12 @@ ZIP_ONLY, ZIP_AND_TREE = frozenset({"package.zip"}), frozenset({"package.zip", "
 def install_crash(
     dead_uris: int, dead_staging: frozenset[str], orphans: int, freed: int
 ) -> Scenario:
-    """A crash inside Y's install: X (committed) is kept, Y (not committed) is lost."""
+    """A crash inside Y's install: X (committed) is kept, Y (not committed) is lost. Two envs
+    forgotten: A (ready) and B (creating), noted before the transaction that claimed Y."""
     return Scenario(
         create_a_then_crash_installing_b, dead_uris=dead_uris, dead_staging=dead_staging,
         dead_trash=0, kept=frozenset({"x.zip"}), refetched=frozenset({"y.zip"}),
-        rows_dropped=0, orphans=orphans, bytes_freed=freed,
+        rows_dropped=0, orphans=orphans, bytes_freed=freed, envs_forgotten=2,
     )  # fmt: skip
 
 
@@ -244,12 +255,15 @@ SCENARIOS = {
     "mid_count_batch": Scenario(
         install_b_then_crash_writing_counts, dead_uris=2, dead_staging=frozenset(),
         dead_trash=0, kept=frozenset({"x.zip", "y.zip"}), refetched=frozenset(),
-        rows_dropped=0, orphans=0, bytes_freed=0,
+        rows_dropped=0, orphans=0, bytes_freed=0, envs_forgotten=1,  # B, carried by its commit
     ),
     "during_trash_deletion": Scenario(
         install_b_release_it_then_crash_evicting_x, dead_uris=1, dead_staging=frozenset(),
         dead_trash=1, kept=frozenset({"y.zip"}), refetched=frozenset({"x.zip"}),
-        rows_dropped=1, orphans=0, bytes_freed=X_FILES, args=("--cache-budget", str(BUDGET)),
+        rows_dropped=0, orphans=0, bytes_freed=X_FILES, args=("--cache-budget", str(BUDGET)),
+        # X's row went with its eviction (one transaction): none is left to drop; B's delete
+        # noted 0 live envs before the pass that evicted X, whose transaction carried it
+        envs_forgotten=0,
     ),
 }  # fmt: skip
 
@@ -257,8 +271,8 @@ SCENARIOS = {
 def premature(point: str, root: Path, armed: AgentProc, exc: BaseException) -> str:
     """The workload failed: say so, and whether the agent died in recovery, before serving."""
     hint = ""
-    if list(root.glob(".old-*")):
-        hint = " (recovery's own deletion of the set-aside tmp/ and trash/ reached the point)"
+    if not armed.address and listed(root, "trash"):
+        hint = " (recovery's own deletion of what it set aside reached the point)"
     return f"the workload for {point} failed{hint}: {exc}\nlog:\n{armed.log_text()[-2000:]}"
 
 
@@ -276,10 +290,18 @@ async def install_x_and_stop(root: Path, log: Path, pkgs: PackageServer) -> None
 
 
 def leftovers(root: Path) -> list[str]:
+    """What is under tmp/ and trash/ besides the live agents' own empty folders there, and the
+    lock files of holders that are gone."""
     return [
-        *listing(root / "tmp"),
-        *listing(root / "trash"),
-        *(p.name for p in root.glob(".old-*")),
+        *listed(root, "tmp"),
+        *listed(root, "trash"),
+        *(
+            f"{sub}/{name}"
+            for sub in ("tmp", "trash")
+            for name in listing(root / sub)
+            if not is_alive(root, name)
+        ),
+        *(f"holders/{name}" for name in lock_files(root) if not is_alive(root, name)),
     ]
 
 
@@ -294,6 +316,7 @@ async def check_recovered(
     urls = {f"{pkgs.base_url}/{name}": name for name in ZIPS}
     assert {urls[u] for _, u, _ in index.uris.values()} == kept
     assert index.live_envs == 0, "envs of the dead agent's clients survived"
+    assert index.claims == 0, "the dead agent's install claim survived"
 
     info = await agent.info()
     assert {urls[u.uri] for u in info.uris} == kept
@@ -344,13 +367,13 @@ async def test_restart_after_sigkill_at_crash_point_agrees_with_disk_and_reuses_
             assert await armed.died() == -signal.SIGKILL, armed.log_text()
         assert len(listing(root / "uris")) == scenario.dead_uris, "it did not die at the point"
         assert staging(root) == scenario.dead_staging, "it did not die at the point"
-        assert len(listing(root / "trash")) == scenario.dead_trash, "it did not die at the point"
+        assert len(listed(root, "trash")) == scenario.dead_trash, "it did not die at the point"
 
         async with agent_process(root, base / "3-restart.log") as agent:
             r = await check_recovered(agent, root, pkgs, scenario.kept)
             assert r.rows_dropped == scenario.rows_dropped, r
             assert r.orphans_deleted == scenario.orphans, r
-            assert r.envs_forgotten == 1, r  # the armed agent's env, carried by a commit
+            assert r.envs_forgotten == scenario.envs_forgotten, r
             assert r.bytes_freed == scenario.bytes_freed, r
             await create_each(
                 agent, root, pkgs, set(scenario.kept | scenario.refetched), set(scenario.refetched)
@@ -360,8 +383,9 @@ async def test_restart_after_sigkill_at_crash_point_agrees_with_disk_and_reuses_
 async def test_sigkill_while_recovery_deletes_leftovers_is_finished_by_the_next_start(
     base: Path,
 ) -> None:
-    """A kill -9 while recovery deletes a previous run's staging leftovers: the next start
-    deletes them, keeps the cache and serves it without downloads."""
+    """A kill -9 while recovery deletes a previous run's staging leftovers (a folder under tmp/
+    of no live holder, set aside into the recovering agent's trash): the next start reaps that
+    dead agent, deletes them, keeps the cache and serves it without downloads."""
     root = base / "root"
     async with package_server() as pkgs:
         for name, body in ZIPS.items():
@@ -374,7 +398,8 @@ async def test_sigkill_while_recovery_deletes_leftovers_is_finished_by_the_next_
             root, base / "2-armed.log", crash_at="during_trash_deletion"
         ) as armed:
             assert await armed.died() == -signal.SIGKILL, armed.log_text()
-        assert list(root.glob(".old-tmp-*")), "it did not die while deleting the leftovers"
+        assert listed(root, "trash") != [], "it did not die while deleting the leftovers"
+        assert not (root / "tmp" / "stale").exists(), "the leftovers were not set aside"
 
         async with agent_process(root, base / "3-restart.log") as agent:
             r = await check_recovered(agent, root, pkgs, frozenset({"x.zip"}))

@@ -29,6 +29,7 @@ from tests.helpers import (
     PackageServer,
     RunningAgent,
     env_json,
+    listed,
     make_zip,
     package_server,
     running_agent,
@@ -99,10 +100,11 @@ async def cache_unused(a: RunningAgent, pkgs: PackageServer, names: list[str]) -
 async def assert_clean_and_serving(
     a: RunningAgent, pkgs: PackageServer, *, install: bool = True
 ) -> None:
-    """No staging or trash left, no reference held; a create (of a small package, or of env
+    """No staging or trash left (in the agent's own folders under tmp/ and trash/), no
+    reference held; a create (of a small package, or of env
     vars only where the floor leaves no room at all) still works."""
     await a.settle()
-    assert (list((a.root / "tmp").iterdir()), list((a.root / "trash").iterdir())) == ([], [])
+    assert (listed(a.root, "tmp"), listed(a.root, "trash")) == ([], [])
     assert len(a.service.tables) == 0
     a.service.check_invariants()
     if not install:
@@ -233,7 +235,7 @@ async def test_disk_filled_while_a_download_waits_is_refused_by_the_floor_then_s
                     assert f"installing needs {body} bytes and keeps 0 free" in details
                     assert (await a.info()).cache.downloads == 0, "not mid-download"
                     await a.settle()
-                    assert (a.uri_dirs(), list((a.root / "tmp").iterdir())) == ([], [])
+                    assert (a.uri_dirs(), listed(a.root, "tmp")) == ([], [])
                     filler.unlink()
                     reply = await a.create(env_json(url))
                     assert (Path(reply.context.cwd) / "data.bin").stat().st_size == 2 * MiB

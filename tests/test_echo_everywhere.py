@@ -24,6 +24,7 @@ from agent.install.fetch import Fetcher, FetchLimits
 from agent.install.file_source import FileRoots, open_package
 from agent.install.installers import InstallTools, build_installers
 from agent.install.venv import _tail
+from agent.state.state_db import StateDB
 from agent.state.store import UriStore
 
 SHORT = 1024  # bytes: what a message about one huge value may take at most
@@ -98,8 +99,11 @@ def test_venv_quotes_a_huge_installer_line_cut(tmp_path: Path) -> None:
 async def test_store_cuts_a_huge_uri_once_as_the_label_of_its_messages(tmp_path: Path) -> None:
     path = "/missing" + "/" + "/".join(["d" * 200] * 19)  # under parse_uri's 4096 characters
     key = UriKey(UriKind.WORKING_DIR, f"file://{path}")
+    root = tmp_path / "root"
+    root.mkdir()
+    db = StateDB(root / "state.db")
+    await db.open()  # the store works over the root's index, this process a holder of it
     async with aiohttp.ClientSession() as session:
-        root = tmp_path / "root"
         installers = build_installers(
             InstallTools(
                 Fetcher(session, FetchLimits()),
@@ -109,12 +113,13 @@ async def test_store_cuts_a_huge_uri_once_as_the_label_of_its_messages(tmp_path:
                 root / "logs",
             )
         )
-        store = UriStore(root, installers, db=None, refcount=lambda _: 0, budget_bytes=10**9)
+        store = UriStore(root, installers, db=db, refcount=lambda _: 0, budget_bytes=10**9)
         try:
             with pytest.raises(AgentError) as failed:
                 await store.ensure(Package(key, parse_uri(key.kind.value, key.uri)))
         finally:
             await store.close()
+            await db.close()
     _short_naming(failed.value.message, len(str(key)))
     assert "no such file on this node" in failed.value.message
 

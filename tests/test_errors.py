@@ -114,7 +114,9 @@ def test_every_kind_has_one_grpc_code_and_clients_see_the_codes_they_always_saw(
         "RequestIdReused": code.FAILED_PRECONDITION,
         "PermissionDenied": code.PERMISSION_DENIED,
         "Unauthenticated": code.UNAUTHENTICATED,
+        "Unavailable": code.UNAVAILABLE,
         "DownloadFailed": code.UNAVAILABLE,
+        "IndexUnavailable": code.UNAVAILABLE,  # the root's shared index stayed locked, or failed
         "DiskExhausted": code.RESOURCE_EXHAUSTED,
         "SetupTimeout": code.DEADLINE_EXCEEDED,
         # met at start, never sent: as they were before kinds

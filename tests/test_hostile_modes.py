@@ -18,7 +18,7 @@ import pytest
 
 from agent.ops.startup import prepare_socket_path
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import env_json, package_server, wait_until, zip_with_infos
+from tests.helpers import env_json, listed, package_server, wait_until, zip_with_infos
 from tests.pip_wheels import hermetic_pip_environ, isolate_pip, pip_env
 from tests.test_process import REPO, START_S, stop
 
@@ -141,22 +141,26 @@ async def test_an_agent_under_umask_000_keeps_nothing_others_may_write_and_no_se
             await create(stub, env_json(wd_url, [f"file://{pkgs / 'mods.zip'}"]))
 
             # a package in flight: its staging folder is private, its download file 0600
-            await wait_until(lambda: not os.listdir(root / "tmp"), what="earlier staging gone")
+            await wait_until(lambda: not listed(root, "tmp"), what="earlier staging gone")
             held = asyncio.create_task(create(stub, env_json(py_modules=[held_url])))
             await asyncio.wait_for(server.requested("held.zip").wait(), CREATE_S)
-            staging = list((root / "tmp").iterdir())
+            staging = list((root / "tmp").glob("*/*"))  # tmp/<holder id>/<random>
             assert len(staging) == 1, staging
+            assert mode_of(staging[0].parent) == 0o700  # the agent's own staging folder
             assert mode_of(staging[0]) == 0o700
             assert mode_of(staging[0] / "package.zip") == 0o600
             gate.set()
             await held
 
             await create(stub, pip_env(["alpha-pkg"], wheels), timeout_s=PIP_CREATE_S)
-            await wait_until(lambda: not os.listdir(root / "tmp"), what="staging deleted")
+            await wait_until(lambda: not listed(root, "tmp"), what="staging deleted")
 
             names = set(os.listdir(root))
             expected = {"agent.lock", "agent.sock", "state.db", "state.db-wal", "state.db-shm"}
-            assert expected | {"uris", "tmp", "trash", "logs"} <= names, names
+            assert expected | {"uris", "tmp", "trash", "logs", "holders"} <= names, names
+            [lock] = (root / "holders").iterdir()  # the agent's holder lock, 0600 like its pid
+            assert mode_of(lock) == 0o600
+            assert mode_of(root / "holders") == 0o755
             assert len(os.listdir(root / "uris")) == 4  # working dir, two modules, one venv
             assert mode_of(root / "agent.lock") == 0o600
             assert mode_of(root / "agent.sock") == 0o600

@@ -34,22 +34,31 @@ from agent.install.installers import (
 )
 from agent.install.installers.base import recipe_error
 from agent.install.staging import place_package
+from agent.state.state_db import StateDB
 from agent.state.store import UriStore
-from tests.helpers import module_zip, wait_until
+from tests.helpers import listed, module_zip, wait_until
 
 
 @asynccontextmanager
 async def a_store(root: Path) -> AsyncIterator[UriStore]:
-    async with aiohttp.ClientSession() as session:
-        fetcher = Fetcher(session, FetchLimits())
-        installers = build_installers(
-            InstallTools(fetcher, ArchiveLimits(), sys.executable, "pip", root / "logs")
-        )
-        store = UriStore(root, installers, db=None, refcount=lambda _: 1, budget_bytes=10**9)
-        try:
-            yield store
-        finally:
-            await store.close()
+    """A store over the root's index (this process one holder of the root), every package it
+    installs counted as used."""
+    root.mkdir(parents=True, exist_ok=True)
+    db = StateDB(root / "state.db")
+    await db.open()
+    try:
+        async with aiohttp.ClientSession() as session:
+            fetcher = Fetcher(session, FetchLimits())
+            installers = build_installers(
+                InstallTools(fetcher, ArchiveLimits(), sys.executable, "pip", root / "logs")
+            )
+            store = UriStore(root, installers, db=db, refcount=lambda _: 1, budget_bytes=10**9)
+            try:
+                yield store
+            finally:
+                await store.close()
+    finally:
+        await db.close()
 
 
 def test_every_kind_has_one_installer_and_one_placement() -> None:
@@ -105,10 +114,10 @@ async def test_an_install_cancelled_during_its_rename_leaves_nothing_in_uris(
     )
     entered, go_on = threading.Event(), threading.Event()
 
-    def slow_place(root: Path, unpacked: Path, final: Path) -> Path | None:
+    def slow_place(trash: Path, unpacked: Path, final: Path) -> Path | None:
         entered.set()
         assert go_on.wait(10), "the test never let the rename go on"
-        return place_package(root, unpacked, final)
+        return place_package(trash, unpacked, final)
 
     monkeypatch.setattr("agent.state.store.place_package", slow_place)
     root = tmp_path / "root"
@@ -127,7 +136,7 @@ async def test_an_install_cancelled_during_its_rename_leaves_nothing_in_uris(
         await store.drain()
         assert store.entry(package.key) is None
         assert list((root / "uris").iterdir()) == []
-        assert list((root / "trash").iterdir()) == []
+        assert listed(root, "trash") == []
 
 
 # -- a new kind, through the tables only -----------------------------------------------------
@@ -209,11 +218,12 @@ def test_a_rename_into_place_that_fails_deletes_the_leftover_it_moved_aside(tmp_
     """A leftover at the final path (a crash between steps) goes to the trash before the rename;
     if the rename then fails, nobody else knows where it went, so it is deleted at once."""
     root = tmp_path / "root"
-    (root / "trash").mkdir(parents=True)
+    trash = root / "trash" / ("0" * 32)  # the agent's own trash folder
+    trash.mkdir(parents=True)
     final = root / "uris" / "py_modules-x"
     final.mkdir(parents=True)
     (final / "old.py").write_text("")
     with pytest.raises(FileNotFoundError):
-        place_package(root, tmp_path / "never-made", final)
-    assert list((root / "trash").iterdir()) == []
+        place_package(trash, tmp_path / "never-made", final)
+    assert list(trash.iterdir()) == []
     assert not final.exists()

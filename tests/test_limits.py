@@ -16,6 +16,7 @@ from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.helpers import (
     RunningAgent,
     env_json,
+    listed,
     make_zip,
     package_server,
     running_agent,
@@ -39,7 +40,7 @@ async def refused(call: Awaitable[object], code: grpc.StatusCode, *words: str) -
 async def still_serves(a: RunningAgent, url: str) -> None:
     assert len(a.service.tables) == 0
     await a.settle()  # staging is removed in the background
-    assert list((a.root / "tmp").iterdir()) == []
+    assert listed(a.root, "tmp") == []
     reply = await a.create(env_json(url))
     assert (Path(reply.context.cwd) / "ok.txt").read_text() == "ok"
     assert await a.delete(reply.runtime_env_id) == 0
@@ -75,7 +76,7 @@ async def test_download_over_max_download_bytes_is_refused_naming_size_and_limit
                 f"is {len(big)} bytes; the limit is {LIMIT} (max_download_bytes)",
             )
         assert list((root / "uris").iterdir()) == []
-        await wait_until(lambda: not any((root / "tmp").iterdir()), what="staging removed")
+        await wait_until(lambda: not listed(root, "tmp"), what="staging removed")
         reply = await create(pkgs.add("ok.zip", workdir_zip({"ok.txt": "ok"})))
         assert (Path(reply.context.cwd) / "ok.txt").read_text() == "ok"
 
@@ -104,6 +105,6 @@ async def test_setup_timeout_over_max_setup_timeout_is_capped_to_it(asked: int) 
             )
         finally:
             gate.set()
-        await wait_until(lambda: not any((a.root / "tmp").iterdir()), what="staging removed")
+        await wait_until(lambda: not listed(a.root, "tmp"), what="staging removed")
         assert a.uri_dirs() == []
         await still_serves(a, url)

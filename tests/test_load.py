@@ -12,6 +12,7 @@ from pathlib import Path
 from agent.app.config import Settings
 from tests.helpers import (
     env_json,
+    listed,
     module_zip,
     package_server,
     running_agent,
@@ -109,5 +110,5 @@ async def test_thousand_concurrent_creates_over_ten_shared_uris_install_each_onc
         assert [(u.references, u.state) for u in info.uris] == [(0, "unused")] * 10
         assert (info.cache.used_bytes, a.service.store.installs_in_flight()) == (0, 0)
         assert [e for e in info.envs if e.state != "failed"] == []
-        assert list((a.root / "tmp").iterdir()) == []
+        assert listed(a.root, "tmp") == []
         a.service.check_invariants()

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 from pathlib import Path
 
 import grpc
 import pytest
 
-from tests.helpers import wait_until
+from tests.helpers import listed, wait_until
 from tests.pip_wheels import (
     isolate_pip,
     pip_env,
@@ -69,8 +68,8 @@ async def test_a_crash_after_the_venv_is_built_leaves_nothing_kept_and_the_next_
             await armed.create(env)
         assert cut.value.code() == grpc.StatusCode.UNAVAILABLE, cut.value
         assert await armed.died() == -signal.SIGKILL, armed.log_text()
-    [staging] = listing(root / "tmp")
-    venv = root / "tmp" / staging / "venv"
+    [staging] = (root / "tmp").glob("*/*")  # tmp/<the dead agent's holder id>/<random>
+    venv = staging / "venv"
     assert list(venv.glob("lib/python*/site-packages/alpha_pkg/__init__.py")), "venv not built"
     assert pip_dirs(root) == [], "the crash came after the rename"
 
@@ -114,7 +113,7 @@ async def test_a_kill_9_mid_install_leaves_nothing_that_recovery_keeps(
         await kill_mid_install(root, base / "killed.log", slow, found)
         async with agent_process(root, base / "clean.log") as clean:
             await recovered_with_nothing(clean, root)
-            assert os.listdir(root / "tmp") == []
+            assert listed(root, "tmp") == []
             await clean.sigterm()
 
 

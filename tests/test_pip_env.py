@@ -19,7 +19,7 @@ from agent.core.pip_spec import parse_pip
 from agent.core.uris import UriKey, UriKind
 from agent.install.venv import build_venv
 from rtenv.v1 import agent_pb2
-from tests.helpers import RunningAgent, env_json, running_agent, wait_until, workdir_zip
+from tests.helpers import RunningAgent, env_json, listed, running_agent, wait_until, workdir_zip
 from tests.pip_wheels import (
     SCRIPT,
     alive,
@@ -83,7 +83,7 @@ async def nothing_left(ra: RunningAgent) -> None:
     await wait_until(lambda: store.installs_in_flight() == 0, what="the install wound down")
     await wait_until(lambda: not processes_mentioning(staging), what="installers gone")
     await ra.settle()
-    assert os.listdir(ra.root / "tmp") == []
+    assert listed(ra.root, "tmp") == []
     assert pip_dirs(ra) == []
     info = await ra.info()
     assert [u.uri for u in info.uris if u.kind == "pip"] == []
@@ -119,8 +119,9 @@ async def test_installer_spawns_survive_grpc_traffic_in_the_agent() -> None:
         streams = [asyncio.create_task(traffic()) for _ in range(4)]
         crash = ""
         try:
+            own = ra.agent._db.staging  # type: ignore[union-attr]  # a pass reaps strays
             for i in range(100):  # two spawns each: the venv, then the installer
-                staging = ra.root / "tmp" / f"probe-{i}"
+                staging = own / f"probe-{i}"
                 staging.mkdir()
                 try:
                     await build_venv(

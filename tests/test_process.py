@@ -242,16 +242,59 @@ async def test_socket_path_over_107_bytes_exits_2_naming_length_and_limit(
     assert not socket_path.exists()
 
 
-async def test_second_agent_on_the_same_root_is_refused_and_the_first_keeps_serving(
+ALONE = "and this start needs it alone (--no-state-db keeps the index in memory"
+
+
+async def test_two_agents_share_a_root_and_one_that_needs_it_alone_is_refused_by_them(
     base: Path,
 ) -> None:
+    """Agents with state.db share a root, each on its own address; --no-state-db and
+    --reset-state need the root alone: refused (exit 2, one line) while others serve it, and
+    those keep serving."""
     root = base / "root"
-    async with serving(base / "agent.log", "--root", str(root)) as first:
+    second_address = f"unix:{base / 'second.sock'}"
+    async with (
+        serving(base / "first.log", "--root", str(root)) as first,
+        serving(base / "second.log", "--root", str(root), "--address", second_address) as second,
+    ):
         await wait_health_serving(first.address)
-        code, err = await refused(base / "second.log", "--root", str(root))
+        await wait_health_serving(second.address)
+        assert second.address != first.address
+        for flag in ("--no-state-db", "--reset-state"):
+            address = f"unix:{base / 'alone.sock'}"
+            code, err = await refused(
+                base / f"{flag}.log", "--root", str(root), "--address", address, flag
+            )
+            assert code == 2, err
+            assert f"other agents serve root {root.resolve()}, {ALONE}" in err, err
+            assert len(err.strip().splitlines()) == 1, err
+        for served in (first, second):
+            await wait_health_serving(served.address)
+            assert served.proc.returncode is None
+        assert (root / "state.db").is_file(), "--reset-state moved the shared index aside"
+
+
+async def test_an_agent_with_no_state_db_serves_its_root_alone_and_refuses_any_other(
+    base: Path,
+) -> None:
+    """An agent whose index is in memory cannot share its root: a second agent is refused
+    (exit 2, naming the first's pid), with state.db or without, and the first keeps serving."""
+    root = base / "root"
+    async with serving(base / "first.log", "--root", str(root), "--no-state-db") as first:
+        await wait_health_serving(first.address)
+        address = f"unix:{base / 'second.sock'}"
+        code, err = await refused(base / "shared.log", "--root", str(root), "--address", address)
         assert code == 2, err
-        expected = f"another agent (pid {first.proc.pid}) is serving root {root.resolve()}"
+        expected = (
+            f"an agent started with --no-state-db (pid {first.proc.pid}) serves root "
+            f"{root.resolve()} alone"
+        )
         assert expected in err, err
+        code, err = await refused(
+            base / "alone.log", "--root", str(root), "--address", address, "--no-state-db"
+        )
+        assert code == 2, err
+        assert f"other agents serve root {root.resolve()}, {ALONE}" in err, err
         await wait_health_serving(first.address)
         assert first.proc.returncode is None
 

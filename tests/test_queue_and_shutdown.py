@@ -26,6 +26,7 @@ from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.helpers import (
     FAST_FETCH,
     env_json,
+    listed,
     make_zip,
     package_server,
     running_agent,
@@ -45,7 +46,7 @@ async def test_installs_beyond_max_concurrent_installs_queue_and_all_succeed() -
         gates = {name: pkgs.hold(name) for name in names}
 
         def staging() -> int:
-            return len(list((a.root / "tmp").iterdir()))
+            return len(listed(a.root, "tmp"))
 
         def gets() -> int:
             return sum(pkgs.gets.values())
@@ -126,16 +127,25 @@ async def wait_log(agent: Served, text: str) -> None:
     await wait_until(lambda: text in agent.log_text(), what=f"{text!r} in the agent's log")
 
 
-def db_rows(root: Path) -> tuple[int, dict[str, str]]:
-    """(live envs, {uri: dir}) from a stopped agent's state.db."""
+def db_rows(root: Path) -> tuple[int, dict[str, tuple[str, int]]]:
+    """(rows naming a holder: its own, its references and its install claims; {uri: (dir,
+    last use)} of the ready packages) from a stopped agent's state.db."""
     conn = sqlite3.connect(root / "state.db")
     try:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        [(live,)] = conn.execute("SELECT envs FROM live").fetchall()
-        uris = dict(conn.execute("SELECT uri, dir FROM uris").fetchall())
+        [(held,)] = conn.execute(
+            "SELECT (SELECT count(*) FROM holders) + (SELECT count(*) FROM refs)"
+            " + (SELECT count(*) FROM uris WHERE state = 'installing')"
+        ).fetchall()
+        uris = {
+            uri: (directory, used)
+            for uri, directory, used in conn.execute(
+                "SELECT uri, dir, last_used_ms FROM uris WHERE state = 'ready'"
+            )
+        }
     finally:
         conn.close()
-    return live, uris
+    return held, uris
 
 
 async def test_sigterm_refuses_new_calls_lets_in_flight_creates_finish_and_flushes(
@@ -153,6 +163,7 @@ async def test_sigterm_refuses_new_calls_lets_in_flight_creates_finish_and_flush
             ):
                 stub = stub_for(channel)
                 await create_call(stub, a_url)
+                hit_ms = int(time.time() * 1000)
                 await create_call(stub, a_url)  # a hit: its last use is written behind
                 in_flight = create_call(stub, b_url)
                 await asyncio.wait_for(pkgs.requested("b.zip").wait(), 10)
@@ -166,11 +177,12 @@ async def test_sigterm_refuses_new_calls_lets_in_flight_creates_finish_and_flush
                 assert await asyncio.wait_for(agent.proc.wait(), STOP_S) == 0, agent.log_text()
         finally:
             gate.set()
-    live, uris = db_rows(root)
-    assert live == 2, "the live envs noted behind were not written at the stop"
+    held, uris = db_rows(root)
+    assert held == 0, "a clean stop left its holder's rows for a reaper"
     assert set(uris) == {a_url, b_url}
-    assert sorted(uris.values()) == sorted(p.name for p in (root / "uris").iterdir())
-    assert list((root / "tmp").iterdir()) == []
+    assert uris[a_url][1] >= hit_ms, "the hit's last use noted behind was not written at the stop"
+    assert sorted(d for d, _ in uris.values()) == sorted(p.name for p in (root / "uris").iterdir())
+    assert os.listdir(root / "tmp") == [], "the agent's staging folder outlived its clean stop"
 
 
 async def test_sigterm_cancels_an_install_outlasting_the_grace_and_removes_its_files(
@@ -194,7 +206,7 @@ async def test_sigterm_cancels_an_install_outlasting_the_grace_and_removes_its_f
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await call
             assert caught.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
-    assert list((root / "tmp").iterdir()) == [], "the cancelled install left its files"
+    assert os.listdir(root / "tmp") == [], "the cancelled install left its files"
     assert list((root / "uris").iterdir()) == []
     assert db_rows(root) == (0, {})
 
@@ -227,8 +239,8 @@ async def test_second_sigterm_during_the_graceful_wait_exits_at_once_non_zero(ba
 
 async def test_a_step_of_stop_that_fails_still_releases_the_root_lock_and_raises() -> None:
     """Stopping releases every resource whatever an earlier step raised (a state.db whose
-    flusher died raises at close): the root's lock is freed, so a new agent starts on the root,
-    and the failure is raised, not swallowed."""
+    flusher died raises at close): the root's lock is freed, so a new agent that needs the root
+    alone (--no-state-db) starts on it, and the failure is raised, not swallowed."""
     base = short_tempdir()
     try:
         settings = replace(Settings(root=base / "root"), fetch=FAST_FETCH)
@@ -243,8 +255,8 @@ async def test_a_step_of_stop_that_fails_still_releases_the_root_lock_and_raises
         with pytest.raises(RuntimeError, match="planted"):
             await first.stop()
         assert first.state is AgentState.STOPPED
-        second = Agent(settings)
-        await second.start()  # the lock was released
+        second = Agent(replace(settings, persist=False))
+        await second.start()  # the lock was released: even an exclusive one is taken
         await second.stop()
     finally:
         shutil.rmtree(base, ignore_errors=True)

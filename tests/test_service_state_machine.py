@@ -6,8 +6,9 @@ installs nobody else waits for are cancelled with it),
 evict every unused package (budget 0 for a moment), and crash-restart the agent (stop it with no
 grace and start a new one on the same root). A model counts each env's references. After every
 step: the agent's references equal the model's, every package of a live env is ready with its
-directory on disk, the directories under uris/ are exactly the installed packages, the unused
-bytes fit the budget, and the service's own invariants hold. A create downloads exactly the
+directory on disk, and once the eviction passes the step asked for have run: the directories
+under uris/ are exactly the installed packages, the unused bytes fit the budget, and the
+service's own invariants hold. A create downloads exactly the
 packages that were not installed before it, so packages kept across a restart are reused.
 
 Hypothesis is synchronous: the machine owns an event loop, starts the agent on it and runs each
@@ -254,11 +255,10 @@ class AgentMachine(RuleBasedStateMachine):
         async def go() -> None:  # on the loop: eviction empties the trash in a task
             store.budget_bytes = 0
             try:
-                store.enforce_budget()
+                await store.enforce_budget()  # a pass, awaited: the budget holds after it
                 assert store.stats().unused_bytes == 0
             finally:
                 store.budget_bytes = BUDGET
-            await store.drain()
 
         self.run(go())
 
@@ -291,6 +291,7 @@ class AgentMachine(RuleBasedStateMachine):
         self.run(self._check())
 
     async def _check(self) -> None:
+        await self.service.store.settle()  # the passes a delete asked for, run
         info = await self.info()
         live = {self.ids[name]: n for name, n in self.model.items() if n}
         refs = {e.runtime_env_id: e.references for e in info.envs if e.state != "failed"}
@@ -332,7 +333,7 @@ async def test_a_create_cancelled_while_its_install_cleans_up_does_not_wedge_the
     entered, release = threading.Event(), threading.Event()
 
     def held_staging_cleanup(path: Path) -> None:
-        if path.parent.name == "tmp" and not entered.is_set():
+        if path.parent.parent.name == "tmp" and not entered.is_set():  # tmp/<holder>/<random>
             entered.set()  # the install has committed; its last step is this cleanup
             release.wait(20)
         remove_tree(path)

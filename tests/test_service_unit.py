@@ -1,6 +1,7 @@
 """The service's logic without sockets: a real ``AgentService`` over a real ``UriStore`` whose
 fetcher talks to a ``MockTransport`` serving in-memory zips (``MockPackages``), with an injected
-clock, no index (or a real SQLite file where the index is the point).
+clock, over an index in memory (as --no-state-db keeps it), or a real SQLite file where the
+file is the point.
 
 Pinned: concurrent creates of one env send one request per package, a hit does no I/O and never
 suspends, a setup timeout or a cancelled create gives back every reference and cancels the
@@ -27,9 +28,9 @@ from agent.app.config import Settings
 from agent.app.service import AgentService, Created
 from agent.core.errors import EnvNotFound, PackageNotFound, SetupTimeout
 from agent.core.refs import RefTables
-from agent.state.state_db import StateDB
+from agent.state.state_db import MEMORY, StateDB
 from agent.state.store import UriState
-from tests.helpers import env_json, wait_until
+from tests.helpers import env_json, listed, wait_until
 from tests.test_store_unit import (
     LIMITS,
     Clock,
@@ -47,7 +48,7 @@ class ServiceRig:
     service: AgentService
     packages: MockPackages
     clock: Clock
-    db: StateDB | None
+    db: StateDB
 
     async def create(self, serialized: str, *, timeout_s: int = 0) -> Created:
         created = await self.service.create(serialized, timeout_s, "")
@@ -70,7 +71,8 @@ class ServiceRig:
         return self.service.store.is_unused(key_of(url))
 
     def listing(self, sub: str) -> list[str]:
-        return sorted(p.name for p in (self.service.store.root / sub).iterdir())
+        """For tmp/ and trash/: what is in the agents' own folders there."""
+        return listed(self.service.store.root, sub)
 
     def check(self) -> None:
         self.service.check_invariants()
@@ -81,15 +83,13 @@ async def service_rig(
     tmp_path: Path, *, persist: bool = False, **overrides: Any
 ) -> AsyncIterator[ServiceRig]:
     """The service as the agent builds it, over ``MockPackages``; ``persist``: with a real
-    state.db in the root."""
+    state.db in the root (else the index in memory)."""
     root = tmp_path / "root"
     settings = replace(Settings(root=root), fetch=LIMITS, persist=persist, **overrides)
     packages, clock = MockPackages(), Clock()
-    db = None
-    if persist:
-        root.mkdir()
-        db = StateDB(root / "state.db")
-        await db.open()
+    root.mkdir()
+    db = StateDB(root / "state.db") if persist else StateDB(MEMORY, root=root)
+    await db.open()  # this process a holder of the root
     tables = RefTables()
     store = make_store(
         root, packages.transport, refcount=tables.uri_count,
@@ -102,8 +102,7 @@ async def service_rig(
     finally:
         packages.open_all()
         await store.close()
-        if db is not None:
-            await db.close()
+        await db.close()
     assert packages.transport.open_streams == 0, "an answer's stream was left open"
     assert rig.listing("tmp") == [], "staging left behind"
 
@@ -277,10 +276,12 @@ async def test_deleting_the_last_reference_evicts_over_the_budget_least_recently
         assert r.unused(a)
         r.clock.tick()
         await r.delete(env_b.env_id)  # two unused do not fit: a, released first, goes
+        await r.service.store.settle()  # at the pass the release asked for
+        r.check()
         assert r.service.store.entry(key_of(a)) is None
         assert r.unused(b)
-        await r.service.store.drain()
-        assert len(r.listing("uris")) == 1
+        assert r.listing("uris") == [r.service.store.path_for(key_of(b)).name]
+        assert r.listing("trash") == []
 
 
 # -- with the index -----------------------------------------------------------------------------
@@ -290,7 +291,6 @@ async def test_an_install_is_in_the_state_db_before_the_create_answers(tmp_path:
     async with service_rig(tmp_path, persist=True) as r:
         a = r.packages.add("a")
         await r.create(env_json(py_modules=[a]))
-        assert r.db is not None
         uris = (await r.db.load()).uris
         assert [(row.kind, row.uri, row.last_used_ms) for row in uris] == [
             ("py_modules", a, int(r.clock.now * 1000))

@@ -14,6 +14,7 @@ from tests.helpers import (
     PackageServer,
     RunningAgent,
     env_json,
+    listed,
     package_server,
     running_agent,
     wait_until,
@@ -38,7 +39,8 @@ class HeldAnswerServer(PackageServer):
 
 
 def listing(a: RunningAgent, sub: str) -> list[str]:
-    return sorted(p.name for p in (a.root / sub).iterdir())
+    """What is under ``sub``: for tmp/ and trash/, what is in the agents' own folders there."""
+    return listed(a.root, sub)
 
 
 async def assert_no_references(

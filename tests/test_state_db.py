@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,8 +17,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.core.errors import StateDBError
+from agent.core.errors import IndexUnavailable, StateDBError
 from agent.state import state_db
+from agent.state.holders import is_alive, lock_path
+from agent.state.index import Found
 from agent.state.state_db import SCHEMA_VERSION, Loaded, StateDB, UriRow
 from tests.helpers import env_json, package_server, running_agent, wait_until, workdir_zip
 
@@ -38,9 +42,14 @@ def last_used(path: Path) -> dict[str, int]:
     return {uri: used for uri, used in query(path, "SELECT uri, last_used_ms FROM uris")}
 
 
-def live_envs(path: Path) -> int:
-    [(count,)] = query(path, "SELECT envs FROM live")
+def live_envs(path: Path, holder: str) -> int:
+    """The envs a holder's row says it holds (written behind)."""
+    [(count,)] = query(path, f"SELECT live_envs FROM holders WHERE id = '{holder}'")
     return int(count)
+
+
+def holders(path: Path) -> list[str]:
+    return [holder for (holder,) in query(path, "SELECT id FROM holders ORDER BY id")]
 
 
 @asynccontextmanager
@@ -56,17 +65,25 @@ async def opened(path: Path, **kwargs: Any) -> AsyncIterator[StateDB]:
 async def test_a_new_file_is_migrated_from_version_0_to_the_schema_in_wal_mode(
     tmp_path: Path,
 ) -> None:
+    """And the opener registers as a holder of the root (its row, its locked file), both gone
+    at its clean stop."""
     path = tmp_path / "state.db"
-    async with opened(path):
-        assert query(path, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(2,)]
+    async with opened(path) as db:
+        assert query(path, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(3,)]
         assert query(path, "PRAGMA journal_mode") == [("wal",)]
         columns = [row[1] for row in query(path, "PRAGMA table_info(uris)")]
-        assert columns == ["kind", "uri", "dir", "size", "last_used_ms"]
+        assert columns == ["kind", "uri", "dir", "size", "last_used_ms", "state", "holder"]
         tables = query(path, "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY 1")
-        assert tables == [("live",), ("uris",)]
-        assert live_envs(path) == 0
+        assert tables == [("changes",), ("holders",), ("refs",), ("sqlite_sequence",), ("uris",)]
+        assert holders(path) == [db.holder_id]
+        assert live_envs(path, db.holder_id) == 0
+        assert is_alive(tmp_path, db.holder_id)
+        first = db.holder_id
+    assert holders(path) == []
+    assert not lock_path(tmp_path, first).exists()
     async with opened(path) as db:  # a second open finds the schema and changes nothing
-        assert await db.load() == Loaded([], 0)
+        assert await db.load() == Loaded([])
+        assert db.holder_id != first, "a holder's id is fresh at every start"
 
 
 # The schema version 1 as the agent wrote it (up to 2026-12), with rows of a stopped agent.
@@ -90,9 +107,11 @@ PRAGMA journal_mode = WAL;
 """.format(ab="ab" * 32)
 
 
-async def test_a_version_1_file_opens_as_version_2_keeping_its_packages(tmp_path: Path) -> None:
-    """The migration keeps every package's row (key, directory, size, last use), turns the env
-    rows into their number (recovery's envs forgotten) and drops the columns nothing read."""
+async def test_a_version_1_file_opens_as_version_3_keeping_its_packages(tmp_path: Path) -> None:
+    """The migration keeps every package's row (key, directory, size, last use) as ready,
+    turns the env rows into the live envs of a holder standing for the agent that wrote the
+    file (dead: the first pass reaps it, and its envs are the ones forgotten), and drops the
+    columns and tables nothing reads."""
     path = tmp_path / "state.db"
     conn = sqlite3.connect(path, isolation_level=None)
     try:
@@ -100,14 +119,21 @@ async def test_a_version_1_file_opens_as_version_2_keeping_its_packages(tmp_path
     finally:
         conn.close()
     async with opened(path, flush_interval_s=NEVER) as db:
-        assert query(path, "PRAGMA user_version") == [(2,)]
-        assert await db.load() == Loaded([X, Y], 2)
-        assert query(path, "SELECT name FROM sqlite_master WHERE name = 'envs'") == []
+        assert query(path, "PRAGMA user_version") == [(3,)]
+        assert await db.load() == Loaded([X, Y])
+        assert query(path, "SELECT state, holder FROM uris") == [("ready", None)] * 2
+        assert query(path, "SELECT name FROM sqlite_master WHERE name IN ('envs', 'live')") == []
+        assert live_envs(path, "schema-v2") == 2
         await db.record_install(UriRow("working_dir", "https://h/z.zip", "z", 1, 3_000))
     async with opened(path) as db:  # migrated once: the second open is a plain open
         loaded = await db.load()
         assert [row.dir for row in loaded.uris] == ["working_dir-x", "py_modules-y", "z"]
-        assert loaded.live_envs == 2
+        assert holders(path) == sorted([db.holder_id, "schema-v2"])
+        swept = await db.sweep(budget_bytes=10**9)
+        assert swept.reaped.holders == [("schema-v2", 2)]
+        assert swept.reaped.envs == 2
+        assert swept.evicted == []
+        assert holders(path) == [db.holder_id]
     assert query(path, "PRAGMA integrity_check") == [("ok",)]
 
 
@@ -116,7 +142,7 @@ async def test_record_install_is_committed_when_it_returns(tmp_path: Path) -> No
     async with opened(path, flush_interval_s=NEVER) as db:
         await db.record_install(X)
         assert last_used(path) == {X.uri: X.last_used_ms}
-        assert await db.load() == Loaded([X], 0)
+        assert await db.load() == Loaded([X])
 
 
 async def test_noted_changes_are_not_written_until_flush(tmp_path: Path) -> None:
@@ -127,16 +153,16 @@ async def test_noted_changes_are_not_written_until_flush(tmp_path: Path) -> None
         db.note_live_envs(3)
         assert db.pending() == 2
         assert last_used(path) == {X.uri: X.last_used_ms}, "a note was written before a flush"
-        assert live_envs(path) == 0
+        assert live_envs(path, db.holder_id) == 0
         await db.flush()
         assert last_used(path) == {X.uri: 7_000}
-        assert live_envs(path) == 3
+        assert live_envs(path, db.holder_id) == 3
         assert db.pending() == 0
         db.note_uri(X.kind, X.uri, 7_500)
         db.note_live_envs(4)
         await db.record_install(Y)  # a durable write carries what was noted before it
         assert last_used(path) == {X.uri: 7_500, Y.uri: Y.last_used_ms}
-        assert live_envs(path) == 4
+        assert live_envs(path, db.holder_id) == 4
 
 
 async def test_flush_every_changes_writes_the_batch_without_waiting_for_the_window(
@@ -163,7 +189,7 @@ async def test_notes_are_written_behind_when_the_window_closes(tmp_path: Path) -
         db.note_uri(X.kind, X.uri, 8_000)
         db.note_live_envs(1)
         await wait_until(
-            lambda: last_used(path)[X.uri] == 8_000 and live_envs(path) == 1,
+            lambda: last_used(path)[X.uri] == 8_000 and live_envs(path, db.holder_id) == 1,
             timeout_s=10,
             what="written behind",
         )
@@ -191,32 +217,98 @@ async def test_a_drop_noted_before_a_later_install_of_the_key_never_deletes_its_
         ]
 
 
-async def test_reset_after_recovery_drops_rows_and_forgets_envs(tmp_path: Path) -> None:
-    path = tmp_path / "state.db"
-    async with opened(path, flush_interval_s=NEVER) as db:
-        for row in (X, Y):
-            await db.record_install(row)
-        db.note_uri(X.kind, X.uri, 8_000)
-        db.note_live_envs(2)
-        await db.flush()
-        await db.reset_after_recovery([(Y.kind, Y.uri)])
-        assert last_used(path) == {X.uri: 8_000}
-        assert live_envs(path) == 0
+# A holder killed (os._exit: no clean stop) after it referenced X, claimed Z and noted 2 envs.
+_DIES = """
+import asyncio, os, sys
+from agent.state.state_db import StateDB
+
+async def main():
+    db = StateDB(sys.argv[1], flush_interval_s=3600.0)
+    await db.open()
+    await db.obtain(("working_dir", "https://h/x.zip"), "working_dir-x", take_ref=True)
+    await db.obtain(("working_dir", "https://h/z.zip"), "working_dir-z", take_ref=True)
+    db.note_live_envs(2)
+    await db.flush()
+    for own in (db.staging, db.trash):
+        (own / "left").mkdir(parents=True)
+    print(db.holder_id, flush=True)
+    os._exit(0)
+
+asyncio.run(main())
+"""
 
 
-async def test_close_writes_what_is_still_noted(tmp_path: Path) -> None:
+async def test_a_pass_reaps_a_dead_holders_references_claims_folders_and_counts_its_envs(
+    tmp_path: Path,
+) -> None:
+    """What recovery forgets of a dead agent: its references (the package becomes unused), its
+    install claims (another holder may install), its staging and trash, its lock file, and its
+    envs (reported forgotten); a live holder's own rows are untouched."""
     path = tmp_path / "state.db"
+    (tmp_path / "uris" / X.dir).mkdir(parents=True)
     async with opened(path, flush_interval_s=NEVER) as db:
         await db.record_install(X)
+        db.trash.mkdir(parents=True)  # as the store makes it: where a pass sets things aside
+        dead = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-c", _DIES, str(path)], capture_output=True,
+            text=True, timeout=60, check=True,
+        )  # fmt: skip
+        gone = dead.stdout.strip()
+        assert query(path, "SELECT holder, uri FROM refs") == [
+            (gone, X.uri), (gone, "https://h/z.zip"),
+        ]  # fmt: skip
+        assert query(path, "SELECT holder FROM uris WHERE state = 'installing'") == [(gone,)]
+        assert not is_alive(tmp_path, gone)
+        assert lock_path(tmp_path, gone).exists()
+        assert (tmp_path / "tmp" / gone / "left").is_dir()
+        assert (tmp_path / "trash" / gone / "left").is_dir()
+
+        swept = await db.sweep(budget_bytes=10**9)
+        assert swept.reaped.holders == [(gone, 2)]
+        assert sorted(p.parent for p in swept.reaped.aside) == [db.trash] * 2
+        assert holders(path) == [db.holder_id]
+        assert query(path, "SELECT * FROM refs") == []
+        assert query(path, "SELECT uri, state FROM uris") == [(X.uri, "ready")]
+        assert swept.full
+        assert swept.changes == [((X.kind, X.uri), X)]
+        assert (swept.ready_bytes, swept.unused_bytes) == (X.size, X.size)
+        assert not lock_path(tmp_path, gone).exists()
+        assert not (tmp_path / "tmp" / gone).exists()
+        assert not (tmp_path / "trash" / gone).exists()
+
+        obtained = await db.obtain(("working_dir", "https://h/z.zip"), "z", take_ref=True)
+        assert obtained.found is Found.CLAIMED, "the dead holder's claim still blocks others"
+
+
+async def test_close_writes_what_is_still_noted_then_drops_the_holders_rows(
+    tmp_path: Path,
+) -> None:
+    """A clean stop: the last-use times noted are written; this holder's references, claims,
+    row and lock file go (nothing of it is left for a reaper)."""
+    path = tmp_path / "state.db"
+    (tmp_path / "uris" / X.dir).mkdir(parents=True)
+    async with opened(path, flush_interval_s=NEVER) as db:
+        await db.record_install(X)
+        assert (await db.obtain((X.kind, X.uri), X.dir, take_ref=True)).found is Found.READY
+        claimed = await db.obtain((Y.kind, Y.uri), Y.dir, take_ref=True)  # being installed
+        assert claimed.found is Found.CLAIMED
         db.note_uri(X.kind, X.uri, 9_000)
         db.note_live_envs(5)
-    assert last_used(path) == {X.uri: 9_000}
-    assert live_envs(path) == 5
+        me = db.holder_id
+        assert query(path, "SELECT count(*) FROM refs") == [(2,)]
+    assert last_used(path) == {X.uri: 9_000}, "Y's claim was left, or X's last use lost"
+    assert query(path, "SELECT * FROM refs") == []
+    assert holders(path) == []
+    assert not lock_path(tmp_path, me).exists()
 
 
-Op = tuple[str, int, int]  # ("use" | "drop" | "live", key number, value)
+Op = tuple[str, int, int]  # ("use" | "drop" | "live" | "unref" | "unclaim", key, value)
 OPS = st.lists(
-    st.tuples(st.sampled_from(["use", "drop", "live"]), st.integers(0, 3), st.integers(0, 9))
+    st.tuples(
+        st.sampled_from(["use", "drop", "live", "unref", "unclaim"]),
+        st.integers(0, 3),
+        st.integers(0, 9),
+    )
 )
 
 
@@ -227,6 +319,10 @@ def noted(ops: list[Op]) -> state_db._Batch:
             batch.use(("py_modules", f"u{key}"), value)
         elif op == "drop":
             batch.drop(("py_modules", f"u{key}"))
+        elif op == "unref":
+            batch.refs_dropped.add(("py_modules", f"u{key}"))
+        elif op == "unclaim":
+            batch.claims_dropped.add(("py_modules", f"u{key}"))
         else:
             batch.live_envs = value
         batch.check_invariants()
@@ -245,13 +341,13 @@ def test_a_failed_batch_followed_by_newer_notes_is_the_same_as_one_batch_of_them
 
 
 def plant_failing_writes(path: Path) -> None:
-    """A real SQLite error for every transaction that writes the live row, while ``fail`` has a
-    row: a trigger that aborts."""
+    """A real SQLite error for every transaction that writes a holder's live envs, while
+    ``fail`` has a row: a trigger that aborts."""
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("CREATE TABLE fail (x)")
         conn.execute(
-            "CREATE TRIGGER failing BEFORE UPDATE ON live WHEN EXISTS (SELECT 1 FROM fail) "
+            "CREATE TRIGGER failing BEFORE UPDATE ON holders WHEN EXISTS (SELECT 1 FROM fail) "
             "BEGIN SELECT RAISE(ABORT, 'planted failure'); END"
         )
         conn.execute("INSERT INTO fail VALUES (1)")
@@ -285,12 +381,15 @@ async def test_a_failed_write_behind_keeps_its_changes_and_is_retried_in_order(
         with pytest.raises(sqlite3.IntegrityError):
             await db.flush()  # still failing, and after the retry's write (one thread)
         assert last_used(path) == {X.uri: X.last_used_ms, Y.uri: Y.last_used_ms}
-        assert live_envs(path) == 0
+        assert live_envs(path, db.holder_id) == 0
         with sqlite3.connect(path) as conn:  # the disk has room again, say
             conn.execute("DELETE FROM fail")
         conn.close()
         await wait_until(
-            lambda: last_used(path) == {X.uri: 7_500, Y.uri: 7_600} and live_envs(path) == 3,
+            lambda: (
+                last_used(path) == {X.uri: 7_500, Y.uri: 7_600}
+                and live_envs(path, db.holder_id) == 3
+            ),
             what="the kept changes written by a retry, with nothing noted since",
         )
         await wait_until(lambda: "works again" in caplog.text, what="the recovery logged")
@@ -302,66 +401,77 @@ async def test_a_bug_in_the_write_behind_task_is_logged_and_raised_by_close_afte
     """Not an SQLite error: the task dies loudly (traceback logged at once), the changes it
     held are written at close all the same, and close() raises what it died of."""
     path = tmp_path / "state.db"
-    real_apply = state_db._apply
+    real_apply = StateDB._apply
     calls = []
 
-    def buggy_once(conn: sqlite3.Connection, batch: Any, *, crash_midway: bool = False) -> None:
+    def buggy_once(
+        self: StateDB, conn: sqlite3.Connection, batch: Any, *, crash_midway: bool = False
+    ) -> None:
         calls.append(crash_midway)
         if crash_midway and calls.count(True) == 1:
             raise KeyError("planted bug")
-        real_apply(conn, batch, crash_midway=crash_midway)
+        real_apply(self, conn, batch, crash_midway=crash_midway)
 
-    monkeypatch.setattr(state_db, "_apply", buggy_once)
+    monkeypatch.setattr(StateDB, "_apply", buggy_once)
     db = StateDB(path, flush_interval_s=0.02)
     await db.open()
     try:
         await db.record_install(X)
+        await db.record_install(Y)
         db.note_uri(X.kind, X.uri, 7_000)
         await wait_until(lambda: "died" in caplog.text, what="the task's death logged")
         [record] = [r for r in caplog.records if "died" in r.getMessage()]
         assert record.levelno == logging.CRITICAL
         assert record.exc_info is not None
         assert "planted bug" in caplog.text
-        db.note_live_envs(2)
+        db.note_uri(Y.kind, Y.uri, 8_000)  # noted after the task died
     finally:
         with pytest.raises(RuntimeError, match="died earlier") as raised:
             await db.close()
     assert isinstance(raised.value.__cause__, KeyError)
-    assert last_used(path) == {X.uri: 7_000}, "the dead task's batch was lost"
-    assert live_envs(path) == 2
+    assert last_used(path)[X.uri] == 7_000, "the dead task's batch was lost"
+    assert last_used(path)[Y.uri] == 8_000, "a note made after the task died was lost"
 
 
-async def test_a_miss_awaits_only_its_installs_commits_and_a_miss_of_cached_packages_none(
+async def test_a_miss_awaits_only_its_installs_transactions_and_a_miss_of_cached_packages_none(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A real agent: every trip to the database thread a create awaits is counted (the
-    write-behind task's are not). The live envs are written behind all the same."""
+    """A real agent: every transaction a create awaits is counted (the write-behind task's and
+    the passes' are not: they run in tasks of their own). A cold miss awaits two: the one
+    taking its reference and its install claim, and the install's commit. The live envs are
+    written behind all the same."""
     awaited: list[str] = []
-    real_run = StateDB._run
+    real_transact = StateDB._transact
+    background = {"state-db flush", "sweep", "sweeps"}
 
-    async def counting(self: StateDB, fn: Any) -> Any:
-        if asyncio.current_task() is not self._flusher:
-            awaited.append(asyncio.current_task().get_name())  # type: ignore[union-attr]
-        return await real_run(self, fn)
+    async def counting(self: StateDB, fn: Any, *rest: Any) -> Any:
+        task = asyncio.current_task()
+        assert task is not None
+        if task.get_name() not in background:
+            awaited.append(task.get_name())
+        return await real_transact(self, fn, *rest)
 
-    monkeypatch.setattr(StateDB, "_run", counting)
+    monkeypatch.setattr(StateDB, "_transact", counting)
     async with package_server() as pkgs, running_agent() as agent:
         url = pkgs.add("x.zip", workdir_zip({"x.txt": "x"}))
+        await agent.settle()  # recovery's pass
         awaited.clear()
         await agent.create(env_json(working_dir=url))
-        assert len(awaited) == 1, f"a cold miss awaited {awaited}, not its one install's commit"
+        label = f"working_dir:{url}"
+        assert awaited == [f"install {label}", f"commit {label}"], f"a cold miss awaited {awaited}"
         awaited.clear()
         await agent.create(env_json(working_dir=url, env_vars={"OTHER": "1"}))  # X cached
         assert awaited == [], "a miss of cached packages awaited the database"
         db = agent.root / "state.db"
-        await wait_until(lambda: live_envs(db) == 2, what="2 live envs written behind")
+        me = agent.agent._db.holder_id  # type: ignore[union-attr]
+        await wait_until(lambda: live_envs(db, me) == 2, what="2 live envs written behind")
 
 
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
         (b"garbage, not SQLite\n" * 100, "is unreadable (file is not a database)"),
-        (3, f"has schema version 3, newer than this agent's {SCHEMA_VERSION}"),
+        (4, f"has schema version 4, newer than this agent's {SCHEMA_VERSION}"),
         (99, f"has schema version 99, newer than this agent's {SCHEMA_VERSION}"),
     ],
 )
@@ -403,12 +513,14 @@ async def test_a_failed_install_commit_wakes_the_write_behind_task_to_retry_what
         await wait_until(lambda: not db._dirty.is_set(), what="the write-behind task idle again")
         gate.set()
         await blocker
-        with pytest.raises(sqlite3.IntegrityError):
+        with pytest.raises(IndexUnavailable, match="planted failure"):
             await install
         with sqlite3.connect(path) as conn:  # the disk has room again, say
             conn.execute("DELETE FROM fail")
         conn.close()
-        await wait_until(lambda: live_envs(path) == 3, what="the carried note written behind")
+        await wait_until(
+            lambda: live_envs(path, db.holder_id) == 3, what="the carried note written behind"
+        )
 
 
 async def test_close_never_drops_a_write_the_write_behind_task_has_queued(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ argument is adapted there.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import sys
 from collections import Counter
@@ -29,13 +30,12 @@ from agent.core.errors import DownloadFailed, PackageNotFound, PackageRejected
 from agent.core.packages import Package
 from agent.core.uris import UriKey, UriKind, parse_uri
 from agent.install.archive import ArchiveLimits
-from agent.install.disk import move_to_trash
 from agent.install.fetch import Fetcher, FetchLimits
 from agent.install.installers import InstallTools, build_installers
 from agent.install.transport import Failure, MockTransport, Request, Response, TransportError
 from agent.state.state_db import StateDB
 from agent.state.store import UriState, UriStore
-from tests.helpers import make_zip, wait_until
+from tests.helpers import listed, make_zip, wait_until
 
 BASE = "http://pkgs.test/"
 FILE_BYTES = 1000  # each package below unpacks to exactly this many bytes
@@ -140,14 +140,15 @@ def make_store(
     root: Path,
     transport: MockTransport,
     *,
+    db: StateDB,
     refcount: Callable[[UriKey], int],
     budget_bytes: int = 10**9,
     limits: FetchLimits = LIMITS,
     sleep: RecordingSleep | None = None,
     clock: Clock | None = None,
-    db: StateDB | None = None,
 ) -> UriStore:
-    """The store as the agent builds it, over the mock transport; no disk floor."""
+    """The store as the agent builds it, over the mock transport and ``db`` (opened); no disk
+    floor."""
     fetcher = Fetcher(transport, limits, sleep=sleep or RecordingSleep(), rand=lambda: 0.0)
     installers = build_installers(
         InstallTools(fetcher, ArchiveLimits(), sys.executable, "pip", root / "logs")
@@ -171,9 +172,7 @@ class StoreRig:
     async def take(self, url: str) -> Path:
         """One reference on the package at ``url``, installed; given back if the install fails."""
         key = key_of(url)
-        self.refs[key] += 1
-        if self.refs[key] == 1:
-            self.store.acquire([key])
+        self.refs[key] += 1  # a count going 0 -> 1 is taken in the index by ensure
         try:
             return await self.store.ensure(Package(key, parse_uri("py_modules[0]", url)))
         except BaseException:
@@ -181,15 +180,19 @@ class StoreRig:
             raise
 
     async def installed_unused(self, *names: str) -> list[str]:
-        """Packages installed, then released in this order (the first the least recent)."""
+        """Packages installed, then released in this order (the first the least recent), and
+        the passes their releases asked for run."""
         urls = [self.packages.add(name) for name in names]
         for url in urls:
             await self.take(url)
             self.clock.tick()
             self.drop(url)
+        await self.store.settle()
         return urls
 
     def drop(self, url: str) -> None:
+        """Give one reference back; a count reaching 0 is released, and the pass that release
+        asks for runs in the background (``store.settle()`` waits for it)."""
         key = key_of(url)
         self.refs[key] -= 1
         if self.refs[key] == 0:
@@ -209,7 +212,8 @@ class StoreRig:
         return {n for n in self.packages.bodies if self.store.is_unused(key_of(BASE + n))}
 
     def listing(self, sub: str) -> list[str]:
-        return sorted(p.name for p in (self.store.root / sub).iterdir())
+        """For tmp/ and trash/: what is inside the agents' own folders there."""
+        return listed(self.store.root, sub)
 
     def check(self) -> None:
         self.store.check_invariants()
@@ -225,18 +229,26 @@ async def rig(
 ) -> AsyncIterator[StoreRig]:
     packages, sleep, clock = MockPackages(), RecordingSleep(), Clock()
     refs: Counter[UriKey] = Counter()
-    store = make_store(
-        tmp_path / "root", packages.transport, refcount=lambda key: refs[key],
-        budget_bytes=budget_bytes, limits=limits, sleep=sleep, clock=clock,
-    )  # fmt: skip
-    r = StoreRig(store, packages, sleep, clock, refs)
+    root = tmp_path / "root"
+    root.mkdir()
+    db = StateDB(root / "state.db")
+    await db.open()  # this process a holder of the root
     try:
-        yield r
+        store = make_store(
+            root, packages.transport, db=db, refcount=lambda key: refs[key],
+            budget_bytes=budget_bytes, limits=limits, sleep=sleep, clock=clock,
+        )  # fmt: skip
+        r = StoreRig(store, packages, sleep, clock, refs)
+        try:
+            yield r
+        finally:
+            packages.open_all()
+            await store.close()
     finally:
-        packages.open_all()
-        await store.close()
+        await db.close()
     assert packages.transport.open_streams == 0, "an answer's stream was left open"
     assert r.listing("tmp") == [], "staging left behind"
+    assert sorted(p.name for p in (root / "tmp").iterdir()) == [], "own staging folder left"
 
 
 # -- single-flight ------------------------------------------------------------------------------
@@ -400,7 +412,7 @@ async def test_cancelling_the_last_waiter_cancels_the_install_and_removes_its_st
         first = asyncio.create_task(r.take(url))
         second = asyncio.create_task(r.take(url))
         await wait_until(
-            lambda: any((r.store.root / "tmp").glob("*/package.zip")), what="a partial download"
+            lambda: any((r.store.root / "tmp").glob("*/*/package.zip")), what="a partial download"
         )
         r.check()
 
@@ -441,11 +453,14 @@ async def test_unused_packages_are_evicted_least_recently_used_first_under_the_b
             r.clock.tick()
             r.drop(url)
             r.check()
+        await r.store.settle()
         assert r.unused() == {"a", "b"}
         assert r.store.stats().unused_bytes == 2 * FILE_BYTES
 
         r.clock.tick()
-        r.drop(c)  # three unused do not fit: a, the least recently used, goes
+        r.drop(c)  # three unused do not fit: a, the least recently used, goes at the next pass
+        r.check()
+        await r.store.settle()
         r.check()
         assert r.unused() == {"b", "c"}
         assert not r.installed(a)
@@ -458,10 +473,10 @@ async def test_unused_packages_are_evicted_least_recently_used_first_under_the_b
         await r.take(d)
         r.clock.tick()
         r.drop(d)
+        await r.store.settle()
         r.check()
         assert r.unused() == {"b", "d"}
         assert not r.installed(c)
-        await r.store.drain()
         assert len(r.listing("uris")) == 2
         assert r.listing("trash") == []
 
@@ -470,12 +485,14 @@ async def test_a_package_in_use_is_never_evicted_even_over_the_budget(tmp_path: 
     async with rig(tmp_path, budget_bytes=0) as r:
         a = r.packages.add("a")
         await r.take(a)
-        r.store.enforce_budget()
+        await r.store.enforce_budget()
         assert r.installed(a)
         assert r.unused() == set()
         r.check()
-        r.drop(a)  # unused now, over a budget of 0: evicted at once
+        r.drop(a)  # unused now, over a budget of 0: evicted by the pass its release asks for
+        await r.store.settle()
         assert not r.installed(a)
+        assert r.listing("uris") == []
         r.check()
 
 
@@ -486,34 +503,44 @@ async def test_an_eviction_whose_folder_was_removed_by_hand_forgets_it_and_evict
         a, _, _ = await r.installed_unused("a", "b", "c")
         shutil.rmtree(r.store.path_for(key_of(a)))  # an operator's cleanup
         r.store.budget_bytes = 0
-        r.store.enforce_budget()
+        await r.store.enforce_budget()
         r.check()
         assert r.unused() == set()
         assert r.store.stats().unused_bytes == 0
-        await r.store.drain()
+        assert r.store.stats().evictions == 3
         assert r.listing("uris") == []
+        assert r.listing("trash") == []
 
 
-async def test_an_eviction_that_cannot_rename_leaves_what_it_did_not_evict_in_the_store(
+async def test_an_eviction_that_cannot_rename_keeps_that_package_in_the_store_and_evicts_the_rest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A rename that fails (not a missing folder) stops the evictions there: the package that
-    failed and those after it stay in the store, counted and evictable, not lost from view."""
+    """A rename that fails (not a missing folder) keeps that package, its row and its folder,
+    counted and evictable, not lost from view; the pass evicts the others, and a later pass
+    whose rename works evicts it."""
     async with rig(tmp_path) as r:
         a, b, c = await r.installed_unused("a", "b", "c")
+        refused = r.store.path_for(key_of(b))
+        rename = os.rename
 
-        def refuse_b(root: Path, path: Path) -> Path:
-            if path == r.store.path_for(key_of(b)):
-                raise PermissionError(13, "planted", str(path))
-            return move_to_trash(root, path)
+        def refuse_b(src: str | Path, dst: str | Path) -> None:
+            if Path(src) == refused:
+                raise PermissionError(13, "planted", str(src))
+            rename(src, dst)
 
-        monkeypatch.setattr("agent.state.store.move_to_trash", refuse_b)
+        monkeypatch.setattr("agent.state.index.os.rename", refuse_b)
         r.store.budget_bytes = 0
-        with pytest.raises(PermissionError):
-            r.store.enforce_budget()
+        await r.store.enforce_budget()
         r.check()
         assert not r.installed(a)
         assert r.installed(b)
-        assert r.installed(c)
-        assert r.unused() == {"b", "c"}
-        assert r.store.stats().unused_bytes == 2 * FILE_BYTES
+        assert not r.installed(c)
+        assert r.unused() == {"b"}
+        assert r.store.stats().unused_bytes == FILE_BYTES
+        assert r.listing("uris") == [refused.name]
+
+        monkeypatch.undo()
+        await r.store.enforce_budget()
+        assert r.unused() == set()
+        assert r.listing("uris") == []
+        r.check()

@@ -65,6 +65,7 @@ class Reaped:
 
     holders: list[tuple[str, int]] = field(default_factory=list)  # (id, envs it held)
     aside: list[Path] = field(default_factory=list)  # their staging and trash, to delete
+    orphans: int = 0  # of ``aside``: packages they placed in uris/ and never committed
     locks: list[Reaping] = field(default_factory=list)  # released after the commit
 
     @property
@@ -176,7 +177,9 @@ def _reap(conn: sqlite3.Connection, root: Path, holder: str, trash: Path, reaped
         "SELECT dir FROM uris WHERE state = 'installing' AND holder = ?", (holder,)
     ).fetchall():
         if isinstance(directory, str) and _plain_name(directory):
+            before = len(reaped.aside)
             _set_aside(root / "uris" / directory, trash, reaped)
+            reaped.orphans += len(reaped.aside) - before
     envs = _drop_holder_rows(conn, holder)
     reaped.holders.append((holder, envs))
     log.warning(
@@ -436,6 +439,11 @@ def reconcile(
         kept.append(Row(kind, uri, directory, size, used))
         vouched.add(directory)
     conn.executemany("DELETE FROM uris WHERE kind = ? AND uri = ?", drop)
+    if untrusted := len(scan.loose - vouched):  # rows dropped above, or none: orphans below
+        log.warning(
+            "%d package directories are another user's or writable by others; they are deleted "
+            "and will be installed again", untrusted,
+        )  # fmt: skip
     orphans = []
     for name in sorted(scan.dirs - vouched):
         moved = Reaped()

@@ -77,7 +77,7 @@ async def recover(store: UriStore, db: StateDB) -> RecoverySummary:
     summary = RecoverySummary(
         rows_kept=len(reconciled.kept),
         rows_dropped=reconciled.dropped,
-        orphans_deleted=len(reconciled.orphans),
+        orphans_deleted=len(reconciled.orphans) + reconciled.reaped.orphans,
         bytes_freed=freed,
         envs_forgotten=reconciled.reaped.envs,
         seconds=time.monotonic() - started,

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from agent.core.errors import AgentError, DiskExhausted
+from agent.core.errors import AgentError, DiskExhausted, echo_label
 from agent.core.packages import Package
 from agent.core.uris import UriKey, UriKind
 from agent.crash import crash_point
@@ -360,7 +360,7 @@ class UriStore:
         row = UriRow(
             entry.key.kind.value, entry.key.uri, entry.path.name, entry.size, entry.last_used_ms
         )  # fmt: skip
-        step = asyncio.ensure_future(self._db.record_install(row))
+        step = asyncio.create_task(self._db.record_install(row), name=f"commit {entry.key.label}")
         try:
             await through(step)  # a cancellation waits for the commit, to know its outcome
         except BaseException:
@@ -470,14 +470,15 @@ class UriStore:
         trashed = []
         for evicted in swept.evicted:
             row = evicted.row
+            label = echo_label(f"{row.kind}:{row.uri}")  # as UriKey.label, any kind
             self.evictions += 1
             if evicted.trashed is None:
-                log.warning("evicting %s: its folder was gone already", row.uri)
+                log.warning("evicting %s: its folder was gone already", label)
             else:
                 trashed.append(evicted.trashed)
             log.info(
-                "evicted %s (%d bytes, unused)", row.uri, row.size,
-                extra={"uri": row.uri, "bytes": row.size},
+                "evicted %s (%d bytes, unused)", label, row.size,
+                extra={"uri": label, "bytes": row.size},
             )  # fmt: skip
         if delete and trashed:
             self.delete_in_background(trashed)
