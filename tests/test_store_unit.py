@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sqlite3
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -544,3 +545,36 @@ async def test_an_eviction_that_cannot_rename_keeps_that_package_in_the_store_an
         assert r.unused() == set()
         assert r.listing("uris") == []
         r.check()
+
+
+async def test_a_package_released_while_it_installs_and_taken_again_keeps_its_reference(
+    tmp_path: Path,
+) -> None:
+    """R1 across a release mid-install: a count 1 -> 0 (a delete honoured while its create
+    installs, as the Ray door does) then 0 -> 1 (a create joins the install): when the package
+    is handed out its reference is still in the index, so no pass evicts it under the budget."""
+    async with rig(tmp_path, budget_bytes=0) as r:
+        url = r.packages.add("a")
+        key = key_of(url)
+        gate = r.packages.hold("a")
+        r.refs[key] += 1
+        first = asyncio.ensure_future(r.store.ensure(Package(key, parse_uri("py_modules[0]", url))))
+        await wait_until(lambda: r.packages.gets["a"] == 1, what="the download to start")
+        r.drop(url)  # count 0: released while installing
+        await r.store._db.flush()
+        r.refs[key] += 1  # count 0 -> 1: a create joins the install
+        second = asyncio.ensure_future(
+            r.store.ensure(Package(key, parse_uri("py_modules[0]", url)))
+        )
+        await asyncio.sleep(0)
+        gate.set()
+        path = await asyncio.wait_for(second, 10)
+        await asyncio.wait_for(first, 10)
+        await r.store.settle()
+        await r.store._db.flush()
+        with sqlite3.connect(r.store.root / "state.db") as conn:
+            refs = conn.execute("SELECT uri FROM refs").fetchall()
+        assert refs == [(url,)], "handed out without its reference in the index"
+        assert path.is_dir(), "a package in use was evicted"
+        r.check()
+        r.drop(url)
