@@ -232,8 +232,9 @@ class RunningAgent(AgentCalls):
         return sorted(p.name for p in (self.root / "uris").iterdir())
 
     async def settle(self) -> None:
-        """Wait for background deletions; then the disk matches the maps."""
-        await self.service.store.drain()
+        """Wait for the store's passes and background deletions; then the disk matches the
+        maps."""
+        await self.service.store.settle()
 
 
 @asynccontextmanager
@@ -378,3 +379,12 @@ class RayClient:
         if limit is not None:
             request.limit = limit
         return await self.call("/get_runtime_envs_info", request, ray_pb2.GetRuntimeEnvsInfoReply())
+
+
+def listed(root: Path, sub: str) -> list[str]:
+    """The names under ``root/sub``; for tmp/ and trash/ (one folder per agent serving the
+    root, named by its holder id), the names inside those folders."""
+    folder = root / sub
+    if sub not in ("tmp", "trash"):
+        return sorted(p.name for p in folder.iterdir())
+    return sorted(p.name for own in folder.iterdir() if own.is_dir() for p in own.iterdir())

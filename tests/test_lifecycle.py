@@ -26,6 +26,7 @@ from tests.helpers import (
     PackageServer,
     RunningAgent,
     env_json,
+    listed,
     make_zip,
     package_server,
     running_agent,
@@ -39,7 +40,8 @@ GOOD = "good.zip"
 
 
 def listing(a: RunningAgent, sub: str) -> list[str]:
-    return sorted(p.name for p in (a.root / sub).iterdir())
+    """What is under ``sub``: for tmp/ and trash/, what is in the agents' own folders there."""
+    return listed(a.root, sub)
 
 
 def on_disk(path: str | Path) -> bool:

@@ -17,6 +17,7 @@ from rtenv.v1 import agent_pb2
 from tests.helpers import (
     RunningAgent,
     env_json,
+    listed,
     module_zip,
     package_server,
     running_agent,
@@ -35,7 +36,8 @@ def uri_info(info: agent_pb2.GetRuntimeEnvsInfoReply, uri: str) -> agent_pb2.Uri
 
 
 def listing(a: RunningAgent, sub: str) -> list[str]:
-    return sorted(p.name for p in (a.root / sub).iterdir())
+    """What is under ``sub``: for tmp/ and trash/, what is in the agents' own folders there."""
+    return listed(a.root, sub)
 
 
 def on_disk(path: str | Path) -> bool:
@@ -75,7 +77,7 @@ async def test_uri_shared_with_an_env_being_created_survives_deletion_of_its_oth
         assert uri_info(info, x).references == 2
 
         assert await a.delete(env_a.runtime_env_id) == 0
-        a.service.store.enforce_budget()  # force eviction: the budget is zero
+        await a.service.store.enforce_budget()  # force eviction: the budget is zero
         await a.settle()
         a.service.check_invariants()
         assert (x_dir / "main.py").is_file(), "X was deleted while B's create needed it"
@@ -167,7 +169,7 @@ async def test_uri_still_installing_for_a_cancelled_create_is_kept_for_the_other
 
         assert call_a.cancel()
         await wait_until(lambda: len(a.service.tables) == 1, what="A's create to give back")
-        a.service.store.enforce_budget()
+        await a.service.store.enforce_budget()
         a.service.check_invariants()
         info = await a.info()
         assert (uri_info(info, x).references, uri_info(info, x).state) == (1, "installing")

@@ -157,8 +157,8 @@ class AgentService:
             record = EnvRecord(env, self._context(env), EnvState.CREATING, self._now_ms())
         record.note_job(job_id, eager_install)
         # Bookkeeping, atomically: no await from here to the first install.
-        acquired = self.tables.begin_create(env_id, env.uri_keys)
-        self.store.acquire(acquired)
+        # Keys whose count goes 0 -> 1 are taken again in the index by their ensure below.
+        self.tables.begin_create(env_id, env.uri_keys)
         self.records[env_id] = record
         if record.state is EnvState.READY:  # the hot path: no await, no I/O
             self.store.touch(env.uri_keys)

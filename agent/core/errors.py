@@ -38,7 +38,10 @@ kind is set by each branch under ``AgentError`` and inherited by its leaves.
     │   └── RequestIdReused                          one request_id, two different requests
     ├── PermissionDenied            DENIED           a file:// package outside the allowed roots
     ├── Unauthenticated             UNAUTHENTICATED  the call's token is missing or wrong
-    ├── DownloadFailed              UNAVAILABLE      transient failures outlasted the retries
+    ├── Unavailable                 UNAVAILABLE      try again later
+    │   ├── DownloadFailed                           transient failures outlasted the retries
+    │   └── IndexUnavailable                         the root's shared index stayed locked by
+    │                                                another agent, or failed (disk, I/O)
     ├── DiskExhausted               EXHAUSTED        no room to install
     ├── SetupTimeout                TIMEOUT          the env's setup outlasted its timeout
     └── Misconfigured               MISCONFIGURED    the agent cannot start as configured (met at
@@ -194,8 +197,16 @@ class Unauthenticated(AgentError):
     kind = ErrorKind.UNAUTHENTICATED
 
 
-class DownloadFailed(AgentError):
+class Unavailable(AgentError):
     kind = ErrorKind.UNAVAILABLE
+
+
+class DownloadFailed(Unavailable):
+    pass
+
+
+class IndexUnavailable(Unavailable):
+    pass
 
 
 class DiskExhausted(AgentError):

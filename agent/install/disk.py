@@ -65,10 +65,11 @@ def remove_tree(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def move_to_trash(root: Path, path: Path) -> Path:
-    """Move a package out of ``uris/`` into ``trash/`` in one rename (one metadata call, fine on
-    the loop); its deletion comes later, in a thread (``remove_all``)."""
-    trashed = root / "trash" / uuid.uuid4().hex
+def move_to_trash(trash: Path, path: Path) -> Path:
+    """Move a package out of ``uris/`` into a trash folder (the agent's own, under ``trash/``)
+    in one rename (one metadata call, fine on the loop); its deletion comes later, in a thread
+    (``remove_all``)."""
+    trashed = trash / uuid.uuid4().hex
     os.rename(path, trashed)
     return trashed
 

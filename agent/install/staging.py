@@ -43,10 +43,10 @@ def prepare_staging(staging: Path, prepare: Callable[[Path], None]) -> None:
     prepare(staging)
 
 
-def place_package(root: Path, unpacked: Path, final: Path) -> Path | None:
-    """Rename ``unpacked`` to ``final``; return the leftover moved out of the way (in trash, to
-    be deleted), if there was one. Blocking: one thread hop."""
-    leftover = move_to_trash(root, final) if final.exists() else None
+def place_package(trash: Path, unpacked: Path, final: Path) -> Path | None:
+    """Rename ``unpacked`` to ``final``; return the leftover moved out of the way (into
+    ``trash``, to be deleted), if there was one. Blocking: one thread hop."""
+    leftover = move_to_trash(trash, final) if final.exists() else None
     crash_point("before_rename")
     try:
         os.rename(unpacked, final)

@@ -54,9 +54,10 @@ from agent.ops.startup import (
     move_aside,
     prepare_socket_path,
     probe_address,
+    share_root,
 )
 from agent.state.recovery import RecoverySummary, recover
-from agent.state.state_db import FILE_NAME, StateDB
+from agent.state.state_db import FILE_NAME, MEMORY, StateDB
 from agent.state.store import UriStore
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 
@@ -116,7 +117,10 @@ class Agent:
             # What needs no root first: a refused start leaves the root untouched.
             address = check_address(settings.resolved_address(), settings.allow_remote)
             root = settings.root.resolve()
-            check_root_free(root)
+            # --no-state-db cannot share the root; --reset-state may not pull the index from
+            # under other agents: both need the root alone
+            alone = not settings.persist or settings.reset_state
+            check_root_free(root, alone=alone)
             probe_address(address)
             secret = read_token(settings.token_file) if settings.token_file else None
             if settings.ray is not None:  # before any slow work: Ray waits ~15 s for the port
@@ -126,19 +130,20 @@ class Agent:
                 python_version = await asyncio.to_thread(check_python, settings.py_executable)
             try:
                 make_folders(root, 0o755)  # every folder made, whatever the umask
-                self._lock_fd = lock_root(root)
+                self._lock_fd = lock_root(root, alone=alone)
             except OSError as exc:
                 raise StartupError(
                     f"cannot use {root} as the agent's root: {exc.strerror or exc}"
                 ) from exc
             await asyncio.to_thread(check_root_dirs, root)
             started = time.monotonic()
-            if settings.persist:
-                db_path = root / FILE_NAME
-                if settings.reset_state:
-                    await asyncio.to_thread(move_aside, db_path)  # up to 3000 stats
-                self._db = StateDB(db_path)
-                await self._db.open()
+            db_path = root / FILE_NAME
+            if settings.persist and settings.reset_state:  # the root is ours alone (the
+                # lock): no other agent uses the index moved aside
+                await asyncio.to_thread(move_aside, db_path)  # up to 3000 stats
+                await asyncio.to_thread(share_root, self._lock_fd)  # others may come now
+            self._db = db = StateDB(db_path if settings.persist else MEMORY, root=root)
+            await db.open()
             interceptors = []
             if secret is not None:
                 interceptors.append(TokenInterceptor(secret))
@@ -160,7 +165,7 @@ class Agent:
             store = UriStore(
                 root,
                 installers,
-                db=self._db,
+                db=db,
                 refcount=tables.uri_count,
                 budget_bytes=settings.cache_budget_bytes,
                 disk_floor=settings.min_free_disk,
@@ -169,7 +174,8 @@ class Agent:
             )
             if self._before_recovery is not None:
                 await self._before_recovery()
-            self.recovery = await recover(store, self._db)
+            self.recovery = await recover(store, db)
+            store.start()  # the periodic passes
             self.service = AgentService(
                 settings, store, tables, db=self._db, recovery=self.recovery
             )

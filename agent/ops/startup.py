@@ -280,40 +280,59 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def check_root_free(root: Path) -> None:
-    """Before anything is made: refuse a root another agent serves (its lock is held), without
-    creating the lock file."""
+def check_root_free(root: Path, *, alone: bool = False) -> None:
+    """Before anything is made: refuse a root an agent serves alone (--no-state-db), or, when
+    this agent needs the root ``alone``, any root another agent serves; without creating the
+    lock file."""
     try:
         fd = os.open(root / "agent.lock", os.O_RDONLY)
     except OSError:
         return  # no lock file (or no root yet): lock_root decides
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, (fcntl.LOCK_EX if alone else fcntl.LOCK_SH) | fcntl.LOCK_NB)
     except BlockingIOError as exc:
-        raise _held(fd, root) from exc
+        raise _held(fd, root, alone) from exc
     finally:
-        os.close(fd)  # and with it the shared lock
+        os.close(fd)  # and with it the lock
 
 
-def lock_root(root: Path) -> int:
-    """Hold an exclusive lock on the root for the agent's lifetime: one agent per root."""
+def lock_root(root: Path, *, alone: bool = False) -> int:
+    """Hold a lock on the root for the agent's lifetime: shared by the agents that share the
+    root through its index, exclusive for one that needs it ``alone`` (--no-state-db, which
+    keeps its index in memory; --reset-state, until ``share_root``)."""
     fd = os.open(root / "agent.lock", os.O_RDWR | os.O_CREAT, 0o600)
     for attempt in range(_LOCK_TRIES):
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_EX if alone else fcntl.LOCK_SH) | fcntl.LOCK_NB)
             break
         except BlockingIOError as exc:
             if attempt + 1 < _LOCK_TRIES:  # outlast another starter's check_root_free
                 time.sleep(_LOCK_RETRY_S)
                 continue
-            error = _held(fd, root)
+            error = _held(fd, root, alone)
             os.close(fd)
             raise error from exc
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    if alone:  # the pid of the one agent: named when another is refused
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
     return fd
 
 
-def _held(fd: int, root: Path) -> StartupError:
-    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-    return StartupError(f"another agent (pid {holder}) is serving root {root}; one agent per root")
+def share_root(fd: int) -> None:
+    """--reset-state is done: let other agents share the root (exclusive -> shared)."""
+    os.ftruncate(fd, 0)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+
+
+def _held(fd: int, root: Path, alone: bool) -> StartupError:
+    holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    if alone:
+        return StartupError(
+            f"other agents serve root {root}, and this start needs it alone (--no-state-db "
+            "keeps the index in memory and cannot share a root; --reset-state moves the shared "
+            "index aside): stop them first, or choose another --root"
+        )
+    return StartupError(
+        f"an agent started with --no-state-db (pid {holder or '?'}) serves root {root} alone; "
+        "stop it, or choose another --root"
+    )

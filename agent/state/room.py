@@ -7,17 +7,17 @@ the other installs in flight still expect to write (their claims). If not, it as
 evict unused packages, when evicting them can make the room, waits for their deletion, and
 measures again; else it refuses with ``DiskExhausted``, naming the figures.
 
-Evictions are the store's: the room only says how many bytes it lacks (``evict``, a callback
-returning the packages moved to the trash). Measuring is one ``statvfs`` call, kept on the
-event loop: it is a quick metadata call on the agent's local root, and ``take`` measures once
-per downloaded chunk, where a thread hop each time would cost more than the call. Deleting the
-evicted packages runs in a thread.
+Evictions are the store's: the room only says how many bytes it lacks (``evict``, a coroutine
+returning the packages moved to the trash: a pass over the root's index). Measuring is one
+``statvfs`` call, kept on the event loop: it is a quick metadata call on the agent's local root,
+and ``take`` measures once per downloaded chunk, where a thread hop each time would cost more
+than the call. Deleting the evicted packages runs in a thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +41,10 @@ class DiskRoom:
     """The floor under one root, and the claims of the installs in flight."""
 
     def __init__(
-        self, root: Path, floor: DiskFloor | None, evict: Callable[[int], list[Path]]
+        self,
+        root: Path,
+        floor: DiskFloor | None,
+        evict: Callable[[int], Awaitable[list[Path]]],
     ) -> None:
         """``floor``: None keeps no floor (every install fits). ``evict(n)``: evict unused
         packages to free at least ``n`` bytes, or none if that cannot; return their paths in
@@ -71,7 +74,7 @@ class DiskRoom:
         others = self._others(claim)
         if free - others - needed >= floor:
             return
-        trashed = self._evict(floor + needed + others - free)  # [] when it would not do
+        trashed = await self._evict(floor + needed + others - free)  # [] when it would not do
         if trashed:
             await asyncio.to_thread(remove_all, trashed)  # the room exists once they are gone
             total, free = disk_space(self._root)

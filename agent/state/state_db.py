@@ -1,27 +1,32 @@
-"""The durable cache index: ``<root>/state.db``, SQLite in WAL mode, on one dedicated thread.
+"""The shared cache index: ``<root>/state.db``, SQLite in WAL mode, on one dedicated thread.
 
-It holds what recovery needs to reuse a package after a restart, and nothing else: one row per
-installed package (its key, its directory's name, its size, its last use), and one number, the
-envs live at the last write (recovery's "N envs forgotten"). Counts are not kept: the previous
-clients died with the previous agent (fate sharing), so every count starts at 0.
+Several agents may serve one root at once (``holders``): the index is what they agree on, and
+the rules they keep are ``index``'s (R1-R4). Per package: its key, its directory's name, its
+size, its last use, and whether it is ready or being installed (and by whom: a claim). Per
+holder: its pid, its start and the envs it holds (written behind: the "N envs forgotten" of
+whoever reaps it). Per holder and package: a reference, while that holder's count of it is
+above 0. This agent's own counts stay in memory (``RefTables``): the index only needs to know
+*whether* a live holder uses a package.
 
-What must survive ``kill -9`` is committed before the reply that depends on it: a package's row
-(``record_install``) before the create that installed it returns. Everything else is noted in
-memory (``note_*``, no I/O) and written behind, in one transaction at most every
-``flush_interval_s`` or every ``flush_every`` changes: last-use times, the rows of evicted
-packages (dropped), the live-env number. A miss awaits only its packages' commits (they carry
-the notes, its env among them), and a hit or a delete awaits none. A ``kill -9`` loses the last
-window's notes: a little older last uses, an evicted row (recovery drops it: its directory is
-gone), a live-env number behind by that window's envs (a summary figure, nothing more).
-Every statement runs on the one thread, in submission order, and a
-commit carries the batch noted before it: a row deleted behind can never overwrite a row
-inserted after it. A batch whose write fails is carried by the thread into its next write (so
-the order still holds), and the write-behind task retries it; a bug in that task is logged
-with its traceback when it happens and raised again by ``close()``, after the last write.
+What must survive ``kill -9`` or be seen by another agent at once is committed before the reply
+that depends on it: a reference before the package is used (``obtain``), a package's row before
+the create that installed it returns (``record_install``). Everything else is noted in memory
+(``note_*``, no I/O) and written behind, in one transaction at most every ``flush_interval_s``
+or every ``flush_every`` changes: last-use times, the holder's live envs, references and claims
+dropped (a late drop only delays an eviction, or another agent's install by one window). A
+miss awaits only its own transactions (they carry the notes), and a hit or a delete awaits none.
+Every statement runs on the one thread, in submission order, and a transaction carries the
+batch noted before it: a reference dropped behind can never overwrite one taken after it. A
+batch whose write fails is carried by the thread into its next write (so the order still
+holds), and the write-behind task retries it; a bug in that task is logged with its traceback
+when it happens and raised again by ``close()``, after the last write.
 
+Writers of every agent take turns (``BEGIN IMMEDIATE``), each waiting up to ``busy_timeout_s``.
 WAL with ``synchronous=NORMAL``: a commit survives the death of the process (what fate sharing
 produces); after a power loss the last commits may be lost, and recovery then drops what it
 cannot vouch for, so the index is never ahead of the disk.
+
+``StateDB(":memory:")`` (``--no-state-db``) is the same index, private to one agent.
 """
 
 from __future__ import annotations
@@ -29,22 +34,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from agent.core.errors import StateDBError
+from agent.core.errors import IndexUnavailable, StateDBError
 from agent.crash import crash_point
+from agent.state import index
+from agent.state.holders import HolderLock
+from agent.state.index import Obtained, Reaped, RowKey, Swept
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 FILE_NAME = "state.db"
+MEMORY = ":memory:"  # --no-state-db: the same index, in memory, private to one agent
+BUSY_TIMEOUT_S = 10.0  # another agent's transaction is waited for this long, then UNAVAILABLE
 
 # Version 1, as the first agents wrote it. A new file climbs the same steps as an old one.
 _SCHEMA_V1 = """
@@ -93,32 +105,45 @@ INSERT INTO live (id, envs) SELECT 0, count(*) FROM envs;
 DROP TABLE envs;
 """
 
+# Version 3: several agents share the root. A package's row says whether it is ready or being
+# installed, and by whom (a claim); each agent is a holder (its live envs move here from
+# ``live``); a holder's references are rows of ``refs``. The agent that wrote version 2 is gone:
+# it becomes a dead holder, reaped (and its envs counted as forgotten) by the first pass.
+_SCHEMA_V3 = """
+ALTER TABLE uris ADD COLUMN state TEXT NOT NULL DEFAULT 'ready';
+ALTER TABLE uris ADD COLUMN holder TEXT;
+CREATE TABLE holders (
+    id TEXT PRIMARY KEY,
+    pid INTEGER NOT NULL,
+    started_ms INTEGER NOT NULL,
+    live_envs INTEGER NOT NULL DEFAULT 0   -- envs it holds (written behind)
+);
+CREATE TABLE refs (
+    holder TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    uri TEXT NOT NULL,
+    PRIMARY KEY (holder, kind, uri)
+);
+CREATE INDEX refs_by_uri ON refs (kind, uri);
+INSERT INTO holders (id, pid, started_ms, live_envs)
+    SELECT 'schema-v2', 0, 0, envs FROM live WHERE envs > 0;
+DROP TABLE live;
+"""
+
 # version -> the script that takes a database from version-1 to version
-_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
+_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3}
 
 
 _WAY_OUT = "start the agent with --reset-state to move it aside and rebuild from an empty cache"
 
-
-@dataclass(frozen=True)
-class UriRow:
-    kind: str
-    uri: str
-    dir: str
-    size: int
-    last_used_ms: int
+UriRow = index.Row  # a ready package's row
 
 
 @dataclass(frozen=True)
 class Loaded:
-    """What a start reads back: the packages' rows, and the envs live at the last write (their
-    clients died with the previous agent)."""
+    """What a start reads back: the ready packages' rows."""
 
     uris: list[UriRow]
-    live_envs: int
-
-
-RowKey = tuple[str, str]  # (kind, uri)
 
 
 @dataclass
@@ -131,6 +156,8 @@ class _Batch:
     used: dict[RowKey, int] = field(default_factory=dict)  # -> last_used_ms
     dropped: set[RowKey] = field(default_factory=set)
     live_envs: int | None = None  # None: not noted
+    refs_dropped: set[RowKey] = field(default_factory=set)  # this holder's count reached 0
+    claims_dropped: set[RowKey] = field(default_factory=set)  # its install failed
 
     def use(self, key: RowKey, last_used_ms: int) -> None:
         self.used[key] = last_used_ms
@@ -141,30 +168,53 @@ class _Batch:
         self.dropped.add(key)
 
     def __len__(self) -> int:
-        return len(self.used) + len(self.dropped) + (self.live_envs is not None)
+        return (
+            len(self.used) + len(self.dropped) + (self.live_envs is not None)
+            + len(self.refs_dropped) + len(self.claims_dropped)
+        )  # fmt: skip
 
     def then(self, newer: _Batch) -> _Batch:
         """This batch followed by a newer one, as one batch: the same as noting this batch's
-        changes and then the newer one's into one (the newer note of a row wins)."""
+        changes and then the newer one's into one (the newer note of a row wins). Dropping a
+        reference or a claim twice is dropping it once: those are unions."""
         used = {key: ms for key, ms in self.used.items() if key not in newer.dropped}
         used.update(newer.used)
         dropped = (self.dropped - newer.used.keys()) | newer.dropped
         live = self.live_envs if newer.live_envs is None else newer.live_envs
-        return _Batch(used, dropped, live)
+        return _Batch(
+            used, dropped, live, self.refs_dropped | newer.refs_dropped,
+            self.claims_dropped | newer.claims_dropped,
+        )  # fmt: skip
 
     def check_invariants(self) -> None:
         assert not (self.used.keys() & self.dropped), self.used.keys() & self.dropped
 
 
 class StateDB:
+    """The index, for this agent: one holder (``holder_id``) of the root."""
+
     def __init__(
-        self, path: Path, *, flush_interval_s: float = 0.1, flush_every: int = 1000
+        self,
+        path: Path | str,
+        *,
+        root: Path | None = None,
+        flush_interval_s: float = 0.1,
+        flush_every: int = 1000,
+        busy_timeout_s: float = BUSY_TIMEOUT_S,
     ) -> None:
-        self.path = path
+        """``path``: the file, or ``MEMORY``; ``root``: the root it indexes (default: the
+        file's folder), where the holder's lock, staging and trash are."""
+        self.path = Path(path)
+        self.in_memory = str(path) == MEMORY
+        if root is None and self.in_memory:
+            raise ValueError("an index in memory needs the root it indexes")
+        self.root = root if root is not None else self.path.parent
         self._flush_interval_s = flush_interval_s
         self._flush_every = flush_every
+        self._busy_timeout_s = busy_timeout_s
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-db")
         self._conn: sqlite3.Connection | None = None
+        self._holder: HolderLock | None = None
         self._notes = _Batch()  # write-behind, on the loop: applied in the next transaction
         # A batch whose transaction failed, kept for the next write. Only the thread touches it
         # (the loop reads whether it is set, after awaiting that write).
@@ -173,6 +223,22 @@ class StateDB:
         self._full = asyncio.Event()  # enough is noted to write at once
         self._flusher: asyncio.Task[None] | None = None
         self._closing = False  # close() began: the write-behind task ends after its write
+
+    @property
+    def holder_id(self) -> str:
+        """This agent's id among the root's holders (set by ``open``)."""
+        assert self._holder is not None, "StateDB.open() first"
+        return self._holder.holder_id
+
+    @property
+    def staging(self) -> Path:
+        """This holder's staging folder: ``<root>/tmp/<holder>``."""
+        return self.root / "tmp" / self.holder_id
+
+    @property
+    def trash(self) -> Path:
+        """This holder's trash: ``<root>/trash/<holder>``."""
+        return self.root / "trash" / self.holder_id
 
     # -- running statements on the thread -------------------------------------------------
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -183,26 +249,38 @@ class StateDB:
         return await asyncio.get_running_loop().run_in_executor(self._thread, call)
 
     async def open(self) -> None:
-        """Open (or create) the database and bring its schema up to date."""
+        """Become a holder of the root (its lock taken), open (or create) the database, bring
+        its schema up to date and register."""
         await asyncio.get_running_loop().run_in_executor(self._thread, self._open_sync)
         self._flusher = asyncio.create_task(self._flush_loop(), name="state-db flush")
 
     def _open_sync(self) -> None:
         """Check the file before changing anything in it (not even its journal mode), then
-        migrate. Any SQLite error, at any step, is a StateDBError naming the way out."""
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        migrate (each step re-reads the version inside its transaction: another agent may have
+        taken it first). Any SQLite error, at any step, is a StateDBError naming the way out."""
+        self._holder = HolderLock.take(self.root)
+        conn = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False,
+            timeout=self._busy_timeout_s,
+        )  # fmt: skip
         try:
             self._check(conn)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            for target in range(version + 1, SCHEMA_VERSION + 1):
+            while True:
                 with _transaction(conn):
-                    _script(conn, _MIGRATIONS[target])
-                    conn.execute(f"PRAGMA user_version={target}")
-                log.info("state.db migrated to schema version %d", target)
+                    version = conn.execute("PRAGMA user_version").fetchone()[0]
+                    if version >= SCHEMA_VERSION:
+                        break
+                    _script(conn, _MIGRATIONS[version + 1])
+                    conn.execute(f"PRAGMA user_version={version + 1}")
+                log.info("state.db migrated to schema version %d", version + 1)
+            with _transaction(conn):
+                index.register(conn, self.holder_id, os.getpid(), _now_ms())
         except BaseException as exc:
             conn.close()
+            self._holder.release()
+            self._holder = None
             if isinstance(exc, sqlite3.Error):
                 raise StateDBError(f"{self.path} is unreadable ({exc}); {_WAY_OUT}") from exc
             raise
@@ -226,8 +304,9 @@ class StateDB:
             )
 
     async def close(self) -> None:
-        """Write what is noted (and what a failed write left), close the file, end the thread;
-        then raise what killed the write-behind task, if anything did: a bug is not hidden."""
+        """Write what is noted (and what a failed write left), drop this holder's rows, close
+        the file, end the thread, let the holder's lock go; then raise what killed the
+        write-behind task, if anything did: a bug is not hidden."""
         died: BaseException | None = None
         flusher, self._flusher = self._flusher, None
         if flusher is not None:
@@ -243,84 +322,157 @@ class StateDB:
             if self._conn is not None:
                 try:
                     await self.flush()
+                    await self._transact(lambda conn: index.unregister(conn, self.holder_id))
                 finally:
                     await self._run(lambda conn: conn.close())
                     self._conn = None
         finally:
             # joins the thread: off the loop
             await asyncio.to_thread(self._thread.shutdown, wait=True)
+            if self._holder is not None:  # rows dropped or not, the lock goes with the agent
+                self._holder.release()
         if died is not None:
             raise RuntimeError(
                 f"{self.path}: the task writing behind died earlier ({died!r}); what it left "
                 "was written at close"
             ) from died
 
-    # -- reads (start-up) -----------------------------------------------------------------
+    # -- reads ----------------------------------------------------------------------------
     async def load(self) -> Loaded:
         def read(conn: sqlite3.Connection) -> Loaded:
-            uris = [
-                UriRow(*row)
-                for row in conn.execute("SELECT kind, uri, dir, size, last_used_ms FROM uris")
-            ]
-            (live,) = conn.execute("SELECT envs FROM live WHERE id = 0").fetchone()
-            return Loaded(uris, live)
+            return Loaded(
+                [
+                    UriRow(*row)
+                    for row in conn.execute(
+                        "SELECT kind, uri, dir, size, last_used_ms FROM uris WHERE state = 'ready'"
+                    )
+                ]
+            )
 
         return await self._run(read)
 
-    # -- writes, on the thread ------------------------------------------------------------
+    # -- transactions, on the thread ------------------------------------------------------
     def _write(
         self,
         conn: sqlite3.Connection,
         batch: _Batch,
-        then: Callable[[sqlite3.Connection], None] | None = None,
+        then: Callable[[sqlite3.Connection], T] | None = None,
         *,
         crash_midway: bool = False,
-    ) -> None:
-        """One transaction: what a failed write left, then ``batch``, then ``then``. On
-        failure nothing is applied and the batches are kept for the next write, which runs
-        after this one (one thread): the order of the notes holds."""
+    ) -> T | None:
+        """One transaction: what a failed write left, then ``batch``, then ``then`` (its value
+        returned). On failure nothing is applied and the batches are kept for the next write,
+        which runs after this one (one thread): the order of the notes holds."""
         if self._carried is not None:
             batch = self._carried.then(batch)
             self._carried = None
         batch.check_invariants()
         try:
             with _transaction(conn):
-                _apply(conn, batch, crash_midway=crash_midway)
-                if then is not None:
-                    then(conn)
+                self._apply(conn, batch, crash_midway=crash_midway)
+                return then(conn) if then is not None else None
         except BaseException:
             self._carried = batch
             raise
 
-    # -- durable writes (awaited before a reply) ------------------------------------------
-    async def record_install(self, row: UriRow) -> None:
-        """Commit that a package is installed, with every change noted before it."""
+    def _apply(self, conn: sqlite3.Connection, batch: _Batch, *, crash_midway: bool) -> None:
+        conn.executemany(
+            "UPDATE uris SET last_used_ms = max(last_used_ms, ?) WHERE kind = ? AND uri = ?",
+            [(used, kind, uri) for (kind, uri), used in batch.used.items()],
+        )
+        if crash_midway:
+            crash_point("mid_count_batch")
+        conn.executemany("DELETE FROM uris WHERE kind = ? AND uri = ?", list(batch.dropped))
+        if batch.live_envs is not None:
+            conn.execute(
+                "UPDATE holders SET live_envs = ? WHERE id = ?", (batch.live_envs, self.holder_id)
+            )
+        index.drop_refs(conn, self.holder_id, batch.refs_dropped)
+        index.drop_claims(conn, self.holder_id, batch.claims_dropped)
+
+    async def _transact(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn`` in one transaction with every change noted before it (awaited). SQLite's
+        failures are StateDBError: a busy root is Unavailable, with the time waited."""
         batch = self._take_batch()
 
-        def insert(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT OR REPLACE INTO uris (kind, uri, dir, size, last_used_ms)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (row.kind, row.uri, row.dir, row.size, row.last_used_ms),
-            )
+        def call(conn: sqlite3.Connection) -> T:
+            result = self._write(conn, batch, fn)
+            return result  # type: ignore[return-value]
 
         try:
-            await self._run(lambda conn: self._write(conn, batch, insert))
-        except sqlite3.Error:
+            return await self._run(call)
+        except sqlite3.Error as exc:
             self._dirty.set()  # the batch it carried is kept: the write-behind task retries it
+            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+                raise IndexUnavailable(
+                    f"the cache index {self.path} stayed locked by another agent of the root "
+                    f"for {self._busy_timeout_s:g}s (its busy timeout); try again"
+                ) from exc
+            raise IndexUnavailable(f"the cache index {self.path} failed: {exc}") from exc
+
+    # -- durable writes (awaited before a reply) ------------------------------------------
+    async def obtain(self, key: RowKey, dir_name: str, *, take_ref: bool) -> Obtained:
+        """R1, R3 (``index.obtain``): take this holder's reference and find the package ready,
+        claimed for this holder, or installed by a live peer now."""
+
+        def run(conn: sqlite3.Connection) -> Obtained:
+            return index.obtain(
+                conn, self.root, self.holder_id, key, dir_name, _now_ms(), self.trash,
+                take_ref=take_ref,
+            )  # fmt: skip
+
+        obtained = await self._finishing(run, lambda o: o.reaped)
+        return obtained
+
+    async def record_install(self, row: UriRow) -> None:
+        """Commit that a claimed package is installed, with every change noted before it."""
+        await self._transact(lambda conn: index.commit_install(conn, self.holder_id, row))
+
+    async def sweep(self, budget_bytes: int, needed_bytes: int = 0) -> Swept:
+        """R2, R4 (``index.sweep``): reap dead holders, evict over the budget (and for
+        ``needed_bytes``)."""
+
+        def run(conn: sqlite3.Connection) -> Swept:
+            return index.sweep(
+                conn, self.root, self.holder_id, self.trash, budget_bytes=budget_bytes,
+                needed_bytes=needed_bytes,
+            )  # fmt: skip
+
+        return await self._finishing(run, lambda s: s.reaped)
+
+    async def reconcile(
+        self, scan: Callable[[], index.Scan], expected_dir: Callable[[RowKey], str | None]
+    ) -> index.Reconciled:
+        """Recovery (``index.reconcile``): the disk and the index made to agree; ``scan`` is
+        read in the transaction."""
+
+        def run(conn: sqlite3.Connection) -> index.Reconciled:
+            return index.reconcile(
+                conn, self.root, self.holder_id, self.trash, scan(), expected_dir
+            )
+
+        return await self._finishing(run, lambda r: r.reaped)
+
+    async def _finishing(
+        self, fn: Callable[[sqlite3.Connection], T], reaped_of: Callable[[T], Reaped]
+    ) -> T:
+        """``fn`` in a transaction; the dead holders it reaped are let go after the commit (or
+        abandoned, if it failed: the next pass reaps them again)."""
+        holder: list[Reaped] = []
+
+        def run(conn: sqlite3.Connection) -> T:
+            result = fn(conn)
+            holder.append(reaped_of(result))
+            return result
+
+        try:
+            result = await self._transact(run)
+        except BaseException:
+            for reaped in holder:
+                await self._run(lambda conn, r=reaped: r.abandon())  # type: ignore[misc]
             raise
-
-    async def reset_after_recovery(self, dropped: Iterable[RowKey]) -> None:
-        """Recovery: drop the rows of missing directories; forget the envs (their clients died
-        with the previous agent)."""
-        batch = self._take_batch()
-        gone = list(dropped)
-
-        def reset(conn: sqlite3.Connection) -> None:
-            conn.executemany("DELETE FROM uris WHERE kind = ? AND uri = ?", gone)
-            conn.execute("UPDATE live SET envs = 0 WHERE id = 0")
-
-        await self._run(lambda conn: self._write(conn, batch, reset))
+        await self._run(lambda conn: reaped_of(result).finish())
+        return result
 
     # -- write-behind notes (no I/O) ------------------------------------------------------
     def note_uri(self, kind: str, uri: str, last_used_ms: int) -> None:
@@ -331,8 +483,19 @@ class StateDB:
         self._notes.drop((kind, uri))
         self._mark_dirty()
 
+    def note_ref_dropped(self, kind: str, uri: str) -> None:
+        """This holder's count of the package reached 0."""
+        self._notes.refs_dropped.add((kind, uri))
+        self._mark_dirty()
+
+    def note_claim_dropped(self, kind: str, uri: str) -> None:
+        """This holder's install of the package failed or was cancelled."""
+        self._notes.claims_dropped.add((kind, uri))
+        self._mark_dirty()
+
     def note_live_envs(self, count: int) -> None:
-        """The number of envs the agent holds (creating or ready): recovery's envs forgotten."""
+        """The number of envs the agent holds (creating or ready): the envs forgotten of
+        whoever reaps this holder if it dies."""
         self._notes.live_envs = count
         self._mark_dirty()
 
@@ -392,18 +555,6 @@ class StateDB:
             raise
 
 
-def _apply(conn: sqlite3.Connection, batch: _Batch, *, crash_midway: bool = False) -> None:
-    conn.executemany(
-        "UPDATE uris SET last_used_ms = ? WHERE kind = ? AND uri = ?",
-        [(used, kind, uri) for (kind, uri), used in batch.used.items()],
-    )
-    if crash_midway:
-        crash_point("mid_count_batch")
-    conn.executemany("DELETE FROM uris WHERE kind = ? AND uri = ?", list(batch.dropped))
-    if batch.live_envs is not None:
-        conn.execute("UPDATE live SET envs = ? WHERE id = 0", (batch.live_envs,))
-
-
 @contextlib.contextmanager
 def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
     """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on error, a failed COMMIT included (autocommit
@@ -422,3 +573,7 @@ def _script(conn: sqlite3.Connection, script: str) -> None:
     for statement in script.split(";"):
         if statement.strip():
             conn.execute(statement)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

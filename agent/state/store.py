@@ -1,28 +1,36 @@
-"""The URI store: packages on disk, one install per URI at a time, LRU eviction under a budget.
+"""The URI store: packages on disk, one install per URI at a time across every agent of the
+root, eviction of what no agent uses under one budget.
 
-Layout under the root::
+Layout under the root (``state_db``, ``holders``)::
 
     uris/<kind>-<hash>/   a complete package: it exists whole or not at all
-    tmp/<random>/         staging: the download and the extraction, then one rename into uris/
-    trash/<random>/       evicted packages, deleted in a thread
+    tmp/<holder>/<random>/  this agent's staging: download, extraction, one rename into uris/
+    trash/<holder>/<random>/  packages this agent evicted, deleted in a thread
 
-Lifecycle of one (kind, URI) key::
+Lifecycle of one (kind, URI) key, in this agent::
 
-    absent --ensure--> INSTALLING --ok--> READY --(count 0)--> unused --evict--> absent
-                           |                                    (READY, in the LRU)
+    absent --ensure--> INSTALLING --ok--> READY, held --(count 0)--> READY, not held
+                           |                                            |    |
+                           |        ensure: taken again (INSTALLING) <--+    |
+                           |                   a pass evicts it: absent <----+
                            +--error--> absent (every waiter gets the error; the next ensure retries)
 
-The store does not count references: it asks ``refcount`` (the reference tables) and is told by
-the service when a key is acquired (count 0 -> 1) or released (count 1 -> 0). Which unused keys
-go, and in which order, is the LRU ledger's decision (``agent.core.ledger``); whether an install
-fits over the disk floor is the disk room's (``agent.state.room``). The store keeps the rest:
-single-flight installs, staging, the final rename and the commit, applying evictions (the trash,
-the index, the log, the counters) and deleting in the background.
+INSTALLING is *obtaining*: the reference is taken in the index, then the package is found
+ready (a hit), or claimed and installed here, or waited for while a peer installs it.
 
-Every change of state happens on the event loop between awaits; eviction is a rename on the loop
-(one metadata call), so a key is either in ``_entries`` with its directory or gone, and a new
-install of an evicted key can start at once. Blocking work (copy, hash, unzip, rmtree) runs in
-threads.
+*Held*: this agent's reference to the package is committed in the index (``index`` R1), so no
+agent of the root evicts it. The store does not count references: it asks ``refcount`` (the
+reference tables) and is told by the service when a key is released (count 1 -> 0); a key whose
+count went 0 -> 1 is taken again by ``ensure`` (one transaction), so a create may use it only
+once it is held. A create of an env that is ready (the hot path) touches none of this.
+
+Evictions are passes over the index (``index.sweep``: reap the dead holders, evict the root's
+unused packages over the budget, least recently used first), run after a release and after an
+install (one at a time, coalesced), every ``sweep_interval_s``, and when the disk room lacks
+bytes. A pass's result is also how this agent's view follows the index: packages other agents
+installed appear, packages they evicted go.
+
+Blocking work (copy, hash, unzip, rmtree, SQLite) runs in threads.
 """
 
 from __future__ import annotations
@@ -32,13 +40,12 @@ import errno
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
 from agent.core.errors import DiskExhausted
-from agent.core.ledger import Ledger
 from agent.core.packages import Package
 from agent.core.uris import UriKey, UriKind
 from agent.crash import crash_point
@@ -51,16 +58,20 @@ from agent.install.disk import (
 )
 from agent.install.installers import Installer, InstallJob
 from agent.install.staging import place_package, prepare_staging, through
+from agent.state.index import Found, Swept
 from agent.state.room import Claim, DiskRoom
 from agent.state.state_db import StateDB, UriRow
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
+
+_WAIT_FIRST_S, _WAIT_MAX_S = 0.01, 0.25  # polling a peer's install: doubling, capped
 
 
 class UriState(Enum):
-    INSTALLING = "installing"
+    INSTALLING = "installing"  # being obtained: referenced in the index, then found or installed
     READY = "ready"
 
 
@@ -73,6 +84,8 @@ class UriEntry:
     last_used_ms: int = 0
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     waiters: int = 0  # ensure() calls awaiting the install
+    held: bool = False  # this agent's reference is committed in the index
+    others: int = 0  # other holders' references, as of the last pass
 
 
 @dataclass
@@ -87,14 +100,13 @@ class StoreStats:
 
 
 class UriStore:
-    """Invariants (``check_invariants``; it checks the ledger's own, L1, L2 and L4, too):
-      S1. a key is unused in the ledger iff its entry is READY and ``refcount(key) == 0``.
-      S2. the ledger's size of an unused key is its entry's size, so the ledger's unused bytes
-          (L1) are those of the unused packages on disk.
-      S3. after ``release`` and after an install completes, the unused bytes fit the budget: the
-          store enforces the budget then and removes what the ledger evicts (L3).
-      S4. a READY entry's directory exists; an INSTALLING entry has a running task.
-    A key with references, or INSTALLING, is never evicted: only the ledger's unused keys are.
+    """Invariants (``check_invariants``):
+    S1. a READY entry is held iff ``refcount(key) > 0``, between steps (a key whose count
+        went 0 -> 1 is held again by its ``ensure``, started in the same step).
+    S2. an INSTALLING entry has a running task.
+    S3. a held READY entry's directory exists (no agent evicts a held package).
+    S4. after ``settle()``, the root's unused bytes fit the budget (the last pass enforced
+        it), and this agent's view of the ready packages is the index's.
     """
 
     def __init__(
@@ -102,16 +114,19 @@ class UriStore:
         root: Path,
         installers: Mapping[UriKind, Installer],
         *,
-        db: StateDB | None,
+        db: StateDB,
         refcount: Callable[[UriKey], int],
         budget_bytes: int,
         disk_floor: DiskFloor | None = None,
         install_slots: int = 8,
         on_install: Callable[[bool, int, float], None] | None = None,
         clock: Clock = time.time,
+        sleep: Sleep = asyncio.sleep,
+        sweep_interval_s: float = 10.0,
     ) -> None:
         """``installers``: how each kind is made, one per kind (``build_installers``: the
-        store only knows that a package is made in a staging folder, never how)."""
+        store only knows that a package is made in a staging folder, never how). ``db``: the
+        root's index, opened (this agent a holder of it)."""
         self.root = root
         self._db = db
         self._refcount = refcount
@@ -119,10 +134,16 @@ class UriStore:
         self._on_install = on_install
         self._installers = dict(installers)
         self._clock = clock
+        self._sleep = sleep
+        self._sweep_interval_s = sweep_interval_s
+        self.budget_bytes = budget_bytes  # the root's unused bytes kept; enforced by passes
         self._entries: dict[UriKey, UriEntry] = {}
-        self._ledger: Ledger[UriKey] = Ledger(budget_bytes)  # S1-S3: the unused keys
         self._room = DiskRoom(root, disk_floor, self._evict_for)  # the floor, installs' claims
         self._background: set[asyncio.Task[None]] = set()
+        self._sweeping: asyncio.Task[None] | None = None  # the pass running, if any
+        self._sweep_again = False  # a pass was asked for while one ran
+        self._periodic: asyncio.Task[None] | None = None
+        self._root_unused_bytes = 0  # as of the last pass
         self.downloads = 0
         self.extractions = 0
         self.evictions = 0
@@ -130,23 +151,15 @@ class UriStore:
         root.mkdir(mode=0o755, parents=True, exist_ok=True)
         for sub in ("uris", "tmp", "trash"):
             make_dir(root / sub)  # 0755 whatever the umask; loose modes of an earlier run fixed
+        for own in (db.staging, db.trash):
+            own.mkdir(mode=0o700, exist_ok=True)
 
     def adopt(self, key: UriKey, size: int, last_used_ms: int) -> None:
-        """Recovery: a package the index vouches for and the disk holds. Nothing references it
-        yet, so it is unused; adopt in least-recently-used order."""
-        assert key not in self._entries, key
+        """A package the index vouches for and the disk holds, not used by this agent."""
+        if key in self._entries:
+            return
         entry = UriEntry(key, self.path_for(key), UriState.READY, size, last_used_ms)
         self._entries[key] = entry
-        self._ledger.release(key, size)
-
-    @property
-    def budget_bytes(self) -> int:
-        """Bytes of unused packages kept; more are evicted, least recently used first."""
-        return self._ledger.budget_bytes
-
-    @budget_bytes.setter
-    def budget_bytes(self, value: int) -> None:  # enforced at the next release or install
-        self._ledger.budget_bytes = value
 
     # -- paths -----------------------------------------------------------------------------
     def path_for(self, key: UriKey) -> Path:
@@ -155,8 +168,9 @@ class UriStore:
 
     # -- installs --------------------------------------------------------------------------
     async def ensure(self, package: Package) -> Path:
-        """Return the package's directory, installing it first if needed (single-flight), by
-        the installer of its kind, from the recipe it carries.
+        """Return the package's directory, held (referenced in the index), installing it first
+        if no agent of the root has (single-flight, here and across the root), by the installer
+        of its kind, from the recipe it carries.
 
         An install runs for as long as someone waits for it: cancelling one caller leaves it to
         the others; when the last one leaves (a cancelled create, a setup timeout), the install
@@ -166,17 +180,19 @@ class UriStore:
         installer = self._installer_for(key.kind)
         installer.check(package, key.label)  # today's settings, even for a package cached before
         entry = self._entries.get(key)
-        if entry is not None and entry.state is UriState.READY:
+        if entry is not None and entry.state is UriState.READY and entry.held:
             self.hits += 1
             entry.last_used_ms = self._now_ms()
             return entry.path
-        if entry is None:
-            entry = UriEntry(key=key, path=self.path_for(key))
+        if entry is None or entry.state is UriState.READY:
+            if entry is None:
+                entry = UriEntry(key=key, path=self.path_for(key))
+                self._entries[key] = entry
+            entry.state = UriState.INSTALLING
             entry.task = asyncio.create_task(
-                self._install(entry, package, installer), name=f"install {key.label}"
+                self._obtain(entry, package, installer), name=f"install {key.label}"
             )
             entry.task.add_done_callback(_retrieve_exception)
-            self._entries[key] = entry
         task = entry.task
         assert task is not None
         entry.waiters += 1
@@ -205,13 +221,44 @@ class UriStore:
             raise AssertionError(f"no installer for package kind {kind.value!r}")
         return installer
 
-    async def _install(self, entry: UriEntry, package: Package, installer: Installer) -> None:
-        """One install, from the queue to READY: a slot, a private staging folder, room on the
-        disk, the kind's installer, the rename into place, the commit. On any failure (or
-        cancellation) the entry is forgotten and the staging folder goes."""
+    async def _obtain(self, entry: UriEntry, package: Package, installer: Installer) -> None:
+        """Take the reference in the index, then use the package if it is ready, install it
+        under this agent's claim, or wait for the peer installing it (polling, doubling up to
+        ``_WAIT_MAX_S``, for as long as someone waits here). On any failure (or cancellation)
+        the entry is forgotten, and the claim and the reference, if nobody counts it, given
+        back behind."""
+        key = entry.key
+        row_key = (key.kind.value, key.uri)
+        started, delay = time.monotonic(), _WAIT_FIRST_S
+        try:
+            while True:
+                obtained = await self._db.obtain(row_key, entry.path.name, take_ref=True)
+                self.delete_in_background(obtained.reaped.aside)
+                if obtained.found is Found.READY:
+                    assert obtained.row is not None
+                    entry.size, entry.last_used_ms = obtained.row.size, self._now_ms()
+                    self.hits += 1
+                    self._ready(entry, None, started)
+                    return
+                if obtained.found is Found.CLAIMED:
+                    break
+                await self._sleep(delay)
+                delay = min(delay * 2, _WAIT_MAX_S)
+        except BaseException:
+            self._forget(entry, None, started)
+            raise
+        await self._install(entry, package, installer, started)
+
+    async def _install(
+        self, entry: UriEntry, package: Package, installer: Installer, started: float
+    ) -> None:
+        """One install under this agent's claim, from the queue to READY: a slot, a private
+        staging folder, room on the disk, the kind's installer, the rename into place, the
+        commit. On any failure (or cancellation) the entry is forgotten and the staging folder
+        goes."""
         label = entry.key.label  # the URI cut once: every message and log line below names it
-        staging = self.root / "tmp" / uuid.uuid4().hex
-        started, fetched, queued, claim = time.monotonic(), 0, True, Claim()
+        staging = self._db.staging / uuid.uuid4().hex
+        fetched, queued, claim = 0, True, Claim()
 
         def downloaded(size: int) -> None:
             nonlocal fetched
@@ -251,35 +298,44 @@ class UriStore:
     def _unpacked(self) -> None:
         self.extractions += 1
 
-    def _forget(self, entry: UriEntry, fetched: int, started: float) -> None:
-        """A failed or cancelled install: the key is absent again (the next ensure retries)."""
-        if self._entries.get(entry.key) is entry:
-            del self._entries[entry.key]
-        if self._on_install is not None:
+    def _forget(self, entry: UriEntry, fetched: int | None, started: float) -> None:
+        """A failed or cancelled obtain: the key is absent again (the next ensure retries); its
+        claim, if it took one, and its reference, if nobody counts it, are given back behind."""
+        key = entry.key
+        if self._entries.get(key) is entry:
+            del self._entries[key]
+        self._db.note_claim_dropped(key.kind.value, key.uri)
+        if self._refcount(key) == 0:
+            self._db.note_ref_dropped(key.kind.value, key.uri)
+        if fetched is not None and self._on_install is not None:
             self._on_install(False, fetched, time.monotonic() - started)
 
-    def _ready(self, entry: UriEntry, fetched: int, started: float) -> None:
-        """The install is committed: READY, counted, logged, and unused at once if every create
-        that wanted it went away meanwhile."""
+    def _ready(self, entry: UriEntry, fetched: int | None, started: float) -> None:
+        """Held and READY (installed here when ``fetched`` is not None: counted and logged);
+        released at once if every create that wanted it went away meanwhile."""
         entry.state = UriState.READY
         entry.task = None
-        seconds = time.monotonic() - started
-        if self._on_install is not None:
-            self._on_install(True, fetched, seconds)
-        label, size = entry.key.label, entry.size
-        log.info(
-            "installed %s: %d bytes fetched, %d bytes unpacked, %.2fs", label, fetched, size,
-            seconds, extra={"uri": label, "fetched_bytes": fetched, "unpacked_bytes": size,
-                            "seconds": round(seconds, 3)},
-        )  # fmt: skip
+        entry.held = True
+        if fetched is not None:
+            seconds = time.monotonic() - started
+            if self._on_install is not None:
+                self._on_install(True, fetched, seconds)
+            label, size = entry.key.label, entry.size
+            log.info(
+                "installed %s: %d bytes fetched, %d bytes unpacked, %.2fs", label, fetched,
+                size, seconds, extra={"uri": label, "fetched_bytes": fetched,
+                                      "unpacked_bytes": size, "seconds": round(seconds, 3)},
+            )  # fmt: skip
+            self._schedule_sweep()  # the budget, with this package's bytes
         if self._refcount(entry.key) == 0:
             self.release([entry.key])
 
     async def _place(self, unpacked: Path, final: Path) -> None:
         """Rename the package into place (``place_package``: one thread hop). The hop ends even
         if the install is cancelled meanwhile; a package it placed then goes again, as no
-        commit will vouch for it (nothing in uris/ without an entry)."""
-        step = asyncio.ensure_future(asyncio.to_thread(place_package, self.root, unpacked, final))
+        commit will vouch for it (nothing in uris/ without a row)."""
+        trash = self._db.trash
+        step = asyncio.ensure_future(asyncio.to_thread(place_package, trash, unpacked, final))
         try:
             leftover = await through(step)
         except asyncio.CancelledError:
@@ -291,9 +347,8 @@ class UriStore:
             self.delete_in_background([leftover])
 
     async def _commit(self, entry: UriEntry) -> None:
-        """Make the install durable before anyone is told of it; undo the rename if that fails."""
-        if self._db is None:
-            return
+        """Make the install durable, and known to every agent, before anyone is told of it;
+        undo the rename if that fails."""
         row = UriRow(
             entry.key.kind.value, entry.key.uri, entry.path.name, entry.size, entry.last_used_ms
         )  # fmt: skip
@@ -305,73 +360,132 @@ class UriStore:
 
     def note(self, keys: Iterable[UriKey]) -> None:
         """Note these keys' last use for the index, written behind (no I/O)."""
-        if self._db is None:
-            return
         for key in keys:
             entry = self._entries.get(key)
             if entry is not None and entry.state is UriState.READY:
                 self._db.note_uri(key.kind.value, key.uri, entry.last_used_ms)
 
     # -- references ------------------------------------------------------------------------
-    def acquire(self, keys: Iterable[UriKey]) -> None:
-        """These keys' counts went from 0 to 1: they are in use, so no longer evictable."""
-        for key in keys:
-            self._ledger.use(key)
-
     def release(self, keys: Iterable[UriKey]) -> None:
-        """These keys' counts reached 0: ready ones become unused; then enforce the budget."""
+        """These keys' counts reached 0: their references in the index go (behind), and a
+        pass will evict what the root no longer needs over the budget."""
         now = self._now_ms()
         for key in keys:
+            self._db.note_ref_dropped(key.kind.value, key.uri)
             entry = self._entries.get(key)
-            if entry is None or entry.state is not UriState.READY or self._ledger.is_unused(key):
-                continue  # an install in flight joins the LRU when it completes
+            if entry is None or entry.state is not UriState.READY:
+                continue  # an install in flight is released when it completes
+            entry.held = False
             entry.last_used_ms = now
-            self._ledger.release(key, entry.size)
-        self.enforce_budget()
+            self._db.note_uri(key.kind.value, key.uri, now)
+        self._schedule_sweep()
 
-    def enforce_budget(self) -> None:
-        """Evict unused keys, least recently used first, until their bytes fit the budget."""
-        trashed = self._evict(self._ledger.evict_over_budget())
-        if trashed:
-            self.delete_in_background(trashed)
+    # -- passes ----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Begin the periodic passes (after recovery): a dead agent's references are taken
+        back, and the budget kept, even when this agent is idle."""
+        if self._periodic is None and self._sweep_interval_s > 0:
+            self._periodic = asyncio.create_task(self._every_interval(), name="sweeps")
 
-    def _evict_for(self, needed: int) -> list[Path]:
-        """The disk room lacks ``needed`` bytes: evict what the ledger says frees them (none if
-        all the unused bytes would not); return the trashed paths, still to be deleted."""
-        return self._evict(self._ledger.evict_for(needed))
+    async def _every_interval(self) -> None:
+        while True:
+            await self._sleep(self._sweep_interval_s)
+            self._schedule_sweep()
 
-    def _evict(self, keys: list[UriKey]) -> list[Path]:
-        """Apply the ledger's evictions, in its order: forget each key, move its package to the
-        trash, note the index, count and log. Return the trashed paths (still to be deleted)."""
-        entries = [self._entries.pop(key) for key in keys]  # S1 holds before the first rename
+    def _schedule_sweep(self) -> None:
+        """A pass soon: at once if none runs, else once more after the one running."""
+        if self._sweeping is not None:
+            self._sweep_again = True
+            return
+        self._sweeping = asyncio.create_task(self._sweep_loop(), name="sweep")
+        self._sweeping.add_done_callback(_retrieve_exception)
+
+    async def _sweep_loop(self) -> None:
+        try:
+            while True:
+                self._sweep_again = False
+                try:
+                    swept = await self._db.sweep(self.budget_bytes)
+                except Exception:  # an index that fails now is retried at the next pass
+                    log.exception("a pass over the cache index failed; retried at the next")
+                    return
+                self._apply(swept, delete=True)
+                if not self._sweep_again:
+                    return
+        finally:
+            self._sweeping = None
+
+    async def enforce_budget(self) -> None:
+        """Run a pass now (after any running) and wait for it: the budget holds after it."""
+        self._schedule_sweep()
+        await self.settle()
+
+    async def settle(self) -> None:
+        """Wait until no pass runs or is asked for and background deletions are done (tests,
+        recovery, shutdown)."""
+        for _ in range(1000):
+            task = self._sweeping
+            if task is None and not self._background:
+                return
+            if task is not None:
+                await asyncio.wait([task])
+            if self._background:
+                await asyncio.gather(*self._background, return_exceptions=True)
+        raise AssertionError("the store did not settle after 1000 rounds")
+
+    async def _evict_for(self, needed: int) -> list[Path]:
+        """The disk room lacks ``needed`` bytes: a pass that frees them (none if all the
+        unused bytes of the root would not); return the trashed paths, still to be deleted."""
+        swept = await self._db.sweep(self.budget_bytes, needed)
+        return self._apply(swept, delete=False)
+
+    def _apply(self, swept: Swept, *, delete: bool) -> list[Path]:
+        """A pass's result: count and log this agent's evictions, have the dead holders' folders
+        deleted, and make this agent's view of the ready packages the index's. Return the
+        evicted packages' trashed paths (deleted here when ``delete``)."""
         trashed = []
-        for done, entry in enumerate(entries):
-            key = entry.key
-            try:
-                trashed.append(self._to_trash(entry.path))
-            except FileNotFoundError:  # removed by hand: gone already, forgotten all the same
-                log.warning("evicting %s: its folder was gone already", key.label)
-            except OSError:  # the rest are not evicted: back in the store, most recent first
-                for rest in entries[done:]:
-                    self._entries[rest.key] = rest
-                    self._ledger.release(rest.key, rest.size)
-                raise
-            if self._db is not None:
-                self._db.note_uri_dropped(key.kind.value, key.uri)  # behind: a row whose
-                # directory is gone is dropped by recovery, so the order of the two is safe
+        for evicted in swept.evicted:
+            row = evicted.row
             self.evictions += 1
+            if evicted.trashed is None:
+                log.warning("evicting %s: its folder was gone already", row.uri)
+            else:
+                trashed.append(evicted.trashed)
             log.info(
-                "evicted %s (%d bytes, unused)", key.label, entry.size,
-                extra={"uri": key.label, "bytes": entry.size},
+                "evicted %s (%d bytes, unused)", row.uri, row.size,
+                extra={"uri": row.uri, "bytes": row.size},
             )  # fmt: skip
+        if delete and trashed:
+            self.delete_in_background(trashed)
+        self.delete_in_background(swept.reaped.aside)
+        ready = {}
+        for row, refs in swept.ready:
+            try:
+                key = UriKey(UriKind(row.kind), row.uri)
+            except ValueError:  # a kind this agent does not know (a newer peer's)
+                continue
+            ready[key] = (row, refs)
+        for key, entry in list(self._entries.items()):
+            if entry.state is UriState.READY and not entry.held and key not in ready:
+                del self._entries[key]  # evicted (by this agent or another)
+        for key, (row, refs) in ready.items():
+            known = self._entries.get(key)
+            if known is None:
+                self.adopt(key, row.size, row.last_used_ms)
+                known = self._entries[key]
+            if known.state is UriState.READY:
+                known.others = refs - (1 if known.held else 0)
+        self._root_unused_bytes = swept.unused_bytes
         return trashed
 
     def _to_trash(self, path: Path) -> Path:
-        return move_to_trash(self.root, path)
+        return move_to_trash(self._db.trash, path)
 
     def delete_in_background(self, paths: list[Path], *, trash: bool = True) -> None:
         """Delete ``paths`` in a thread. ``trash``: evicted packages (a crash point for tests);
         otherwise staging left by an install."""
+        if not paths:
+            return
         task = asyncio.create_task(asyncio.to_thread(remove_all, paths, trash), name="delete")
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -383,16 +497,21 @@ class UriStore:
             await asyncio.gather(*self._background, return_exceptions=True)
 
     async def close(self) -> None:
-        """Stop: cancel installs in flight, finish deletions."""
+        """Stop: end the passes, cancel installs in flight, finish deletions."""
         tasks = [e.task for e in self._entries.values() if e.task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for task in (self._periodic, self._sweeping, *tasks):
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(
+            *(t for t in (self._periodic, self._sweeping, *tasks) if t is not None),
+            return_exceptions=True,
+        )
+        self._periodic = None
         await self.drain()
 
     # -- views -----------------------------------------------------------------------------
     def installs_in_flight(self) -> int:
-        """Installs running or queued."""
+        """Installs running or queued (and references being taken)."""
         return sum(1 for e in self._entries.values() if e.state is UriState.INSTALLING)
 
     def entries(self) -> Iterator[UriEntry]:
@@ -402,11 +521,17 @@ class UriStore:
         return self._entries.get(key)
 
     def is_unused(self, key: UriKey) -> bool:
-        return self._ledger.is_unused(key)
+        """Ready, and referenced by no agent of the root (as of the last pass): evictable."""
+        entry = self._entries.get(key)
+        return (
+            entry is not None and entry.state is UriState.READY and not entry.held
+            and entry.others == 0
+        )  # fmt: skip
 
     def stats(self) -> StoreStats:
+        """The root's figures as this agent knows them: exact after ``settle()``."""
         ready = sum(e.size for e in self._entries.values() if e.state is UriState.READY)
-        unused = self._ledger.unused_bytes
+        unused = sum(e.size for e in self._entries.values() if self.is_unused(e.key))
         return StoreStats(
             used_bytes=ready - unused,
             unused_bytes=unused,
@@ -419,17 +544,13 @@ class UriStore:
 
     def check_invariants(self) -> None:
         for key, entry in self._entries.items():
-            should_be_unused = entry.state is UriState.READY and self._refcount(key) == 0
-            assert self._ledger.is_unused(key) == should_be_unused, f"S1: {key} {entry.state}"
-            size = self._ledger.size_of(key)
-            assert size in (None, entry.size), f"S2: {key} is {entry.size} bytes, not {size}"
             if entry.state is UriState.READY:
-                assert entry.path.is_dir(), f"S4: {entry.path} missing"
+                assert entry.held == (self._refcount(key) > 0), f"S1: {key} held={entry.held}"
+                if entry.held:
+                    assert entry.path.is_dir(), f"S3: {entry.path} missing"
             else:
-                assert entry.task is not None, f"S4: {key} installing without a task"
-                assert not entry.task.done(), f"S4: {key} installing with a finished task"
-        assert set(self._ledger) <= set(self._entries), "S1: unused key without an entry"
-        self._ledger.check_invariants()
+                assert entry.task is not None, f"S2: {key} installing without a task"
+                assert not entry.task.done(), f"S2: {key} installing with a finished task"
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)

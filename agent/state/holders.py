@@ -1,0 +1,148 @@
+"""Holders: the agents serving one root, each alive exactly while it holds its lock file.
+
+Several agents may serve one root at once (several nodes on one machine). Each is a *holder*
+with an id of 32 random hex digits, fresh at every start, and a lock file
+``<root>/holders/<id>.lock`` (0600, holding its pid) that it creates and locks exclusively
+(``flock``) before it writes anything to the shared index, and keeps locked for its life. The
+kernel drops the lock when the process dies, however it dies: so a holder is alive iff its lock
+is held, with no timeout and no heartbeat to tune, as package managers keep temporary GC roots.
+A holder's descriptors are not inherited by its children (Python opens them non-inheritable),
+so an installer that outlives its agent does not keep it alive.
+
+Another process tests a holder with a non-blocking shared lock on a descriptor of its own (a
+``flock`` is per open file, so this works within the holder's own process too: it finds itself
+alive). Whoever *reaps* a dead holder takes the lock exclusively first, so two reapers never
+clean the same holder at once, and removes the file last, while still holding it.
+
+Blocking helpers: call them in a thread (each is a few system calls).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+HOLDERS_DIR = "holders"
+_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def new_holder_id() -> str:
+    return secrets.token_hex(16)
+
+
+def is_holder_id(name: str) -> bool:
+    """A holder's id as this module makes them: what a folder under tmp/ or trash/ is named."""
+    return _ID.fullmatch(name) is not None
+
+
+def lock_path(root: Path, holder_id: str) -> Path:
+    return root / HOLDERS_DIR / f"{holder_id}.lock"
+
+
+@dataclass
+class HolderLock:
+    """This agent's own lock: held from ``take`` to ``release``."""
+
+    root: Path
+    holder_id: str
+    fd: int
+
+    @classmethod
+    def take(cls, root: Path, holder_id: str | None = None) -> HolderLock:
+        """Create and lock ``<root>/holders/<id>.lock`` (a fresh id unless one is given)."""
+        folder = root / HOLDERS_DIR
+        folder.mkdir(mode=0o755, exist_ok=True)
+        holder_id = holder_id or new_holder_id()
+        fd = os.open(lock_path(root, holder_id), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.write(fd, str(os.getpid()).encode())
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(root, holder_id, fd)
+
+    def release(self) -> None:
+        """At a clean stop, after the holder's rows are gone: remove the file, then unlock."""
+        if self.fd < 0:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            lock_path(self.root, self.holder_id).unlink()
+        os.close(self.fd)
+        self.fd = -1
+
+
+def is_alive(root: Path, holder_id: str) -> bool:
+    """Whether the holder's lock is held (by a live process); a missing file is a dead holder."""
+    try:
+        fd = os.open(lock_path(root, holder_id), os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # and with it the shared lock, if taken
+    return False
+
+
+def holder_pid(root: Path, holder_id: str) -> int | None:
+    """The pid a holder wrote in its lock file (for messages and ``info``), if readable."""
+    try:
+        text = lock_path(root, holder_id).read_text()[:32]
+    except OSError:
+        return None
+    return int(text) if text.strip().isdigit() else None
+
+
+@dataclass
+class Reaping:
+    """A dead holder's lock, taken exclusively for the time of its reaping."""
+
+    path: Path
+    fd: int
+
+    def done(self) -> None:
+        """The holder's rows and folders are gone: remove its lock file, then let go."""
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        os.close(self.fd)
+
+    def abandon(self) -> None:
+        os.close(self.fd)
+
+
+def begin_reaping(root: Path, holder_id: str) -> Reaping | None:
+    """Take a dead holder's lock exclusively, or None if it is alive or another agent is reaping
+    it right now. A missing lock file (reaped already, or a row left by an older agent) is taken
+    as a dead holder with nothing to lock."""
+    path = lock_path(root, holder_id)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return Reaping(path, os.open(os.devnull, os.O_RDONLY))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return None
+        raise
+    return Reaping(path, fd)
+
+
+def lock_files(root: Path) -> list[str]:
+    """The ids of the holders whose lock files are under the root (alive or not)."""
+    folder = root / HOLDERS_DIR
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    return [n.removesuffix(".lock") for n in names if n.endswith(".lock") and is_holder_id(n[:-5])]

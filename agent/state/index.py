@@ -1,0 +1,353 @@
+"""The shared index's transactions: what agents serving one root agree on, in SQL.
+
+Each function runs inside one transaction its caller opened (``BEGIN IMMEDIATE``: one writer
+at a time across every agent of the root, each waiting its turn under SQLite's busy timeout), on
+the index's thread. They are synchronous, and their only side effects besides the rows are the
+few file-system calls named below (a rename, a ``stat``, a lock test), made inside the
+transaction so that the index and the disk change together.
+
+The rules (schema in ``state_db``; the docstring of ``holders`` says what a holder is):
+
+R1. A package's references are the ``refs`` rows naming it whose holder is alive. A holder
+    inserts its row, committed, before it uses the package (``obtain``), and deletes it behind,
+    once its own count is 0: a late delete only delays an eviction.
+R2. A package is evicted only in ``sweep``, in the transaction that checks it has no reference,
+    and its directory is renamed into the evicting holder's trash in that same transaction. So
+    a holder taking a reference concurrently either comes first (the package stays) or finds
+    no row and installs it again: a package in use is never deleted.
+R3. One install per package across the root: a holder installs only under its claim (the row
+    in state 'installing' naming it); others wait for the row to become 'ready' (use it) or to
+    vanish (claim it). A claim whose holder is dead is reaped, and the next holder that wants
+    the package installs it.
+R4. A dead holder holds nothing: any pass that meets one (its id in ``holders``, ``refs`` or a
+    claim, its lock free) deletes its rows and sets its staging and trash aside for deletion.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from agent.core.ledger import Ledger
+from agent.install.venv import kill_orphaned_installers
+from agent.state.holders import Reaping, begin_reaping, is_alive, is_holder_id
+
+log = logging.getLogger(__name__)
+
+RowKey = tuple[str, str]  # (kind, uri)
+
+
+@dataclass(frozen=True)
+class Row:
+    """A ready package as the index holds it."""
+
+    kind: str
+    uri: str
+    dir: str
+    size: int
+    last_used_ms: int
+
+
+class Found(Enum):
+    READY = "ready"  # installed: use ``Obtained.row``
+    CLAIMED = "claimed"  # this holder installs it now
+    WAIT = "wait"  # another live holder installs it: ask again later
+
+
+@dataclass
+class Reaped:
+    """What reaping dead holders took back (``Swept``, ``Obtained``): to finish after commit."""
+
+    holders: list[tuple[str, int]] = field(default_factory=list)  # (id, envs it held)
+    aside: list[Path] = field(default_factory=list)  # their staging and trash, to delete
+    locks: list[Reaping] = field(default_factory=list)  # released after the commit
+
+    @property
+    def envs(self) -> int:
+        return sum(envs for _, envs in self.holders)
+
+    def finish(self) -> None:
+        """After the commit: remove the dead holders' lock files and let them go."""
+        for lock in self.locks:
+            lock.done()
+        self.locks.clear()
+
+    def abandon(self) -> None:
+        """The transaction failed: let the locks go, keep the files (the next pass retries)."""
+        for lock in self.locks:
+            lock.abandon()
+        self.locks.clear()
+
+
+@dataclass
+class Obtained:
+    found: Found
+    row: Row | None = None  # READY: the package
+    installer: str = ""  # WAIT: the holder installing it
+    reaped: Reaped = field(default_factory=Reaped)
+
+
+@dataclass(frozen=True)
+class Evicted:
+    row: Row
+    trashed: Path | None  # None: its directory was gone already
+
+
+@dataclass
+class Swept:
+    evicted: list[Evicted]
+    ready: list[tuple[Row, int]]  # every ready package after the pass, with its references
+    unused_bytes: int  # of the ready packages without a reference, after the pass
+    reaped: Reaped
+
+
+# -- holders --------------------------------------------------------------------------------
+def register(conn: sqlite3.Connection, me: str, pid: int, now_ms: int) -> None:
+    conn.execute(
+        "INSERT OR REPLACE INTO holders (id, pid, started_ms, live_envs) VALUES (?, ?, ?, 0)",
+        (me, pid, now_ms),
+    )
+
+
+def unregister(conn: sqlite3.Connection, me: str) -> None:
+    """A clean stop: this holder's references, claims and row go."""
+    _drop_holder_rows(conn, me)
+
+
+def _drop_holder_rows(conn: sqlite3.Connection, holder: str) -> int:
+    """Delete a holder's references, claims and row; return the envs it held."""
+    conn.execute("DELETE FROM refs WHERE holder = ?", (holder,))
+    conn.execute("DELETE FROM uris WHERE state = 'installing' AND holder = ?", (holder,))
+    found = conn.execute("SELECT live_envs FROM holders WHERE id = ?", (holder,)).fetchone()
+    conn.execute("DELETE FROM holders WHERE id = ?", (holder,))
+    return int(found[0]) if found else 0
+
+
+def reap_dead(conn: sqlite3.Connection, root: Path, me: str, trash: Path) -> Reaped:
+    """R4: every holder the index names that is dead, reaped; and every folder under tmp/ and
+    trash/ of no live holder (a dead holder's, or an older agent's) set aside into ``trash``."""
+    named = {
+        holder
+        for (holder,) in conn.execute(
+            "SELECT id FROM holders UNION SELECT holder FROM refs"
+            " UNION SELECT holder FROM uris WHERE state = 'installing'"
+        )
+    }
+    reaped = Reaped()
+    for holder in sorted(named - {me}):
+        if not is_alive(root, holder):
+            _reap(conn, root, holder, trash, reaped)
+    for sub in ("tmp", "trash"):
+        for name in _names(root / sub):
+            if name != me and not (is_holder_id(name) and is_alive(root, name)):
+                _set_aside(root / sub / name, trash, reaped)
+    return reaped
+
+
+def _reap(conn: sqlite3.Connection, root: Path, holder: str, trash: Path, reaped: Reaped) -> None:
+    lock = begin_reaping(root, holder)
+    if lock is None:  # alive after all, or another agent reaps it now
+        return
+    reaped.locks.append(lock)
+    killed = kill_orphaned_installers(root / "tmp" / holder)
+    envs = _drop_holder_rows(conn, holder)
+    reaped.holders.append((holder, envs))
+    log.warning(
+        "reaped holder %s (an agent that died): its references and claims dropped, %d env(s) "
+        "forgotten%s", holder, envs,
+        f", {killed} installer process group(s) it left running killed" if killed else "",
+        extra={"holder": holder},
+    )  # fmt: skip
+
+
+def _set_aside(path: Path, trash: Path, reaped: Reaped) -> None:
+    try:
+        aside = trash / uuid.uuid4().hex
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        log.warning("cannot set %s aside for deletion: %s", path, exc.strerror or exc)
+        return
+    reaped.aside.append(aside)
+
+
+def _names(folder: Path) -> list[str]:
+    try:
+        return [name for name in os.listdir(folder) if not name.startswith(".")]
+    except FileNotFoundError:
+        return []
+
+
+# -- one package --------------------------------------------------------------------------
+def obtain(
+    conn: sqlite3.Connection,
+    root: Path,
+    me: str,
+    key: RowKey,
+    dir_name: str,
+    now_ms: int,
+    trash: Path,
+    *,
+    take_ref: bool,
+) -> Obtained:
+    """R1, R3: take this holder's reference (``take_ref``), then say whether the package is
+    ready, claimed by this holder now, or being installed by a live peer."""
+    kind, uri = key
+    if take_ref:
+        conn.execute("INSERT OR IGNORE INTO refs (holder, kind, uri) VALUES (?, ?, ?)", (me, *key))
+    found = conn.execute(
+        "SELECT dir, size, last_used_ms, state, holder FROM uris WHERE kind = ? AND uri = ?", key
+    ).fetchone()
+    reaped = Reaped()
+    if found is not None:
+        directory, size, last_used_ms, state, installer = found
+        if state == "ready":
+            if (root / "uris" / directory).is_dir():
+                return Obtained(Found.READY, Row(kind, uri, directory, size, last_used_ms))
+            log.warning("%s: the index names %s, which is gone; installed again", uri, directory)
+        elif installer != me and is_alive(root, installer):
+            return Obtained(Found.WAIT, installer=installer)
+        elif installer != me:
+            _reap(conn, root, installer, trash, reaped)
+            for sub in ("tmp", "trash"):
+                _set_aside(root / sub / installer, trash, reaped)
+    conn.execute(
+        "INSERT OR REPLACE INTO uris (kind, uri, dir, size, last_used_ms, state, holder)"
+        " VALUES (?, ?, ?, 0, ?, 'installing', ?)",
+        (kind, uri, dir_name, now_ms, me),
+    )
+    return Obtained(Found.CLAIMED, reaped=reaped)
+
+
+def commit_install(conn: sqlite3.Connection, me: str, row: Row) -> None:
+    """The claimed package is in place: ready, for every holder."""
+    conn.execute(
+        "INSERT OR REPLACE INTO uris (kind, uri, dir, size, last_used_ms, state, holder)"
+        " VALUES (?, ?, ?, ?, ?, 'ready', NULL)",
+        (row.kind, row.uri, row.dir, row.size, row.last_used_ms),
+    )
+
+
+def drop_claims(conn: sqlite3.Connection, me: str, keys: Iterable[RowKey]) -> None:
+    """Installs that failed or were cancelled: their claims go (others may install them)."""
+    conn.executemany(
+        "DELETE FROM uris WHERE kind = ? AND uri = ? AND state = 'installing' AND holder = ?",
+        [(kind, uri, me) for kind, uri in keys],
+    )
+
+
+def drop_refs(conn: sqlite3.Connection, me: str, keys: Iterable[RowKey]) -> None:
+    conn.executemany(
+        "DELETE FROM refs WHERE holder = ? AND kind = ? AND uri = ?",
+        [(me, kind, uri) for kind, uri in keys],
+    )
+
+
+# -- the pass -------------------------------------------------------------------------------
+def sweep(
+    conn: sqlite3.Connection,
+    root: Path,
+    me: str,
+    trash: Path,
+    *,
+    budget_bytes: int,
+    needed_bytes: int = 0,
+) -> Swept:
+    """R2, R4: reap the dead, then evict unused packages, least recently used first, until the
+    root's unused bytes fit ``budget_bytes`` and, if ``needed_bytes``, until that much more is
+    freed (or none, if evicting every unused package would not free it)."""
+    reaped = reap_dead(conn, root, me, trash)
+    rows = [
+        (Row(kind, uri, directory, size, used), refs)
+        for kind, uri, directory, size, used, refs in conn.execute(
+            "SELECT u.kind, u.uri, u.dir, u.size, u.last_used_ms,"
+            " (SELECT count(*) FROM refs r WHERE r.kind = u.kind AND r.uri = u.uri)"
+            " FROM uris u WHERE u.state = 'ready' ORDER BY u.last_used_ms, u.kind, u.uri"
+        )
+    ]
+    plan: Ledger[RowKey] = Ledger(budget_bytes)
+    by_key = {}
+    for row, refs in rows:
+        by_key[(row.kind, row.uri)] = row
+        if refs == 0:
+            plan.release((row.kind, row.uri), row.size)
+    chosen = plan.evict_over_budget() + plan.evict_for(needed_bytes)
+    evicted = []
+    for key in chosen:
+        row = by_key[key]
+        try:
+            trashed: Path | None = trash / uuid.uuid4().hex
+            os.rename(root / "uris" / row.dir, trashed)  # type: ignore[arg-type]
+        except FileNotFoundError:
+            trashed = None  # removed by hand: the row goes all the same
+        except OSError as exc:  # kept, row and directory: the next pass tries again
+            log.warning("evicting %s: cannot move %s: %s", row.uri, row.dir, exc.strerror or exc)
+            continue
+        conn.execute("DELETE FROM uris WHERE kind = ? AND uri = ?", key)
+        del by_key[key]
+        evicted.append(Evicted(row, trashed))
+    ready = [(row, refs) for row, refs in rows if (row.kind, row.uri) in by_key]
+    unused = sum(row.size for row, refs in ready if refs == 0)
+    return Swept(evicted, ready, unused, reaped)
+
+
+# -- recovery at start ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Scan:
+    """The folders under uris/, read inside the reconciling transaction."""
+
+    dirs: frozenset[str]
+    loose: frozenset[str]  # those others may have written to (``archive.is_loose``)
+
+
+@dataclass
+class Reconciled:
+    kept: list[Row]  # ready packages whose folders are there
+    dropped: int  # rows whose folder is missing, misnamed or loose
+    orphans: list[Path]  # folders no row vouches for, set aside into the trash
+    reaped: Reaped
+
+
+def reconcile(
+    conn: sqlite3.Connection,
+    root: Path,
+    me: str,
+    trash: Path,
+    scan: Scan,
+    expected_dir: Callable[[RowKey], str | None],
+) -> Reconciled:
+    """A start: reap the dead (R4); drop the rows of ready packages whose folder is missing,
+    not named as its key says (``expected_dir``: None for a key this agent cannot read), or
+    loose (unless a live holder uses it: it is not pulled from under a peer); set aside every
+    folder under uris/ that no row vouches for (a crash between rename and commit). A folder
+    claimed by a live peer's install is vouched for: it may be renamed into place any moment.
+    ``scan`` must be read inside this transaction: no peer commits or evicts meanwhile."""
+    reaped = reap_dead(conn, root, me, trash)
+    referenced = {(kind, uri) for kind, uri in conn.execute("SELECT kind, uri FROM refs")}
+    rows = conn.execute("SELECT kind, uri, dir, size, last_used_ms, state FROM uris").fetchall()
+    kept, vouched, drop = [], set(), []
+    for kind, uri, directory, size, used, state in rows:
+        key = (kind, uri)
+        if state == "installing":
+            vouched.add(directory)
+            continue
+        loose = directory in scan.loose and key not in referenced
+        if expected_dir(key) != directory or directory not in scan.dirs or loose:
+            drop.append(key)
+            continue
+        kept.append(Row(kind, uri, directory, size, used))
+        vouched.add(directory)
+    conn.executemany("DELETE FROM uris WHERE kind = ? AND uri = ?", drop)
+    orphans = []
+    for name in sorted(scan.dirs - vouched):
+        moved = Reaped()
+        _set_aside(root / "uris" / name, trash, moved)
+        orphans.extend(moved.aside)
+    return Reconciled(kept, len(drop), orphans, reaped)
