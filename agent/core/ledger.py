@@ -1,13 +1,14 @@
 """The LRU ledger: which installed packages are unused, how big, in which order they go.
 
 Pure: no asyncio, no I/O; generic over the key. It knows neither paths nor files nor the index:
-it decides, and its caller (the store) applies each decision (moves the package to the trash,
-notes the index, logs, counts). The store calls it between awaits, so each step is atomic.
+it decides, and its caller applies each decision. Its caller is a pass over the root's shared
+index (``agent.state.index.sweep``), which fills a ledger with the ready packages no live agent
+references, least recently used first, asks it which to evict, and evicts them in the same
+transaction.
 
-A key is *unused* while it is installed and nothing references it: cached, evictable. The store
-tells the ledger when that starts (``release``: the count reached 0, or recovery adopted the key)
-and when it ends (``use``: the count went from 0 to 1). Keys in use, and installs in flight, are
-not in the ledger at all, so they can never be chosen for eviction.
+A key is *unused* while it is installed and nothing references it: cached, evictable
+(``release``); ``use`` takes it back out. Keys in use, and installs in flight, are not in the
+ledger at all, so they can never be chosen for eviction.
 
 Evictions take the least recently released key first, and only as many as needed:
 ``evict_over_budget`` until the unused bytes fit the budget; ``evict_for(n)`` until at least

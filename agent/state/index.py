@@ -34,9 +34,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from agent.core.ledger import Ledger
 from agent.install.venv import kill_orphaned_installers
-from agent.state.holders import Reaping, begin_reaping, is_alive, is_holder_id
+from agent.state.holders import Reaping, begin_reaping, is_alive, is_holder_id, lock_files
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +101,15 @@ class Evicted:
 @dataclass
 class Swept:
     evicted: list[Evicted]
-    ready: list[tuple[Row, int]]  # every ready package after the pass, with its references
-    unused_bytes: int  # of the ready packages without a reference, after the pass
+    ready_bytes: int  # of the root's ready packages, after the pass
+    unused_bytes: int  # of those no live holder references, after the pass
+    gen: int  # the last change of the ready packages the caller now knows of
+    full: bool  # ``changes`` lists every ready package (the caller's view was too old)
+    changes: list[tuple[RowKey, Row | None]]  # since ``since``: ready now (its row) or gone
     reaped: Reaped
+
+
+KEEP_CHANGES = 10_000  # of the change log; an agent further behind reads every ready row
 
 
 # -- holders --------------------------------------------------------------------------------
@@ -147,6 +152,11 @@ def reap_dead(conn: sqlite3.Connection, root: Path, me: str, trash: Path) -> Rea
         for name in _names(root / sub):
             if name != me and not (is_holder_id(name) and is_alive(root, name)):
                 _set_aside(root / sub / name, trash, reaped)
+    for holder in lock_files(root):  # an agent killed between its lock and its row
+        if holder not in named and holder != me and not is_alive(root, holder):
+            lock = begin_reaping(root, holder)
+            if lock is not None:
+                reaped.locks.append(lock)
     return reaped
 
 
@@ -155,7 +165,8 @@ def _reap(conn: sqlite3.Connection, root: Path, holder: str, trash: Path, reaped
     if lock is None:  # alive after all, or another agent reaps it now
         return
     reaped.locks.append(lock)
-    killed = kill_orphaned_installers(root / "tmp" / holder)
+    # its folders are named by its id: a value read from the index names one only if it is an id
+    killed = kill_orphaned_installers(root / "tmp" / holder) if is_holder_id(holder) else 0
     envs = _drop_holder_rows(conn, holder)
     reaped.holders.append((holder, envs))
     log.warning(
@@ -216,7 +227,7 @@ def obtain(
             return Obtained(Found.WAIT, installer=installer)
         elif installer != me:
             _reap(conn, root, installer, trash, reaped)
-            for sub in ("tmp", "trash"):
+            for sub in ("tmp", "trash") if is_holder_id(installer) else ():
                 _set_aside(root / sub / installer, trash, reaped)
     conn.execute(
         "INSERT OR REPLACE INTO uris (kind, uri, dir, size, last_used_ms, state, holder)"
@@ -251,6 +262,10 @@ def drop_refs(conn: sqlite3.Connection, me: str, keys: Iterable[RowKey]) -> None
 
 
 # -- the pass -------------------------------------------------------------------------------
+_PAGE = 64  # unused rows read per query of an eviction
+_UNREFERENCED = "NOT EXISTS (SELECT 1 FROM refs r WHERE r.kind = u.kind AND r.uri = u.uri)"
+
+
 def sweep(
     conn: sqlite3.Connection,
     root: Path,
@@ -259,43 +274,95 @@ def sweep(
     *,
     budget_bytes: int,
     needed_bytes: int = 0,
+    since: int = -1,
 ) -> Swept:
     """R2, R4: reap the dead, then evict unused packages, least recently used first, until the
-    root's unused bytes fit ``budget_bytes`` and, if ``needed_bytes``, until that much more is
-    freed (or none, if evicting every unused package would not free it)."""
+    root's unused bytes fit ``budget_bytes`` and, if ``needed_bytes``, until that much is freed
+    (or, if evicting every unused package would not free it, only what the budget asks). Then
+    the changes of the ready packages after ``since`` (every ready package when ``since`` is
+    -1, nothing seen yet, or when the log no longer reaches back that far). Costs: one
+    aggregate scan in SQLite, the unused rows read in LRU order only as far as evictions go,
+    the log read from ``since``."""
     reaped = reap_dead(conn, root, me, trash)
-    rows = [
-        (Row(kind, uri, directory, size, used), refs)
-        for kind, uri, directory, size, used, refs in conn.execute(
-            "SELECT u.kind, u.uri, u.dir, u.size, u.last_used_ms,"
-            " (SELECT count(*) FROM refs r WHERE r.kind = u.kind AND r.uri = u.uri)"
-            " FROM uris u WHERE u.state = 'ready' ORDER BY u.last_used_ms, u.kind, u.uri"
-        )
-    ]
-    plan: Ledger[RowKey] = Ledger(budget_bytes)
-    by_key = {}
-    for row, refs in rows:
-        by_key[(row.kind, row.uri)] = row
-        if refs == 0:
-            plan.release((row.kind, row.uri), row.size)
-    chosen = plan.evict_over_budget() + plan.evict_for(needed_bytes)
+    ready_bytes, unused = conn.execute(
+        f"SELECT coalesce(sum(size), 0), coalesce(sum(CASE WHEN {_UNREFERENCED} THEN size END), 0)"
+        " FROM uris u WHERE u.state = 'ready'"
+    ).fetchone()
+    target = plan_target(unused, budget_bytes, needed_bytes)
     evicted = []
-    for key in chosen:
-        row = by_key[key]
-        try:
-            trashed: Path | None = trash / uuid.uuid4().hex
-            os.rename(root / "uris" / row.dir, trashed)  # type: ignore[arg-type]
-        except FileNotFoundError:
-            trashed = None  # removed by hand: the row goes all the same
-        except OSError as exc:  # kept, row and directory: the next pass tries again
-            log.warning("evicting %s: cannot move %s: %s", row.uri, row.dir, exc.strerror or exc)
-            continue
-        conn.execute("DELETE FROM uris WHERE kind = ? AND uri = ?", key)
-        del by_key[key]
-        evicted.append(Evicted(row, trashed))
-    ready = [(row, refs) for row, refs in rows if (row.kind, row.uri) in by_key]
-    unused = sum(row.size for row, refs in ready if refs == 0)
-    return Swept(evicted, ready, unused, reaped)
+    if target > 0:
+        freed, kept = 0, 0  # kept: rows that could not be moved, skipped by the next page
+        while freed < target:
+            page = conn.execute(
+                f"SELECT kind, uri, dir, size, last_used_ms FROM uris u WHERE u.state = 'ready'"
+                f" AND {_UNREFERENCED} ORDER BY u.last_used_ms, u.kind, u.uri LIMIT ? OFFSET ?",
+                (_PAGE, kept),
+            ).fetchall()  # a page at a time: the deletes below change the table
+            if not page:
+                break
+            for kind, uri, directory, size, used in page:
+                if freed >= target:
+                    break
+                row = Row(kind, uri, directory, size, used)
+                trashed = _evict(conn, root, trash, row)
+                if trashed is False:
+                    kept += 1
+                    continue
+                evicted.append(Evicted(row, trashed))  # type: ignore[arg-type]
+                freed += size
+        ready_bytes, unused = ready_bytes - freed, unused - freed
+    full, changes, gen = _changes_since(conn, since)
+    return Swept(evicted, ready_bytes, unused, gen, full, changes, reaped)
+
+
+def plan_target(unused: int, budget: int, needed: int) -> int:
+    """Bytes of unused packages to evict: what is over the budget, or ``needed`` if more and if
+    all the unused bytes would free it (the over-budget evictions count toward it). Pure."""
+    over = max(unused - budget, 0)
+    if needed > over and unused >= needed:
+        return needed
+    return over
+
+
+def _evict(conn: sqlite3.Connection, root: Path, trash: Path, row: Row) -> Path | bool | None:
+    """Move the package into the trash and delete its row, in this transaction. The trashed
+    path; None if its folder was gone already (the row goes all the same); False if it could
+    not be moved (kept, row and folder: the next pass tries again)."""
+    try:
+        trashed: Path | None = trash / uuid.uuid4().hex
+        os.rename(root / "uris" / row.dir, trashed)  # type: ignore[arg-type]
+    except FileNotFoundError:
+        trashed = None
+    except OSError as exc:
+        log.warning("evicting %s: cannot move %s: %s", row.uri, row.dir, exc.strerror or exc)
+        return False
+    conn.execute("DELETE FROM uris WHERE kind = ? AND uri = ?", (row.kind, row.uri))
+    return trashed
+
+
+def _changes_since(
+    conn: sqlite3.Connection, since: int
+) -> tuple[bool, list[tuple[RowKey, Row | None]], int]:
+    """(full, changes, gen): the ready packages that appeared or went after ``since``, the
+    latest state of each, in order; or, if the log was trimmed past ``since`` (or ``since`` is
+    -1), every ready package (``full``). The log is trimmed to ``KEEP_CHANGES`` here."""
+    (gen,) = conn.execute("SELECT coalesce(max(gen), 0) FROM changes").fetchone()
+    conn.execute("DELETE FROM changes WHERE gen <= ?", (gen - KEEP_CHANGES,))
+    (oldest,) = conn.execute("SELECT coalesce(min(gen), 0) FROM changes").fetchone()
+    if since < 0 or since < oldest - 1:
+        rows = conn.execute(
+            "SELECT kind, uri, dir, size, last_used_ms FROM uris WHERE state = 'ready'"
+        ).fetchall()
+        return True, [((r[0], r[1]), Row(*r)) for r in rows], gen
+    latest: dict[RowKey, Row | None] = {}
+    for kind, uri, directory, size, used in conn.execute(
+        "SELECT c.kind, c.uri, u.dir, u.size, u.last_used_ms FROM changes c LEFT JOIN uris u"
+        " ON u.kind = c.kind AND u.uri = c.uri AND u.state = 'ready'"
+        " WHERE c.gen > ? ORDER BY c.gen",
+        (since,),
+    ):
+        latest[(kind, uri)] = None if directory is None else Row(kind, uri, directory, size, used)
+    return False, list(latest.items()), gen
 
 
 # -- recovery at start ----------------------------------------------------------------------

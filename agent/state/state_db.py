@@ -125,6 +125,20 @@ CREATE TABLE refs (
     PRIMARY KEY (holder, kind, uri)
 );
 CREATE INDEX refs_by_uri ON refs (kind, uri);
+CREATE INDEX uris_by_use ON uris (state, last_used_ms);
+CREATE TABLE changes (         -- ready packages that appeared (1) or went (0), in order: how an
+    gen INTEGER PRIMARY KEY AUTOINCREMENT,   -- agent's view follows the index (index.sweep)
+    kind TEXT NOT NULL,
+    uri TEXT NOT NULL,
+    ready INTEGER NOT NULL
+);
+CREATE TRIGGER ready_inserted AFTER INSERT ON uris WHEN new.state = 'ready'
+    BEGIN INSERT INTO changes (kind, uri, ready) VALUES (new.kind, new.uri, 1); END;
+CREATE TRIGGER ready_updated AFTER UPDATE OF state ON uris
+    WHEN new.state = 'ready' AND old.state != 'ready'
+    BEGIN INSERT INTO changes (kind, uri, ready) VALUES (new.kind, new.uri, 1); END;
+CREATE TRIGGER ready_deleted AFTER DELETE ON uris WHEN old.state = 'ready'
+    BEGIN INSERT INTO changes (kind, uri, ready) VALUES (old.kind, old.uri, 0); END;
 INSERT INTO holders (id, pid, started_ms, live_envs)
     SELECT 'schema-v2', 0, 0, envs FROM live WHERE envs > 0;
 DROP TABLE live;
@@ -322,7 +336,11 @@ class StateDB:
             if self._conn is not None:
                 try:
                     await self.flush()
-                    await self._transact(lambda conn: index.unregister(conn, self.holder_id))
+                    try:
+                        await self._transact(lambda conn: index.unregister(conn, self.holder_id))
+                    except IndexUnavailable as exc:  # its lock goes below: the next pass of
+                        # another agent reaps its rows
+                        log.warning("stopping: %s", exc.message)
                 finally:
                     await self._run(lambda conn: conn.close())
                     self._conn = None
@@ -428,14 +446,14 @@ class StateDB:
         """Commit that a claimed package is installed, with every change noted before it."""
         await self._transact(lambda conn: index.commit_install(conn, self.holder_id, row))
 
-    async def sweep(self, budget_bytes: int, needed_bytes: int = 0) -> Swept:
+    async def sweep(self, budget_bytes: int, needed_bytes: int = 0, *, since: int = -1) -> Swept:
         """R2, R4 (``index.sweep``): reap dead holders, evict over the budget (and for
-        ``needed_bytes``)."""
+        ``needed_bytes``); the changes of the ready packages after ``since``."""
 
         def run(conn: sqlite3.Connection) -> Swept:
             return index.sweep(
                 conn, self.root, self.holder_id, self.trash, budget_bytes=budget_bytes,
-                needed_bytes=needed_bytes,
+                needed_bytes=needed_bytes, since=since,
             )  # fmt: skip
 
         return await self._finishing(run, lambda s: s.reaped)
@@ -570,7 +588,8 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
 
 
 def _script(conn: sqlite3.Connection, script: str) -> None:
-    for statement in script.split(";"):
+    """Each statement of the script ends a line with ";" (a trigger's body is on one line)."""
+    for statement in script.split(";\n"):
         if statement.strip():
             conn.execute(statement)
 

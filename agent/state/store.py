@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from agent.core.errors import DiskExhausted
+from agent.core.errors import AgentError, DiskExhausted
 from agent.core.packages import Package
 from agent.core.uris import UriKey, UriKind
 from agent.crash import crash_point
@@ -85,7 +85,6 @@ class UriEntry:
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     waiters: int = 0  # ensure() calls awaiting the install
     held: bool = False  # this agent's reference is committed in the index
-    others: int = 0  # other holders' references, as of the last pass
 
 
 @dataclass
@@ -143,7 +142,9 @@ class UriStore:
         self._sweeping: asyncio.Task[None] | None = None  # the pass running, if any
         self._sweep_again = False  # a pass was asked for while one ran
         self._periodic: asyncio.Task[None] | None = None
-        self._root_unused_bytes = 0  # as of the last pass
+        self._root_bytes = (0, 0)  # the root's ready and unused bytes, as of the last pass
+        self._seen_gen = -1  # the index's last change of the ready packages this view follows
+        # (-1: none yet; the first pass reads them all)
         self.downloads = 0
         self.extractions = 0
         self.evictions = 0
@@ -326,7 +327,7 @@ class UriStore:
                 size, seconds, extra={"uri": label, "fetched_bytes": fetched,
                                       "unpacked_bytes": size, "seconds": round(seconds, 3)},
             )  # fmt: skip
-            self._schedule_sweep()  # the budget, with this package's bytes
+        self._schedule_sweep()  # the root's figures (and its budget, after an install)
         if self._refcount(entry.key) == 0:
             self.release([entry.key])
 
@@ -405,9 +406,13 @@ class UriStore:
             while True:
                 self._sweep_again = False
                 try:
-                    swept = await self._db.sweep(self.budget_bytes)
-                except Exception:  # an index that fails now is retried at the next pass
-                    log.exception("a pass over the cache index failed; retried at the next")
+                    swept = await self._db.sweep(self.budget_bytes, since=self._seen_gen)
+                except AgentError as exc:  # busy or failing: retried at the next pass
+                    log.warning("a pass over the cache index failed (%s); retried at the next",
+                                exc.message)  # fmt: skip
+                    return
+                except Exception:  # a bug: logged with its traceback, the next pass runs
+                    log.exception("a pass over the cache index failed (a bug)")
                     return
                 self._apply(swept, delete=True)
                 if not self._sweep_again:
@@ -436,13 +441,13 @@ class UriStore:
     async def _evict_for(self, needed: int) -> list[Path]:
         """The disk room lacks ``needed`` bytes: a pass that frees them (none if all the
         unused bytes of the root would not); return the trashed paths, still to be deleted."""
-        swept = await self._db.sweep(self.budget_bytes, needed)
+        swept = await self._db.sweep(self.budget_bytes, needed, since=self._seen_gen)
         return self._apply(swept, delete=False)
 
     def _apply(self, swept: Swept, *, delete: bool) -> list[Path]:
         """A pass's result: count and log this agent's evictions, have the dead holders' folders
-        deleted, and make this agent's view of the ready packages the index's. Return the
-        evicted packages' trashed paths (deleted here when ``delete``)."""
+        deleted, and make this agent's view of the ready packages follow the index's changes.
+        Return the evicted packages' trashed paths (deleted here when ``delete``)."""
         trashed = []
         for evicted in swept.evicted:
             row = evicted.row
@@ -458,25 +463,33 @@ class UriStore:
         if delete and trashed:
             self.delete_in_background(trashed)
         self.delete_in_background(swept.reaped.aside)
-        ready = {}
-        for row, refs in swept.ready:
+        if swept.gen >= self._seen_gen or swept.full:  # an older pass's result changes nothing
+            self._follow(swept)
+        self._root_bytes = (swept.ready_bytes, swept.unused_bytes)
+        return trashed
+
+    def _follow(self, swept: Swept) -> None:
+        """This agent's view of the ready packages, made the index's: those another agent
+        installed appear (not held), those evicted go. Held entries and installs in flight are
+        this agent's own: no other agent evicts or installs them."""
+        changed = {}
+        for (kind, uri), row in swept.changes:
             try:
-                key = UriKey(UriKind(row.kind), row.uri)
+                changed[UriKey(UriKind(kind), uri)] = row
             except ValueError:  # a kind this agent does not know (a newer peer's)
                 continue
-            ready[key] = (row, refs)
-        for key, entry in list(self._entries.items()):
-            if entry.state is UriState.READY and not entry.held and key not in ready:
-                del self._entries[key]  # evicted (by this agent or another)
-        for key, (row, refs) in ready.items():
+        if swept.full:
+            for key, entry in list(self._entries.items()):
+                if key not in changed and entry.state is UriState.READY and not entry.held:
+                    del self._entries[key]
+        for key, row in changed.items():
             known = self._entries.get(key)
-            if known is None:
+            if row is None:
+                if known is not None and known.state is UriState.READY and not known.held:
+                    del self._entries[key]
+            elif known is None:
                 self.adopt(key, row.size, row.last_used_ms)
-                known = self._entries[key]
-            if known.state is UriState.READY:
-                known.others = refs - (1 if known.held else 0)
-        self._root_unused_bytes = swept.unused_bytes
-        return trashed
+        self._seen_gen = swept.gen
 
     def _to_trash(self, path: Path) -> Path:
         return move_to_trash(self._db.trash, path)
@@ -508,6 +521,8 @@ class UriStore:
         )
         self._periodic = None
         await self.drain()
+        # this agent's own folders, empty now (a crash leaves them to whoever reaps it)
+        await asyncio.to_thread(remove_all, [self._db.staging, self._db.trash], False)
 
     # -- views -----------------------------------------------------------------------------
     def installs_in_flight(self) -> int:
@@ -521,17 +536,14 @@ class UriStore:
         return self._entries.get(key)
 
     def is_unused(self, key: UriKey) -> bool:
-        """Ready, and referenced by no agent of the root (as of the last pass): evictable."""
+        """Ready, and used by no env of this agent (other agents of the root may use it)."""
         entry = self._entries.get(key)
-        return (
-            entry is not None and entry.state is UriState.READY and not entry.held
-            and entry.others == 0
-        )  # fmt: skip
+        return entry is not None and entry.state is UriState.READY and not entry.held
 
     def stats(self) -> StoreStats:
-        """The root's figures as this agent knows them: exact after ``settle()``."""
-        ready = sum(e.size for e in self._entries.values() if e.state is UriState.READY)
-        unused = sum(e.size for e in self._entries.values() if self.is_unused(e.key))
+        """The root's bytes in use (by any of its agents) and unused, as of the last pass
+        (exact after ``settle()``); this agent's own counters."""
+        ready, unused = self._root_bytes
         return StoreStats(
             used_bytes=ready - unused,
             unused_bytes=unused,

@@ -1,0 +1,234 @@
+"""The shared index's transactions (agent/state/index.py, rules R1-R4), on a real SQLite file
+and real folders, with holders that are really alive (their lock taken in this process) or
+really dead (their lock file released)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from agent.state import index
+from agent.state.holders import HolderLock, is_alive, lock_path
+from agent.state.index import Found, plan_target
+from agent.state.state_db import StateDB, UriRow
+
+KEY = ("py_modules", "http://127.0.0.1:1/a.zip")
+OTHER = ("py_modules", "http://127.0.0.1:1/b.zip")
+
+
+async def holder(root: Path) -> StateDB:
+    db = StateDB(root / "state.db", root=root)
+    await db.open()
+    for own in (db.staging, db.trash):
+        own.mkdir(parents=True, exist_ok=True)
+    return db
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    for sub in ("uris", "tmp", "trash"):
+        (tmp_path / sub).mkdir()
+    return tmp_path
+
+
+def die(db: StateDB) -> None:
+    """kill -9 as the index sees it: the lock goes with the process, the rows stay."""
+    assert db._holder is not None
+    os.close(db._holder.fd)
+    db._holder.fd = -1
+
+
+async def install(db: StateDB, key: tuple[str, str], size: int = 100, used: int = 1) -> Path:
+    """Claim, place a folder, commit: what an install does in the index."""
+    got = await db.obtain(key, f"dir-{key[1][-5]}", take_ref=True)
+    assert got.found is Found.CLAIMED, got
+    folder = db.root / "uris" / f"dir-{key[1][-5]}"
+    folder.mkdir()
+    await db.record_install(UriRow(key[0], key[1], folder.name, size, used))
+    return folder
+
+
+def rows(root: Path, sql: str) -> list[tuple[str, ...]]:
+    with sqlite3.connect(root / "state.db") as conn:
+        return conn.execute(sql).fetchall()
+
+
+def test_the_target_of_a_pass_is_what_is_over_the_budget_or_what_the_disk_needs() -> None:
+    assert plan_target(unused=100, budget=60, needed=0) == 40
+    assert plan_target(unused=100, budget=60, needed=70) == 70  # the over-budget part counts
+    assert plan_target(unused=100, budget=60, needed=30) == 40
+    assert plan_target(unused=100, budget=60, needed=101) == 40  # cannot free it: budget only
+    assert plan_target(unused=50, budget=60, needed=0) == 0
+
+
+async def test_a_second_holder_finds_a_package_a_first_one_installed_ready(root: Path) -> None:
+    a, b = await holder(root), await holder(root)
+    try:
+        folder = await install(a, KEY)
+        got = await b.obtain(KEY, folder.name, take_ref=True)
+        assert got.found is Found.READY
+        assert got.row is not None
+        assert got.row.dir == folder.name
+        assert sorted(r[0] for r in rows(root, "SELECT holder FROM refs")) == sorted(
+            [a.holder_id, b.holder_id]
+        )
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_claim_of_a_live_holder_is_waited_for_and_one_of_a_dead_holder_reaped(
+    root: Path,
+) -> None:
+    a, b = await holder(root), await holder(root)
+    try:
+        first = await a.obtain(KEY, "dir-a", take_ref=True)
+        assert first.found is Found.CLAIMED
+        (a.staging / "half").mkdir()
+        waiting = await b.obtain(KEY, "dir-a", take_ref=True)
+        assert waiting.found is Found.WAIT
+        assert waiting.installer == a.holder_id
+        die(a)
+        taken = await b.obtain(KEY, "dir-a", take_ref=True)
+        assert taken.found is Found.CLAIMED
+        assert [h for h, _ in taken.reaped.holders] == [a.holder_id]
+        assert not a.staging.exists()  # set aside into b's trash, to be deleted
+        assert rows(root, "SELECT holder, state FROM uris") == [(b.holder_id, "installing")]
+        assert rows(root, "SELECT holder FROM refs") == [(b.holder_id,)]
+        assert not lock_path(root, a.holder_id).exists()
+    finally:
+        await b.close()
+
+
+async def test_a_pass_never_evicts_what_a_live_holder_references(root: Path) -> None:
+    a, b = await holder(root), await holder(root)
+    try:
+        kept = await install(a, KEY, size=100, used=1)
+        gone = await install(a, OTHER, size=100, used=2)
+        await b.obtain(KEY, kept.name, take_ref=True)  # b uses KEY
+        a.note_ref_dropped(*KEY)
+        a.note_ref_dropped(*OTHER)
+        swept = await a.sweep(budget_bytes=0)
+        assert [e.row.uri for e in swept.evicted] == [OTHER[1]]
+        assert kept.is_dir()
+        assert not gone.exists()
+        assert (swept.ready_bytes, swept.unused_bytes) == (100, 0)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_dead_holders_references_stop_protecting_its_packages(root: Path) -> None:
+    a, b = await holder(root), await holder(root)
+    folder = await install(a, KEY)
+    die(a)
+    try:
+        swept = await b.sweep(budget_bytes=0)
+        assert [h for h, _ in swept.reaped.holders] == [a.holder_id]
+        assert [e.row.uri for e in swept.evicted] == [KEY[1]]
+        assert not folder.exists()
+        assert rows(root, "SELECT * FROM refs") == []
+        assert [r[0] for r in rows(root, "SELECT id FROM holders")] == [b.holder_id]
+    finally:
+        await b.close()
+
+
+async def test_a_reference_taken_after_an_eviction_finds_no_row_and_claims_it(
+    root: Path,
+) -> None:
+    a, b = await holder(root), await holder(root)
+    try:
+        folder = await install(a, KEY)
+        a.note_ref_dropped(*KEY)
+        await a.sweep(budget_bytes=0)
+        got = await b.obtain(KEY, folder.name, take_ref=True)
+        assert got.found is Found.CLAIMED  # installed again, never handed a deleted folder
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_ready_row_whose_folder_is_gone_is_installed_again(root: Path) -> None:
+    a = await holder(root)
+    try:
+        folder = await install(a, KEY)
+        folder.rmdir()
+        got = await a.obtain(KEY, folder.name, take_ref=True)
+        assert got.found is Found.CLAIMED
+    finally:
+        await a.close()
+
+
+async def test_a_view_follows_the_changes_and_reads_everything_only_when_behind(
+    root: Path,
+) -> None:
+    a = await holder(root)
+    try:
+        first = await a.sweep(budget_bytes=10**9)
+        assert first.full
+        assert first.changes == []
+        await install(a, KEY)
+        second = await a.sweep(budget_bytes=10**9, since=first.gen)
+        assert not second.full
+        assert [k for k, r in second.changes if r is not None] == [KEY]
+        a.note_ref_dropped(*KEY)
+        third = await a.sweep(budget_bytes=0, since=second.gen)
+        assert third.changes == [(KEY, None)]
+        quiet = await a.sweep(budget_bytes=0, since=third.gen)
+        assert quiet.changes == []
+        assert quiet.gen == third.gen
+    finally:
+        await a.close()
+
+
+async def test_a_clean_close_drops_the_holders_rows_and_lock(root: Path) -> None:
+    a = await holder(root)
+    await install(a, KEY)
+    holder_id = a.holder_id
+    await a.close()
+    assert rows(root, "SELECT * FROM refs") == []
+    assert rows(root, "SELECT id FROM holders") == []
+    assert not lock_path(root, holder_id).exists()
+    assert not is_alive(root, holder_id)
+
+
+async def test_a_holder_is_alive_to_another_descriptor_of_its_own_process(root: Path) -> None:
+    lock = await asyncio.to_thread(HolderLock.take, root)
+    try:
+        assert is_alive(root, lock.holder_id)
+    finally:
+        lock.release()
+    assert not is_alive(root, lock.holder_id)
+
+
+async def test_stray_folders_of_no_live_holder_are_set_aside_and_a_live_ones_kept(
+    root: Path,
+) -> None:
+    a, b = await holder(root), await holder(root)
+    try:
+        (root / "tmp" / "0123456789abcdef0123456789abcdef").mkdir()  # a dead holder's
+        (root / "tmp" / "old-layout").mkdir()  # an older agent's staging
+        (root / "tmp" / ".probe-1").mkdir()  # a start-up probe: not touched
+        (a.staging / "building").mkdir()
+        swept = await b.sweep(budget_bytes=10**9)
+        names = sorted(p.name for p in (root / "tmp").iterdir())
+        assert names == sorted([".probe-1", a.holder_id, b.holder_id])
+        assert (a.staging / "building").is_dir()
+        assert len(swept.reaped.aside) == 2
+    finally:
+        await a.close()
+        await b.close()
+
+
+def test_unregister_of_an_unknown_holder_changes_nothing(tmp_path: Path) -> None:
+    conn = sqlite3.connect(":memory:")
+    conn.executescript(
+        "CREATE TABLE refs (holder, kind, uri); CREATE TABLE uris (kind, uri, state, holder);"
+        "CREATE TABLE holders (id, live_envs); INSERT INTO refs VALUES ('x', 'k', 'u');"
+    )
+    index.unregister(conn, "y")
+    assert conn.execute("SELECT count(*) FROM refs").fetchone() == (1,)
