@@ -59,14 +59,21 @@ async def test_info_on_a_socket_nobody_serves_fails_fast_saying_cannot_connect(b
     assert elapsed < 30, f"took {elapsed:.1f}s: it waited for the answer's timeout"
 
 
-async def test_info_root_is_a_shortcut_for_its_default_socket(base: Path) -> None:
+async def test_info_root_reads_the_roots_index_and_info_address_asks_one_agent(base: Path) -> None:
+    """--root is no longer a socket: it shows the agent as the root's one holder, from state.db;
+    the agent's own figures (its budget) come from --address."""
     root = base / "root"
     async with serving(base / "agent.log", "--root", str(root), "--cache-budget", "3M") as agent:
         await wait_health_serving(agent.address)
         code, out, err = await run_cli("info", "--root", str(root))
         assert code == 0, err
+        holder = out.splitlines()[1]  # under the header: the only holder
+        assert holder.split()[1:3] == [str(agent.proc.pid), "alive"], out
+        assert out.splitlines()[-1].startswith("holders: 1 alive, 0 dead; 0 packages"), out
+        code, out, err = await run_cli("info", "--address", agent.address)
+        assert code == 0, err
         assert "of budget 3.0 MiB" in out, out
-        code, out, err = await run_cli("info", "--root", str(root), "--json")
+        code, out, err = await run_cli("info", "--address", agent.address, "--json")
         assert code == 0, err
         assert '"budget_bytes": "3145728"' in out, "JSON keeps exact bytes"
 
@@ -85,12 +92,12 @@ async def test_info_shows_under_an_env_the_jobs_that_created_it_and_eager_instal
                     config=agent_pb2.RuntimeEnvConfig(eager_install=True),
                 )  # fmt: skip
                 await stub.CreateRuntimeEnv(request, timeout=30)
-        code, out, err = await run_cli("info", "--root", str(root))
+        code, out, err = await run_cli("info", "--address", agent.address)
         assert code == 0, err
         [env_line, said] = out.splitlines()[1:3]
         assert env_line.split()[1:3] == ["2", "ready"], out
         assert said == f"{'':<41}jobs: 01000000, 02000000; eager_install", out
-        code, out, err = await run_cli("info", "--root", str(root), "--json")
+        code, out, err = await run_cli("info", "--address", agent.address, "--json")
         assert code == 0, err
         assert '"job_ids": [\n        "01000000",\n        "02000000"\n      ]' in out, out
 

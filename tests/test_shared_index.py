@@ -232,3 +232,26 @@ def test_unregister_of_an_unknown_holder_changes_nothing(tmp_path: Path) -> None
     )
     index.unregister(conn, "y")
     assert conn.execute("SELECT count(*) FROM refs").fetchone() == (1,)
+
+
+async def test_a_fifo_or_a_link_in_place_of_a_lock_file_is_a_dead_holder_never_waited_on(
+    root: Path,
+) -> None:
+    """Liveness opens what the index names under holders/: a FIFO there would block an open
+    for reading for ever, and a link would lock another file."""
+    (root / "holders").mkdir()
+    fifo, link = "a" * 32, "b" * 32
+    os.mkfifo(lock_path(root, fifo))
+    (root / "target").write_text("x")
+    os.symlink(root / "target", lock_path(root, link))
+    assert not await asyncio.wait_for(asyncio.to_thread(is_alive, root, fifo), 5)
+    assert not is_alive(root, link)
+    a = await holder(root)
+    try:
+        (root / "tmp" / fifo).mkdir()
+        (root / "tmp" / link).mkdir()
+        swept = await asyncio.wait_for(a.sweep(budget_bytes=0), 5)
+        assert len(swept.reaped.aside) == 2
+        assert (root / "target").read_text() == "x"
+    finally:
+        await a.close()

@@ -1,6 +1,7 @@
 """rtenv-agent: serve runs the agent; config prints its effective settings; info prints what an
-agent holds; ray-agent is the agent as a Ray raylet starts it; ray runs Ray's own CLI with its
-raylets starting this agent (rtenv-agent ray start --head ...)."""
+agent holds, or what a root's shared index holds; ray-agent is the agent as a Ray raylet starts
+it; ray runs Ray's own CLI with its raylets starting this agent (rtenv-agent ray start --head
+...)."""
 
 from __future__ import annotations
 
@@ -22,12 +23,13 @@ from agent.app.config import Settings
 from agent.app.token import read_token
 from agent.core.errors import AgentError, echo_label
 from agent.core.units import human_bytes, parse_duration, plural
-from agent.ops import logs, options, ray_agent
+from agent.ops import logs, options, ray_agent, root_view
 from agent.ops.entry import serve
 from agent.ops.startup import check_address
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 
 CONNECT_TIMEOUT_S = 2.0  # info: an agent that is running accepts a connection at once
+INFO_TIMEOUT_S = 10.0  # info --address: the answer's deadline unless --timeout says
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -75,20 +77,39 @@ def _parser() -> argparse.ArgumentParser:
         )
     )
     i = sub.add_parser(
-        "info", help="print the envs and URIs an agent holds", formatter_class=_HelpFormatter
+        "info",
+        help="print what one agent holds (--address) or what a root's shared index holds (--root)",
+        formatter_class=_HelpFormatter,
     )
     where = i.add_mutually_exclusive_group(required=True)
-    where.add_argument("--address", help="unix:PATH or HOST:PORT of the agent")
     where.add_argument(
-        "--root", type=Path, help="the agent's root: the same as --address unix:ROOT/agent.sock"
+        "--address",
+        metavar="ADDR",
+        help="unix:PATH or HOST:PORT of one agent: its envs and the packages it knows, over gRPC",
     )
-    i.add_argument("--limit", type=int, default=0, help="at most this many envs (0: the cap)")
-    i.add_argument(
-        "--timeout", type=_arg(parse_duration), default=10.0,
-        help="time to wait for the answer (90, 90s, 2m; default 10s)",
+    where.add_argument(
+        "--root", type=Path, metavar="DIR",
+        help="a cache root: its shared index, read from DIR/state.db with no agent needed (the "
+        "agents serving it, alive or dead, and its packages); several agents may serve one "
+        "root, each on its own socket: ask one with --address",
     )  # fmt: skip
-    i.add_argument("--token-file", help="a file holding the agent's token, if it wants one")
-    i.add_argument("--json", action="store_true", help="print the reply as JSON (exact bytes)")
+    i.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help="--address: at most this many envs (0: the cap)",
+    )
+    i.add_argument(
+        "--timeout", type=_arg(parse_duration), default=None, metavar="DURATION",
+        help="--address: time to wait for the answer (90, 90s, 2m; default 10s)",
+    )  # fmt: skip
+    i.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="--address: a file holding the agent's token, if it wants one",
+    )
+    i.add_argument("--json", action="store_true", help="print it as JSON (exact bytes)")
     # Both parse their own arguments (main hands them over before this parser runs): listed
     # here for --help.
     sub.add_parser(
@@ -144,10 +165,10 @@ def format_info(reply: agent_pb2.GetRuntimeEnvsInfoReply) -> str:
 
 
 def _info(args: argparse.Namespace) -> int:
-    # --root: the rule ray-agent listens by (a root too long for AF_UNIX: the link's target)
-    address = args.address or ray_agent.info_address(args.root)
+    if args.root is not None:
+        return _info_root(args)
     try:
-        address = check_address(address, allow_remote=True)
+        address = check_address(args.address, allow_remote=True)
         token = read_token(args.token_file) if args.token_file else None
     except AgentError as exc:
         print(f"rtenv-agent info: {exc.message}", file=sys.stderr)
@@ -170,8 +191,8 @@ def _info(args: argparse.Namespace) -> int:
         stub = agent_pb2_grpc.RuntimeEnvAgentStub(channel)  # type: ignore[no-untyped-call]
         try:
             reply = stub.GetRuntimeEnvsInfo(
-                agent_pb2.GetRuntimeEnvsInfoRequest(limit=args.limit),
-                timeout=args.timeout,
+                agent_pb2.GetRuntimeEnvsInfoRequest(limit=args.limit or 0),
+                timeout=INFO_TIMEOUT_S if args.timeout is None else args.timeout,
                 metadata=metadata,
             )
         except grpc.RpcError as exc:
@@ -184,6 +205,26 @@ def _info(args: argparse.Namespace) -> int:
         print(json_format.MessageToJson(reply, preserving_proto_field_name=True))
     else:
         print(format_info(reply))
+    return 0
+
+
+def _info_root(args: argparse.Namespace) -> int:
+    """The root's shared index, read from its state.db (no agent asked: ``root_view``)."""
+    for flag, value in (("--limit", args.limit), ("--timeout", args.timeout),
+                        ("--token-file", args.token_file)):  # fmt: skip
+        if value is not None:
+            print(
+                f"rtenv-agent info: {flag} applies to --address only (--root reads "
+                "DIR/state.db, asking no agent)",
+                file=sys.stderr,
+            )
+            return 2
+    try:
+        view = root_view.read_root(args.root)
+    except root_view.RootViewError as exc:
+        print(f"rtenv-agent info: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    print(root_view.root_json(view) if args.json else root_view.format_root(view))
     return 0
 
 

@@ -25,6 +25,7 @@ import fcntl
 import os
 import re
 import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,11 +79,26 @@ class HolderLock:
         self.fd = -1
 
 
-def is_alive(root: Path, holder_id: str) -> bool:
-    """Whether the holder's lock is held (by a live process); a missing file is a dead holder."""
+def _open_lock(path: Path) -> int | None:
+    """A lock file opened for reading, or None if it is missing or is not a regular file (a
+    FIFO or a link put there is no agent's lock: never waited on, never followed)."""
     try:
-        fd = os.open(lock_path(root, holder_id), os.O_RDONLY)
-    except FileNotFoundError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except (FileNotFoundError, OSError) as exc:
+        if isinstance(exc, FileNotFoundError) or exc.errno in (errno.ELOOP, errno.ENXIO):
+            return None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def is_alive(root: Path, holder_id: str) -> bool:
+    """Whether the holder's lock is held (by a live process); a missing file (or one that is
+    not a regular file) is a dead holder."""
+    fd = _open_lock(lock_path(root, holder_id))
+    if fd is None:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -124,9 +140,8 @@ def begin_reaping(root: Path, holder_id: str) -> Reaping | None:
     it right now. A missing lock file (reaped already, or a row left by an older agent) is taken
     as a dead holder with nothing to lock."""
     path = lock_path(root, holder_id)
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+    fd = _open_lock(path)
+    if fd is None:
         return Reaping(path, os.open(os.devnull, os.O_RDONLY))
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
