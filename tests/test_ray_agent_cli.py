@@ -219,19 +219,6 @@ def test_a_root_too_long_for_a_unix_socket_gets_a_short_socket_and_still_starts(
     assert _settings(other, {}).address != s.address
 
 
-def test_info_root_finds_the_roots_only_agent_socket_else_the_serve_default(tmp_path: Path) -> None:
-    """``info --root``: serve's agent.sock, else the one Ray node's agent-<node>.sock; with
-    several nodes on the root, no guess (the default, which then fails to connect)."""
-    default = f"unix:{tmp_path / 'agent.sock'}"
-    assert ray_agent.info_address(tmp_path) == default  # nothing there
-    (tmp_path / "agent-aaaa.sock").write_text("")
-    assert ray_agent.info_address(tmp_path) == f"unix:{tmp_path / 'agent-aaaa.sock'}"
-    (tmp_path / "agent-bbbb.sock").write_text("")
-    assert ray_agent.info_address(tmp_path) == default  # two nodes: which one is not known
-    (tmp_path / "agent.sock").write_text("")
-    assert ray_agent.info_address(tmp_path) == default
-
-
 def test_the_short_socket_is_under_rays_temp_dir() -> None:
     long_dir = Path("/t") / ("d" * 120)
     flags = parse_flags(ray_flags(Path("/rt"), more={"runtime-env-dir": str(long_dir)}))
@@ -546,9 +533,12 @@ async def test_as_a_raylet_starts_it_it_logs_where_ray_reads_and_dies_with_the_r
         await stop(other)
 
 
-async def test_info_root_finds_an_agent_whose_root_is_too_long_for_a_socket(base: Path) -> None:
-    """The root's own socket path is over 107 bytes: the agent listens under Ray's temp dir and
-    info --root follows the same rule; the folder it made is gone when it stops."""
+async def test_an_agent_whose_root_is_too_long_for_a_socket_listens_under_rays_temp_dir(
+    base: Path,
+) -> None:
+    """The root's own socket path is over 107 bytes: the agent listens under Ray's temp dir (a
+    link named by the node in the root points there) and answers there; the folder it made and
+    the link are gone when it stops."""
     root_dir = base / ("d" * 90)
     raylet = await _fake_raylet()
     agent = await asyncio.create_subprocess_exec(
@@ -566,7 +556,7 @@ async def test_info_root_finds_an_agent_whose_root_is_too_long_for_a_socket(base
         link = root_dir / "rtenv" / f"agent-{NODE[:16]}.sock"
         assert os.readlink(link) == str(socket_path)
         info = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agent", "info", "--root", str(root_dir / "rtenv"),
+            sys.executable, "-m", "agent", "info", "--address", f"unix:{socket_path}",
             cwd=REPO, env=_environ(), stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip

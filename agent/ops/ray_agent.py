@@ -25,8 +25,7 @@ they are logged once) and turns them into the agent's ``Settings``:
   folder of the agent's own (Ray's ``--temp-dir``; refused when someone else made it or it is
   open to others; removed at exit by the agent that made it), with a link
   ``<root>/agent-<node>.sock`` to it (``grpc_address``). ``RTENV_ADDRESS`` (or ``address`` in
-  the config file) replaces the rule. ``rtenv-agent info --root`` finds the agent when it is
-  the root's only one (``info_address``);
+  the config file) replaces the rule;
 - the parent: the process that started it, which is the raylet (as Ray's own agent, which counts
   the raylet gone when its parent is; ``$RAY_RAYLET_PID`` naming another process is logged); the
   agent exits when it dies, and refuses to start when it is already gone (parent pid 1);
@@ -275,27 +274,6 @@ def grpc_address(root: Path, temp_dir: Path, node_id: str) -> str:
         if _fits(short):
             return f"unix:{short}"
     return f"unix:{SHORT_BASE}/rtenv-{digest}/{name}"  # pragma: no cover - /tmp is short
-
-
-def info_address(root: Path) -> str:
-    """Where the one agent of ``root`` listens, for ``rtenv-agent info --root``: serve's
-    ``<root>/agent.sock`` when it is there, else the one ``agent-<node>.sock`` of a Ray node in
-    the root (what its link points at when the path in the root is too long for AF_UNIX); with
-    none or several of those, ``<root>/agent.sock`` (the connection then fails, saying so)."""
-    default = root.absolute() / "agent.sock"
-    if os.path.lexists(default):
-        return f"unix:{default}"
-    try:
-        found = sorted(root.absolute().glob(f"{SOCKET_PREFIX}*.sock"))
-    except OSError:
-        found = []
-    if len(found) != 1:
-        return f"unix:{default}"
-    (path,) = found
-    if not _fits(str(path)):
-        with contextlib.suppress(OSError):
-            return f"unix:{os.readlink(path)}"
-    return f"unix:{path}"
 
 
 def parent_pid(getppid: Callable[[], int]) -> int:
