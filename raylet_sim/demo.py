@@ -172,10 +172,13 @@ async def _run_in(
 
 
 def _disk_leftovers(root: Path, info: agent_pb2.GetRuntimeEnvsInfoReply) -> list[str]:
-    """Files the agent's state does not account for: package dirs without an entry, staging."""
+    """Files the agent's state does not account for: package dirs without an entry, staging
+    (inside the agent's own folder under tmp/: each agent of a root stages in one of its own)."""
     known = {Path(u.local_path).name for u in info.uris if u.local_path}
     stray = [f"uris/{p.name}" for p in (root / "uris").iterdir() if p.name not in known]
-    stray += [f"tmp/{p.name}" for p in (root / "tmp").iterdir()]
+    for own in (root / "tmp").iterdir():
+        inside = list(own.iterdir()) if own.is_dir() else [own]
+        stray += [f"tmp/{own.name}/{p.name}" if p != own else f"tmp/{p.name}" for p in inside]
     return stray
 
 

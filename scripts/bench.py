@@ -27,6 +27,12 @@ Workloads (``--only NAME``, repeatable; the parts are in ``scripts/benchlib/``):
 - pip: 10 concurrent jobs with one requirement set (a shared venv built once by the agent)
   against one venv per job built at once by the same pip from the same offline wheels: wall
   time and disk bytes.
+- shared-root: six agents (the nodes of one machine) on ONE cache root, each creating the same
+  envs (4 http working_dir zips) at once, against six agents on six private roots: downloads
+  counted at the package server, disk bytes under uris/ (du) and wall, shared/private (goals:
+  downloads and disk 1/6, exactly one GET per URI; wall no worse); then cache-hit pairs on a
+  node of the shared root (five idle peers alive on it) against a node of a private root
+  (goal: per-pair time within 1.1x).
 
 The peer run, ``--peer ray`` (needs ray and smart_open): Ray 2.60's own runtime env agent, in a
 real Ray head node started for the run, next to this agent's Ray door (``serve --ray-address``),
@@ -81,6 +87,7 @@ from benchlib.pipenv import bench_pip
 from benchlib.procs import probe_file_creation, uvloop_available
 from benchlib.recovery import bench_recovery
 from benchlib.shared import Shared
+from benchlib.shared_root import bench_shared_root
 from benchlib.workers import bench_worker_starts
 
 Workload = Callable[[Path, Sizes, Shared], Awaitable[WorkloadResult]]
@@ -95,6 +102,7 @@ WORKLOADS: dict[str, Workload] = {
     "worker-starts": lambda work, sizes, shared: bench_worker_starts(work, sizes),
     "recovery": lambda work, sizes, shared: bench_recovery(work, sizes),
     "pip": lambda work, sizes, shared: bench_pip(work, sizes),
+    "shared-root": bench_shared_root,
 }
 
 # --peer ray: this agent next to Ray's own agent

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ from tests.helpers import short_tempdir
 REPO = Path(__file__).resolve().parents[1]
 WORKLOADS = {
     "hot", "persistence", "cold-large", "stampede", "loop-blocking", "churn", "worker-starts",
-    "recovery", "pip",
+    "recovery", "pip", "shared-root",
 }  # fmt: skip
 WITH_GOALS = WORKLOADS - {"recovery", "pip"}  # the issues set no goal on these figures
 
@@ -138,3 +139,144 @@ def test_a_peer_workload_without_peer_ray_is_refused_before_the_run(base: Path) 
     assert "add --peer ray" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (base / "work").exists()
+
+
+# -- shared-root (issue 16) ---------------------------------------------------------------------
+
+
+def _shared_root_figures(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {f["metric"]: f for f in doc["workloads"]["shared-root"]["figures"]}
+
+
+def test_the_shared_root_workload_fetches_and_stores_each_package_once_at_smoke_size(
+    base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--smoke --only shared-root``: six agents on one root fetch each package exactly once
+    (counted at the package server) where six private roots fetch it six times each, the shared
+    root's uris/ holds 1/6 of the private roots' bytes, no create fails, and every figure
+    (the hot ones too) is produced. Timing goals are not asserted."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    from benchlib.shared_root import NODES, PACKAGES
+
+    out = base / "out.json"
+    args = [
+        sys.executable, "scripts/bench.py", "--smoke", "--only", "shared-root",
+        "--out", str(out), "--workdir", str(base / "work"),
+    ]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=110, cwd=REPO, check=False)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["failed"] == []
+    figs = _shared_root_figures(doc)
+    downloads = figs[f"downloads, {NODES} nodes x {PACKAGES} packages, worst round"]
+    assert (downloads["value"], downloads["baseline"]) == (PACKAGES, NODES * PACKAGES)
+    worst = figs["GETs of the most-fetched package URI, shared root"]
+    assert (worst["value"], worst["baseline"]) == (1, NODES)  # with the sums: each URI 1 and 6
+    disk = figs["disk under uris/ after the run (du), worst round"]
+    assert disk["value"] > 0
+    assert disk["value"] * NODES == disk["baseline"], "the private roots are not 6 copies"
+    assert figs["disk under uris/ of the shared root, least round"]["goal_met"] is True
+    assert figs["failed creates, both sets, every round"]["value"] == 0
+    for name in (
+        "hot pair time, concurrency 64, on the shared root",
+        "hot create p50, concurrency 1, on the shared root",
+        f"wall of {NODES * PACKAGES} concurrent creates, first sent to last answered",
+    ):
+        assert _number(figs[name]["value"]), name
+        assert figs[name]["value"] > 0, name
+        assert _number(figs[name]["ratio"]), name
+    for measure in doc["workloads"]["shared-root"]["measures"]:
+        assert measure["errors"] == 0, measure
+    by_name = {m["name"]: m for m in doc["workloads"]["shared-root"]["measures"]}
+    one = by_name[f"{NODES} agents, one shared root"]
+    own = by_name[f"{NODES} agents, {NODES} private roots"]
+    rounds = one["requests"] // (NODES * PACKAGES)  # the measures pool the rounds
+    assert rounds >= 1
+    assert one["requests"] == own["requests"] == rounds * NODES * PACKAGES
+    assert one["extractions"] == rounds * PACKAGES
+    assert own["extractions"] == rounds * NODES * PACKAGES
+
+
+def _runs(
+    per_uri: int, disk: int, *, errors: int = 0, extra: dict[str, int] | None = None
+) -> list[Any]:
+    from benchlib.shared_root import PACKAGES, Run
+
+    gets = {f"shared-root-{k}.zip": per_uri for k in range(PACKAGES)}
+    return [Run(1.0, {**gets, **(extra or {})}, disk, 24, errors)]
+
+
+def _goals(shared: list[Any], private: list[Any], unpacked: int = 4000) -> dict[str, bool | None]:
+    from benchlib.figures import WorkloadResult
+    from benchlib.shared_root import add_figures
+
+    result = WorkloadResult("shared-root")
+    add_figures(result, shared, private, unpacked)
+    return {f.metric: f.goal_met for f in result.figures if f.goal is not None}
+
+
+def test_the_shared_root_goals_fail_on_each_planted_defect(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shared-root oracle: exact runs meet every goal; a second GET of one URI on the
+    shared root, a second copy of a package on its disk, a package missing from its disk, or
+    one failed create each miss the goal that pins it (and only that one)."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    private = _runs(6, 6 * 4096)
+    good = _goals(_runs(1, 4096), private)
+    assert len(good) == 6, good  # the hot goal is added by add_hot_figures
+    assert all(good.values()), good
+    cases = {
+        "a URI fetched twice": (
+            _runs(1, 4096, extra={"shared-root-0.zip": 2}),
+            {"downloads, 6 nodes x 4 packages, worst round",
+             "GETs of the most-fetched package URI, shared root"},
+        ),
+        "a package stored twice": (
+            _runs(1, 4096 + 1024),
+            {"disk under uris/ after the run (du), worst round"},
+        ),
+        "a package missing": (
+            _runs(1, 3072),
+            {"disk under uris/ of the shared root, least round"},
+        ),
+        "a create failed": (
+            _runs(1, 4096, errors=1),
+            {"failed creates, both sets, every round"},
+        ),
+    }  # fmt: skip
+    for case, (shared, pinned) in cases.items():
+        goals = _goals(shared, private)
+        missed = {metric for metric, met in goals.items() if not met}
+        assert missed == pinned, case
+
+
+def test_check_exits_1_when_the_shared_root_workload_misses_a_goal(
+    base: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``bench.py --only shared-root --check`` through the real entry point, the workload
+    replaced by one reporting planted runs: exit 1 when the shared root fetched a URI twice,
+    exit 0 when every run is exact."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    import bench
+    from benchlib.figures import WorkloadResult
+    from benchlib.shared_root import add_figures
+
+    def planted(per_uri: int) -> Any:
+        async def workload(work: Path, sizes: Any, shared: Any) -> WorkloadResult:
+            result = WorkloadResult("shared-root")
+            add_figures(result, _runs(per_uri, 4096), _runs(6, 6 * 4096), 4000)
+            return result
+
+        return workload
+
+    codes = {}
+    for per_uri in (2, 1):
+        monkeypatch.setitem(bench.ALL_WORKLOADS, "shared-root", planted(per_uri))
+        monkeypatch.setattr(sys, "argv", [
+            "bench.py", "--smoke", "--only", "shared-root", "--check",
+            "--out", str(base / f"out{per_uri}.json"), "--workdir", str(base / "work"),
+        ])  # fmt: skip
+        codes[per_uri] = bench.main()
+    assert codes == {2: 1, 1: 0}, capsys.readouterr()
+    assert "--check: 2 goals missed" in capsys.readouterr().err

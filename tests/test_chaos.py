@@ -14,9 +14,11 @@ import ast
 import asyncio
 import importlib.util
 import os
+import random
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -24,6 +26,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -58,6 +61,8 @@ QUIET = ("--log-level", "WARNING")
 
 
 def _load_chaos() -> ModuleType:
+    if str(CHAOS_PY.parent) not in sys.path:  # its parts (chaoslib_*), as when run as a script
+        sys.path.append(str(CHAOS_PY.parent))
     spec = importlib.util.spec_from_file_location("rtenv_chaos_runner", CHAOS_PY)
     assert spec is not None
     assert spec.loader is not None
@@ -68,7 +73,7 @@ def _load_chaos() -> ModuleType:
 
 
 chaos = _load_chaos()
-
+import chaoslib_root  # noqa: E402  (importable once the runner's folder is on the path)
 
 # -- the reduced run -------------------------------------------------------------------------
 
@@ -124,6 +129,30 @@ def test_reduced_chaos_run_has_no_violation_and_exercises_every_kind_of_fault() 
     assert re.search(r"^seed 5: 8 rounds in ", out, re.MULTILINE), out[-4000:]
 
 
+@pytest.mark.timeout(90)
+def test_three_nodes_on_one_root_kill_their_agents_independently_with_no_violation() -> None:
+    """Issue 16's chaos run: three nodes share one agent root; each node's agent is SIGKILLed
+    and restarted on its own while the others work on; workers watch their packages; zero
+    violations."""
+    args = [
+        "--seed", "11", "--nodes", "3", "--rounds", "4", "--agent-kills", "1", "--tasks", "24",
+        "--concurrency", "3", "--envs", "12",
+    ]  # fmt: skip
+    code, out = _run_chaos(args, timeout_s=75)
+    (violations,) = _summary_field(out, "violations", r"(\d+)")
+    assert (code, int(violations)) == (0, 0), f"the chaos run failed:\n{out[-6000:]}"
+    assert _summary_field(out, "nodes", r"(\d+) on one agent root") == ("3",)
+    kills, restarts = map(int, _summary_field(out, "agent", r"(\d+) SIGKILLs, (\d+) restarts"))
+    assert (kills, restarts) == (3, 3), "one kill and one restart per node"
+    installs, evictions = map(
+        int, _summary_field(out, "packages", r"(\d+) installs, (\d+) evictions")
+    )
+    assert installs > 0
+    assert evictions > 0
+    (ok,) = _summary_field(out, "tasks", r"(\d+) ok, .*")
+    assert int(ok) > 0
+
+
 @pytest.mark.timeout(150)
 def test_stress_run_with_many_envs_and_short_idle_timeouts_fails_no_task() -> None:
     """CI's stress run (issue 12): many envs, idle workers retired after 50 ms, nothing killed
@@ -144,6 +173,8 @@ def test_stress_run_with_many_envs_and_short_idle_timeouts_fails_no_task() -> No
     ("args", "message"),
     [
         (["--rounds", "0"], "--rounds must be at least 1, got 0"),
+        (["--nodes", "0"], "--nodes must be between 1 and 16, got 0"),
+        (["--nodes", "17"], "--nodes must be between 1 and 16, got 17"),
         (["--fault-rate", "2"], "--fault-rate must be between 0 and 1, got 2.0"),
         (["--fault-rate", "nan"], "--fault-rate must be between 0 and 1, got nan"),
         (["--agent-kills", "5", "--rounds", "2"], "--agent-kills must be between 0 and --rounds"),
@@ -153,7 +184,7 @@ def test_stress_run_with_many_envs_and_short_idle_timeouts_fails_no_task() -> No
 )
 def test_a_command_line_mistake_gets_one_line_and_exit_2(args: list[str], message: str) -> None:
     """Issue 12: --rounds 0 gave a traceback, --fault-rate 2 was accepted and --agent-kills 5
-    --rounds 2 silently cut to 1."""
+    --rounds 2 silently cut to 1. Issue 16: --nodes outside 1..16."""
     assert_refused_in_one_line([sys.executable, str(CHAOS_PY)], args, f"chaos: {message}")
 
 
@@ -201,10 +232,120 @@ def test_a_task_error_or_a_spawn_failure_is_always_a_violation() -> None:
         assert why is not None, status
 
 
-# -- the checks fail on a broken state ---------------------------------------------------------
+# -- the root's checks fail on a broken state ---------------------------------------------------
+
+H1, H2, DEAD = "1" * 32, "2" * 32, "d" * 32  # two live holders (nodes' agents) and a dead one
+WD, MOD = "working_dir:http://x/wd.zip", "py_modules:http://x/m.zip"
 
 
-async def test_check_disk_reports_a_package_directory_deleted_behind_the_agents_back() -> None:
+def _root(**changes: object) -> chaoslib_root.RootState:
+    """A quiet root two nodes share, consistent: H1's live env holds WD and MOD, H2's holds MOD,
+    one unused package of 100 bytes; then ``changes`` break it."""
+    state = chaoslib_root.RootState(
+        dirs={"wd-1", "mod-2", "old-3"},
+        rows=[
+            (WD, "wd-1", 10, "ready", None),
+            (MOD, "mod-2", 20, "ready", None),
+            ("working_dir:http://x/old.zip", "old-3", 100, "ready", None),
+        ],
+        refs=[(H1, WD), (H1, MOD), (H2, MOD)],
+        holders=[H1, H2],
+        locks=[H1, H2],
+        folders={f"tmp/{H1}": [], f"tmp/{H2}": [], f"trash/{H1}": []},
+        alive={H1, H2},
+    )
+    for name, value in changes.items():
+        setattr(state, name, value)
+    return state
+
+
+NODES = {H1: ("node 0: ", {WD, MOD}), H2: ("node 1: ", {MOD})}
+
+
+def test_a_consistent_shared_root_has_no_problem() -> None:
+    assert chaoslib_root.root_problems(_root(), NODES, budget=100) == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "budget", "expected"),
+    [
+        (  # a peer's eviction that skipped the reference re-check: row and directory gone
+            {"dirs": {"wd-1", "old-3"}, "rows": [(WD, "wd-1", 10, "ready", None),
+             ("working_dir:http://x/old.zip", "old-3", 100, "ready", None)]},
+            100,
+            ["node 0: py_modules:http://x/m.zip, which a live env holds, has no ready row",
+             "node 1: py_modules:http://x/m.zip, which a live env holds, has no ready row"],
+        ),
+        (  # the directory deleted behind the index's back
+            {"dirs": {"wd-1", "old-3"}},
+            100,
+            ["directories ['mod-2'] and state.db disagree",
+             "node 0: py_modules:http://x/m.zip, which a live env holds, is not on disk",
+             "node 1: py_modules:http://x/m.zip, which a live env holds, is not on disk"],
+        ),
+        (
+            {"refs": [(H1, WD), (H2, MOD)]},  # H1's reference to MOD dropped while it holds it
+            100,
+            [f"node 0: its live envs hold ['{MOD}', '{WD}'] but state.db's references of its "
+             f"holder {H1} are ['{WD}']"],
+        ),
+        (
+            {"refs": [(H1, WD), (H1, MOD), (H2, MOD), (DEAD, WD)], "holders": [H1, H2, DEAD]},
+            100,
+            [f"dead holders not reaped: ['{DEAD}']"],
+        ),
+        ({"locks": [H1, H2, DEAD]}, 100, [f"dead holders not reaped: ['{DEAD}']"]),
+        ({"alive": {H1, H2, DEAD}, "locks": [H1, H2, DEAD]}, 100,
+         [f"live holders that are no node's agent: ['{DEAD}']"]),
+        (
+            {"rows": [(WD, "wd-1", 10, "ready", None), (MOD, "mod-2", 20, "ready", None),
+                      ("working_dir:http://x/old.zip", "old-3", 100, "ready", None),
+                      ("py_modules:http://x/new.zip", "new-4", 0, "installing", H2)]},
+            100,
+            [f"claims with no create in flight: ['py_modules:http://x/new.zip by {H2}']"],
+        ),
+        ({}, 99, ["unused bytes 100 over the budget 99"]),
+        (
+            {"folders": {f"tmp/{H1}": ["a1b2"], f"tmp/{DEAD}": [], "trash/stray": ["x"]}},
+            100,
+            [f"tmp/{H1} did not drain: ['a1b2']", f"tmp/{DEAD} of no live holder left",
+             "trash/stray of no live holder left"],
+        ),
+        (
+            {"rows": [(WD, "wd-1", 10, "ready", None), (MOD, "mod-2", 20, "ready", None),
+                      ("working_dir:http://x/old.zip", "mod-2", 100, "ready", None)],
+             "dirs": {"wd-1", "mod-2"}},
+            10**9,
+            ["directories ['mod-2'] recorded for several packages"],
+        ),
+    ],
+)  # fmt: skip
+def test_root_problems_name_what_is_wrong(
+    changes: dict[str, object], budget: int, expected: list[str]
+) -> None:
+    """Each way a shared root can be wrong when its nodes are quiet is named, and only it."""
+    assert chaoslib_root.root_problems(_root(**changes), NODES, budget) == expected
+
+
+def test_a_root_whose_agents_stopped_must_hold_no_holder_reference_or_claim() -> None:
+    """A clean stop takes its holder row, references, claims, lock file and folders with it."""
+    stopped = _root(refs=[], holders=[], locks=[], alive=set(), folders={})
+    assert chaoslib_root.stopped_problems(stopped) == []
+    left = _root(
+        refs=[(H1, WD)], holders=[], locks=[H2], alive={H2},
+        rows=[(WD, "wd-1", 10, "installing", H1)], folders={f"trash/{H1}": []},
+    )  # fmt: skip
+    assert chaoslib_root.stopped_problems(left) == [
+        f"holders alive after every agent stopped: ['{H2}']",
+        f"holders left in state.db or holders/: ['{H1}', '{H2}']",
+        f"claims left: ['{WD} by {H1}']",
+        f"staging or trash folders left: ['trash/{H1}']",
+    ]
+
+
+async def test_read_root_sees_a_package_directory_deleted_behind_the_agents_back() -> None:
+    """On a real agent's root: consistent, then a package's directory removed by hand is named
+    by the root's check and by the agent's own records."""
     async with running_agent() as ra:
         base = short_tempdir()
         try:
@@ -213,28 +354,28 @@ async def test_check_disk_reports_a_package_directory_deleted_behind_the_agents_
             reply = await ra.create(env_json(working_dir=f"file://{package}"))
             assert await ra.delete(reply.runtime_env_id) == 0  # unused now, still cached
             await ra.settle()
+            holder = chaoslib_root.holder_of(ra.root, os.getpid())
+            assert holder, "the agent took no lock under holders/"
+            nodes = {holder: ("", set[str]())}
             found: list[str] = []
-            chaos._check_disk(ra.root, await ra.info(), found.append)
+            await wait_until(
+                lambda: not chaoslib_root.root_problems(chaoslib_root.read_root(ra.root), nodes,
+                                                        10**9),
+                what="the root to settle",
+            )  # fmt: skip
+            chaoslib_root.check_known(chaoslib_root.read_root(ra.root), await ra.info(), 10**9,
+                                      found.append)  # fmt: skip
             assert found == [], "a consistent state must pass the check"
             (name,) = ra.uri_dirs()
             shutil.rmtree(ra.root / "uris" / name)  # the agent and state.db still record it
-            chaos._check_disk(ra.root, await ra.info(), found.append)
-            assert len(found) == 2, found
-            assert "the agent's records disagree" in found[0]
-            assert name in found[0]
-            assert "state.db disagree" in found[1]
-            assert name in found[1]
+            state = chaoslib_root.read_root(ra.root)
+            assert chaoslib_root.root_problems(state, nodes, 10**9) == [
+                f"directories ['{name}'] and state.db disagree"
+            ]
+            chaoslib_root.check_known(state, await ra.info(), 10**9, found.append)
+            assert found == [f"directories ['{name}'] and the agent's records disagree"]
         finally:
             shutil.rmtree(base, ignore_errors=True)
-
-
-async def test_check_disk_reports_leftovers_in_tmp_and_trash() -> None:
-    async with running_agent() as ra:
-        (ra.root / "tmp" / "stray").mkdir()
-        (ra.root / "trash" / "stray").mkdir()
-        found: list[str] = []
-        chaos._check_disk(ra.root, await ra.info(), found.append)
-        assert found == ["tmp/ did not drain", "trash/ did not drain"]
 
 
 @dataclass
@@ -259,13 +400,25 @@ async def chaos_node() -> AsyncIterator[ChaosNode]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-async def settled(root: Path) -> None:
-    """Wait until staging and trash are empty and state.db has a row per package directory."""
+def seat_of(c: ChaosNode) -> Any:
+    """The runner's seat for this one node (its agent's holder found as the runner finds it)."""
+    seat = chaos.Seat(0, random.Random(0), set(), node=c.node)
+    seat.holder = chaoslib_root.holder_of(c.root, c.node.sidecar.pid)
+    assert seat.holder, "the agent took no lock under holders/"
+    return seat
 
-    def quiet() -> bool:
-        empty = not any((root / "tmp").iterdir()) and not any((root / "trash").iterdir())
-        dirs = {p.name for p in (root / "uris").iterdir()}
-        return empty and chaos._rows(root) == dirs
+
+async def settled(c: ChaosNode) -> None:
+    """Wait until the root has settled: staging and trash drained, a row per package directory,
+    the references written behind."""
+    seat = seat_of(c)
+    assert c.node.client is not None
+    client = c.node.client
+
+    async def quiet() -> bool:
+        held = chaoslib_root.held(await client.info())
+        state = await asyncio.to_thread(chaoslib_root.read_root, c.root)
+        return not chaoslib_root.root_problems(state, {seat.holder: ("", held)}, 10**9)
 
     await wait_until(quiet, what="the agent's root to settle")
 
@@ -277,9 +430,9 @@ async def test_check_alive_reports_an_agent_reference_the_pool_does_not_hold() -
         await c.node.run(TaskSpec(c.env, "probe:pid"))
         other = env_json(env_vars={"LEAKED": "1"})
         leaked = await c.node.client.create(other)  # a reference no pool slot accounts for
-        await settled(c.root)
+        await settled(c)
         tally = chaos.Tally(seed=0)
-        await chaos._check_alive(c.node, c.root, 10**9, tally, "here")
+        await chaos._check_nodes([seat_of(c)], c.root, 10**9, tally, "here")
         assert len(tally.violations) == 1, tally.violations
         assert tally.violations[0].startswith("here: agent counts")
         assert leaked.runtime_env_id in tally.violations[0]
@@ -298,7 +451,7 @@ async def test_check_alive_does_not_flag_a_worker_that_idles_out_during_the_chec
         assert pool is not None
         assert client is not None
         await c.node.run(TaskSpec(c.env, "probe:pid"))  # one idle worker holds the env
-        await settled(c.root)
+        await settled(c)
         real_info = client.info
 
         async def info_while_the_worker_retires(
@@ -313,7 +466,7 @@ async def test_check_alive_does_not_flag_a_worker_that_idles_out_during_the_chec
 
         monkeypatch.setattr(client, "info", info_while_the_worker_retires)
         tally = chaos.Tally(seed=0)
-        await chaos._check_alive(c.node, c.root, 10**9, tally, "after round 0")
+        await chaos._check_nodes([seat_of(c)], c.root, 10**9, tally, "after round 0")
         assert tally.violations == []
 
 
@@ -340,7 +493,84 @@ async def test_the_stress_run_sees_the_pool_race_when_it_is_planted_again(
     monkeypatch.setattr(WorkerPool, "_terminate", terminate_as_before_the_fix)
     args = argparse.Namespace(
         seed=7, rounds=2, tasks=300, envs=40, concurrency=6, agent_kills=0, budget_kib=65536,
-        fault_rate=0.0, idle_timeout=0.05, calm=True, workdir=None, keep=False,
+        fault_rate=0.0, idle_timeout=0.05, calm=True, workdir=None, keep=False, nodes=1,
     )  # fmt: skip
     tally = await asyncio.wait_for(chaos.run(args), timeout=240)
     assert tally.violations, "the oracle did not see the planted race"
+
+
+def _evict_under_the_references(root: Path, directory: str, aside: Path) -> bool:
+    """What an eviction that skipped the reference re-check would do to the package in
+    ``uris/<directory>``: delete its row and move the directory out in one transaction, then
+    delete it. False if it was no longer there to evict."""
+    db = sqlite3.connect(root / "state.db", timeout=10, isolation_level=None)
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        gone = db.execute("DELETE FROM uris WHERE dir = ? AND state = 'ready'", (directory,))
+        if gone.rowcount != 1:  # evicted for real meanwhile
+            db.execute("ROLLBACK")
+            return False
+        os.rename(root / "uris" / directory, aside)
+        db.execute("COMMIT")
+    finally:
+        db.close()
+    shutil.rmtree(aside)
+    return True
+
+
+@pytest.mark.timeout(150)
+async def test_a_shared_root_run_fails_naming_a_package_evicted_under_a_live_env(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The oracle can fail on a shared root (issue 16): an outside "evictor" does what an
+    agent's eviction that skipped the reference re-check would do to a package a node's live
+    env holds (row and directory gone); the run fails, its workers naming the directory."""
+    seats: list[Any] = []
+    real_seats = chaos._seats
+
+    def seats_seen(*args: Any) -> Any:
+        made = real_seats(*args)
+        seats.extend(made)
+        return made
+
+    monkeypatch.setattr(chaos, "_seats", seats_seen)
+    base = short_tempdir()
+    root = base / "agent-root"
+    args = argparse.Namespace(
+        seed=3, rounds=3, tasks=30, envs=8, concurrency=3, agent_kills=0, budget_kib=160,
+        fault_rate=0.0, idle_timeout=2.0, calm=True, workdir=str(base), keep=False, nodes=3,
+    )  # fmt: skip
+
+    def package_in_use() -> str | None:
+        """The package directory a running worker of some node works in, if any."""
+        for seat in list(seats):
+            pool = None if seat.node is None else seat.node.pool
+            for worker in [] if pool is None else list(pool.workers.values()):
+                slot = pool.slots.get(worker.env_key) if pool is not None else None
+                if worker.state in (WorkerState.IDLE, WorkerState.BUSY) and slot and slot.context:
+                    return Path(slot.context.cwd).relative_to(root.resolve() / "uris").parts[0]
+        return None
+
+    async def evict_once() -> str:
+        for _ in range(1200):  # a minute at most
+            directory = package_in_use()
+            if directory is not None:
+                aside = base / "evicted"
+                if await asyncio.to_thread(_evict_under_the_references, root, directory, aside):
+                    return directory
+            await asyncio.sleep(0.05)
+        raise AssertionError("no node's worker ever ran")
+
+    running = asyncio.create_task(chaos.run(args))
+    try:
+        directory = await asyncio.wait_for(evict_once(), 90)
+        tally = await asyncio.wait_for(running, 120)
+    finally:
+        if not running.done():
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+        shutil.rmtree(base, ignore_errors=True)
+    assert tally.violations, "the oracle did not see the planted eviction"
+    seen_by_workers = [v for v in tally.violations if f"/uris/{directory}/" in v]
+    assert seen_by_workers, f"no worker named {directory}: {tally.violations[:10]}"
+    assert all(v.endswith(" is missing") for v in seen_by_workers), seen_by_workers

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from agent.state import index
 from agent.state.holders import HolderLock, is_alive, lock_path
 from agent.state.index import Found, plan_target
 from agent.state.state_db import StateDB, UriRow
+from tests.helpers import env_json, module_zip, package_server, running_agent
 
 KEY = ("py_modules", "http://127.0.0.1:1/a.zip")
 OTHER = ("py_modules", "http://127.0.0.1:1/b.zip")
@@ -253,5 +255,145 @@ async def test_a_fifo_or_a_link_in_place_of_a_lock_file_is_a_dead_holder_never_w
         swept = await asyncio.wait_for(a.sweep(budget_bytes=0), 5)
         assert len(swept.reaped.aside) == 2
         assert (root / "target").read_text() == "x"
+    finally:
+        await a.close()
+
+
+async def test_creates_of_a_ready_env_and_deletes_that_release_nothing_run_no_pass() -> None:
+    """The hot path on a shared root takes no cross-process lock: only a count going 0 -> 1
+    (a transaction) or 1 -> 0 (a pass) touches the index."""
+    async with package_server() as served, running_agent() as a:
+        env = env_json(py_modules=[served.add("m.zip", module_zip("hot_mod", "1"))])
+        first = await a.create(env)
+        await a.settle()
+        store = a.service.store
+        passes = store.passes
+        for _ in range(20):
+            await a.create(env)
+            assert await a.delete(first.runtime_env_id) == 1
+        await a.settle()
+        assert store.passes == passes
+        assert await a.delete(first.runtime_env_id) == 0  # the last reference: a pass
+        await a.settle()
+        assert store.passes == passes + 1
+
+
+async def test_a_transaction_whose_caller_is_cancelled_still_carries_the_notes_it_took(
+    root: Path,
+) -> None:
+    """A cancelled obtain queued behind a busy thread still runs: the claim and reference
+    dropped behind before it are written, not lost with it (a lost claim of a live holder made
+    every peer wait on it for ever)."""
+    a = await holder(root)
+    try:
+        assert (await a.obtain(KEY, "dir-a", take_ref=True)).found is Found.CLAIMED
+        a.note_claim_dropped(*KEY)  # its install failed
+        a.note_ref_dropped(*KEY)
+        release = threading.Event()
+        busy = asyncio.ensure_future(a._run(lambda conn: release.wait(5)))
+        queued = asyncio.ensure_future(a.obtain(OTHER, "dir-b", take_ref=True))
+        await asyncio.sleep(0.05)
+        queued.cancel()
+        asyncio.get_running_loop().call_later(0.1, release.set)
+        await asyncio.gather(queued, return_exceptions=True)
+        await busy
+        a.note_claim_dropped(*OTHER)  # as the store's _forget does for the cancelled obtain
+        a.note_ref_dropped(*OTHER)
+        await a.flush()
+        assert rows(root, "SELECT uri FROM uris") == []
+        assert rows(root, "SELECT uri FROM refs") == []
+    finally:
+        await a.close()
+
+
+async def test_a_pass_while_a_holder_takes_its_lock_never_reaps_it(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lock file is made and locked under a name passes ignore, then renamed into place:
+    a pass between its creation and its lock finds nothing to reap."""
+    peer = await holder(root)
+    rename = os.rename
+
+    def pass_first(src: object, dst: object) -> None:
+        with sqlite3.connect(root / "state.db") as conn:
+            index.reap_dead(conn, root, peer.holder_id, peer.trash, index.Reaped()).finish()
+        rename(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("agent.state.holders.os.rename", pass_first)
+    lock = await asyncio.to_thread(HolderLock.take, root)
+    monkeypatch.undo()
+    try:
+        assert lock_path(root, lock.holder_id).exists()
+        assert is_alive(root, lock.holder_id)
+        assert sorted(p.name for p in (root / "holders").iterdir()) == sorted(
+            [f"{peer.holder_id}.lock", f"{lock.holder_id}.lock"]
+        )
+    finally:
+        lock.release()
+        await peer.close()
+
+
+async def test_a_ready_row_replaced_by_a_claim_is_logged_gone(root: Path) -> None:
+    """A package whose folder vanished is claimed again over its ready row (a REPLACE): peers
+    following the change log see it go, even if that install then fails."""
+    a, b = await holder(root), await holder(root)
+    try:
+        folder = await install(a, KEY)
+        seen = (await b.sweep(budget_bytes=10**9)).gen
+        folder.rmdir()
+        assert (await b.obtain(KEY, folder.name, take_ref=True)).found is Found.CLAIMED
+        swept = await a.sweep(budget_bytes=10**9, since=seen)
+        assert swept.changes == [(KEY, None)]
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_start_keeps_the_rows_and_folders_of_a_kind_it_cannot_read(root: Path) -> None:
+    """A newer peer's package (a kind this agent does not know) is neither dropped nor deleted
+    at this agent's start: the peer may be using it."""
+    a = await holder(root)
+    try:
+        newer = ("conda", "http://127.0.0.1:1/env.yaml")
+        folder = await install(a, newer)
+        scan = index.Scan(frozenset({folder.name}), frozenset())
+        got = await a.reconcile(lambda: scan, lambda key: None if key[0] == "conda" else "x")
+        assert (got.dropped, got.orphans) == (0, [])
+        assert folder.is_dir()
+        assert rows(root, "SELECT kind FROM uris") == [("conda",)]
+    finally:
+        await a.close()
+
+
+async def test_reaping_an_installer_sets_aside_the_folder_it_placed_but_never_committed(
+    root: Path,
+) -> None:
+    a, b = await holder(root), await holder(root)
+    try:
+        assert (await a.obtain(KEY, "dir-a", take_ref=True)).found is Found.CLAIMED
+        (root / "uris" / "dir-a").mkdir()  # renamed into place; killed before the commit
+        die(a)
+        swept = await b.sweep(budget_bytes=10**9)
+        assert not (root / "uris" / "dir-a").exists()
+        assert any(p.parent == b.trash for p in swept.reaped.aside)
+    finally:
+        await b.close()
+
+
+async def test_an_index_row_naming_no_holder_does_not_stop_the_passes(root: Path) -> None:
+    """A hand-edited index (a claim with a NULL holder, a holder named '../x') is read
+    without a crash and never names a file outside holders/."""
+    a = await holder(root)
+    try:
+        with sqlite3.connect(root / "state.db") as conn:
+            conn.execute(
+                "INSERT INTO uris (kind, uri, dir, size, last_used_ms, state, holder)"
+                " VALUES ('py_modules', 'u1', 'd1', 0, 0, 'installing', NULL)"
+            )
+            conn.execute("INSERT INTO refs VALUES ('../x', 'py_modules', 'u1')")
+        (root / "x.lock").write_text("not a lock")
+        await a.sweep(budget_bytes=10**9)
+        assert (root / "x.lock").read_text() == "not a lock"
+        assert rows(root, "SELECT holder FROM refs") == []
     finally:
         await a.close()

@@ -44,6 +44,7 @@ from agent.doors.servicer import RuntimeEnvAgentServicer
 from agent.install.fetch import Fetcher, Sleep
 from agent.install.gcs_source import GcsConfig
 from agent.install.installers import InstallTools, build_installers
+from agent.install.staging import through
 from agent.ops.startup import (
     check_address,
     check_python,
@@ -130,7 +131,13 @@ class Agent:
                 python_version = await asyncio.to_thread(check_python, settings.py_executable)
             try:
                 make_folders(root, 0o755)  # every folder made, whatever the umask
-                self._lock_fd = lock_root(root, alone=alone)
+                locking = asyncio.ensure_future(asyncio.to_thread(lock_root, root, alone=alone))
+                try:
+                    self._lock_fd = await through(locking)  # retries sleep: off the loop
+                except asyncio.CancelledError:  # taken all the same: let it go with the start
+                    if not locking.cancelled() and locking.exception() is None:
+                        os.close(locking.result())
+                    raise
             except OSError as exc:
                 raise StartupError(
                     f"cannot use {root} as the agent's root: {exc.strerror or exc}"

@@ -1,6 +1,7 @@
 """Start-up checks and preparations of the agent's process: its address (well formed, free),
-its parent and its python (alive, running), its socket's folder, the lock that makes it the only
-agent of its root, the root's folders (writable), and --reset-state. Each refusal is a
+its parent and its python (alive, running), its socket's folder, the root's lock (shared by the
+agents that share the root through its index; exclusive for one that needs the root alone), the
+root's folders (writable), and --reset-state. Each refusal is a
 StartupError naming what is wrong and what to do; the checks that need no root come first, so a
 refused start leaves the root untouched."""
 
@@ -319,9 +320,17 @@ def lock_root(root: Path, *, alone: bool = False) -> int:
 
 
 def share_root(fd: int) -> None:
-    """--reset-state is done: let other agents share the root (exclusive -> shared)."""
+    """--reset-state is done: let other agents share the root (exclusive -> shared). Linux
+    converts a flock by letting it go and taking the new one: an agent that needs the root
+    alone may take it in between, which is refused here rather than waited for."""
     os.ftruncate(fd, 0)
-    fcntl.flock(fd, fcntl.LOCK_SH)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        raise StartupError(
+            "--reset-state is done, but another agent took the root alone meanwhile (one "
+            "started with --no-state-db); stop it and start this agent again"
+        ) from exc
 
 
 def _held(fd: int, root: Path, alone: bool) -> StartupError:
@@ -333,6 +342,7 @@ def _held(fd: int, root: Path, alone: bool) -> StartupError:
             "index aside): stop them first, or choose another --root"
         )
     return StartupError(
-        f"an agent started with --no-state-db (pid {holder or '?'}) serves root {root} alone; "
-        "stop it, or choose another --root"
+        f"an agent (pid {holder or '?'}) holds root {root} alone: one started with "
+        "--no-state-db, one finishing --reset-state, or one older than shared roots; stop it "
+        "(or wait for the reset), or choose another --root"
     )

@@ -56,16 +56,22 @@ class HolderLock:
 
     @classmethod
     def take(cls, root: Path, holder_id: str | None = None) -> HolderLock:
-        """Create and lock ``<root>/holders/<id>.lock`` (a fresh id unless one is given)."""
+        """Create and lock ``<root>/holders/<id>.lock`` (a fresh id unless one is given). The
+        file is made and locked under a name passes ignore, then renamed into place: a pass
+        never finds it unlocked (and reaps it) between its creation and its lock."""
         folder = root / HOLDERS_DIR
         folder.mkdir(mode=0o755, exist_ok=True)
         holder_id = holder_id or new_holder_id()
-        fd = os.open(lock_path(root, holder_id), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        making = folder / f".{holder_id}.making"
+        fd = os.open(making, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.write(fd, str(os.getpid()).encode())
+            os.rename(making, lock_path(root, holder_id))
         except BaseException:
             os.close(fd)
+            with contextlib.suppress(OSError):
+                making.unlink()
             raise
         return cls(root, holder_id, fd)
 
@@ -97,6 +103,8 @@ def _open_lock(path: Path) -> int | None:
 def is_alive(root: Path, holder_id: str) -> bool:
     """Whether the holder's lock is held (by a live process); a missing file (or one that is
     not a regular file) is a dead holder."""
+    if not is_holder_id(holder_id):  # a name read from the index that is no id: nobody's lock
+        return False
     fd = _open_lock(lock_path(root, holder_id))
     if fd is None:
         return False
@@ -127,8 +135,9 @@ class Reaping:
 
     def done(self) -> None:
         """The holder's rows and folders are gone: remove its lock file, then let go."""
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        if is_holder_id(self.path.name.removesuffix(".lock")):
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
         os.close(self.fd)
 
     def abandon(self) -> None:
@@ -140,7 +149,7 @@ def begin_reaping(root: Path, holder_id: str) -> Reaping | None:
     it right now. A missing lock file (reaped already, or a row left by an older agent) is taken
     as a dead holder with nothing to lock."""
     path = lock_path(root, holder_id)
-    fd = _open_lock(path)
+    fd = _open_lock(path) if is_holder_id(holder_id) else None
     if fd is None:
         return Reaping(path, os.open(os.devnull, os.O_RDONLY))
     try:

@@ -134,7 +134,7 @@ def _drop_holder_rows(conn: sqlite3.Connection, holder: str) -> int:
     return int(found[0]) if found else 0
 
 
-def reap_dead(conn: sqlite3.Connection, root: Path, me: str, trash: Path) -> Reaped:
+def reap_dead(conn: sqlite3.Connection, root: Path, me: str, trash: Path, reaped: Reaped) -> Reaped:
     """R4: every holder the index names that is dead, reaped; and every folder under tmp/ and
     trash/ of no live holder (a dead holder's, or an older agent's) set aside into ``trash``."""
     named = {
@@ -143,14 +143,19 @@ def reap_dead(conn: sqlite3.Connection, root: Path, me: str, trash: Path) -> Rea
             "SELECT id FROM holders UNION SELECT holder FROM refs"
             " UNION SELECT holder FROM uris WHERE state = 'installing'"
         )
+        if isinstance(holder, str)  # a NULL or a number (a hand-edited index) names nobody
     }
-    reaped = Reaped()
     for holder in sorted(named - {me}):
         if not is_alive(root, holder):
             _reap(conn, root, holder, trash, reaped)
+    # a holder reaped above is locked by this pass (``begin_reaping``), so ``is_alive`` would
+    # find it alive: its folders go by name
+    reaping = {holder for holder, _ in reaped.holders}
     for sub in ("tmp", "trash"):
         for name in _names(root / sub):
-            if name != me and not (is_holder_id(name) and is_alive(root, name)):
+            if name in reaping or (
+                name != me and not (is_holder_id(name) and is_alive(root, name))
+            ):
                 _set_aside(root / sub / name, trash, reaped)
     for holder in lock_files(root):  # an agent killed between its lock and its row
         if holder not in named and holder != me and not is_alive(root, holder):
@@ -167,6 +172,11 @@ def _reap(conn: sqlite3.Connection, root: Path, holder: str, trash: Path, reaped
     reaped.locks.append(lock)
     # its folders are named by its id: a value read from the index names one only if it is an id
     killed = kill_orphaned_installers(root / "tmp" / holder) if is_holder_id(holder) else 0
+    for (directory,) in conn.execute(  # renamed into place, not committed: nobody vouches
+        "SELECT dir FROM uris WHERE state = 'installing' AND holder = ?", (holder,)
+    ).fetchall():
+        if isinstance(directory, str) and _plain_name(directory):
+            _set_aside(root / "uris" / directory, trash, reaped)
     envs = _drop_holder_rows(conn, holder)
     reaped.holders.append((holder, envs))
     log.warning(
@@ -189,6 +199,11 @@ def _set_aside(path: Path, trash: Path, reaped: Reaped) -> None:
     reaped.aside.append(aside)
 
 
+def _plain_name(name: str) -> bool:
+    """A folder name read from the index names a folder of uris/ only if it is one plain name."""
+    return bool(name) and "/" not in name and name not in (".", "..") and "\0" not in name
+
+
 def _names(folder: Path) -> list[str]:
     try:
         return [name for name in os.listdir(folder) if not name.startswith(".")]
@@ -205,6 +220,7 @@ def obtain(
     dir_name: str,
     now_ms: int,
     trash: Path,
+    reaped: Reaped,
     *,
     take_ref: bool,
 ) -> Obtained:
@@ -216,16 +232,17 @@ def obtain(
     found = conn.execute(
         "SELECT dir, size, last_used_ms, state, holder FROM uris WHERE kind = ? AND uri = ?", key
     ).fetchone()
-    reaped = Reaped()
     if found is not None:
         directory, size, last_used_ms, state, installer = found
         if state == "ready":
-            if (root / "uris" / directory).is_dir():
-                return Obtained(Found.READY, Row(kind, uri, directory, size, last_used_ms))
+            if _plain_name(directory) and (root / "uris" / directory).is_dir():
+                return Obtained(
+                    Found.READY, Row(kind, uri, directory, size, last_used_ms), reaped=reaped
+                )
             log.warning("%s: the index names %s, which is gone; installed again", uri, directory)
-        elif installer != me and is_alive(root, installer):
-            return Obtained(Found.WAIT, installer=installer)
-        elif installer != me:
+        elif installer != me and isinstance(installer, str) and is_alive(root, installer):
+            return Obtained(Found.WAIT, installer=installer, reaped=reaped)
+        elif installer != me and isinstance(installer, str):
             _reap(conn, root, installer, trash, reaped)
             for sub in ("tmp", "trash") if is_holder_id(installer) else ():
                 _set_aside(root / sub / installer, trash, reaped)
@@ -275,6 +292,7 @@ def sweep(
     budget_bytes: int,
     needed_bytes: int = 0,
     since: int = -1,
+    reaped: Reaped | None = None,
 ) -> Swept:
     """R2, R4: reap the dead, then evict unused packages, least recently used first, until the
     root's unused bytes fit ``budget_bytes`` and, if ``needed_bytes``, until that much is freed
@@ -283,7 +301,7 @@ def sweep(
     -1, nothing seen yet, or when the log no longer reaches back that far). Costs: one
     aggregate scan in SQLite, the unused rows read in LRU order only as far as evictions go,
     the log read from ``since``."""
-    reaped = reap_dead(conn, root, me, trash)
+    reaped = reap_dead(conn, root, me, trash, reaped if reaped is not None else Reaped())
     ready_bytes, unused = conn.execute(
         f"SELECT coalesce(sum(size), 0), coalesce(sum(CASE WHEN {_UNREFERENCED} THEN size END), 0)"
         " FROM uris u WHERE u.state = 'ready'"
@@ -389,14 +407,16 @@ def reconcile(
     trash: Path,
     scan: Scan,
     expected_dir: Callable[[RowKey], str | None],
+    reaped: Reaped | None = None,
 ) -> Reconciled:
     """A start: reap the dead (R4); drop the rows of ready packages whose folder is missing,
-    not named as its key says (``expected_dir``: None for a key this agent cannot read), or
-    loose (unless a live holder uses it: it is not pulled from under a peer); set aside every
+    not named as its key says, or loose (unless a live holder uses it: it is not pulled from
+    under a peer); keep, untouched, those of a kind this agent cannot read (``expected_dir``
+    None: a newer peer's, which it may be using); set aside every
     folder under uris/ that no row vouches for (a crash between rename and commit). A folder
     claimed by a live peer's install is vouched for: it may be renamed into place any moment.
     ``scan`` must be read inside this transaction: no peer commits or evicts meanwhile."""
-    reaped = reap_dead(conn, root, me, trash)
+    reaped = reap_dead(conn, root, me, trash, reaped if reaped is not None else Reaped())
     referenced = {(kind, uri) for kind, uri in conn.execute("SELECT kind, uri FROM refs")}
     rows = conn.execute("SELECT kind, uri, dir, size, last_used_ms, state FROM uris").fetchall()
     kept, vouched, drop = [], set(), []
@@ -405,8 +425,12 @@ def reconcile(
         if state == "installing":
             vouched.add(directory)
             continue
+        expected = expected_dir(key)
+        if expected is None:  # a kind this agent cannot read (a newer peer's): kept, untouched
+            vouched.add(directory)
+            continue
         loose = directory in scan.loose and key not in referenced
-        if expected_dir(key) != directory or directory not in scan.dirs or loose:
+        if expected != directory or directory not in scan.dirs or loose:
             drop.append(key)
             continue
         kept.append(Row(kind, uri, directory, size, used))

@@ -45,6 +45,7 @@ from typing import TypeVar
 
 from agent.core.errors import IndexUnavailable, StateDBError
 from agent.crash import crash_point
+from agent.install.staging import through
 from agent.state import index
 from agent.state.holders import HolderLock
 from agent.state.index import Obtained, Reaped, RowKey, Swept
@@ -237,6 +238,8 @@ class StateDB:
         self._full = asyncio.Event()  # enough is noted to write at once
         self._flusher: asyncio.Task[None] | None = None
         self._closing = False  # close() began: the write-behind task ends after its write
+        # who deletes what a transaction set aside when its caller was cancelled (the store)
+        self.on_leftovers: Callable[[list[Path]], None] | None = None
 
     @property
     def holder_id(self) -> str:
@@ -272,7 +275,13 @@ class StateDB:
         """Check the file before changing anything in it (not even its journal mode), then
         migrate (each step re-reads the version inside its transaction: another agent may have
         taken it first). Any SQLite error, at any step, is a StateDBError naming the way out."""
-        self._holder = HolderLock.take(self.root)
+        try:
+            self._holder = HolderLock.take(self.root)
+        except OSError as exc:
+            raise StateDBError(
+                f"cannot register this agent under {self.root / 'holders'}: "
+                f"{exc.strerror or exc}; fix the folder's ownership or permissions"
+            ) from exc
         conn = sqlite3.connect(
             self.path, isolation_level=None, check_same_thread=False,
             timeout=self._busy_timeout_s,
@@ -281,6 +290,8 @@ class StateDB:
             self._check(conn)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
+            # a REPLACE that removes a ready row logs it gone (``changes``), as a DELETE does
+            conn.execute("PRAGMA recursive_triggers=ON")
             while True:
                 with _transaction(conn):
                     version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -337,7 +348,7 @@ class StateDB:
                 try:
                     await self.flush()
                     try:
-                        await self._transact(lambda conn: index.unregister(conn, self.holder_id))
+                        await self._transact(lambda conn, _: index.unregister(conn, self.holder_id))
                     except IndexUnavailable as exc:  # its lock goes below: the next pass of
                         # another agent reaps its rows
                         log.warning("stopping: %s", exc.message)
@@ -408,17 +419,38 @@ class StateDB:
         index.drop_refs(conn, self.holder_id, batch.refs_dropped)
         index.drop_claims(conn, self.holder_id, batch.claims_dropped)
 
-    async def _transact(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """``fn`` in one transaction with every change noted before it (awaited). SQLite's
-        failures are StateDBError: a busy root is Unavailable, with the time waited."""
+    async def _transact(
+        self,
+        fn: Callable[[sqlite3.Connection, Reaped], T],
+        leftovers: Callable[[T], list[Path]] = lambda _: [],
+    ) -> T:
+        """``fn`` in one transaction with every change noted before it, awaited. The job runs
+        whatever happens to the caller: a cancelled caller waits for it (``through``), so the
+        notes it carries are never lost, and what it set aside for deletion (``leftovers``) is
+        handed to ``on_leftovers``. The dead holders ``fn`` reaped (into the ``Reaped`` it is
+        given) are let go in the thread right after the commit, or abandoned if the transaction
+        failed (the next pass reaps them again). SQLite's failures are IndexUnavailable: a
+        root that stays busy says for how long it was waited for."""
         batch = self._take_batch()
 
-        def call(conn: sqlite3.Connection) -> T:
-            result = self._write(conn, batch, fn)
+        def call() -> T:
+            assert self._conn is not None
+            reaped = Reaped()
+            try:
+                result = self._write(self._conn, batch, lambda conn: fn(conn, reaped))
+            except BaseException:
+                reaped.abandon()
+                raise
+            reaped.finish()
             return result  # type: ignore[return-value]
 
+        job = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(self._thread, call))
         try:
-            return await self._run(call)
+            return await through(job)
+        except asyncio.CancelledError:
+            if not job.cancelled() and job.exception() is None and self.on_leftovers:
+                self.on_leftovers(leftovers(job.result()))  # the caller is gone
+            raise
         except sqlite3.Error as exc:
             self._dirty.set()  # the batch it carried is kept: the write-behind task retries it
             if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
@@ -433,30 +465,33 @@ class StateDB:
         """R1, R3 (``index.obtain``): take this holder's reference and find the package ready,
         claimed for this holder, or installed by a live peer now."""
 
-        def run(conn: sqlite3.Connection) -> Obtained:
+        def run(conn: sqlite3.Connection, reaped: Reaped) -> Obtained:
             return index.obtain(
-                conn, self.root, self.holder_id, key, dir_name, _now_ms(), self.trash,
+                conn, self.root, self.holder_id, key, dir_name, _now_ms(), self.trash, reaped,
                 take_ref=take_ref,
             )  # fmt: skip
 
-        obtained = await self._finishing(run, lambda o: o.reaped)
-        return obtained
+        return await self._transact(run, lambda got: got.reaped.aside)
 
     async def record_install(self, row: UriRow) -> None:
         """Commit that a claimed package is installed, with every change noted before it."""
-        await self._transact(lambda conn: index.commit_install(conn, self.holder_id, row))
+        await self._transact(lambda conn, _: index.commit_install(conn, self.holder_id, row))
 
     async def sweep(self, budget_bytes: int, needed_bytes: int = 0, *, since: int = -1) -> Swept:
         """R2, R4 (``index.sweep``): reap dead holders, evict over the budget (and for
         ``needed_bytes``); the changes of the ready packages after ``since``."""
 
-        def run(conn: sqlite3.Connection) -> Swept:
+        def run(conn: sqlite3.Connection, reaped: Reaped) -> Swept:
             return index.sweep(
                 conn, self.root, self.holder_id, self.trash, budget_bytes=budget_bytes,
-                needed_bytes=needed_bytes, since=since,
+                needed_bytes=needed_bytes, since=since, reaped=reaped,
             )  # fmt: skip
 
-        return await self._finishing(run, lambda s: s.reaped)
+        def leftovers(swept: Swept) -> list[Path]:
+            evicted = [e.trashed for e in swept.evicted if e.trashed is not None]
+            return [*evicted, *swept.reaped.aside]
+
+        return await self._transact(run, leftovers)
 
     async def reconcile(
         self, scan: Callable[[], index.Scan], expected_dir: Callable[[RowKey], str | None]
@@ -464,33 +499,12 @@ class StateDB:
         """Recovery (``index.reconcile``): the disk and the index made to agree; ``scan`` is
         read in the transaction."""
 
-        def run(conn: sqlite3.Connection) -> index.Reconciled:
+        def run(conn: sqlite3.Connection, reaped: Reaped) -> index.Reconciled:
             return index.reconcile(
-                conn, self.root, self.holder_id, self.trash, scan(), expected_dir
+                conn, self.root, self.holder_id, self.trash, scan(), expected_dir, reaped
             )
 
-        return await self._finishing(run, lambda r: r.reaped)
-
-    async def _finishing(
-        self, fn: Callable[[sqlite3.Connection], T], reaped_of: Callable[[T], Reaped]
-    ) -> T:
-        """``fn`` in a transaction; the dead holders it reaped are let go after the commit (or
-        abandoned, if it failed: the next pass reaps them again)."""
-        holder: list[Reaped] = []
-
-        def run(conn: sqlite3.Connection) -> T:
-            result = fn(conn)
-            holder.append(reaped_of(result))
-            return result
-
-        try:
-            result = await self._transact(run)
-        except BaseException:
-            for reaped in holder:
-                await self._run(lambda conn, r=reaped: r.abandon())  # type: ignore[misc]
-            raise
-        await self._run(lambda conn: reaped_of(result).finish())
-        return result
+        return await self._transact(run, lambda r: [*r.reaped.aside, *r.orphans])
 
     # -- write-behind notes (no I/O) ------------------------------------------------------
     def note_uri(self, kind: str, uri: str, last_used_ms: int) -> None:

@@ -85,6 +85,7 @@ class UriEntry:
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     waiters: int = 0  # ensure() calls awaiting the install
     held: bool = False  # this agent's reference is committed in the index
+    was_ready: bool = False  # READY before its current obtain began
 
 
 @dataclass
@@ -149,11 +150,13 @@ class UriStore:
         self.extractions = 0
         self.evictions = 0
         self.hits = 0
+        self.passes = 0  # over the index, run by this agent
         root.mkdir(mode=0o755, parents=True, exist_ok=True)
         for sub in ("uris", "tmp", "trash"):
             make_dir(root / sub)  # 0755 whatever the umask; loose modes of an earlier run fixed
         for own in (db.staging, db.trash):
             own.mkdir(mode=0o700, exist_ok=True)
+        db.on_leftovers = self.delete_in_background  # what a cancelled transaction set aside
 
     def adopt(self, key: UriKey, size: int, last_used_ms: int) -> None:
         """A package the index vouches for and the disk holds, not used by this agent."""
@@ -189,6 +192,8 @@ class UriStore:
             if entry is None:
                 entry = UriEntry(key=key, path=self.path_for(key))
                 self._entries[key] = entry
+            else:  # ready, not held: taken again. If that fails, the next pass reads every
+                entry.was_ready = True  # ready package (the change log would not bring it back)
             entry.state = UriState.INSTALLING
             entry.task = asyncio.create_task(
                 self._obtain(entry, package, installer), name=f"install {key.label}"
@@ -305,6 +310,8 @@ class UriStore:
         key = entry.key
         if self._entries.get(key) is entry:
             del self._entries[key]
+            if entry.was_ready:
+                self._seen_gen = -1
         self._db.note_claim_dropped(key.kind.value, key.uri)
         if self._refcount(key) == 0:
             self._db.note_ref_dropped(key.kind.value, key.uri)
@@ -353,10 +360,13 @@ class UriStore:
         row = UriRow(
             entry.key.kind.value, entry.key.uri, entry.path.name, entry.size, entry.last_used_ms
         )  # fmt: skip
+        step = asyncio.ensure_future(self._db.record_install(row))
         try:
-            await self._db.record_install(row)
+            await through(step)  # a cancellation waits for the commit, to know its outcome
         except BaseException:
-            self.delete_in_background([self._to_trash(entry.path)])
+            if step.cancelled() or step.exception() is not None:  # not committed: nobody
+                self.delete_in_background([self._to_trash(entry.path)])  # vouches for it
+            # committed: the package stays, ready for every agent (unused here: forgotten)
             raise
 
     def note(self, keys: Iterable[UriKey]) -> None:
@@ -370,12 +380,19 @@ class UriStore:
     def release(self, keys: Iterable[UriKey]) -> None:
         """These keys' counts reached 0: their references in the index go (behind), and a
         pass will evict what the root no longer needs over the budget."""
+        keys = list(keys)
+        if not keys:  # a delete that left every count above 0: no pass, no index work
+            return
         now = self._now_ms()
         for key in keys:
-            self._db.note_ref_dropped(key.kind.value, key.uri)
             entry = self._entries.get(key)
-            if entry is None or entry.state is not UriState.READY:
-                continue  # an install in flight is released when it completes
+            if entry is not None and entry.state is UriState.INSTALLING:
+                # released when it ends, if its count is 0 then: a create may join it before,
+                # and its reference must still be in the index when it is handed out (R1)
+                continue
+            self._db.note_ref_dropped(key.kind.value, key.uri)
+            if entry is None:
+                continue
             entry.held = False
             entry.last_used_ms = now
             self._db.note_uri(key.kind.value, key.uri, now)
@@ -406,6 +423,7 @@ class UriStore:
             while True:
                 self._sweep_again = False
                 try:
+                    self.passes += 1
                     swept = await self._db.sweep(self.budget_bytes, since=self._seen_gen)
                 except AgentError as exc:  # busy or failing: retried at the next pass
                     log.warning("a pass over the cache index failed (%s); retried at the next",
@@ -441,6 +459,7 @@ class UriStore:
     async def _evict_for(self, needed: int) -> list[Path]:
         """The disk room lacks ``needed`` bytes: a pass that frees them (none if all the
         unused bytes of the root would not); return the trashed paths, still to be deleted."""
+        self.passes += 1
         swept = await self._db.sweep(self.budget_bytes, needed, since=self._seen_gen)
         return self._apply(swept, delete=False)
 
