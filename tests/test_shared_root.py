@@ -3,13 +3,11 @@ raylet_sim node of its own on a socket of its own, one ``--root``; real workers 
 py_modules and read their working dir; packages from a real server on 127.0.0.1 that counts each
 GET. Everything is checked where it lives: GETs at the server, folders under ``uris/`` and
 ``tmp/``, the rows of ``state.db`` (read with sqlite3), each agent's GetRuntimeEnvsInfo and the
-workers' own watch of their files. The last test pins one reaping at the index itself, where a
-pass's timing cannot hide it."""
+workers' own watch of their files."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
@@ -20,9 +18,7 @@ from typing import Any
 
 import pytest
 
-from agent.state.holders import HOLDERS_DIR, is_alive, lock_path
-from agent.state.index import Found
-from agent.state.state_db import StateDB
+from agent.state.holders import HOLDERS_DIR, is_alive
 from raylet_sim.node import AgentDied, Node
 from raylet_sim.pool import TaskSpec
 from raylet_sim.samples import EnvSpec, Samples, build_samples
@@ -332,42 +328,3 @@ async def test_agents_killed_mid_install_and_mid_use_are_reaped_and_the_survivor
         packages = await s.package_dirs()
         assert packages[s.url(STALL)][1] == "ready"
         assert s.uri_dirs() == {d for d, _ in packages.values()}, "one folder per package"
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="core bug: index.reap_dead sets aside the tmp/ and trash/ folders of holders that "
-    "are not alive, but tests each with is_alive while _reap holds that holder's lock "
-    "exclusively (begin_reaping): a holder reaped by this very pass looks alive, so its folders "
-    "stay until a later pass finds its lock file gone (in an idle agent, sweep_interval_s later)",
-)
-async def test_the_pass_that_reaps_a_killed_holder_sets_its_staging_and_trash_aside(
-    base: Path,
-) -> None:
-    """The same reaping, one pass at the index (real SQLite file, real lock files): a holder
-    killed with a claim and a reference is reaped by the next pass, and its tmp/<holder>/ and
-    trash/<holder>/ are set aside in that pass's transaction, not left for the one after."""
-    root = base / "root"
-    for sub in ("uris", "tmp", "trash"):
-        (root / sub).mkdir(parents=True)
-    survivor, victim = StateDB(root / "state.db", root=root), StateDB(root / "state.db", root=root)
-    await survivor.open()
-    try:
-        await victim.open()
-        for db in (survivor, victim):
-            for own in (db.staging, db.trash):
-                own.mkdir(parents=True, exist_ok=True)
-        (victim.staging / "half-install").mkdir()
-        got = await victim.obtain(("py_modules", "http://127.0.0.1:1/a.zip"), "d", take_ref=True)
-        assert got.found is Found.CLAIMED
-        assert victim._holder is not None
-        os.close(victim._holder.fd)  # kill -9, as the index sees it: the lock goes, rows stay
-        victim._holder.fd = -1
-        swept = await survivor.sweep(budget_bytes=10**9)
-        assert [h for h, _ in swept.reaped.holders] == [victim.holder_id]
-        assert not lock_path(root, victim.holder_id).exists()
-        left = [str(p.relative_to(root)) for p in (victim.staging, victim.trash) if p.exists()]
-        assert left == [], f"reaped, but its folders are still there: {left}"
-    finally:
-        await survivor.close()
