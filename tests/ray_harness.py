@@ -42,6 +42,7 @@ from typing import IO, Any, TypeVar
 import grpc
 import pytest
 
+from agent.ops.ray_agent import grpc_address
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.helpers import PackageServer, make_zip
@@ -472,7 +473,8 @@ def ray_counts(node: RayNode) -> dict[str, int]:
 
 def agent_info(node: RayNode) -> agent_pb2.GetRuntimeEnvsInfoReply:
     """This agent's own info (envs, packages, cache counters) through its gRPC door."""
-    with grpc.insecure_channel(f"unix:{node.root}/agent.sock") as channel:
+    address = grpc_address(node.root, node.temp_dir, node.node_id)  # ray-agent's own rule
+    with grpc.insecure_channel(address) as channel:
         stub = agent_pb2_grpc.RuntimeEnvAgentStub(channel)  # type: ignore[no-untyped-call]
         reply: agent_pb2.GetRuntimeEnvsInfoReply = stub.GetRuntimeEnvsInfo(
             agent_pb2.GetRuntimeEnvsInfoRequest(), timeout=10

@@ -133,7 +133,7 @@ def test_settings_take_rays_flags_for_the_ray_door_the_root_and_the_parent() -> 
     flags = parse_flags(ray_flags(Path("/b"), port=4567))
     s = _settings(flags, {})
     assert s.root == Path("/b/s/runtime_resources/rtenv")
-    assert s.address == "unix:/b/s/runtime_resources/rtenv/agent.sock"
+    assert s.address == f"unix:/b/s/runtime_resources/rtenv/agent-{NODE[:16]}.sock"
     assert s.allow_remote is True
     assert s.parent_pid == 4242  # the parent, the raylet
     assert s.ray is not None
@@ -152,7 +152,7 @@ def test_rtenv_root_and_the_options_table_come_from_the_environment() -> None:
          "RTENV_LOG_LEVEL": "debug"},
     )  # fmt: skip
     assert s.root == Path("/keep/cache")
-    assert s.address == "unix:/keep/cache/agent.sock"
+    assert s.address == f"unix:/keep/cache/agent-{NODE[:16]}.sock"
     assert s.cache_budget_bytes == 1024**3
     assert s.parent_pid == 4242  # the real parent, whatever RAY_RAYLET_PID says (Ray's rule)
     assert s.log_level == "DEBUG"
@@ -182,6 +182,28 @@ def test_the_config_file_is_read_and_rtenv_address_wins_over_the_socket_in_the_r
     s = settings_for(flags, {}, lambda p: p.read_text(), home=lambda: tmp_path)
     assert s.env.max_uris == 7
     assert s.address == "unix:/elsewhere/a.sock"
+    env = {"RTENV_ADDRESS": "unix:/env/b.sock", "RTENV_ROOT": "/shared"}
+    assert _settings(parse_flags(ray_flags(Path("/b"))), env).address == "unix:/env/b.sock"
+
+
+def test_two_nodes_sharing_a_root_get_a_socket_each_named_by_their_node_id() -> None:
+    """Several Ray nodes on one machine may share RTENV_ROOT: one socket per node, not one per
+    root (the second agent would take the first's socket)."""
+    other_node = "a" * 56
+    env = {"RTENV_ROOT": "/shared/root"}
+    one = _settings(parse_flags(ray_flags(Path("/b"))), env)
+    two = _settings(parse_flags(ray_flags(Path("/c"), more={"node-id": other_node})), env)
+    assert one.root == two.root == Path("/shared/root")
+    assert one.address == f"unix:/shared/root/agent-{NODE[:16]}.sock"
+    assert two.address == "unix:/shared/root/agent-aaaaaaaaaaaaaaaa.sock"
+    long_root = "/t/" + "d" * 120
+    env = {"RTENV_ROOT": long_root}
+    one = _settings(parse_flags(ray_flags(Path("/b"))), env)
+    two = _settings(parse_flags(ray_flags(Path("/b"), more={"node-id": other_node})), env)
+    assert one.address != two.address  # the short fallback too: a folder and a socket per node
+    assert Path(one.address).parent != Path(two.address).parent
+    assert one.address.endswith(f"/agent-{NODE[:16]}.sock")
+    assert two.address.endswith("/agent-aaaaaaaaaaaaaaaa.sock")
 
 
 def test_a_root_too_long_for_a_unix_socket_gets_a_short_socket_and_still_starts() -> None:
@@ -191,8 +213,8 @@ def test_a_root_too_long_for_a_unix_socket_gets_a_short_socket_and_still_starts(
     assert s.root == long_dir / "rtenv"
     path = s.address.removeprefix("unix:")
     assert len(os.fsencode(path)) <= 107
-    assert path.endswith("/agent.sock")
-    assert _settings(flags, {}).address == s.address  # one root, one socket
+    assert path.endswith(f"/agent-{NODE[:16]}.sock")
+    assert _settings(flags, {}).address == s.address  # one root and node, one socket
     other = parse_flags(ray_flags(Path("/b"), more={"runtime-env-dir": str(long_dir) + "x"}))
     assert _settings(other, {}).address != s.address
 
@@ -495,7 +517,8 @@ async def test_as_a_raylet_starts_it_it_logs_where_ray_reads_and_dies_with_the_r
         assert text(log_file).count("--a-flag-from-a-later-ray=1") == 1
         assert f"raylet pid {raylet.pid}" in text(log_file)
         assert f"RAY_RAYLET_PID '{other.pid}' is not this agent's parent" in text(log_file)
-        assert (base / "s" / "runtime_resources" / "rtenv" / "agent.sock").is_socket()
+        root = base / "s" / "runtime_resources" / "rtenv"
+        assert (root / f"agent-{NODE[:16]}.sock").is_socket()
         raylet.kill()
         await raylet.wait()
         await wait_until(
@@ -510,9 +533,12 @@ async def test_as_a_raylet_starts_it_it_logs_where_ray_reads_and_dies_with_the_r
         await stop(other)
 
 
-async def test_info_root_finds_an_agent_whose_root_is_too_long_for_a_socket(base: Path) -> None:
-    """The root's own socket path is over 107 bytes: the agent listens under Ray's temp dir and
-    info --root follows the same rule; the folder it made is gone when it stops."""
+async def test_an_agent_whose_root_is_too_long_for_a_socket_listens_under_rays_temp_dir(
+    base: Path,
+) -> None:
+    """The root's own socket path is over 107 bytes: the agent listens under Ray's temp dir (a
+    link named by the node in the root points there) and answers there; the folder it made and
+    the link are gone when it stops."""
     root_dir = base / ("d" * 90)
     raylet = await _fake_raylet()
     agent = await asyncio.create_subprocess_exec(
@@ -527,8 +553,10 @@ async def test_info_root_finds_an_agent_whose_root_is_too_long_for_a_socket(base
         assert line.startswith("rtenv-agent serving on unix:"), line
         socket_path = Path(line.split("unix:", 1)[1].strip())
         assert socket_path.parent.parent == base  # under Ray's --temp-dir
+        link = root_dir / "rtenv" / f"agent-{NODE[:16]}.sock"
+        assert os.readlink(link) == str(socket_path)
         info = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agent", "info", "--root", str(root_dir / "rtenv"),
+            sys.executable, "-m", "agent", "info", "--address", f"unix:{socket_path}",
             cwd=REPO, env=_environ(), stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
@@ -538,6 +566,7 @@ async def test_info_root_finds_an_agent_whose_root_is_too_long_for_a_socket(base
         agent.terminate()
         assert await asyncio.wait_for(agent.wait(), STOP_S) == 0
         assert not socket_path.parent.exists()  # the folder it made, removed at its exit
+        assert not os.path.lexists(link)
     finally:
         await stop(agent)
         await stop(raylet)

@@ -18,12 +18,14 @@ they are logged once) and turns them into the agent's ``Settings``:
 - ``allow_remote``: the door binds the node IP, as Ray's own agent does;
 - the root: ``$RTENV_ROOT``, else ``<runtime-env-dir>/rtenv`` (inside Ray's session: a new
   session starts an empty cache; set ``RTENV_ROOT`` to keep it);
-- the gRPC door on ``unix:<root>/agent.sock``, or, when that path is too long for AF_UNIX (a Ray
-  session path is long; the start never fails for it), ``<temp-dir>/rtenv-<hash of the root>/
-  agent.sock`` in a folder of the agent's own (Ray's ``--temp-dir``; refused when someone else
-  made it or it is open to others; removed at exit by the agent that made it), with a link
-  ``<root>/agent.sock`` to it: ``rtenv-agent info --root`` follows the same rule
-  (``info_address``);
+- the gRPC door on ``unix:<root>/agent-<node>.sock``, ``<node>`` the first 16 characters of
+  the node id: one socket per node, since several nodes on one machine may share a root
+  (``RTENV_ROOT``); or, when that path is too long for AF_UNIX (a Ray session path is long; the
+  start never fails for it), ``<temp-dir>/rtenv-<hash of that path>/agent-<node>.sock`` in a
+  folder of the agent's own (Ray's ``--temp-dir``; refused when someone else made it or it is
+  open to others; removed at exit by the agent that made it), with a link
+  ``<root>/agent-<node>.sock`` to it (``grpc_address``). ``RTENV_ADDRESS`` (or ``address`` in
+  the config file) replaces the rule;
 - the parent: the process that started it, which is the raylet (as Ray's own agent, which counts
   the raylet gone when its parent is; ``$RAY_RAYLET_PID`` naming another process is logged); the
   agent exits when it dies, and refuses to start when it is already gone (parent pid 1);
@@ -67,7 +69,8 @@ PROG = "rtenv-agent ray-agent"
 # raylet reads it (and gives up after about 15 s).
 PORT_FILE_PREFIX = "runtime_env_agent_port_"
 DEFAULT_LOG_FILENAME = "runtime_env_agent.log"  # Ray's RUNTIME_ENV_AGENT_LOG_FILENAME
-SOCKET_NAME = "agent.sock"  # in the root, as serve's default address
+SOCKET_PREFIX = "agent-"  # <root>/agent-<node>.sock: one socket per node sharing the root
+NODE_CHARS = 16  # of the node id in the socket's name (Ray's are 56 hex digits, random)
 SHORT_BASE = "/tmp"  # when even Ray's temp dir is too long for a socket path
 DEFAULT_TOKEN_FILE = Path(".ray") / "auth_token"  # under the home folder, as Ray looks for it
 MAX_TOKEN_FILE_BYTES = 64 * 1024  # a token file is one line; more is not a token file
@@ -250,29 +253,27 @@ def _fits(path: str) -> bool:
     return len(os.fsencode(path)) <= MAX_UNIX_PATH_BYTES
 
 
-def grpc_address(root: Path, temp_dir: Path) -> str:
-    """``unix:<root>/agent.sock``, or, when that path is over AF_UNIX's limit, a socket in a
-    folder of the agent's own under Ray's ``temp_dir`` (else /tmp) named by a hash of the root:
-    one root, one socket (``prepare`` links ``<root>/agent.sock`` to it)."""
-    path = os.path.abspath(root / SOCKET_NAME)
+def socket_name(node_id: str) -> str:
+    """``agent-<first 16 characters of the node id>.sock``: the gRPC socket's name in the root.
+    Per node, so that the agents of several nodes sharing one root do not take each other's
+    socket (``parse_flags`` refused a node id that cannot be part of a file name)."""
+    return f"{SOCKET_PREFIX}{node_id[:NODE_CHARS]}.sock"
+
+
+def grpc_address(root: Path, temp_dir: Path, node_id: str) -> str:
+    """``unix:<root>/agent-<node>.sock``, or, when that path is over AF_UNIX's limit, the same
+    name in a folder of the agent's own under Ray's ``temp_dir`` (else /tmp) named by a hash of
+    that path: one node, one socket, one folder (``prepare`` links the path in the root to it)."""
+    name = socket_name(node_id)
+    path = os.path.abspath(root / name)
     if _fits(path):
         return f"unix:{path}"
     digest = hashlib.sha256(os.fsencode(path)).hexdigest()[:16]
     for base in (temp_dir, Path(SHORT_BASE)):
-        short = os.path.join(os.path.abspath(base), f"rtenv-{digest}", SOCKET_NAME)
+        short = os.path.join(os.path.abspath(base), f"rtenv-{digest}", name)
         if _fits(short):
             return f"unix:{short}"
-    return f"unix:{SHORT_BASE}/rtenv-{digest}/{SOCKET_NAME}"  # pragma: no cover - /tmp is short
-
-
-def info_address(root: Path) -> str:
-    """Where the agent of ``root`` listens, by the rule of ``grpc_address``: ``<root>/agent.sock``
-    when it fits AF_UNIX, else what that link (written by ``prepare``) points at."""
-    path = root.absolute() / SOCKET_NAME
-    if not _fits(str(path)):
-        with contextlib.suppress(OSError):
-            return f"unix:{os.readlink(path)}"
-    return f"unix:{path}"
+    return f"unix:{SHORT_BASE}/rtenv-{digest}/{name}"  # pragma: no cover - /tmp is short
 
 
 def parent_pid(getppid: Callable[[], int]) -> int:
@@ -328,7 +329,7 @@ def settings_for(
         node_id=flags.node_id,
     )
     GcsConfig(ray.gcs_address, ray.cluster_id_hex, ray.token)  # a token gRPC cannot send
-    address = settings.address or grpc_address(settings.root, flags.temp_dir)
+    address = settings.address or grpc_address(settings.root, flags.temp_dir, flags.node_id)
     settings = replace(
         settings, address=address, allow_remote=True, parent_pid=parent_pid(getppid), ray=ray
     )
@@ -381,7 +382,7 @@ class Prepared:
 
     settings: Settings
     made_folder: Path | None = None  # the socket's folder, when this agent made it
-    link: Path | None = None  # <root>/agent.sock, pointing at the short socket
+    link: Path | None = None  # <root>/agent-<node>.sock, pointing at the short socket
 
     def cleanup(self) -> None:
         """After the agent stopped: its link, its socket and the folder it made (if empty)."""
@@ -462,13 +463,13 @@ def prepare(argv: Sequence[str], environ: Mapping[str, str]) -> Prepared:
     if (note := raylet_pid_note(environ, settings.parent_pid or 0)) is not None:
         log.warning("%s", note)
     prepared = Prepared(settings)
-    default = f"unix:{os.path.abspath(settings.root / SOCKET_NAME)}"
-    short = grpc_address(settings.root, flags.temp_dir)
-    if settings.address == short != default:  # the root's own path is too long: ours
+    in_root = settings.root / socket_name(flags.node_id)
+    short = grpc_address(settings.root, flags.temp_dir, flags.node_id)
+    if settings.address == short != f"unix:{os.path.abspath(in_root)}":  # too long: ours
         socket_path = Path(settings.address.removeprefix("unix:"))
         if claim_socket_folder(socket_path.parent):
             prepared.made_folder = socket_path.parent
-        link = settings.root / SOCKET_NAME
+        link = in_root
         _link(link, str(socket_path))
         prepared.link = link
     log.info(
