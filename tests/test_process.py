@@ -286,8 +286,8 @@ async def test_an_agent_with_no_state_db_serves_its_root_alone_and_refuses_any_o
         code, err = await refused(base / "shared.log", "--root", str(root), "--address", address)
         assert code == 2, err
         expected = (
-            f"an agent started with --no-state-db (pid {first.proc.pid}) serves root "
-            f"{root.resolve()} alone"
+            f"an agent (pid {first.proc.pid}) holds root {root.resolve()} alone: one started "
+            "with --no-state-db"
         )
         assert expected in err, err
         code, err = await refused(

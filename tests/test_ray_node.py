@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from agent.ops.ray_agent import grpc_address
 from tests.helpers import workdir_zip
 from tests.pip_wheels import offline
 from tests.ray_harness import (
@@ -190,8 +191,11 @@ def test_deletes_arrive_as_workers_exit_and_every_count_returns_to_zero(
 
 
 def _cli_info(node: RayNode) -> dict[str, Any]:
+    """The node's agent's own view (``info --address`` on its socket: ``info --root`` shows the
+    root's index, shared by every agent of the root)."""
+    address = grpc_address(node.root, node.temp_dir, node.node_id)
     done = subprocess.run(
-        [sys.executable, "-m", "agent", "info", "--root", str(node.root), "--json"],
+        [sys.executable, "-m", "agent", "info", "--address", address, "--json"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
