@@ -399,6 +399,35 @@ async def test_lru_evicts_the_least_recently_released_package_first_under_the_bu
         await still_serves(a, pkgs)
 
 
+async def test_info_right_after_a_create_counts_its_package_even_while_passes_are_slow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The root's figures come from passes over the index; info waits for the pass a create
+    asked for, so a package just installed is in used_bytes (not the pass before's figures)."""
+    size = 1000
+    async with package_server() as pkgs, running_agent() as a:
+        db = a.service.store._db
+        sweep = db.sweep
+
+        async def slow_sweep(*args: object, **kwargs: object) -> object:
+            await asyncio.sleep(0.3)  # an index busy with other agents
+            return await sweep(*args, **kwargs)
+
+        monkeypatch.setattr(db, "sweep", slow_sweep)
+        ids = []
+        for n in range(1, 4):
+            url = pkgs.add(f"p{n}.zip", workdir_zip({"data.txt": "x" * size}))
+            ids.append((await a.create(env_json(url))).runtime_env_id)
+            info = await a.info()
+            assert info.cache.used_bytes == n * size, f"after create {n}"
+            assert info.cache.unused_bytes == 0
+        for env_id in ids:
+            assert await a.delete(env_id) == 0
+        info = await a.info()
+        assert (info.cache.used_bytes, info.cache.unused_bytes) == (0, 3 * size)
+        await still_serves(a, pkgs)
+
+
 async def test_setup_timeout_answers_deadline_exceeded_and_gives_back_references() -> None:
     async with package_server() as pkgs, running_agent() as a:
         wd = pkgs.add(WD, workdir_zip({"main.py": "M = 1\n"}))

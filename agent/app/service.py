@@ -299,6 +299,12 @@ class AgentService:
         )  # fmt: skip
         return Snapshot(envs, uris, cache, len(self.records), len(uris), self._recovery)
 
+    async def current_snapshot(self, limit: int) -> Snapshot:
+        """``snapshot`` once the root's figures count every change made before the call (a
+        create's package is in ``used_bytes`` when its reply is followed by an info)."""
+        await self.store.caught_up()
+        return self.snapshot(limit)
+
     def levels(self) -> Levels:
         """The figures a metrics scrape reads, without the lists of ``snapshot``."""
         stats = self.store.stats()

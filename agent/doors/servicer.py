@@ -101,7 +101,7 @@ class RuntimeEnvAgentServicer(agent_pb2_grpc.RuntimeEnvAgentServicer):
         context: grpc.aio.ServicerContext[object, object],
     ) -> agent_pb2.GetRuntimeEnvsInfoReply:
         async def call() -> agent_pb2.GetRuntimeEnvsInfoReply:
-            return info_reply(self._service.snapshot(request.limit))
+            return info_reply(await self._service.current_snapshot(request.limit))
 
         return await answer(
             "GetRuntimeEnvsInfo", context, "", call, self._metrics,

@@ -443,6 +443,14 @@ class UriStore:
         self._schedule_sweep()
         await self.settle()
 
+    async def caught_up(self, timeout_s: float = 1.0) -> None:
+        """Wait (at most ``timeout_s``) for the pass running or asked for, so ``stats()``
+        counts every change this agent made before the call (other agents' as of that pass).
+        A pass that runs longer (a busy index) leaves the figures of the one before."""
+        task = self._sweeping
+        if task is not None:
+            await asyncio.wait([task], timeout=timeout_s)
+
     async def settle(self) -> None:
         """Wait until no pass runs or is asked for and background deletions are done (tests,
         recovery, shutdown)."""
@@ -562,7 +570,7 @@ class UriStore:
 
     def stats(self) -> StoreStats:
         """The root's bytes in use (by any of its agents) and unused, as of the last pass
-        (exact after ``settle()``); this agent's own counters."""
+        (this agent's own changes all counted after ``caught_up()``); this agent's counters."""
         ready, unused = self._root_bytes
         return StoreStats(
             used_bytes=ready - unused,
