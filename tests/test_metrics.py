@@ -60,6 +60,30 @@ def created(samples: Samples, cache: str) -> float:
     return value(samples, "rtenv_create_seconds_count", {"cache": cache})
 
 
+async def test_a_scrape_right_after_a_create_counts_its_package_even_while_passes_are_slow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cache's bytes come from passes over the root's index; a scrape waits for the pass a
+    create or delete asked for, as info does, so it never shows the figures of the pass before."""
+    async with package_server() as pkgs, running_agent(metrics_address="127.0.0.1:0") as a:
+        db = a.service.store._db
+        sweep = db.sweep
+
+        async def slow_sweep(*args: object, **kwargs: object) -> object:
+            await asyncio.sleep(0.3)  # an index busy with other agents
+            return await sweep(*args, **kwargs)
+
+        monkeypatch.setattr(db, "sweep", slow_sweep)
+        url = pkgs.add("a.zip", workdir_zip({"data.txt": "a" * SIZE}))
+        reply = await a.create(env_json(url))
+        used = await scrape(a.agent.metrics_address)
+        assert value(used, "rtenv_cache_bytes", {"state": "used"}) == SIZE
+        assert await a.delete(reply.runtime_env_id) == 0
+        unused = await scrape(a.agent.metrics_address)
+        assert value(unused, "rtenv_cache_bytes", {"state": "used"}) == 0
+        assert value(unused, "rtenv_cache_bytes", {"state": "unused"}) == SIZE
+
+
 async def test_metrics_move_with_creates_hits_failures_deletes_and_evictions() -> None:
     async with (
         package_server() as pkgs,

@@ -14,7 +14,7 @@ the process collector's ``process_*`` series; the ``*_created`` series are not e
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 from aiohttp import web
@@ -55,6 +55,7 @@ Outcome = ErrorKind | Literal["ok", "cancelled", "bug"]
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._before_scrape: Callable[[], Awaitable[None]] | None = None
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, RSS, open fds...
         self.requests = Counter(
             "rtenv_requests", "RPCs answered, by method and outcome (ok, an error kind, cancelled, "
@@ -100,8 +101,14 @@ class Metrics:
         self.install_seconds.observe(seconds)
 
     def watch(self, service: AgentService) -> None:
-        """Read the levels from this service at every scrape."""
+        """Read the levels from this service at every scrape, once the root's figures count
+        every change made before the scrape (as info's do)."""
         self.registry.register(_Levels(service))
+        self._before_scrape = service.store.caught_up
+
+    async def caught_up(self) -> None:
+        if self._before_scrape is not None:
+            await self._before_scrape()
 
 
 class _Levels(Collector):
@@ -145,7 +152,13 @@ async def start_metrics_server(
     checks must: the same check (``Token.check``), answered through the HTTP table."""
     middlewares = [] if token is None else [_require(token)]
     app = web.Application(middlewares=middlewares)
-    app.router.add_get("/metrics", make_aiohttp_handler(metrics.registry))
+    exposition = make_aiohttp_handler(metrics.registry)
+
+    async def scrape(request: web.Request) -> web.StreamResponse:
+        await metrics.caught_up()
+        return await exposition(request)
+
+    app.router.add_get("/metrics", scrape)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
