@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -464,3 +465,29 @@ def test_declared_size_of_a_zip_of_an_unsupported_version_is_zero_not_an_excepti
     with pytest.raises(UnsafeArchive, match="unsupported"):
         extract_zip(archive, tmp_path / "out", strip_top_level=True,
                     limits=ArchiveLimits(), label="v64")  # fmt: skip
+
+
+def test_an_extraction_told_to_stop_ends_at_its_next_chunk_and_writes_no_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``stop`` (set when the install is cancelled) ends the extraction with Stopped, not an
+    error of the archive, before the next file is written."""
+    archive = tmp_path / "p.zip"
+    archive.write_bytes(make_zip({f"f{n}.txt": "x" * 10 for n in range(5)}))
+    stop = threading.Event()
+    copy = archive_module._copy
+    copied: list[str] = []
+
+    def copy_then_stop(*args: Any) -> int:
+        size = copy(*args)
+        copied.append(args[1].rel.name)
+        stop.set()  # the install is cancelled while the first file is written
+        return size
+
+    monkeypatch.setattr(archive_module, "_copy", copy_then_stop)
+    dest = tmp_path / "out"
+    with pytest.raises(archive_module.Stopped):
+        extract_zip(archive, dest, strip_top_level=False, limits=ArchiveLimits(), label=LABEL,
+                    stop=stop)  # fmt: skip
+    assert copied == ["f0.txt"]
+    assert sorted(p.name for p in dest.iterdir()) == ["f0.txt"]

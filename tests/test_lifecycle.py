@@ -10,16 +10,21 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import threading
+import time
 import uuid
 import zipfile
 from collections.abc import Awaitable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from agent.core.errors import echo
+from agent.install import archive
 from agent.install.archive import ArchiveLimits
+from agent.install.installers import zip_archive
 from rtenv.v1 import agent_pb2
 from tests.helpers import (
     FAST_FETCH,
@@ -159,6 +164,47 @@ async def test_install_whose_creates_were_all_cancelled_is_cancelled_and_leaves_
         assert (Path(reply.context.cwd) / "main.py").is_file()
         assert pkgs.gets[WD] == 2
         assert await a.delete(reply.runtime_env_id) == 0
+        await still_serves(a, pkgs)
+
+
+async def test_a_cancelled_install_stops_its_extraction_before_its_staging_folder_goes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A create cancelled while its package unpacks: the extraction thread stops at its next
+    file and is waited for, so nothing is written in the staging folder once it is removed
+    (the thread wrote on and left tmp/<agent>/<staging> behind for good: chaos, seed 5)."""
+    copy, extract = archive._copy, archive.extract_zip
+    extracting: list[int] = []  # one item per extraction thread running
+    started = threading.Event()
+
+    def slow_copy(*args: Any) -> int:
+        started.set()
+        time.sleep(0.005)  # a big package: the cancellation comes mid-way
+        return copy(*args)
+
+    def counted_extract(*args: Any, **kwargs: Any) -> int:
+        extracting.append(1)
+        try:
+            return extract(*args, **kwargs)
+        finally:
+            extracting.pop()
+
+    monkeypatch.setattr(archive, "_copy", slow_copy)
+    monkeypatch.setattr(zip_archive, "extract_zip", counted_extract)
+    async with package_server() as pkgs, running_agent() as a:
+        files = {f"f{n:03}.txt": f"{n}\n" for n in range(400)}
+        wd = pkgs.add(WD, workdir_zip(files))
+        call = a.stub.CreateRuntimeEnv(
+            agent_pb2.CreateRuntimeEnvRequest(serialized_runtime_env=env_json(wd)), timeout=30
+        )
+        await wait_until(started.is_set, what="the extraction to begin")
+        assert call.cancel()
+        assert await call.code() == grpc.StatusCode.CANCELLED
+        await wait_until(lambda: not extracting, timeout_s=30, what="the extraction to end")
+        await wait_until(lambda: not list(a.service.store.entries()), what="the install to stop")
+        info = await settled(a, cached=0)  # tmp/ and trash/ drained, and they stay so
+        assert info.cache.extractions == 0
+        assert listing(a, "tmp") == []
         await still_serves(a, pkgs)
 
 

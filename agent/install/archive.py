@@ -28,6 +28,7 @@ import errno
 import os
 import re
 import stat
+import threading
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -60,20 +61,33 @@ class _Entry:
     kind: str  # "file", "dir" or "symlink"
 
 
+class Stopped(Exception):
+    """The extraction was told to stop (its install was cancelled): not an error of the
+    archive; whoever stopped it has gone on with its own cancellation."""
+
+
 def extract_zip(
-    archive: Path, dest: Path, *, strip_top_level: bool, limits: ArchiveLimits, label: str
+    archive: Path,
+    dest: Path,
+    *,
+    strip_top_level: bool,
+    limits: ArchiveLimits,
+    label: str,
+    stop: threading.Event | None = None,
 ) -> int:
     """Extract ``archive`` into the new directory ``dest``; return the bytes written.
 
     ``label`` names the package in errors (its URI, already cut: ``UriKey.label``). On error
     ``dest`` may hold a partial tree: the caller extracts into a staging directory and removes
-    it.
+    it. ``stop``, once set, ends the extraction (``Stopped``) at its next entry or chunk, so a
+    cancelled install's thread stops writing before its staging folder is removed.
     """
+    halt = stop or threading.Event()
     try:
         with zipfile.ZipFile(archive) as zf:
             entries = _plan(zf, archive.stat().st_size, strip_top_level, limits, label)
             dest.mkdir(mode=0o700, parents=True)  # 0700 or tighter, whatever the umask
-            written = _write(zf, entries, dest.resolve(), limits, label)
+            written = _write(zf, entries, dest.resolve(), limits, label, halt)
     except (zipfile.BadZipFile, zlib.error, EOFError) as exc:  # zlib, EOF: a corrupt stream
         raise UnsafeArchive(f"{label} is not a readable zip archive: {echo(str(exc))}") from exc
     except UnicodeDecodeError as exc:  # a local header's name not UTF-8 under the UTF-8 flag
@@ -84,8 +98,14 @@ def extract_zip(
         raise UnsafeArchive(f"{label} uses an unsupported zip feature: {echo(str(exc))}") from exc
     except RuntimeError as exc:  # zipfile's error for encrypted entries
         raise UnsafeArchive(f"{label} cannot be extracted: {echo(str(exc))}") from exc
+    _check(halt)
     harden_tree(dest, label)
     return written
+
+
+def _check(stop: threading.Event) -> None:
+    if stop.is_set():
+        raise Stopped
 
 
 def _plan(
@@ -156,11 +176,17 @@ def _kind(info: zipfile.ZipInfo, label: str) -> str:
 
 
 def _write(
-    zf: zipfile.ZipFile, entries: list[_Entry], root: Path, limits: ArchiveLimits, label: str
+    zf: zipfile.ZipFile,
+    entries: list[_Entry],
+    root: Path,
+    limits: ArchiveLimits,
+    label: str,
+    stop: threading.Event,
 ) -> int:
     written = 0
     links = []
     for entry in entries:
+        _check(stop)
         target = root.joinpath(*entry.rel.parts)
         with _unwritable(entry, label):
             if entry.kind == "dir":
@@ -170,8 +196,9 @@ def _write(
             else:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 allowance = limits.max_uncompressed_bytes - written
-                written += _copy(zf, entry, target, allowance, label)
+                written += _copy(zf, entry, target, allowance, label, stop)
     for entry in links:
+        _check(stop)
         with _unwritable(entry, label):
             written += _link(zf, entry, root, label)
     for entry in links:  # a later link can redirect an earlier one: check them all once more
@@ -199,10 +226,18 @@ def _unwritable(entry: _Entry, label: str) -> Iterator[None]:
         ) from exc
 
 
-def _copy(zf: zipfile.ZipFile, entry: _Entry, target: Path, allowance: int, label: str) -> int:
+def _copy(
+    zf: zipfile.ZipFile,
+    entry: _Entry,
+    target: Path,
+    allowance: int,
+    label: str,
+    stop: threading.Event,
+) -> int:
     copied = 0
     with zf.open(entry.info) as src, open(target, "wb", opener=_private) as dst:
         while chunk := src.read(_CHUNK):
+            _check(stop)
             copied += len(chunk)
             if copied > allowance:
                 raise UnsafeArchive(

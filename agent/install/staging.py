@@ -21,13 +21,16 @@ from agent.install.disk import move_to_trash, remove_tree
 _T = TypeVar("_T")
 
 
-async def through(step: asyncio.Future[_T]) -> _T:
-    """Await ``step`` (a short blocking call in a thread). If the caller is cancelled meanwhile,
-    the step still ends (a metadata call or two) before the cancellation goes on: the caller
-    may then look at ``step`` to undo what it did."""
+async def through(step: asyncio.Future[_T], on_cancel: Callable[[], None] | None = None) -> _T:
+    """Await ``step`` (a blocking call in a thread). If the caller is cancelled meanwhile, the
+    step still ends before the cancellation goes on: the caller may then look at ``step`` to
+    undo what it did, and nothing writes in a folder being removed. A long step is told to
+    stop by ``on_cancel`` (called once, at the cancellation) and ends at its next check."""
     try:
         return await asyncio.shield(step)
     except asyncio.CancelledError:
+        if on_cancel is not None:
+            on_cancel()
         while not step.done():
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait([step])

@@ -94,7 +94,7 @@ async def _run(args: Sequence[str], log_path: Path, label: str, staging: Path) -
     finally:
         os.close(out)  # the child has its own copy
     try:
-        await asyncio.to_thread((staging / PGID_FILE).write_text, str(proc.pid))
+        await through(asyncio.ensure_future(asyncio.to_thread(_write_pgid, staging, proc.pid)))
         code = await proc.wait()
     except BaseException:  # cancelled: the whole group goes, now, children included
         with contextlib.suppress(ProcessLookupError):
@@ -107,6 +107,11 @@ async def _run(args: Sequence[str], log_path: Path, label: str, staging: Path) -
             f"{label}: {os.path.basename(args[0])} exited with {code}; its last error lines "
             f"(the whole output is in {log_path} on the agent's node):\n{tail}"
         )
+
+
+def _write_pgid(staging: Path, pgid: int) -> None:
+    """Note the installer's process group in its staging folder (for a crash's recovery)."""
+    (staging / PGID_FILE).write_text(str(pgid))
 
 
 def _open_log(log_path: Path, temp: Path, args: Sequence[str]) -> int:

@@ -17,6 +17,7 @@ from agent.core.pip_spec import PipSpec
 from agent.install.archive import harden_tree, make_dir
 from agent.install.disk import du
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
+from agent.install.staging import through
 from agent.install.venv import build_venv, relocate
 
 
@@ -46,7 +47,9 @@ class PipVenvInstaller:
             log_path=log_path, label=job.label,
         )  # fmt: skip
         job.unpacked()
-        size = await asyncio.to_thread(_finish, venv, job.final, job.label)
+        # through: a cancelled install lets the venv's rewrite end before its staging goes
+        finish = asyncio.to_thread(_finish, venv, job.final, job.label)
+        size = await through(asyncio.ensure_future(finish))
         return Installed(venv, size)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from pathlib import Path
 
 from agent.core.packages import Package
@@ -22,6 +23,7 @@ from agent.install.archive import ArchiveLimits, declared_size, extract_zip
 from agent.install.disk import unpack_reservation
 from agent.install.fetch import Fetcher
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
+from agent.install.staging import through
 
 _ARCHIVE = "package.zip"  # in the staging folder, next to what it unpacks to
 _KEEP_TOP_LEVEL = frozenset({"gcs"})  # schemes whose zips are unpacked as they are (as Ray does)
@@ -61,14 +63,19 @@ class ZipArchiveInstaller:
         declared = await asyncio.to_thread(declared_size, archive)
         await job.space.expect(unpack_reservation(declared, fetched, self._limits))
         unpacked = job.staging / "unpacked"
-        size = await asyncio.to_thread(
+        stop = threading.Event()
+        extraction = asyncio.to_thread(
             extract_zip,
             archive,
             unpacked,
             strip_top_level=self._strip_top_level and uri.scheme not in _KEEP_TOP_LEVEL,
             limits=self._limits,
             label=job.label,
+            stop=stop,
         )
+        # cancelled (the last create gone, a setup timeout): the thread is stopped and waited
+        # for, so no file is written in the staging folder once its removal begins
+        size = await through(asyncio.ensure_future(extraction), on_cancel=stop.set)
         job.unpacked()
         return Installed(unpacked, size)
 
