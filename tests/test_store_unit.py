@@ -440,6 +440,51 @@ async def test_cancelling_the_last_waiter_cancels_the_install_and_removes_its_st
         r.check()
 
 
+async def test_a_create_joining_an_install_being_cancelled_gets_the_package_not_its_cancellation(
+    tmp_path: Path,
+) -> None:
+    """An install cancelled as its last create left may take a while to end (here its commit
+    waits for another agent's transaction): a create of the same package arriving meanwhile
+    waits for it to end and then obtains the package itself, with its reference in the index."""
+    async with rig(tmp_path) as r:
+        url = r.packages.add("a")
+        key = key_of(url)
+        gate = r.packages.hold("a")
+        first = asyncio.create_task(r.take(url))
+        await wait_until(lambda: r.packages.gets["a"] == 1, what="the download to start")
+        locker = sqlite3.connect(r.store.root / "state.db", isolation_level=None)
+        try:
+            locker.execute("BEGIN IMMEDIATE")  # another agent's transaction: the commit waits
+            gate.set()
+            await wait_until(lambda: r.store.path_for(key).is_dir(), what="the rename into place")
+            first.cancel()  # the last create leaves: the install is cancelled, in its commit
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            assert r.installing(url), "the cancelled install ended at once: nothing to join"
+            joined = asyncio.Event()
+
+            async def second_create() -> Path:
+                joined.set()  # take() runs to its first await in this same step
+                return await r.take(url)
+
+            second = asyncio.create_task(second_create())
+            await joined.wait()
+            assert r.installing(url)
+        finally:
+            locker.rollback()
+            locker.close()
+        path = await asyncio.wait_for(second, 10)
+        assert path.is_dir()
+        assert r.packages.gets["a"] == 1, "the package the cancelled install committed is used"
+        await r.store.settle()
+        await r.store._db.flush()
+        with sqlite3.connect(r.store.root / "state.db") as conn:
+            refs = conn.execute("SELECT uri FROM refs").fetchall()
+        assert refs == [(url,)], "handed out without its reference in the index"
+        r.check()
+        r.drop(url)
+
+
 # -- eviction -----------------------------------------------------------------------------------
 
 

@@ -84,6 +84,8 @@ class UriEntry:
     last_used_ms: int = 0
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     waiters: int = 0  # ensure() calls awaiting the install
+    abandoned: bool = False  # INSTALLING, its task cancelled as its last waiter left: nobody
+    # joins it (its end is a cancellation), an ensure waits for it to end and obtains anew
     held: bool = False  # this agent's reference is committed in the index
     was_ready: bool = False  # READY before its current obtain began
 
@@ -178,12 +180,17 @@ class UriStore:
 
         An install runs for as long as someone waits for it: cancelling one caller leaves it to
         the others; when the last one leaves (a cancelled create, a setup timeout), the install
-        is cancelled too, its download stopped and its files removed.
+        is cancelled too, its download stopped and its files removed. A create arriving while
+        such an install ends (its commit may wait for the index) waits for that end, then uses
+        the package if it was committed after all, or obtains it anew.
         """
         key = package.key
         installer = self._installer_for(key.kind)
         installer.check(package, key.label)  # today's settings, even for a package cached before
         entry = self._entries.get(key)
+        while entry is not None and entry.abandoned:
+            await self._outlive(entry)
+            entry = self._entries.get(key)
         if entry is not None and entry.state is UriState.READY and entry.held:
             self.hits += 1
             entry.last_used_ms = self._now_ms()
@@ -207,8 +214,17 @@ class UriStore:
         finally:
             entry.waiters -= 1
             if entry.waiters == 0 and not task.done():
+                entry.abandoned = True
                 task.cancel()
         return entry.path
+
+    async def _outlive(self, entry: UriEntry) -> None:
+        """Wait for an abandoned install to end (its claim and reference given back, or its
+        package ready), without taking on its cancellation."""
+        assert entry.task is not None
+        await asyncio.wait([entry.task])
+        # it ended READY or forgotten (``_ready``, ``_forget``): never waited for twice
+        assert self._entries.get(entry.key) is not entry or entry.state is UriState.READY
 
     def touch(self, keys: Iterable[UriKey]) -> None:
         """A create of a ready env used these keys: count the hits, refresh their last use.
@@ -323,6 +339,7 @@ class UriStore:
         released at once if every create that wanted it went away meanwhile."""
         entry.state = UriState.READY
         entry.task = None
+        entry.abandoned = False  # an abandoned install that committed anyway: ready to join
         entry.held = True
         if fetched is not None:
             seconds = time.monotonic() - started
