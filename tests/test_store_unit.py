@@ -2,8 +2,10 @@
 a ``MockTransport`` serving in-memory zips, with an injected clock and a recorded sleep.
 
 Pinned: single-flight (concurrent ensures send one request), a failure reaches every waiter and
-the next ensure retries, cancelling the last waiter cancels the install and removes its staging,
-eviction order under the budget, retries of transient answers, and which failures are final.
+the next ensure retries, cancelling the last waiter cancels the install and removes its staging
+(and a create arriving while it ends is not cancelled with it), eviction order under the budget,
+the view of the index kept whole across a pass in flight, retries of transient answers, and
+which failures are final.
 The store's invariants are checked after every step. The real-socket tiers (test_fetch.py,
 test_stampede.py, test_hostile_fetch.py) stay: they pin aiohttp's side of the transport.
 
@@ -27,13 +29,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.core.errors import DownloadFailed, PackageNotFound, PackageRejected
+from agent.core.errors import DownloadFailed, IndexUnavailable, PackageNotFound, PackageRejected
 from agent.core.packages import Package
 from agent.core.uris import UriKey, UriKind, parse_uri
 from agent.install.archive import ArchiveLimits
 from agent.install.fetch import Fetcher, FetchLimits
 from agent.install.installers import InstallTools, build_installers
 from agent.install.transport import Failure, MockTransport, Request, Response, TransportError
+from agent.state.index import Swept
 from agent.state.state_db import StateDB
 from agent.state.store import UriState, UriStore
 from tests.helpers import listed, make_zip, wait_until
@@ -440,6 +443,51 @@ async def test_cancelling_the_last_waiter_cancels_the_install_and_removes_its_st
         r.check()
 
 
+async def test_a_create_joining_an_install_being_cancelled_gets_the_package_not_its_cancellation(
+    tmp_path: Path,
+) -> None:
+    """An install cancelled as its last create left may take a while to end (here its commit
+    waits for another agent's transaction): a create of the same package arriving meanwhile
+    waits for it to end and then obtains the package itself, with its reference in the index."""
+    async with rig(tmp_path) as r:
+        url = r.packages.add("a")
+        key = key_of(url)
+        gate = r.packages.hold("a")
+        first = asyncio.create_task(r.take(url))
+        await wait_until(lambda: r.packages.gets["a"] == 1, what="the download to start")
+        locker = sqlite3.connect(r.store.root / "state.db", isolation_level=None)
+        try:
+            locker.execute("BEGIN IMMEDIATE")  # another agent's transaction: the commit waits
+            gate.set()
+            await wait_until(lambda: r.store.path_for(key).is_dir(), what="the rename into place")
+            first.cancel()  # the last create leaves: the install is cancelled, in its commit
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            assert r.installing(url), "the cancelled install ended at once: nothing to join"
+            joined = asyncio.Event()
+
+            async def second_create() -> Path:
+                joined.set()  # take() runs to its first await in this same step
+                return await r.take(url)
+
+            second = asyncio.create_task(second_create())
+            await joined.wait()
+            assert r.installing(url)
+        finally:
+            locker.rollback()
+            locker.close()
+        path = await asyncio.wait_for(second, 10)
+        assert path.is_dir()
+        assert r.packages.gets["a"] == 1, "the package the cancelled install committed is used"
+        await r.store.settle()
+        await r.store._db.flush()
+        with sqlite3.connect(r.store.root / "state.db") as conn:
+            refs = conn.execute("SELECT uri FROM refs").fetchall()
+        assert refs == [(url,)], "handed out without its reference in the index"
+        r.check()
+        r.drop(url)
+
+
 # -- eviction -----------------------------------------------------------------------------------
 
 
@@ -578,3 +626,49 @@ async def test_a_package_released_while_it_installs_and_taken_again_keeps_its_re
         assert path.is_dir(), "a package in use was evicted"
         r.check()
         r.drop(url)
+
+
+# -- the view of the index ----------------------------------------------------------------------
+
+
+async def test_a_failed_retake_of_an_unused_package_during_a_pass_leaves_it_in_the_view(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S4 across a race: a ready package dropped from the view by a failed re-obtain (which asks
+    for a full read) while a pass that read only the changes is in flight comes back by the next
+    pass; the in-flight one does not answer the full read it never made."""
+    async with rig(tmp_path) as r:
+        (url,) = await r.installed_unused("a")
+        db = r.store._db
+        real_sweep = db.sweep
+        read, answer = asyncio.Event(), asyncio.Event()
+
+        async def held_sweep(budget_bytes: int, needed_bytes: int = 0, *, since: int = -1) -> Swept:
+            swept = await real_sweep(budget_bytes, needed_bytes, since=since)
+            read.set()
+            await answer.wait()  # the pass has read the index; its result is held back
+            return swept
+
+        async def failing_obtain(*args: object, **kwargs: object) -> object:
+            raise IndexUnavailable("the cache index failed (injected)")
+
+        monkeypatch.setattr(db, "sweep", held_sweep)
+        monkeypatch.setattr(db, "obtain", failing_obtain)
+        passing = asyncio.create_task(r.store.enforce_budget())
+        await read.wait()
+        assert r.store.is_unused(key_of(url))  # in the view as the pass reads the index
+        with pytest.raises(IndexUnavailable):
+            await r.take(url)  # taken again: fails, so the view forgets it
+        assert r.store.entry(key_of(url)) is None
+        monkeypatch.undo()
+        answer.set()
+        await asyncio.wait_for(passing, 10)
+        await r.store.settle()
+
+        with sqlite3.connect(r.store.root / "state.db") as conn:
+            rows = conn.execute("SELECT kind, uri FROM uris WHERE state = 'ready'").fetchall()
+        ready = {(e.key.kind.value, e.key.uri) for e in r.store.entries()
+                 if e.state is UriState.READY}  # fmt: skip
+        assert ready == set(rows) == {("py_modules", url)}, "the view misses a ready package"
+        assert r.unused() == {"a"}
+        r.check()

@@ -84,6 +84,8 @@ class UriEntry:
     last_used_ms: int = 0
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     waiters: int = 0  # ensure() calls awaiting the install
+    abandoned: bool = False  # INSTALLING, its task cancelled as its last waiter left: nobody
+    # joins it (its end is a cancellation), an ensure waits for it to end and obtains anew
     held: bool = False  # this agent's reference is committed in the index
     was_ready: bool = False  # READY before its current obtain began
 
@@ -145,7 +147,9 @@ class UriStore:
         self._periodic: asyncio.Task[None] | None = None
         self._root_bytes = (0, 0)  # the root's ready and unused bytes, as of the last pass
         self._seen_gen = -1  # the index's last change of the ready packages this view follows
-        # (-1: none yet; the first pass reads them all)
+        # (-1: none yet, or the view lost one (``_forget``): the next pass reads them all)
+        self._resets = 0  # full reads asked for (``_forget``): a pass started before the last
+        # one may have read the index before the view lost the package, so it cannot answer it
         self.downloads = 0
         self.extractions = 0
         self.evictions = 0
@@ -178,12 +182,17 @@ class UriStore:
 
         An install runs for as long as someone waits for it: cancelling one caller leaves it to
         the others; when the last one leaves (a cancelled create, a setup timeout), the install
-        is cancelled too, its download stopped and its files removed.
+        is cancelled too, its download stopped and its files removed. A create arriving while
+        such an install ends (its commit may wait for the index) waits for that end, then uses
+        the package if it was committed after all, or obtains it anew.
         """
         key = package.key
         installer = self._installer_for(key.kind)
         installer.check(package, key.label)  # today's settings, even for a package cached before
         entry = self._entries.get(key)
+        while entry is not None and entry.abandoned:
+            await self._outlive(entry)
+            entry = self._entries.get(key)
         if entry is not None and entry.state is UriState.READY and entry.held:
             self.hits += 1
             entry.last_used_ms = self._now_ms()
@@ -207,8 +216,17 @@ class UriStore:
         finally:
             entry.waiters -= 1
             if entry.waiters == 0 and not task.done():
+                entry.abandoned = True
                 task.cancel()
         return entry.path
+
+    async def _outlive(self, entry: UriEntry) -> None:
+        """Wait for an abandoned install to end (its claim and reference given back, or its
+        package ready), without taking on its cancellation."""
+        assert entry.task is not None
+        await asyncio.wait([entry.task])
+        # it ended READY or forgotten (``_ready``, ``_forget``): never waited for twice
+        assert self._entries.get(entry.key) is not entry or entry.state is UriState.READY
 
     def touch(self, keys: Iterable[UriKey]) -> None:
         """A create of a ready env used these keys: count the hits, refresh their last use.
@@ -312,6 +330,7 @@ class UriStore:
             del self._entries[key]
             if entry.was_ready:
                 self._seen_gen = -1
+                self._resets += 1
         self._db.note_claim_dropped(key.kind.value, key.uri)
         if self._refcount(key) == 0:
             self._db.note_ref_dropped(key.kind.value, key.uri)
@@ -323,6 +342,7 @@ class UriStore:
         released at once if every create that wanted it went away meanwhile."""
         entry.state = UriState.READY
         entry.task = None
+        entry.abandoned = False  # an abandoned install that committed anyway: ready to join
         entry.held = True
         if fetched is not None:
             seconds = time.monotonic() - started
@@ -424,6 +444,7 @@ class UriStore:
                 self._sweep_again = False
                 try:
                     self.passes += 1
+                    resets = self._resets
                     swept = await self._db.sweep(self.budget_bytes, since=self._seen_gen)
                 except AgentError as exc:  # busy or failing: retried at the next pass
                     log.warning("a pass over the cache index failed (%s); retried at the next",
@@ -432,7 +453,7 @@ class UriStore:
                 except Exception:  # a bug: logged with its traceback, the next pass runs
                     log.exception("a pass over the cache index failed (a bug)")
                     return
-                self._apply(swept, delete=True)
+                self._apply(swept, resets, delete=True)
                 if not self._sweep_again:
                     return
         finally:
@@ -468,13 +489,15 @@ class UriStore:
         """The disk room lacks ``needed`` bytes: a pass that frees them (none if all the
         unused bytes of the root would not); return the trashed paths, still to be deleted."""
         self.passes += 1
+        resets = self._resets
         swept = await self._db.sweep(self.budget_bytes, needed, since=self._seen_gen)
-        return self._apply(swept, delete=False)
+        return self._apply(swept, resets, delete=False)
 
-    def _apply(self, swept: Swept, *, delete: bool) -> list[Path]:
-        """A pass's result: count and log this agent's evictions, have the dead holders' folders
-        deleted, and make this agent's view of the ready packages follow the index's changes.
-        Return the evicted packages' trashed paths (deleted here when ``delete``)."""
+    def _apply(self, swept: Swept, resets: int, *, delete: bool) -> list[Path]:
+        """A pass's result (``resets``: the count of full reads asked for when it started):
+        count and log this agent's evictions, have the dead holders' folders deleted, and make
+        this agent's view of the ready packages follow the index's changes. Return the evicted
+        packages' trashed paths (deleted here when ``delete``)."""
         trashed = []
         for evicted in swept.evicted:
             row = evicted.row
@@ -492,14 +515,15 @@ class UriStore:
             self.delete_in_background(trashed)
         self.delete_in_background(swept.reaped.aside)
         if swept.gen >= self._seen_gen or swept.full:  # an older pass's result changes nothing
-            self._follow(swept)
+            self._follow(swept, resets)
         self._root_bytes = (swept.ready_bytes, swept.unused_bytes)
         return trashed
 
-    def _follow(self, swept: Swept) -> None:
+    def _follow(self, swept: Swept, resets: int) -> None:
         """This agent's view of the ready packages, made the index's: those another agent
         installed appear (not held), those evicted go. Held entries and installs in flight are
-        this agent's own: no other agent evicts or installs them."""
+        this agent's own: no other agent evicts or installs them. A full read asked for after
+        the pass started stays asked for."""
         changed = {}
         for (kind, uri), row in swept.changes:
             try:
@@ -517,7 +541,7 @@ class UriStore:
                     del self._entries[key]
             elif known is None:
                 self.adopt(key, row.size, row.last_used_ms)
-        self._seen_gen = swept.gen
+        self._seen_gen = swept.gen if resets == self._resets else -1
 
     def _to_trash(self, path: Path) -> Path:
         return move_to_trash(self._db.trash, path)
