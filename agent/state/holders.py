@@ -14,6 +14,10 @@ Another process tests a holder with a non-blocking shared lock on a descriptor o
 alive). Whoever *reaps* a dead holder takes the lock exclusively first, so two reapers never
 clean the same holder at once, and removes the file last, while still holding it.
 
+A lock file this agent cannot open (one made by an agent of another user, say a crashed run
+under sudo: lock files are 0600) cannot be tested: its holder is taken as alive, so nothing it
+may use is reaped, and a warning says once which file it is and what to do.
+
 Blocking helpers: call them in a thread (each is a few system calls).
 """
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import re
 import secrets
@@ -29,8 +34,13 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+log = logging.getLogger(__name__)
+
 HOLDERS_DIR = "holders"
 _ID = re.compile(r"[0-9a-f]{32}")
+_PID_BYTES = 32  # of a lock file: a pid is at most 20 digits
+_WARNED_MAX = 256  # paths warned about once each; past that, new ones are not remembered
+_warned: set[Path] = set()
 
 
 def new_holder_id() -> str:
@@ -87,9 +97,10 @@ class HolderLock:
 
 def _open_lock(path: Path) -> int | None:
     """A lock file opened for reading, or None if it is missing or is not a regular file (a
-    FIFO or a link put there is no agent's lock: never waited on, never followed)."""
+    FIFO or a link put there is no agent's lock: never waited on, never followed). A file this
+    user may not open raises PermissionError (``liveness`` says: unknown)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except (FileNotFoundError, OSError) as exc:
         if isinstance(exc, FileNotFoundError) or exc.errno in (errno.ELOOP, errno.ENXIO):
             return None
@@ -100,9 +111,27 @@ def _open_lock(path: Path) -> int | None:
     return fd
 
 
-def is_alive(root: Path, holder_id: str) -> bool:
-    """Whether the holder's lock is held (by a live process); a missing file (or one that is
-    not a regular file) is a dead holder."""
+def _warn_once(path: Path, message: str, *args: object) -> None:
+    """A warning about ``path`` logged once per process (every pass meets it again)."""
+    if path in _warned:
+        return
+    if len(_warned) < _WARNED_MAX:
+        _warned.add(path)
+    log.warning(message, *args)
+
+
+def _warn_untestable(path: Path, exc: OSError) -> None:
+    _warn_once(
+        path,
+        "cannot test whether the holder of %s is alive (%s): an agent run as another user "
+        "made it; that holder is taken as alive, so nothing it may use is reaped. If no agent "
+        "of that user serves this root any more, remove the file as its owner (or root)",
+        path, exc.strerror or exc,
+    )  # fmt: skip
+
+
+def _test_lock(root: Path, holder_id: str) -> bool:
+    """Whether the holder's lock is held; PermissionError if its file is not ours to open."""
     if not is_holder_id(holder_id):  # a name read from the index that is no id: nobody's lock
         return False
     fd = _open_lock(lock_path(root, holder_id))
@@ -117,10 +146,39 @@ def is_alive(root: Path, holder_id: str) -> bool:
     return False
 
 
-def holder_pid(root: Path, holder_id: str) -> int | None:
-    """The pid a holder wrote in its lock file (for messages and ``info``), if readable."""
+def liveness(root: Path, holder_id: str) -> bool | None:
+    """Whether the holder's lock is held (by a live process): None if its lock file cannot be
+    opened by this user (unknown). A missing file (or one that is not a regular file) is a
+    dead holder. Logs nothing (``info`` shows the unknown)."""
     try:
-        text = lock_path(root, holder_id).read_text()[:32]
+        return _test_lock(root, holder_id)
+    except PermissionError:
+        return None
+
+
+def is_alive(root: Path, holder_id: str) -> bool:
+    """Whether a pass must take the holder as alive: its lock is held, or it cannot be tested
+    (never reap what cannot be tested; warned of once)."""
+    try:
+        return _test_lock(root, holder_id)
+    except PermissionError as exc:
+        _warn_untestable(lock_path(root, holder_id), exc)
+        return True
+
+
+def holder_pid(root: Path, holder_id: str) -> int | None:
+    """The pid a holder wrote in its lock file (for messages and ``info``), if readable: read
+    as ``_open_lock`` opens (no link followed, no FIFO waited on), at most a few bytes."""
+    if not is_holder_id(holder_id):  # a name read from the index: it names no file
+        return None
+    try:
+        fd = _open_lock(lock_path(root, holder_id))
+        if fd is None:
+            return None
+        try:
+            text = os.read(fd, _PID_BYTES).decode("ascii", errors="replace")
+        finally:
+            os.close(fd)
     except OSError:
         return None
     return int(text) if text.strip().isdigit() else None
@@ -128,30 +186,64 @@ def holder_pid(root: Path, holder_id: str) -> int | None:
 
 @dataclass
 class Reaping:
-    """A dead holder's lock, taken exclusively for the time of its reaping."""
+    """A dead holder's lock, taken exclusively for the time of its reaping; ``locked`` False:
+    its lock file was missing or was not a regular file (``fd`` is then /dev/null's)."""
 
     path: Path
     fd: int
+    locked: bool = True
 
     def done(self) -> None:
-        """The holder's rows and folders are gone: remove its lock file, then let go."""
-        if is_holder_id(self.path.name.removesuffix(".lock")):
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
-        os.close(self.fd)
+        """The holder's rows and folders are gone: remove its lock file, then let go (the
+        descriptor is closed whatever happens; a file that cannot be removed is warned of)."""
+        try:
+            if is_holder_id(self.path.name.removesuffix(".lock")):
+                _remove_lock(self.path, locked=self.locked)
+        finally:
+            os.close(self.fd)
 
     def abandon(self) -> None:
         os.close(self.fd)
 
 
+def _remove_lock(path: Path, *, locked: bool) -> None:
+    """Remove a reaped holder's lock file. Not ``locked``: what is there was found missing or
+    not a regular file, and is removed as what it is now (an empty folder, a link, a FIFO); a
+    regular file that has appeared since is left to the next pass to test. What cannot be
+    removed is warned of, once, and left: the pass goes on."""
+    try:
+        if locked:
+            os.unlink(path)
+            return
+        mode = os.lstat(path).st_mode
+        if stat.S_ISREG(mode):
+            return
+        if stat.S_ISDIR(mode):
+            os.rmdir(path)
+        else:
+            os.unlink(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        _warn_once(
+            path, "cannot remove %s, the lock file of a dead holder (%s); remove it by hand",
+            path, exc.strerror or exc,
+        )  # fmt: skip
+
+
 def begin_reaping(root: Path, holder_id: str) -> Reaping | None:
-    """Take a dead holder's lock exclusively, or None if it is alive or another agent is reaping
-    it right now. A missing lock file (reaped already, or a row left by an older agent) is taken
-    as a dead holder with nothing to lock."""
+    """Take a dead holder's lock exclusively, or None if it is alive, cannot be tested (its
+    file not ours to open: warned once) or another agent is reaping it right now. A missing
+    lock file (reaped already, or a row left by an older agent), or one that is not a regular
+    file, is taken as a dead holder with nothing to lock."""
     path = lock_path(root, holder_id)
-    fd = _open_lock(path) if is_holder_id(holder_id) else None
+    try:
+        fd = _open_lock(path) if is_holder_id(holder_id) else None
+    except PermissionError as exc:
+        _warn_untestable(path, exc)
+        return None
     if fd is None:
-        return Reaping(path, os.open(os.devnull, os.O_RDONLY))
+        return Reaping(path, os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), locked=False)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
