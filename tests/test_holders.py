@@ -9,6 +9,7 @@ import errno
 import fcntl
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -230,3 +231,37 @@ def test_holder_pid_follows_no_link_waits_on_no_fifo_and_reads_only_ids(root: Pa
     assert holders.holder_pid(root, "b" * 32) is None
     assert holders.holder_pid(root, "c" * 32) is None  # returns: the open does not block
     assert holders.holder_pid(root, "../target") is None
+
+
+def making_file(root: Path, *, age_s: float) -> tuple[Path, int]:
+    """holders/.<id>.making as HolderLock.take creates it (a descriptor on it, unlocked),
+    last modified ``age_s`` ago."""
+    path = root / "holders" / f".{holders.new_holder_id()}.making"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    old = time.time() - age_s
+    os.utime(path, (old, old))
+    return path, fd
+
+
+async def test_a_pass_removes_a_making_file_a_crashed_start_left_and_keeps_a_live_ones(
+    root: Path,
+) -> None:
+    """A start killed between creating its lock file and renaming it into place leaves
+    .<id>.making: a pass removes it once it is old and unlocked; one its holder holds locked
+    (renaming it now), and one created just now (its holder about to lock it), stay."""
+    stale, stale_fd = making_file(root, age_s=holders.MAKING_GRACE_S + 60)
+    os.close(stale_fd)  # the crashed start
+    locked, locked_fd = making_file(root, age_s=holders.MAKING_GRACE_S + 60)
+    fcntl.flock(locked_fd, fcntl.LOCK_EX)  # a live start, stopped before its rename
+    fresh, fresh_fd = making_file(root, age_s=0)  # a live start, before its flock
+    db = await holder(root)
+    try:
+        await a_pass(db, "sweep")
+        assert not stale.exists()
+        assert locked.exists()
+        assert fresh.exists()
+        fcntl.flock(fresh_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the pass let it go
+    finally:
+        for fd in (locked_fd, fresh_fd):
+            os.close(fd)
+        await db.close()

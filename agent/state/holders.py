@@ -31,6 +31,7 @@ import os
 import re
 import secrets
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,10 @@ log = logging.getLogger(__name__)
 HOLDERS_DIR = "holders"
 _ID = re.compile(r"[0-9a-f]{32}")
 _PID_BYTES = 32  # of a lock file: a pid is at most 20 digits
+_MAKING = re.compile(r"\.([0-9a-f]{32})\.making")
+# A holder locks its .making file microseconds after creating it: one older than this and
+# unlocked was left by a crash (see ``remove_stale_making``).
+MAKING_GRACE_S = 60.0
 _WARNED_MAX = 256  # paths warned about once each; past that, new ones are not remembered
 _warned: set[Path] = set()
 
@@ -262,3 +267,51 @@ def lock_files(root: Path) -> list[str]:
     except FileNotFoundError:
         return []
     return [n.removesuffix(".lock") for n in names if n.endswith(".lock") and is_holder_id(n[:-5])]
+
+
+def remove_stale_making(root: Path) -> int:
+    """Remove the ``holders/.<id>.making`` files a crash left in ``HolderLock.take`` (between
+    the file's creation and its rename into place); return how many. A holder locks its file
+    right after creating it and keeps the lock through the rename, so a making file whose lock
+    can be taken is stale, except in the microseconds between its creation and its lock: one
+    modified less than ``MAKING_GRACE_S`` ago is left for a later pass. It is removed while
+    locked here, and only if its name still is the file locked. Anything else under such a
+    name (a link, a FIFO, a file of another user) is no holder's and is left alone."""
+    try:
+        names = os.listdir(root / HOLDERS_DIR)
+    except FileNotFoundError:
+        return 0
+    removed = 0
+    for name in names:
+        if _MAKING.fullmatch(name) is not None:
+            removed += _remove_if_stale(root / HOLDERS_DIR / name)
+    return removed
+
+
+def _remove_if_stale(path: Path) -> int:
+    try:
+        fd = _open_lock(path)
+    except OSError:  # another user's file: not ours to test
+        return 0
+    if fd is None:
+        return 0
+    try:
+        made = os.fstat(fd)
+        if time.time() - made.st_mtime < MAKING_GRACE_S:
+            return 0
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # its holder is alive, renaming it now
+            return 0
+        now = os.lstat(path)
+        if (now.st_dev, now.st_ino) != (made.st_dev, made.st_ino):
+            return 0
+        os.unlink(path)
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        _warn_once(path, "cannot remove %s, left by a crashed start: %s", path, exc.strerror or exc)
+        return 0
+    finally:
+        os.close(fd)  # and with it the lock
+    return 1

@@ -35,7 +35,14 @@ from enum import Enum
 from pathlib import Path
 
 from agent.install.venv import kill_orphaned_installers
-from agent.state.holders import Reaping, begin_reaping, is_alive, is_holder_id, lock_files
+from agent.state.holders import (
+    Reaping,
+    begin_reaping,
+    is_alive,
+    is_holder_id,
+    lock_files,
+    remove_stale_making,
+)
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +182,7 @@ def reap_dead(conn: sqlite3.Connection, root: Path, me: str, trash: Path, reaped
             lock = begin_reaping(root, holder)
             if lock is not None:
                 reaped.locks.append(lock)
+    remove_stale_making(root)  # an agent killed between creating its lock file and its lock
     return reaped
 
 
