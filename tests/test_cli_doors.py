@@ -218,6 +218,62 @@ async def test_root_folder_that_cannot_be_a_folder_exits_2_naming_it(
     assert "choose another --root" in line
 
 
+def _put_at_lock(root: Path, what: str, base: Path) -> Path:
+    """Something that is no lock file at ROOT/agent.lock; returns the file a link points to
+    (whose content must stay "keep")."""
+    target = base / "outside"
+    target.write_text("keep")
+    lock = root / "agent.lock"
+    if what == "fifo":
+        os.mkfifo(lock)
+    elif what == "link":
+        lock.symlink_to(target)
+    elif what == "dangling-link":
+        lock.symlink_to(base / "nowhere")
+    else:
+        lock.mkdir()
+    return target
+
+
+_NOT_A_LOCK = "is not a regular file (a link, a FIFO or a folder put there?), so it cannot be"
+_NOT_LOCKS = ["fifo", "link", "dangling-link", "folder"]
+
+
+@pytest.mark.parametrize("what", _NOT_LOCKS)
+@pytest.mark.parametrize("flag", [(), ("--no-state-db",)], ids=["shared", "alone"])
+async def test_an_agent_lock_that_is_no_regular_file_refuses_the_start_in_one_line(
+    base: Path, what: str, flag: tuple[str, ...]
+) -> None:
+    """A FIFO there would hang the start (an open for reading waits for a writer), a link
+    would have the agent truncate the file it points to: exit 2 naming the path; nothing
+    followed, nothing made where a dangling link points."""
+    root = base / "root"
+    root.mkdir()
+    target = _put_at_lock(root, what, base)
+    code, err = await refused(base / "refused.log", "--root", str(root), *flag)
+    assert code == 2, err
+    line = one_line(err)
+    assert line.startswith(f"rtenv-agent: {str(root / 'agent.lock')!r} {_NOT_A_LOCK}"), line
+    assert target.read_text() == "keep"
+    assert not (base / "nowhere").exists()
+
+
+@pytest.mark.parametrize("what", _NOT_LOCKS)
+@pytest.mark.parametrize("alone", [False, True])
+def test_lock_root_refuses_what_is_no_regular_file_and_truncates_nothing(
+    base: Path, what: str, alone: bool
+) -> None:
+    """Past check_root_free (a file swapped in between): lock_root, which truncates the lock
+    file when it takes the root alone, never follows a link out of the root."""
+    root = base / "root"
+    root.mkdir()
+    target = _put_at_lock(root, what, base)
+    with pytest.raises(StartupError, match=re.escape(_NOT_A_LOCK)):
+        lock_root(root, alone=alone)
+    assert target.read_text() == "keep"
+    assert not (base / "nowhere").exists()
+
+
 def _can_mount_in_a_namespace(base: Path) -> bool:
     if shutil.which("unshare") is None:
         return False

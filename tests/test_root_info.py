@@ -18,11 +18,15 @@ from typing import Any
 import grpc
 import pytest
 
+from agent.ops import cli
 from agent.ops.root_view import HolderView, PackageView, RootView, format_root
+from agent.state.holders import lock_path
 from agent.state.state_db import SCHEMA_VERSION
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.helpers import PackageServer, env_json, package_server, wait_until, workdir_zip
+from tests.test_holders import make_untestable
 from tests.test_process import NO_PROXY, STOP_S, Served, run_cli, serving, wait_health_serving
+from tests.test_shared_index import KEY, holder, install
 
 Json = dict[str, Any]
 
@@ -140,8 +144,8 @@ async def test_both_agents_of_a_root_are_shown_alive_with_their_references_and_e
             assert all(p["state"] == "ready" and p["size_bytes"] > 0 for p in packages.values())
             total = sum(p["size_bytes"] for p in packages.values())
             assert doc["summary"] == {
-                "holders_alive": 2, "holders_dead": 0, "packages": 3, "bytes": total,
-                "unused_bytes": 0,
+                "holders_alive": 2, "holders_dead": 0, "holders_unknown": 0, "packages": 3,
+                "bytes": total, "unused_bytes": 0,
             }  # fmt: skip
             assert sum(pkgs.gets.values()) == 3, "the shared package was downloaded once"
 
@@ -345,6 +349,37 @@ async def test_a_root_that_is_a_file_is_a_usage_mistake(base: Path) -> None:
     code, out, err = await run_cli("info", "--root", str(base / "file"))
     assert (code, out) == (2, ""), err
     assert one_line(err) == f"rtenv-agent info: --root {base / 'file'} is not a folder"
+
+
+async def test_a_holder_whose_lock_file_this_user_cannot_open_is_shown_unknown(
+    base: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """info run by a user who can read state.db but not an agent's 0600 lock file (the CLI's
+    main, in this process: as root the open is refused by a patch): that holder's liveness is
+    unknown, its references counted as a pass counts them (kept), exit 0, no traceback."""
+    root = base / "root"
+    for sub in ("uris", "tmp", "trash"):
+        (root / sub).mkdir(parents=True)
+    db = await holder(root)
+    try:
+        await install(db, KEY, size=2048)
+        make_untestable(monkeypatch, lock_path(root, db.holder_id))
+        assert cli.main(["info", "--root", str(root)]) == 0
+        text, err = capsys.readouterr()
+        assert err == ""
+        [row] = [line for line in text.splitlines() if line.startswith(db.holder_id)]
+        assert row.split()[1:4] == [str(os.getpid()), "unknown", "1"], text
+        assert text.splitlines()[-1].startswith(
+            "holders: 0 alive, 0 dead, 1 unknown (lock files this user cannot open: run info "
+            "as their owner); 1 package, 2.0 KiB; unused 0 B"
+        ), text
+        assert cli.main(["info", "--root", str(root), "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert [h["alive"] for h in doc["holders"]] == [None], doc
+        assert [p["references"] for p in doc["packages"]] == [1], doc
+        assert doc["summary"]["holders_unknown"] == 1, doc
+    finally:
+        await db.close()
 
 
 # -- the table, from values (no process) --------------------------------------------------------

@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,6 +42,7 @@ _TAIL_LINES = 10  # at most this many of the installer's lines go back to the cl
 _TAIL_LINE_CHARS = 200  # each cut to this
 _TAIL_READ_BYTES = 64 * 1024  # of the log's end, read to find them
 _PR_SET_PDEATHSIG = 1
+_PGID_BYTES = 20  # of an installer.pgid: a pid's digits
 
 
 # The installer's group leader, between the agent and the installer: it runs the installer as
@@ -203,17 +205,50 @@ def kill_orphaned_installers(tmp: Path) -> int:
     process it started dies with it). Kill each group recorded in a staging folder, if one of
     its processes still names that folder (a pid may have been reused). Return groups killed."""
     killed = 0
-    for pgid_file in tmp.glob(f"*/{PGID_FILE}"):
-        try:
-            pgid = int(pgid_file.read_text())
-        except (OSError, ValueError):
+    try:
+        entries = [e for e in os.scandir(tmp) if e.is_dir(follow_symlinks=False)]
+    except OSError:  # no folder (nothing was staged), or not one
+        return 0
+    for entry in entries:
+        pgid_file = Path(entry.path, PGID_FILE)
+        pgid = _read_pgid(pgid_file)
+        if pgid is None:
             continue
-        staging = str(pgid_file.parent).encode()
+        staging = entry.path.encode()
         if any(staging in _cmdline(pid) for pid in _group_members(pgid)):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
                 killed += 1
     return killed
+
+
+def _read_pgid(path: Path) -> int | None:
+    """The group a staging folder recorded, read as hostile input: the installer ran there and
+    may have replaced the file (a FIFO would block the reaper, which holds the root's write
+    lock; a link to /dev/zero would read for ever). No link followed, no FIFO waited on, a
+    regular file only, a few bytes: anything else is no pgid (logged)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("ignoring %s: %s", path, exc.strerror or exc)
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            log.warning("ignoring %s: not a regular file", path)
+            return None
+        data = os.read(fd, _PGID_BYTES + 1)
+    except OSError as exc:
+        log.warning("ignoring %s: %s", path, exc.strerror or exc)
+        return None
+    finally:
+        os.close(fd)
+    text = data.decode("ascii", errors="replace").strip()
+    if len(data) > _PGID_BYTES or not text.isdigit() or int(text) <= 1:
+        log.warning("ignoring %s: it holds no process group id", path)
+        return None
+    return int(text)
 
 
 def _group_members(pgid: int) -> list[int]:

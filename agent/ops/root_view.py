@@ -4,7 +4,8 @@ Several agents may serve one root, each on its own socket, so a root no longer n
 to ask: what the root holds is its index, which every agent with a state.db writes (the schema
 and the rules are ``agent.state.state_db`` and ``agent.state.index``). This reads it directly,
 with no agent running or needed: the holders (each agent serving the root, or dead and not yet
-reaped, alive exactly as ``holders.is_alive`` tests it), the packages (ready or being installed,
+reaped, alive exactly as ``holders.liveness`` tests it, or unknown when its lock file is not
+this user's to open: an agent run by another user), the packages (ready or being installed,
 with their references by live holders), and the root's totals.
 
 The file is opened read-only (SQLite's ``mode=ro``: never created, never migrated, never
@@ -32,7 +33,7 @@ from typing import Any
 
 from agent.core.errors import echo_label
 from agent.core.units import human_bytes, plural
-from agent.state.holders import holder_pid, is_alive
+from agent.state.holders import holder_pid, liveness
 from agent.state.state_db import FILE_NAME, SCHEMA_VERSION
 
 BUSY_TIMEOUT_S = 5.0  # a WAL reader waits only while a writer recovers the WAL index
@@ -54,7 +55,7 @@ class HolderView:
 
     id: str
     pid: int | None  # its row's; from its lock file for an id with references but no row
-    alive: bool
+    alive: bool | None  # None: unknown (its lock file is not this user's to open)
     references: int  # packages it references (its rows of ``refs``)
     live_envs: int  # envs it holds (the agent writes this behind, within ~0.1 s)
     started_ms: int | None  # None: no row
@@ -80,7 +81,16 @@ class RootView:
 
     @property
     def alive(self) -> int:
-        return sum(h.alive for h in self.holders)
+        return sum(h.alive is True for h in self.holders)
+
+    @property
+    def dead(self) -> int:
+        return sum(h.alive is False for h in self.holders)
+
+    @property
+    def unknown(self) -> int:
+        """Holders whose lock file this user cannot open: a pass keeps them, as if alive."""
+        return sum(h.alive is None for h in self.holders)
 
     @property
     def total_bytes(self) -> int:
@@ -177,14 +187,15 @@ def _read(conn: sqlite3.Connection, root: Path) -> RootView:
     ]
     # Every holder the index names: with a row, with references, or with a claim.
     named = set(rows) | {h for h, _, _ in refs} | {h for *_, h in uris if h is not None}
-    alive = {hid: is_alive(root, hid) for hid in named}
+    alive = {hid: liveness(root, hid) for hid in named}
     counts = Counter(h for h, _, _ in refs)
     holders = []
     for hid in named:
         pid, started, envs = rows[hid] if hid in rows else (holder_pid(root, hid), None, 0)
         holders.append(HolderView(hid, pid, alive[hid], counts[hid], envs, started))
     holders.sort(key=lambda h: (h.started_ms is None, h.started_ms or 0, h.id))
-    live_refs = Counter((kind, uri) for hid, kind, uri in refs if alive[hid])
+    # an unknown holder's references protect its packages from a pass: counted as live
+    live_refs = Counter((kind, uri) for hid, kind, uri in refs if alive[hid] is not False)
     packages = [
         PackageView(
             kind,
@@ -219,6 +230,9 @@ def _int(value: object) -> int:
 
 
 # -- showing ------------------------------------------------------------------------------------
+_STATES = {True: "alive", False: "dead", None: "unknown"}
+
+
 def _when(ms: int | None) -> str:
     """Local time to the second; "-" for none, "?" for a value no clock shows."""
     if not ms:
@@ -234,7 +248,7 @@ def format_root(view: RootView) -> str:
     lines = [f"{'HOLDER':<34}{'PID':>8}  {'STATE':<6}{'REFS':>5}{'ENVS':>6}  STARTED"]
     for h in view.holders:
         pid = "-" if h.pid is None else str(h.pid)
-        state = "alive" if h.alive else "dead"
+        state = _STATES[h.alive]
         lines.append(
             f"{echo_label(h.id):<34}{pid:>8}  {state:<6}{h.references:>5}{h.live_envs:>6}  "
             f"{_when(h.started_ms)}"
@@ -249,11 +263,18 @@ def format_root(view: RootView) -> str:
             f"{_when(p.last_used_ms):<21}{echo_label(p.uri)}"
         )
         if p.installer is not None:
-            by = "alive" if alive.get(p.installer) else "dead: a pass reaps its claim"
+            by = {True: "alive", None: "unknown: a pass keeps its claim"}.get(
+                alive.get(p.installer, False), "dead: a pass reaps its claim"
+            )
             lines.append(f"{'':<64}installing by holder {echo_label(p.installer)} ({by})")
     lines.append("")
+    unknown = (
+        f", {view.unknown} unknown (lock files this user cannot open: run info as their owner)"
+        if view.unknown
+        else ""
+    )
     lines.append(
-        f"holders: {view.alive} alive, {len(view.holders) - view.alive} dead; "
+        f"holders: {view.alive} alive, {view.dead} dead{unknown}; "
         f"{plural(len(view.packages), 'package')}, {human_bytes(view.total_bytes)}; "
         f"unused {human_bytes(view.unused_bytes)} (ready, no live holder references them)"
     )
@@ -269,7 +290,7 @@ def root_json(view: RootView) -> str:
             {
                 "id": h.id,
                 "pid": h.pid,
-                "alive": h.alive,
+                "alive": h.alive,  # null: unknown
                 "references": h.references,
                 "live_envs": h.live_envs,
                 "started_ms": h.started_ms,
@@ -291,7 +312,8 @@ def root_json(view: RootView) -> str:
         ],
         "summary": {
             "holders_alive": view.alive,
-            "holders_dead": len(view.holders) - view.alive,
+            "holders_dead": view.dead,
+            "holders_unknown": view.unknown,
             "packages": len(view.packages),
             "bytes": view.total_bytes,
             "unused_bytes": view.unused_bytes,

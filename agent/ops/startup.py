@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import time
 import uuid
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from agent.core.errors import StartupError
+from agent.core.errors import StartupError, echo
 from agent.core.units import quoted
 
 log = logging.getLogger(__name__)
@@ -286,7 +287,7 @@ def check_root_free(root: Path, *, alone: bool = False) -> None:
     this agent needs the root ``alone``, any root another agent serves; without creating the
     lock file."""
     try:
-        fd = os.open(root / "agent.lock", os.O_RDONLY)
+        fd = _open_root_lock(root / "agent.lock", os.O_RDONLY)
     except OSError:
         return  # no lock file (or no root yet): lock_root decides
     try:
@@ -301,7 +302,7 @@ def lock_root(root: Path, *, alone: bool = False) -> int:
     """Hold a lock on the root for the agent's lifetime: shared by the agents that share the
     root through its index, exclusive for one that needs it ``alone`` (--no-state-db, which
     keeps its index in memory; --reset-state, until ``share_root``)."""
-    fd = os.open(root / "agent.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = _open_root_lock(root / "agent.lock", os.O_RDWR | os.O_CREAT)
     for attempt in range(_LOCK_TRIES):
         try:
             fcntl.flock(fd, (fcntl.LOCK_EX if alone else fcntl.LOCK_SH) | fcntl.LOCK_NB)
@@ -317,6 +318,34 @@ def lock_root(root: Path, *, alone: bool = False) -> int:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
     return fd
+
+
+def _open_root_lock(path: Path, flags: int) -> int:
+    """The root's lock file, opened as hostile input: no link followed (lock_root and
+    share_root truncate it: a link would truncate a file outside the root), no FIFO waited on
+    (the start would hang); a regular file only, else a StartupError naming it."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise _not_a_lock_file(path) from None
+        raise
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not regular:
+        os.close(fd)
+        raise _not_a_lock_file(path)
+    return fd
+
+
+def _not_a_lock_file(path: Path) -> StartupError:
+    return StartupError(
+        f"{echo(str(path))} is not a regular file (a link, a FIFO or a folder put there?), so it "
+        "cannot be the root's lock file: remove it, or choose another --root"
+    )
 
 
 def share_root(fd: int) -> None:

@@ -14,6 +14,10 @@ Another process tests a holder with a non-blocking shared lock on a descriptor o
 alive). Whoever *reaps* a dead holder takes the lock exclusively first, so two reapers never
 clean the same holder at once, and removes the file last, while still holding it.
 
+A lock file this agent cannot open (one made by an agent of another user, say a crashed run
+under sudo: lock files are 0600) cannot be tested: its holder is taken as alive, so nothing it
+may use is reaped, and a warning says once which file it is and what to do.
+
 Blocking helpers: call them in a thread (each is a few system calls).
 """
 
@@ -22,15 +26,26 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import re
 import secrets
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+log = logging.getLogger(__name__)
+
 HOLDERS_DIR = "holders"
 _ID = re.compile(r"[0-9a-f]{32}")
+_PID_BYTES = 32  # of a lock file: a pid is at most 20 digits
+_MAKING = re.compile(r"\.([0-9a-f]{32})\.making")
+# A holder locks its .making file microseconds after creating it: one older than this and
+# unlocked was left by a crash (see ``remove_stale_making``).
+MAKING_GRACE_S = 60.0
+_WARNED_MAX = 256  # paths warned about once each; past that, new ones are not remembered
+_warned: set[Path] = set()
 
 
 def new_holder_id() -> str:
@@ -87,9 +102,10 @@ class HolderLock:
 
 def _open_lock(path: Path) -> int | None:
     """A lock file opened for reading, or None if it is missing or is not a regular file (a
-    FIFO or a link put there is no agent's lock: never waited on, never followed)."""
+    FIFO or a link put there is no agent's lock: never waited on, never followed). A file this
+    user may not open raises PermissionError (``liveness`` says: unknown)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except (FileNotFoundError, OSError) as exc:
         if isinstance(exc, FileNotFoundError) or exc.errno in (errno.ELOOP, errno.ENXIO):
             return None
@@ -100,9 +116,27 @@ def _open_lock(path: Path) -> int | None:
     return fd
 
 
-def is_alive(root: Path, holder_id: str) -> bool:
-    """Whether the holder's lock is held (by a live process); a missing file (or one that is
-    not a regular file) is a dead holder."""
+def _warn_once(path: Path, message: str, *args: object) -> None:
+    """A warning about ``path`` logged once per process (every pass meets it again)."""
+    if path in _warned:
+        return
+    if len(_warned) < _WARNED_MAX:
+        _warned.add(path)
+    log.warning(message, *args)
+
+
+def _warn_untestable(path: Path, exc: OSError) -> None:
+    _warn_once(
+        path,
+        "cannot test whether the holder of %s is alive (%s): an agent run as another user "
+        "made it; that holder is taken as alive, so nothing it may use is reaped. If no agent "
+        "of that user serves this root any more, remove the file as its owner (or root)",
+        path, exc.strerror or exc,
+    )  # fmt: skip
+
+
+def _test_lock(root: Path, holder_id: str) -> bool:
+    """Whether the holder's lock is held; PermissionError if its file is not ours to open."""
     if not is_holder_id(holder_id):  # a name read from the index that is no id: nobody's lock
         return False
     fd = _open_lock(lock_path(root, holder_id))
@@ -117,10 +151,39 @@ def is_alive(root: Path, holder_id: str) -> bool:
     return False
 
 
-def holder_pid(root: Path, holder_id: str) -> int | None:
-    """The pid a holder wrote in its lock file (for messages and ``info``), if readable."""
+def liveness(root: Path, holder_id: str) -> bool | None:
+    """Whether the holder's lock is held (by a live process): None if its lock file cannot be
+    opened by this user (unknown). A missing file (or one that is not a regular file) is a
+    dead holder. Logs nothing (``info`` shows the unknown)."""
     try:
-        text = lock_path(root, holder_id).read_text()[:32]
+        return _test_lock(root, holder_id)
+    except PermissionError:
+        return None
+
+
+def is_alive(root: Path, holder_id: str) -> bool:
+    """Whether a pass must take the holder as alive: its lock is held, or it cannot be tested
+    (never reap what cannot be tested; warned of once)."""
+    try:
+        return _test_lock(root, holder_id)
+    except PermissionError as exc:
+        _warn_untestable(lock_path(root, holder_id), exc)
+        return True
+
+
+def holder_pid(root: Path, holder_id: str) -> int | None:
+    """The pid a holder wrote in its lock file (for messages and ``info``), if readable: read
+    as ``_open_lock`` opens (no link followed, no FIFO waited on), at most a few bytes."""
+    if not is_holder_id(holder_id):  # a name read from the index: it names no file
+        return None
+    try:
+        fd = _open_lock(lock_path(root, holder_id))
+        if fd is None:
+            return None
+        try:
+            text = os.read(fd, _PID_BYTES).decode("ascii", errors="replace")
+        finally:
+            os.close(fd)
     except OSError:
         return None
     return int(text) if text.strip().isdigit() else None
@@ -128,30 +191,64 @@ def holder_pid(root: Path, holder_id: str) -> int | None:
 
 @dataclass
 class Reaping:
-    """A dead holder's lock, taken exclusively for the time of its reaping."""
+    """A dead holder's lock, taken exclusively for the time of its reaping; ``locked`` False:
+    its lock file was missing or was not a regular file (``fd`` is then /dev/null's)."""
 
     path: Path
     fd: int
+    locked: bool = True
 
     def done(self) -> None:
-        """The holder's rows and folders are gone: remove its lock file, then let go."""
-        if is_holder_id(self.path.name.removesuffix(".lock")):
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
-        os.close(self.fd)
+        """The holder's rows and folders are gone: remove its lock file, then let go (the
+        descriptor is closed whatever happens; a file that cannot be removed is warned of)."""
+        try:
+            if is_holder_id(self.path.name.removesuffix(".lock")):
+                _remove_lock(self.path, locked=self.locked)
+        finally:
+            os.close(self.fd)
 
     def abandon(self) -> None:
         os.close(self.fd)
 
 
+def _remove_lock(path: Path, *, locked: bool) -> None:
+    """Remove a reaped holder's lock file. Not ``locked``: what is there was found missing or
+    not a regular file, and is removed as what it is now (an empty folder, a link, a FIFO); a
+    regular file that has appeared since is left to the next pass to test. What cannot be
+    removed is warned of, once, and left: the pass goes on."""
+    try:
+        if locked:
+            os.unlink(path)
+            return
+        mode = os.lstat(path).st_mode
+        if stat.S_ISREG(mode):
+            return
+        if stat.S_ISDIR(mode):
+            os.rmdir(path)
+        else:
+            os.unlink(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        _warn_once(
+            path, "cannot remove %s, the lock file of a dead holder (%s); remove it by hand",
+            path, exc.strerror or exc,
+        )  # fmt: skip
+
+
 def begin_reaping(root: Path, holder_id: str) -> Reaping | None:
-    """Take a dead holder's lock exclusively, or None if it is alive or another agent is reaping
-    it right now. A missing lock file (reaped already, or a row left by an older agent) is taken
-    as a dead holder with nothing to lock."""
+    """Take a dead holder's lock exclusively, or None if it is alive, cannot be tested (its
+    file not ours to open: warned once) or another agent is reaping it right now. A missing
+    lock file (reaped already, or a row left by an older agent), or one that is not a regular
+    file, is taken as a dead holder with nothing to lock."""
     path = lock_path(root, holder_id)
-    fd = _open_lock(path) if is_holder_id(holder_id) else None
+    try:
+        fd = _open_lock(path) if is_holder_id(holder_id) else None
+    except PermissionError as exc:
+        _warn_untestable(path, exc)
+        return None
     if fd is None:
-        return Reaping(path, os.open(os.devnull, os.O_RDONLY))
+        return Reaping(path, os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), locked=False)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -170,3 +267,51 @@ def lock_files(root: Path) -> list[str]:
     except FileNotFoundError:
         return []
     return [n.removesuffix(".lock") for n in names if n.endswith(".lock") and is_holder_id(n[:-5])]
+
+
+def remove_stale_making(root: Path) -> int:
+    """Remove the ``holders/.<id>.making`` files a crash left in ``HolderLock.take`` (between
+    the file's creation and its rename into place); return how many. A holder locks its file
+    right after creating it and keeps the lock through the rename, so a making file whose lock
+    can be taken is stale, except in the microseconds between its creation and its lock: one
+    modified less than ``MAKING_GRACE_S`` ago is left for a later pass. It is removed while
+    locked here, and only if its name still is the file locked. Anything else under such a
+    name (a link, a FIFO, a file of another user) is no holder's and is left alone."""
+    try:
+        names = os.listdir(root / HOLDERS_DIR)
+    except FileNotFoundError:
+        return 0
+    removed = 0
+    for name in names:
+        if _MAKING.fullmatch(name) is not None:
+            removed += _remove_if_stale(root / HOLDERS_DIR / name)
+    return removed
+
+
+def _remove_if_stale(path: Path) -> int:
+    try:
+        fd = _open_lock(path)
+    except OSError:  # another user's file: not ours to test
+        return 0
+    if fd is None:
+        return 0
+    try:
+        made = os.fstat(fd)
+        if time.time() - made.st_mtime < MAKING_GRACE_S:
+            return 0
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # its holder is alive, renaming it now
+            return 0
+        now = os.lstat(path)
+        if (now.st_dev, now.st_ino) != (made.st_dev, made.st_ino):
+            return 0
+        os.unlink(path)
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        _warn_once(path, "cannot remove %s, left by a crashed start: %s", path, exc.strerror or exc)
+        return 0
+    finally:
+        os.close(fd)  # and with it the lock
+    return 1

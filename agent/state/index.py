@@ -35,7 +35,14 @@ from enum import Enum
 from pathlib import Path
 
 from agent.install.venv import kill_orphaned_installers
-from agent.state.holders import Reaping, begin_reaping, is_alive, is_holder_id, lock_files
+from agent.state.holders import (
+    Reaping,
+    begin_reaping,
+    is_alive,
+    is_holder_id,
+    lock_files,
+    remove_stale_making,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,15 +81,27 @@ class Reaped:
 
     def finish(self) -> None:
         """After the commit: remove the dead holders' lock files and let them go."""
-        for lock in self.locks:
-            lock.done()
-        self.locks.clear()
+        locks, self.locks = self.locks, []
+        _each(locks, Reaping.done)
 
     def abandon(self) -> None:
         """The transaction failed: let the locks go, keep the files (the next pass retries)."""
-        for lock in self.locks:
-            lock.abandon()
-        self.locks.clear()
+        locks, self.locks = self.locks, []
+        _each(locks, Reaping.abandon)
+
+
+def _each(locks: list[Reaping], step: Callable[[Reaping], None]) -> None:
+    """``step`` on every lock even if one fails (each closes its descriptor whatever happens:
+    a lock kept open would make its dead holder look alive for this process's life); the first
+    failure is raised after."""
+    failure: BaseException | None = None
+    for lock in locks:
+        try:
+            step(lock)
+        except BaseException as exc:  # raised below, once every lock is let go
+            failure = failure or exc
+    if failure is not None:
+        raise failure
 
 
 @dataclass
@@ -163,6 +182,7 @@ def reap_dead(conn: sqlite3.Connection, root: Path, me: str, trash: Path, reaped
             lock = begin_reaping(root, holder)
             if lock is not None:
                 reaped.locks.append(lock)
+    remove_stale_making(root)  # an agent killed between creating its lock file and its lock
     return reaped
 
 
