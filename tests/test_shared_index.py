@@ -397,3 +397,34 @@ async def test_an_index_row_naming_no_holder_does_not_stop_the_passes(root: Path
         assert rows(root, "SELECT holder FROM refs") == []
     finally:
         await a.close()
+
+
+async def test_a_pass_drops_a_row_naming_no_folder_of_uris_and_touches_nothing_on_disk(
+    root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The index is a file other processes can write: a ready row whose ``dir`` is an absolute
+    path, "", ".." or not text is evicted as a row only, never by moving what it names (a
+    folder outside the root, uris/ itself with the packages in use, the root)."""
+    outside = tmp_path_factory.mktemp("outside") / "precious"
+    outside.mkdir()
+    (outside / "f").write_text("x")
+    a = await holder(root)
+    try:
+        in_use = await install(a, KEY)  # referenced by a: never evicted
+        hostile = [str(outside), "", "..", ".", "a/b", b"blob"]
+        with sqlite3.connect(root / "state.db") as conn:
+            conn.executemany(
+                "INSERT INTO uris (kind, uri, dir, size, last_used_ms, state)"
+                " VALUES ('py_modules', ?, ?, 10, 0, 'ready')",
+                [(f"u{i}", directory) for i, directory in enumerate(hostile)],
+            )
+        conn.close()
+        swept = await a.sweep(budget_bytes=0)
+        assert sorted(e.row.uri for e in swept.evicted) == sorted(f"u{i}" for i in range(6))
+        assert all(e.trashed is None for e in swept.evicted)
+        assert (outside / "f").read_text() == "x"
+        assert in_use.is_dir()
+        assert rows(root, "SELECT uri FROM uris") == [(KEY[1],)]
+        assert (swept.ready_bytes, swept.unused_bytes) == (100, 0)
+    finally:
+        await a.close()

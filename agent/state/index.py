@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+from agent.core.errors import echo_label
 from agent.install.venv import kill_orphaned_installers
 from agent.state.holders import Reaping, begin_reaping, is_alive, is_holder_id, lock_files
 
@@ -176,7 +177,7 @@ def _reap(conn: sqlite3.Connection, root: Path, holder: str, trash: Path, reaped
     for (directory,) in conn.execute(  # renamed into place, not committed: nobody vouches
         "SELECT dir FROM uris WHERE state = 'installing' AND holder = ?", (holder,)
     ).fetchall():
-        if isinstance(directory, str) and _plain_name(directory):
+        if _plain_name(directory):
             before = len(reaped.aside)
             _set_aside(root / "uris" / directory, trash, reaped)
             reaped.orphans += len(reaped.aside) - before
@@ -202,9 +203,13 @@ def _set_aside(path: Path, trash: Path, reaped: Reaped) -> None:
     reaped.aside.append(aside)
 
 
-def _plain_name(name: str) -> bool:
-    """A folder name read from the index names a folder of uris/ only if it is one plain name."""
-    return bool(name) and "/" not in name and name not in (".", "..") and "\0" not in name
+def _plain_name(name: object) -> bool:
+    """A folder name read from the index names a folder of uris/ only if it is one plain name
+    (text: SQLite stores whatever it is given, a blob or a number included)."""
+    return (
+        isinstance(name, str) and bool(name) and "/" not in name and name not in (".", "..")
+        and "\0" not in name
+    )  # fmt: skip
 
 
 def _names(folder: Path) -> list[str]:
@@ -242,7 +247,10 @@ def obtain(
                 return Obtained(
                     Found.READY, Row(kind, uri, directory, size, last_used_ms), reaped=reaped
                 )
-            log.warning("%s: the index names %s, which is gone; installed again", uri, directory)
+            log.warning(
+                "%s: the index names %s, which is gone; installed again",
+                echo_label(f"{kind}:{uri}"), echo_label(repr(directory)),
+            )  # fmt: skip
         elif installer != me and isinstance(installer, str) and is_alive(root, installer):
             return Obtained(Found.WAIT, installer=installer, reaped=reaped)
         elif installer != me and isinstance(installer, str):
@@ -347,8 +355,17 @@ def plan_target(unused: int, budget: int, needed: int) -> int:
 
 def _evict(conn: sqlite3.Connection, root: Path, trash: Path, row: Row) -> Path | bool | None:
     """Move the package into the trash and delete its row, in this transaction. The trashed
-    path; None if its folder was gone already (the row goes all the same); False if it could
-    not be moved (kept, row and folder: the next pass tries again)."""
+    path; None if its folder was gone already (the row goes all the same), or if the row names
+    no folder of uris/ (a hostile or corrupt ``dir``: the row goes, the disk is not touched);
+    False if it could not be moved (kept, row and folder: the next pass tries again)."""
+    if not _plain_name(row.dir):  # an absolute path, "", "..": never a folder of this root's
+        log.warning(
+            "evicting %s: the index names %s as its folder, which is no folder of uris/; its "
+            "row is dropped and nothing on disk is touched",
+            echo_label(f"{row.kind}:{row.uri}"), echo_label(repr(row.dir)),
+        )  # fmt: skip
+        conn.execute("DELETE FROM uris WHERE kind = ? AND uri = ?", (row.kind, row.uri))
+        return None
     try:
         trashed: Path | None = trash / uuid.uuid4().hex
         os.rename(root / "uris" / row.dir, trashed)  # type: ignore[arg-type]
