@@ -118,12 +118,27 @@ def is_alive(root: Path, holder_id: str) -> bool:
 
 
 def holder_pid(root: Path, holder_id: str) -> int | None:
-    """The pid a holder wrote in its lock file (for messages and ``info``), if readable."""
+    """The pid a holder wrote in its lock file (for messages and ``info``), if readable. The id
+    may be read from the index: one that is no id names no lock file (``../x`` would name one
+    outside holders/), and a FIFO or a link there is no lock (an open of a FIFO would block)."""
+    if not is_holder_id(holder_id):
+        return None
     try:
-        text = lock_path(root, holder_id).read_text()[:32]
+        fd = _open_lock(lock_path(root, holder_id))
     except OSError:
         return None
-    return int(text) if text.strip().isdigit() else None
+    if fd is None:
+        return None
+    try:
+        text = os.read(fd, 32).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return int(text) if text.strip().isdigit() else None
+    except ValueError:  # a digit of another script ("²")
+        return None
 
 
 @dataclass
