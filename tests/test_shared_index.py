@@ -8,6 +8,7 @@ import asyncio
 import os
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,9 @@ import pytest
 from agent.state import index
 from agent.state.holders import HolderLock, is_alive, lock_path
 from agent.state.index import Found, plan_target
+from agent.state.recovery import recover
 from agent.state.state_db import StateDB, UriRow
+from agent.state.store import UriStore
 from tests.helpers import env_json, module_zip, package_server, running_agent
 
 KEY = ("py_modules", "http://127.0.0.1:1/a.zip")
@@ -428,3 +431,32 @@ async def test_a_pass_drops_a_row_naming_no_folder_of_uris_and_touches_nothing_o
         assert (swept.ready_bytes, swept.unused_bytes) == (100, 0)
     finally:
         await a.close()
+
+
+async def test_a_start_skips_a_folder_a_live_peer_moves_away_between_listing_and_stat(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peer's renames out of uris/ are not transactional (a cancelled install's folder to
+    its trash, a leftover moved aside): recovery's scan may list a folder that is gone when it
+    stats it, and the start goes on without it."""
+    db = await holder(root)
+    store = UriStore(root, {}, db=db, refcount=lambda key: 0, budget_bytes=10**9, disk_floor=None)
+    (root / "uris" / "orphan").mkdir()
+    (root / "uris" / "moving").mkdir()
+    peer_trash = root / "trash" / ("e" * 32)
+    peer_trash.mkdir()
+    scandir = os.scandir
+
+    def listed_then_moved(path: Path) -> Iterator[os.DirEntry[str]]:
+        entries = list(scandir(path))
+        os.rename(root / "uris" / "moving", peer_trash / "moved")  # the peer, meanwhile
+        return iter(entries)
+
+    monkeypatch.setattr("agent.state.recovery.os.scandir", listed_then_moved)
+    try:
+        summary = await recover(store, db)
+        assert summary.orphans_deleted == 1  # no row vouches for it: set aside
+        assert not (root / "uris" / "orphan").exists()
+    finally:
+        await store.close()
+        await db.close()

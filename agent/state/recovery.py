@@ -89,15 +89,19 @@ async def recover(store: UriStore, db: StateDB) -> RecoverySummary:
 def _scan(root: Path) -> Scan:
     """The folders under uris/ (probes, named with a leading dot, skipped), and which of them
     are loose. In the index's thread, inside its transaction."""
-    found = [
-        entry
-        for entry in os.scandir(root / "uris")
-        if entry.is_dir(follow_symlinks=False) or entry.is_symlink()
-    ]
-    found = [entry for entry in found if not entry.name.startswith(".")]
-    loose = frozenset(e.name for e in found if is_loose(e.stat(follow_symlinks=False)))  # a link
-    # too: the agent never makes one there
-    return Scan(frozenset(e.name for e in found), loose)
+    found: dict[str, os.stat_result] = {}
+    for entry in os.scandir(root / "uris"):
+        if entry.name.startswith(".") or not (
+            entry.is_dir(follow_symlinks=False) or entry.is_symlink()
+        ):
+            continue
+        try:
+            found[entry.name] = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:  # a live peer's rename (a cancelled install's folder to its
+            continue  # trash, a leftover moved aside) between the listing and the stat
+    loose = frozenset(name for name, info in found.items() if is_loose(info))  # a link too: the
+    # agent never makes one there
+    return Scan(frozenset(found), loose)
 
 
 def _dir_of(store: UriStore, row_key: tuple[str, str]) -> str | None:
