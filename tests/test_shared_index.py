@@ -460,3 +460,27 @@ async def test_a_start_skips_a_folder_a_live_peer_moves_away_between_listing_and
     finally:
         await store.close()
         await db.close()
+
+
+async def test_a_start_keeps_a_row_and_folder_a_live_peer_references_even_if_named_otherwise(
+    root: Path,
+) -> None:
+    """A live peer that names folders its own way (another version) keeps the package it uses:
+    its row stays, its folder is no orphan, and it is not adopted under this agent's name. A
+    dead holder's misnamed package, referenced by nobody now, is dropped and set aside."""
+    live, dead, starting = await holder(root), await holder(root), await holder(root)
+    try:
+        used = await install(live, KEY)  # referenced by live
+        unused = await install(dead, OTHER)
+        die(dead)
+        scan = index.Scan(frozenset(os.listdir(root / "uris")), frozenset())
+        got = await starting.reconcile(lambda: scan, lambda key: "named-as-this-agent-does")
+        assert got.kept == []
+        assert got.dropped == 1
+        assert used.is_dir()
+        assert not unused.exists()
+        assert [p.parent for p in got.orphans] == [starting.trash]
+        assert rows(root, "SELECT uri, dir FROM uris") == [(KEY[1], used.name)]
+    finally:
+        await live.close()
+        await starting.close()

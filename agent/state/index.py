@@ -430,9 +430,10 @@ def reconcile(
     reaped: Reaped | None = None,
 ) -> Reconciled:
     """A start: reap the dead (R4); drop the rows of ready packages whose folder is missing,
-    not named as its key says, or loose (unless a live holder uses it: it is not pulled from
-    under a peer); keep, untouched, those of a kind this agent cannot read (``expected_dir``
-    None: a newer peer's, which it may be using); set aside every
+    and those whose folder is not named as its key says or is loose unless a live holder
+    references it (it is not pulled from under a peer: kept as it is, and adopted only if
+    named as this agent names it); keep, untouched, those of a kind this agent cannot read
+    (``expected_dir`` None: a newer peer's, which it may be using); set aside every
     folder under uris/ that no row vouches for (a crash between rename and commit). A folder
     claimed by a live peer's install is vouched for: it may be renamed into place any moment.
     ``scan`` must be read inside this transaction: no peer commits or evicts meanwhile."""
@@ -449,8 +450,17 @@ def reconcile(
         if expected is None:  # a kind this agent cannot read (a newer peer's): kept, untouched
             vouched.add(directory)
             continue
-        loose = directory in scan.loose and key not in referenced
-        if expected != directory or directory not in scan.dirs or loose:
+        if directory not in scan.dirs:  # gone (or no plain name: the scan lists only those)
+            drop.append(key)
+            continue
+        if key in referenced:  # a live holder uses it (the dead were reaped above): its row and
+            vouched.add(directory)  # folder stay as they are, misnamed or loose
+            if expected == directory:
+                kept.append(Row(kind, uri, directory, size, used))
+            # else a peer that names folders its own way (another version): not adopted here,
+            # as this agent would look for it under ``expected``
+            continue
+        if expected != directory or directory in scan.loose:
             drop.append(key)
             continue
         kept.append(Row(kind, uri, directory, size, used))

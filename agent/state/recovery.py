@@ -10,7 +10,8 @@ In one transaction of the index (``index.reconcile``), with ``uris/`` scanned in
    whose directory is not the agent's own or may have been written by others since (group or
    other writable: an agent started under ``umask 000`` before modes were set explicitly),
    unless a live peer uses it: its files cannot be vouched for, so it is deleted and installed
-   again when next needed.
+   again when next needed. A row a live peer references is kept as it is, even one named
+   otherwise than this agent names it (a peer of another version): it is not adopted.
 3. A directory under ``uris/`` that no row vouches for (a crash between rename and commit) is
    deleted: the next create of its URI installs it again. One a live peer is installing is
    vouched for by its claim.
