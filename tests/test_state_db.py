@@ -195,28 +195,6 @@ async def test_notes_are_written_behind_when_the_window_closes(tmp_path: Path) -
         )
 
 
-async def test_a_drop_noted_before_a_later_install_of_the_key_never_deletes_its_new_row(
-    tmp_path: Path,
-) -> None:
-    path = tmp_path / "state.db"
-    again = UriRow(X.kind, X.uri, "working_dir-x2", 11, 5_000)
-    async with opened(path, flush_interval_s=NEVER) as db:
-        await db.record_install(X)
-        db.note_uri_dropped(X.kind, X.uri)  # evicted, written behind...
-        await db.record_install(again)  # ...and installed again before any flush
-        assert query(path, "SELECT dir FROM uris") == [("working_dir-x2",)]
-        db.note_uri_dropped(X.kind, X.uri)
-        await asyncio.gather(db.flush(), db.record_install(again))  # a flush in flight
-        assert query(path, "SELECT dir FROM uris") == [("working_dir-x2",)]
-        db.note_uri_dropped(Y.kind, Y.uri)
-        db.note_uri_dropped(X.kind, X.uri)
-        db.note_uri(X.kind, X.uri, 6_000)  # installed again meanwhile: the drop is void
-        await db.flush()
-        assert query(path, "SELECT dir, size, last_used_ms FROM uris") == [
-            ("working_dir-x2", 11, 6_000)
-        ]
-
-
 # A holder killed (os._exit: no clean stop) after it referenced X, claimed Z and noted 2 envs.
 _DIES = """
 import asyncio, os, sys
@@ -302,10 +280,10 @@ async def test_close_writes_what_is_still_noted_then_drops_the_holders_rows(
     assert not lock_path(tmp_path, me).exists()
 
 
-Op = tuple[str, int, int]  # ("use" | "drop" | "live" | "unref" | "unclaim", key, value)
+Op = tuple[str, int, int]  # ("use" | "live" | "unref" | "unclaim", key, value)
 OPS = st.lists(
     st.tuples(
-        st.sampled_from(["use", "drop", "live", "unref", "unclaim"]),
+        st.sampled_from(["use", "live", "unref", "unclaim"]),
         st.integers(0, 3),
         st.integers(0, 9),
     )
@@ -317,15 +295,12 @@ def noted(ops: list[Op]) -> state_db._Batch:
     for op, key, value in ops:
         if op == "use":
             batch.use(("py_modules", f"u{key}"), value)
-        elif op == "drop":
-            batch.drop(("py_modules", f"u{key}"))
         elif op == "unref":
             batch.refs_dropped.add(("py_modules", f"u{key}"))
         elif op == "unclaim":
             batch.claims_dropped.add(("py_modules", f"u{key}"))
         else:
             batch.live_envs = value
-        batch.check_invariants()
     return batch
 
 
@@ -336,7 +311,6 @@ def test_a_failed_batch_followed_by_newer_notes_is_the_same_as_one_batch_of_them
     """What a failed write leaves is merged with what was noted since (``_Batch.then``): the
     result must be what noting everything, in order, into one batch gives."""
     merged = noted(ops[:split]).then(noted(ops[split:]))
-    merged.check_invariants()
     assert merged == noted(ops)
 
 
@@ -365,7 +339,7 @@ async def test_a_failed_write_behind_keeps_its_changes_and_is_retried_in_order(
         await db.record_install(Y)
         plant_failing_writes(path)
         db.note_uri(X.kind, X.uri, 7_000)
-        db.note_uri_dropped(Y.kind, Y.uri)
+        db.note_uri(Y.kind, Y.uri, 7_100)
         db.note_live_envs(3)
         await wait_until(
             lambda: "writing behind" in caplog.text and "failed" in caplog.text,
@@ -376,7 +350,7 @@ async def test_a_failed_write_behind_keeps_its_changes_and_is_retried_in_order(
         assert failed[0].exc_info is not None, "logged without its traceback"
         assert "planted failure" in caplog.text
         db.note_uri(X.kind, X.uri, 7_500)  # newer than the failed batch: it wins
-        db.note_uri(Y.kind, Y.uri, 7_600)  # installed again: the older drop is void
+        db.note_uri(Y.kind, Y.uri, 7_600)
         await wait_until(lambda: db.pending() == 0, what="the new notes taken by a retry")
         with pytest.raises(sqlite3.IntegrityError):
             await db.flush()  # still failing, and after the retry's write (one thread)
