@@ -10,9 +10,14 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from agent.core.errors import IndexUnavailable
+from agent.core.packages import Package
+from agent.core.uris import UriKey, UriKind, parse_uri
+from agent.install.installers import Installed, InstallJob
 from agent.state import index
 from agent.state.holders import HolderLock, is_alive, lock_path
 from agent.state.index import Found, plan_target
@@ -57,9 +62,9 @@ async def install(db: StateDB, key: tuple[str, str], size: int = 100, used: int 
     return folder
 
 
-def rows(root: Path, sql: str) -> list[tuple[str, ...]]:
+def rows(root: Path, sql: str, *args: object) -> list[tuple[Any, ...]]:
     with sqlite3.connect(root / "state.db") as conn:
-        return conn.execute(sql).fetchall()
+        return conn.execute(sql, args).fetchall()
 
 
 def test_the_target_of_a_pass_is_what_is_over_the_budget_or_what_the_disk_needs() -> None:
@@ -484,3 +489,76 @@ async def test_a_start_keeps_a_row_and_folder_a_live_peer_references_even_if_nam
     finally:
         await live.close()
         await starting.close()
+
+
+async def test_a_commit_whose_claim_is_no_longer_the_holders_writes_nothing(root: Path) -> None:
+    """R3: only the claim's holder commits. A holder taken for dead and reaped (its claim now
+    a peer's), or whose claim is gone, is told so and the row stays as it is."""
+    a, b = await holder(root), await holder(root)
+    try:
+        assert (await a.obtain(KEY, "dir-a", take_ref=True)).found is Found.CLAIMED
+        die(a)  # taken for dead: b reaps it and claims the package
+        assert (await b.obtain(KEY, "dir-b", take_ref=True)).found is Found.CLAIMED
+        assert not await a.record_install(UriRow(*KEY, "dir-a", 100, 1))
+        assert rows(root, "SELECT dir, state, holder FROM uris") == [
+            ("dir-b", "installing", b.holder_id)
+        ]
+        assert await b.record_install(UriRow(*KEY, "dir-b", 50, 2))
+        assert not await a.record_install(UriRow(*KEY, "dir-a", 100, 1))
+        assert rows(root, "SELECT dir, size, state FROM uris") == [("dir-b", 50, "ready")]
+        assert not await a.record_install(UriRow(*OTHER, "dir-o", 100, 1))  # never claimed
+        assert rows(root, "SELECT uri FROM uris WHERE uri = ?", OTHER[1]) == []
+    finally:
+        await a.close()
+        await b.close()
+
+
+class _GateInstaller:
+    """Installs one folder once ``go`` is set."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.go = asyncio.Event()
+
+    def check(self, package: Package, label: str) -> None:
+        pass
+
+    def prepare(self, staging: Path) -> None:
+        (staging / "m").mkdir()
+
+    async def install(self, package: Package, job: InstallJob) -> Installed:
+        self.started.set()
+        await self.go.wait()
+        return Installed(job.staging / "m", 1)
+
+
+async def test_an_install_whose_claim_was_taken_over_fails_retryably_and_leaves_the_folder(
+    root: Path,
+) -> None:
+    """The store's commit finds its claim a peer's: the create fails with UNAVAILABLE (try
+    again) and the folder at the package's path is not trashed (the peer may have placed and
+    committed its own there)."""
+    db = await holder(root)
+    gate = _GateInstaller()
+    store = UriStore(
+        root, {UriKind.PY_MODULES: gate}, db=db, refcount=lambda key: 1, budget_bytes=10**9,
+        disk_floor=None,
+    )  # fmt: skip
+    uri = "file:///x/m.zip"
+    package = Package(UriKey(UriKind.PY_MODULES, uri), parse_uri("py_modules[0]", uri))
+    peer = "f" * 32
+    try:
+        ensure = asyncio.ensure_future(store.ensure(package))
+        await gate.started.wait()
+        with sqlite3.connect(root / "state.db") as conn:  # a peer reaped it and claimed
+            conn.execute("UPDATE uris SET holder = ? WHERE uri = ?", (peer, uri))
+        conn.close()
+        gate.go.set()
+        with pytest.raises(IndexUnavailable, match="took over this install"):
+            await ensure
+        await store.settle()
+        assert store.path_for(package.key).is_dir()
+        assert rows(root, "SELECT state, holder FROM uris") == [("installing", peer)]
+    finally:
+        await store.close()
+        await db.close()

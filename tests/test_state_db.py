@@ -52,6 +52,12 @@ def holders(path: Path) -> list[str]:
     return [holder for (holder,) in query(path, "SELECT id FROM holders ORDER BY id")]
 
 
+async def installed(db: StateDB, row: UriRow) -> None:
+    """An install as the store makes it: the claim, then the commit."""
+    assert (await db.obtain((row.kind, row.uri), row.dir, take_ref=False)).found is Found.CLAIMED
+    assert await db.record_install(row)
+
+
 @asynccontextmanager
 async def opened(path: Path, **kwargs: Any) -> AsyncIterator[StateDB]:
     db = StateDB(path, **kwargs)
@@ -124,7 +130,7 @@ async def test_a_version_1_file_opens_as_version_3_keeping_its_packages(tmp_path
         assert query(path, "SELECT state, holder FROM uris") == [("ready", None)] * 2
         assert query(path, "SELECT name FROM sqlite_master WHERE name IN ('envs', 'live')") == []
         assert live_envs(path, "schema-v2") == 2
-        await db.record_install(UriRow("working_dir", "https://h/z.zip", "z", 1, 3_000))
+        await installed(db, UriRow("working_dir", "https://h/z.zip", "z", 1, 3_000))
     async with opened(path) as db:  # migrated once: the second open is a plain open
         loaded = await db.load()
         assert [row.dir for row in loaded.uris] == ["working_dir-x", "py_modules-y", "z"]
@@ -140,7 +146,7 @@ async def test_a_version_1_file_opens_as_version_3_keeping_its_packages(tmp_path
 async def test_record_install_is_committed_when_it_returns(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     async with opened(path, flush_interval_s=NEVER) as db:
-        await db.record_install(X)
+        await installed(db, X)
         assert last_used(path) == {X.uri: X.last_used_ms}
         assert await db.load() == Loaded([X])
 
@@ -148,7 +154,7 @@ async def test_record_install_is_committed_when_it_returns(tmp_path: Path) -> No
 async def test_noted_changes_are_not_written_until_flush(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     async with opened(path, flush_interval_s=NEVER) as db:
-        await db.record_install(X)
+        await installed(db, X)
         db.note_uri(X.kind, X.uri, 7_000)
         db.note_live_envs(3)
         assert db.pending() == 2
@@ -160,7 +166,7 @@ async def test_noted_changes_are_not_written_until_flush(tmp_path: Path) -> None
         assert db.pending() == 0
         db.note_uri(X.kind, X.uri, 7_500)
         db.note_live_envs(4)
-        await db.record_install(Y)  # a durable write carries what was noted before it
+        await installed(db, Y)  # a durable write carries what was noted before it
         assert last_used(path) == {X.uri: 7_500, Y.uri: Y.last_used_ms}
         assert live_envs(path, db.holder_id) == 4
 
@@ -170,8 +176,8 @@ async def test_flush_every_changes_writes_the_batch_without_waiting_for_the_wind
 ) -> None:
     path = tmp_path / "state.db"
     async with opened(path, flush_interval_s=NEVER, flush_every=2) as db:
-        await db.record_install(X)
-        await db.record_install(Y)
+        await installed(db, X)
+        await installed(db, Y)
         db.note_uri(X.kind, X.uri, 8_000)
         assert last_used(path)[X.uri] == X.last_used_ms
         db.note_uri(Y.kind, Y.uri, 9_000)
@@ -185,7 +191,7 @@ async def test_flush_every_changes_writes_the_batch_without_waiting_for_the_wind
 async def test_notes_are_written_behind_when_the_window_closes(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     async with opened(path, flush_interval_s=0.05) as db:
-        await db.record_install(X)
+        await installed(db, X)
         db.note_uri(X.kind, X.uri, 8_000)
         db.note_live_envs(1)
         await wait_until(
@@ -225,7 +231,7 @@ async def test_a_pass_reaps_a_dead_holders_references_claims_folders_and_counts_
     path = tmp_path / "state.db"
     (tmp_path / "uris" / X.dir).mkdir(parents=True)
     async with opened(path, flush_interval_s=NEVER) as db:
-        await db.record_install(X)
+        await installed(db, X)
         db.trash.mkdir(parents=True)  # as the store makes it: where a pass sets things aside
         dead = await asyncio.to_thread(
             subprocess.run, [sys.executable, "-c", _DIES, str(path)], capture_output=True,
@@ -266,7 +272,7 @@ async def test_close_writes_what_is_still_noted_then_drops_the_holders_rows(
     path = tmp_path / "state.db"
     (tmp_path / "uris" / X.dir).mkdir(parents=True)
     async with opened(path, flush_interval_s=NEVER) as db:
-        await db.record_install(X)
+        await installed(db, X)
         assert (await db.obtain((X.kind, X.uri), X.dir, take_ref=True)).found is Found.READY
         claimed = await db.obtain((Y.kind, Y.uri), Y.dir, take_ref=True)  # being installed
         assert claimed.found is Found.CLAIMED
@@ -335,8 +341,8 @@ async def test_a_failed_write_behind_keeps_its_changes_and_is_retried_in_order(
     path = tmp_path / "state.db"
     caplog.set_level(logging.INFO, logger="agent.state.state_db")
     async with opened(path, flush_interval_s=0.02) as db:
-        await db.record_install(X)
-        await db.record_install(Y)
+        await installed(db, X)
+        await installed(db, Y)
         plant_failing_writes(path)
         db.note_uri(X.kind, X.uri, 7_000)
         db.note_uri(Y.kind, Y.uri, 7_100)
@@ -390,8 +396,8 @@ async def test_a_bug_in_the_write_behind_task_is_logged_and_raised_by_close_afte
     db = StateDB(path, flush_interval_s=0.02)
     await db.open()
     try:
-        await db.record_install(X)
-        await db.record_install(Y)
+        await installed(db, X)
+        await installed(db, Y)
         db.note_uri(X.kind, X.uri, 7_000)
         await wait_until(lambda: "died" in caplog.text, what="the task's death logged")
         [record] = [r for r in caplog.records if "died" in r.getMessage()]
@@ -478,7 +484,8 @@ async def test_a_failed_install_commit_wakes_the_write_behind_task_to_retry_what
     and the write-behind task retries them without waiting for another note."""
     path = tmp_path / "state.db"
     async with opened(path, flush_interval_s=0.02) as db:
-        await db.record_install(X)
+        await installed(db, X)
+        await db.obtain((Y.kind, Y.uri), Y.dir, take_ref=False)  # Y's claim
         plant_failing_writes(path)
         gate = threading.Event()
         blocker = asyncio.ensure_future(db._run(lambda _conn: gate.wait(10)))  # the thread busy
@@ -503,7 +510,7 @@ async def test_close_never_drops_a_write_the_write_behind_task_has_queued(tmp_pa
     path = tmp_path / "state.db"
     db = StateDB(path, flush_interval_s=0.01)
     await db.open()
-    await db.record_install(X)
+    await installed(db, X)
     gate = threading.Event()
     blocker = asyncio.ensure_future(db._run(lambda _conn: gate.wait(10)))  # the thread busy
     db.note_uri(X.kind, X.uri, 42_000)

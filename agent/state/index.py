@@ -265,12 +265,18 @@ def obtain(
     return Obtained(Found.CLAIMED, reaped=reaped)
 
 
-def commit_install(conn: sqlite3.Connection, me: str, row: Row) -> None:
-    """The claimed package is in place: ready, for every holder."""
-    conn.execute(
-        "INSERT OR REPLACE INTO uris (kind, uri, dir, size, last_used_ms, state, holder)"
-        " VALUES (?, ?, ?, ?, ?, 'ready', NULL)",
-        (row.kind, row.uri, row.dir, row.size, row.last_used_ms),
+def commit_install(conn: sqlite3.Connection, me: str, row: Row) -> bool:
+    """The claimed package is in place: ready, for every holder. False, and nothing written,
+    if the claim is no longer this holder's (a peer took this holder for dead and reaped it,
+    or the index was edited): whatever is at ``row.dir`` is then not this holder's to vouch
+    for (R3: only the claim's holder commits)."""
+    return (
+        conn.execute(
+            "UPDATE uris SET dir = ?, size = ?, last_used_ms = ?, state = 'ready', holder = NULL"
+            " WHERE kind = ? AND uri = ? AND state = 'installing' AND holder = ?",
+            (row.dir, row.size, row.last_used_ms, row.kind, row.uri, me),
+        ).rowcount
+        == 1
     )
 
 

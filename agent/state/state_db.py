@@ -458,9 +458,10 @@ class StateDB:
 
         return await self._transact(run, lambda got: got.reaped.aside)
 
-    async def record_install(self, row: UriRow) -> None:
-        """Commit that a claimed package is installed, with every change noted before it."""
-        await self._transact(lambda conn, _: index.commit_install(conn, self.holder_id, row))
+    async def record_install(self, row: UriRow) -> bool:
+        """Commit that a claimed package is installed, with every change noted before it; False
+        (nothing committed but the notes) if the claim is no longer this holder's."""
+        return await self._transact(lambda conn, _: index.commit_install(conn, self.holder_id, row))
 
     async def sweep(self, budget_bytes: int, needed_bytes: int = 0, *, since: int = -1) -> Swept:
         """R2, R4 (``index.sweep``): reap dead holders, evict over the budget (and for
