@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -562,3 +563,31 @@ async def test_an_install_whose_claim_was_taken_over_fails_retryably_and_leaves_
     finally:
         await store.close()
         await db.close()
+
+
+async def test_a_missing_trash_is_made_and_never_makes_a_present_folder_look_gone(
+    root: Path,
+) -> None:
+    """A rename into this holder's trash fails with ENOENT when the trash is missing, as when
+    the folder moved is gone: the package is evicted into a trash made again (not its row
+    dropped with the folder left in uris/), and a dead holder's staging set aside all the same."""
+    a, b = await holder(root), await holder(root)
+    try:
+        folder = await install(a, KEY)
+        a.note_ref_dropped(*KEY)
+        a.trash.rmdir()
+        [evicted] = (await a.sweep(budget_bytes=0)).evicted
+        assert evicted.trashed is not None
+        assert evicted.trashed.parent == a.trash
+        assert evicted.trashed.is_dir()
+        assert not folder.exists()
+        shutil.rmtree(a.trash)
+        (b.staging / "half").mkdir()
+        die(b)
+        swept = await a.sweep(budget_bytes=0)
+        assert not b.staging.exists()
+        assert [p.parent for p in swept.reaped.aside] == [a.trash] * 2  # b's staging and trash
+        assert any((p / "half").is_dir() for p in swept.reaped.aside)
+    finally:
+        await a.close()
+        await b.close()

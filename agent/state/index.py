@@ -35,6 +35,7 @@ from enum import Enum
 from pathlib import Path
 
 from agent.core.errors import echo_label
+from agent.install.archive import make_dir
 from agent.install.venv import kill_orphaned_installers
 from agent.state.holders import Reaping, begin_reaping, is_alive, is_holder_id, lock_files
 
@@ -193,14 +194,34 @@ def _reap(conn: sqlite3.Connection, root: Path, holder: str, trash: Path, reaped
 
 def _set_aside(path: Path, trash: Path, reaped: Reaped) -> None:
     try:
-        aside = trash / uuid.uuid4().hex
-        os.rename(path, aside)
-    except FileNotFoundError:
-        return
+        aside = _into_trash(path, trash)
     except OSError as exc:
         log.warning("cannot set %s aside for deletion: %s", path, exc.strerror or exc)
         return
-    reaped.aside.append(aside)
+    if aside is not None:
+        reaped.aside.append(aside)
+
+
+def _into_trash(path: Path, trash: Path) -> Path | None:
+    """Rename ``path`` into ``trash`` (this holder's) under a fresh name: where it went, or None
+    if it was gone already. ENOENT also means a missing trash (a close removes it, a peer may
+    set it aside): then the trash is made and the rename tried again, so a missing trash never
+    makes a present folder look gone."""
+    aside = trash / uuid.uuid4().hex
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        if not os.path.lexists(path):
+            return None
+        make_dir(trash.parent)
+        trash.mkdir(mode=0o700, exist_ok=True)
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            if os.path.lexists(path):
+                raise
+            return None
+    return aside
 
 
 def _plain_name(name: object) -> bool:
@@ -373,12 +394,12 @@ def _evict(conn: sqlite3.Connection, root: Path, trash: Path, row: Row) -> Path 
         conn.execute("DELETE FROM uris WHERE kind = ? AND uri = ?", (row.kind, row.uri))
         return None
     try:
-        trashed: Path | None = trash / uuid.uuid4().hex
-        os.rename(root / "uris" / row.dir, trashed)  # type: ignore[arg-type]
-    except FileNotFoundError:
-        trashed = None
+        trashed = _into_trash(root / "uris" / row.dir, trash)
     except OSError as exc:
-        log.warning("evicting %s: cannot move %s: %s", row.uri, row.dir, exc.strerror or exc)
+        log.warning(
+            "evicting %s: cannot move %s: %s", echo_label(f"{row.kind}:{row.uri}"),
+            echo_label(row.dir), exc.strerror or exc,
+        )  # fmt: skip
         return False
     conn.execute("DELETE FROM uris WHERE kind = ? AND uri = ?", (row.kind, row.uri))
     return trashed
