@@ -5,6 +5,7 @@ root, download from a real package server on 127.0.0.1, die by SIGKILL and reap 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -19,9 +20,9 @@ import grpc
 import pytest
 
 from agent.ops import cli
-from agent.ops.root_view import HolderView, PackageView, RootView, format_root
+from agent.ops.root_view import HolderView, PackageView, RootView, format_root, read_root
 from agent.state.holders import lock_path
-from agent.state.state_db import SCHEMA_VERSION
+from agent.state.state_db import SCHEMA_VERSION, StateDB
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.helpers import PackageServer, env_json, package_server, wait_until, workdir_zip
 from tests.test_holders import make_untestable
@@ -409,3 +410,31 @@ def test_the_table_quotes_what_a_terminal_would_act_on_and_cuts_long_uris() -> N
         "holders: 1 alive, 0 dead; 2 packages, 2.0 KiB; unused 0 B (ready, no live holder "
         "references them)"
     )
+
+
+async def test_a_holder_named_only_by_references_never_opens_a_fifo_nor_a_file_outside_holders(
+    tmp_path: Path,
+) -> None:
+    """Its pid is read from its lock file: an id that is a FIFO there (an open would block
+    for ever) or is no id (``../x`` names ``ROOT/x.lock``) gives no pid, and info returns."""
+    root = tmp_path
+    db = StateDB(root / "state.db")
+    await db.open()
+    await db.close()
+    fifo = "f" * 32
+    os.mkfifo(root / "holders" / f"{fifo}.lock")
+    (root / "x.lock").write_text("4242")
+    with sqlite3.connect(root / "state.db") as conn:
+        conn.executemany(
+            "INSERT INTO refs (holder, kind, uri) VALUES (?, 'py_modules', 'u')",
+            [(fifo,), ("../x",)],
+        )
+    conn.close()
+    reading = asyncio.ensure_future(asyncio.to_thread(read_root, root))
+    try:
+        view = await asyncio.wait_for(asyncio.shield(reading), 10)
+    finally:  # a reader blocked on the FIFO gets its end of file: a failure never hangs
+        with contextlib.suppress(OSError):
+            os.close(os.open(root / "holders" / f"{fifo}.lock", os.O_WRONLY | os.O_NONBLOCK))
+        await asyncio.gather(reading, return_exceptions=True)
+    assert sorted((h.id, h.pid) for h in view.holders) == [("../x", None), (fifo, None)]

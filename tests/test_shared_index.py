@@ -6,16 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from agent.core.errors import IndexUnavailable
+from agent.core.packages import Package
+from agent.core.uris import UriKey, UriKind, parse_uri
+from agent.install.installers import Installed, InstallJob
 from agent.state import index
 from agent.state.holders import HolderLock, is_alive, lock_path
 from agent.state.index import Found, plan_target
+from agent.state.recovery import recover
 from agent.state.state_db import StateDB, UriRow
+from agent.state.store import UriStore
 from tests.helpers import env_json, module_zip, package_server, running_agent
 
 KEY = ("py_modules", "http://127.0.0.1:1/a.zip")
@@ -54,9 +63,9 @@ async def install(db: StateDB, key: tuple[str, str], size: int = 100, used: int 
     return folder
 
 
-def rows(root: Path, sql: str) -> list[tuple[str, ...]]:
+def rows(root: Path, sql: str, *args: object) -> list[tuple[Any, ...]]:
     with sqlite3.connect(root / "state.db") as conn:
-        return conn.execute(sql).fetchall()
+        return conn.execute(sql, args).fetchall()
 
 
 def test_the_target_of_a_pass_is_what_is_over_the_budget_or_what_the_disk_needs() -> None:
@@ -397,3 +406,188 @@ async def test_an_index_row_naming_no_holder_does_not_stop_the_passes(root: Path
         assert rows(root, "SELECT holder FROM refs") == []
     finally:
         await a.close()
+
+
+async def test_a_pass_drops_a_row_naming_no_folder_of_uris_and_touches_nothing_on_disk(
+    root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The index is a file other processes can write: a ready row whose ``dir`` is an absolute
+    path, "", ".." or not text is evicted as a row only, never by moving what it names (a
+    folder outside the root, uris/ itself with the packages in use, the root)."""
+    outside = tmp_path_factory.mktemp("outside") / "precious"
+    outside.mkdir()
+    (outside / "f").write_text("x")
+    a = await holder(root)
+    try:
+        in_use = await install(a, KEY)  # referenced by a: never evicted
+        hostile = [str(outside), "", "..", ".", "a/b", b"blob"]
+        with sqlite3.connect(root / "state.db") as conn:
+            conn.executemany(
+                "INSERT INTO uris (kind, uri, dir, size, last_used_ms, state)"
+                " VALUES ('py_modules', ?, ?, 10, 0, 'ready')",
+                [(f"u{i}", directory) for i, directory in enumerate(hostile)],
+            )
+        conn.close()
+        swept = await a.sweep(budget_bytes=0)
+        assert sorted(e.row.uri for e in swept.evicted) == sorted(f"u{i}" for i in range(6))
+        assert all(e.trashed is None for e in swept.evicted)
+        assert (outside / "f").read_text() == "x"
+        assert in_use.is_dir()
+        assert rows(root, "SELECT uri FROM uris") == [(KEY[1],)]
+        assert (swept.ready_bytes, swept.unused_bytes) == (100, 0)
+    finally:
+        await a.close()
+
+
+async def test_a_start_skips_a_folder_a_live_peer_moves_away_between_listing_and_stat(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peer's renames out of uris/ are not transactional (a cancelled install's folder to
+    its trash, a leftover moved aside): recovery's scan may list a folder that is gone when it
+    stats it, and the start goes on without it."""
+    db = await holder(root)
+    store = UriStore(root, {}, db=db, refcount=lambda key: 0, budget_bytes=10**9, disk_floor=None)
+    (root / "uris" / "orphan").mkdir()
+    (root / "uris" / "moving").mkdir()
+    peer_trash = root / "trash" / ("e" * 32)
+    peer_trash.mkdir()
+    scandir = os.scandir
+
+    def listed_then_moved(path: Path) -> Iterator[os.DirEntry[str]]:
+        entries = list(scandir(path))
+        os.rename(root / "uris" / "moving", peer_trash / "moved")  # the peer, meanwhile
+        return iter(entries)
+
+    monkeypatch.setattr("agent.state.recovery.os.scandir", listed_then_moved)
+    try:
+        summary = await recover(store, db)
+        assert summary.orphans_deleted == 1  # no row vouches for it: set aside
+        assert not (root / "uris" / "orphan").exists()
+    finally:
+        await store.close()
+        await db.close()
+
+
+async def test_a_start_keeps_a_row_and_folder_a_live_peer_references_even_if_named_otherwise(
+    root: Path,
+) -> None:
+    """A live peer that names folders its own way (another version) keeps the package it uses:
+    its row stays, its folder is no orphan, and it is not adopted under this agent's name. A
+    dead holder's misnamed package, referenced by nobody now, is dropped and set aside."""
+    live, dead, starting = await holder(root), await holder(root), await holder(root)
+    try:
+        used = await install(live, KEY)  # referenced by live
+        unused = await install(dead, OTHER)
+        die(dead)
+        scan = index.Scan(frozenset(os.listdir(root / "uris")), frozenset())
+        got = await starting.reconcile(lambda: scan, lambda key: "named-as-this-agent-does")
+        assert got.kept == []
+        assert got.dropped == 1
+        assert used.is_dir()
+        assert not unused.exists()
+        assert [p.parent for p in got.orphans] == [starting.trash]
+        assert rows(root, "SELECT uri, dir FROM uris") == [(KEY[1], used.name)]
+    finally:
+        await live.close()
+        await starting.close()
+
+
+async def test_a_commit_whose_claim_is_no_longer_the_holders_writes_nothing(root: Path) -> None:
+    """R3: only the claim's holder commits. A holder taken for dead and reaped (its claim now
+    a peer's), or whose claim is gone, is told so and the row stays as it is."""
+    a, b = await holder(root), await holder(root)
+    try:
+        assert (await a.obtain(KEY, "dir-a", take_ref=True)).found is Found.CLAIMED
+        die(a)  # taken for dead: b reaps it and claims the package
+        assert (await b.obtain(KEY, "dir-b", take_ref=True)).found is Found.CLAIMED
+        assert not await a.record_install(UriRow(*KEY, "dir-a", 100, 1))
+        assert rows(root, "SELECT dir, state, holder FROM uris") == [
+            ("dir-b", "installing", b.holder_id)
+        ]
+        assert await b.record_install(UriRow(*KEY, "dir-b", 50, 2))
+        assert not await a.record_install(UriRow(*KEY, "dir-a", 100, 1))
+        assert rows(root, "SELECT dir, size, state FROM uris") == [("dir-b", 50, "ready")]
+        assert not await a.record_install(UriRow(*OTHER, "dir-o", 100, 1))  # never claimed
+        assert rows(root, "SELECT uri FROM uris WHERE uri = ?", OTHER[1]) == []
+    finally:
+        await a.close()
+        await b.close()
+
+
+class _GateInstaller:
+    """Installs one folder once ``go`` is set."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.go = asyncio.Event()
+
+    def check(self, package: Package, label: str) -> None:
+        pass
+
+    def prepare(self, staging: Path) -> None:
+        (staging / "m").mkdir()
+
+    async def install(self, package: Package, job: InstallJob) -> Installed:
+        self.started.set()
+        await self.go.wait()
+        return Installed(job.staging / "m", 1)
+
+
+async def test_an_install_whose_claim_was_taken_over_fails_retryably_and_leaves_the_folder(
+    root: Path,
+) -> None:
+    """The store's commit finds its claim a peer's: the create fails with UNAVAILABLE (try
+    again) and the folder at the package's path is not trashed (the peer may have placed and
+    committed its own there)."""
+    db = await holder(root)
+    gate = _GateInstaller()
+    store = UriStore(
+        root, {UriKind.PY_MODULES: gate}, db=db, refcount=lambda key: 1, budget_bytes=10**9,
+        disk_floor=None,
+    )  # fmt: skip
+    uri = "file:///x/m.zip"
+    package = Package(UriKey(UriKind.PY_MODULES, uri), parse_uri("py_modules[0]", uri))
+    peer = "f" * 32
+    try:
+        ensure = asyncio.ensure_future(store.ensure(package))
+        await gate.started.wait()
+        with sqlite3.connect(root / "state.db") as conn:  # a peer reaped it and claimed
+            conn.execute("UPDATE uris SET holder = ? WHERE uri = ?", (peer, uri))
+        conn.close()
+        gate.go.set()
+        with pytest.raises(IndexUnavailable, match="took over this install"):
+            await ensure
+        await store.settle()
+        assert store.path_for(package.key).is_dir()
+        assert rows(root, "SELECT state, holder FROM uris") == [("installing", peer)]
+    finally:
+        await store.close()
+        await db.close()
+
+
+async def test_a_missing_trash_is_made_and_never_makes_a_present_folder_look_gone(
+    root: Path,
+) -> None:
+    """A rename into this holder's trash fails with ENOENT when the trash is missing, as when
+    the folder moved is gone: the package is evicted into a trash made again (not its row
+    dropped with the folder left in uris/), and a dead holder's staging set aside all the same."""
+    a, b = await holder(root), await holder(root)
+    try:
+        folder = await install(a, KEY)
+        a.note_ref_dropped(*KEY)
+        a.trash.rmdir()
+        [evicted] = (await a.sweep(budget_bytes=0)).evicted
+        assert evicted.trashed is not None
+        assert evicted.trashed.parent == a.trash
+        assert evicted.trashed.is_dir()
+        assert not folder.exists()
+        shutil.rmtree(a.trash)
+        (b.staging / "half").mkdir()
+        die(b)
+        swept = await a.sweep(budget_bytes=0)
+        assert not b.staging.exists()
+        assert [p.parent for p in swept.reaped.aside] == [a.trash] * 2  # b's staging and trash
+        assert any((p / "half").is_dir() for p in swept.reaped.aside)
+    finally:
+        await a.close()
+        await b.close()

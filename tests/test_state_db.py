@@ -52,6 +52,12 @@ def holders(path: Path) -> list[str]:
     return [holder for (holder,) in query(path, "SELECT id FROM holders ORDER BY id")]
 
 
+async def installed(db: StateDB, row: UriRow) -> None:
+    """An install as the store makes it: the claim, then the commit."""
+    assert (await db.obtain((row.kind, row.uri), row.dir, take_ref=False)).found is Found.CLAIMED
+    assert await db.record_install(row)
+
+
 @asynccontextmanager
 async def opened(path: Path, **kwargs: Any) -> AsyncIterator[StateDB]:
     db = StateDB(path, **kwargs)
@@ -124,7 +130,7 @@ async def test_a_version_1_file_opens_as_version_3_keeping_its_packages(tmp_path
         assert query(path, "SELECT state, holder FROM uris") == [("ready", None)] * 2
         assert query(path, "SELECT name FROM sqlite_master WHERE name IN ('envs', 'live')") == []
         assert live_envs(path, "schema-v2") == 2
-        await db.record_install(UriRow("working_dir", "https://h/z.zip", "z", 1, 3_000))
+        await installed(db, UriRow("working_dir", "https://h/z.zip", "z", 1, 3_000))
     async with opened(path) as db:  # migrated once: the second open is a plain open
         loaded = await db.load()
         assert [row.dir for row in loaded.uris] == ["working_dir-x", "py_modules-y", "z"]
@@ -140,7 +146,7 @@ async def test_a_version_1_file_opens_as_version_3_keeping_its_packages(tmp_path
 async def test_record_install_is_committed_when_it_returns(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     async with opened(path, flush_interval_s=NEVER) as db:
-        await db.record_install(X)
+        await installed(db, X)
         assert last_used(path) == {X.uri: X.last_used_ms}
         assert await db.load() == Loaded([X])
 
@@ -148,7 +154,7 @@ async def test_record_install_is_committed_when_it_returns(tmp_path: Path) -> No
 async def test_noted_changes_are_not_written_until_flush(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     async with opened(path, flush_interval_s=NEVER) as db:
-        await db.record_install(X)
+        await installed(db, X)
         db.note_uri(X.kind, X.uri, 7_000)
         db.note_live_envs(3)
         assert db.pending() == 2
@@ -160,7 +166,7 @@ async def test_noted_changes_are_not_written_until_flush(tmp_path: Path) -> None
         assert db.pending() == 0
         db.note_uri(X.kind, X.uri, 7_500)
         db.note_live_envs(4)
-        await db.record_install(Y)  # a durable write carries what was noted before it
+        await installed(db, Y)  # a durable write carries what was noted before it
         assert last_used(path) == {X.uri: 7_500, Y.uri: Y.last_used_ms}
         assert live_envs(path, db.holder_id) == 4
 
@@ -170,8 +176,8 @@ async def test_flush_every_changes_writes_the_batch_without_waiting_for_the_wind
 ) -> None:
     path = tmp_path / "state.db"
     async with opened(path, flush_interval_s=NEVER, flush_every=2) as db:
-        await db.record_install(X)
-        await db.record_install(Y)
+        await installed(db, X)
+        await installed(db, Y)
         db.note_uri(X.kind, X.uri, 8_000)
         assert last_used(path)[X.uri] == X.last_used_ms
         db.note_uri(Y.kind, Y.uri, 9_000)
@@ -185,7 +191,7 @@ async def test_flush_every_changes_writes_the_batch_without_waiting_for_the_wind
 async def test_notes_are_written_behind_when_the_window_closes(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     async with opened(path, flush_interval_s=0.05) as db:
-        await db.record_install(X)
+        await installed(db, X)
         db.note_uri(X.kind, X.uri, 8_000)
         db.note_live_envs(1)
         await wait_until(
@@ -193,28 +199,6 @@ async def test_notes_are_written_behind_when_the_window_closes(tmp_path: Path) -
             timeout_s=10,
             what="written behind",
         )
-
-
-async def test_a_drop_noted_before_a_later_install_of_the_key_never_deletes_its_new_row(
-    tmp_path: Path,
-) -> None:
-    path = tmp_path / "state.db"
-    again = UriRow(X.kind, X.uri, "working_dir-x2", 11, 5_000)
-    async with opened(path, flush_interval_s=NEVER) as db:
-        await db.record_install(X)
-        db.note_uri_dropped(X.kind, X.uri)  # evicted, written behind...
-        await db.record_install(again)  # ...and installed again before any flush
-        assert query(path, "SELECT dir FROM uris") == [("working_dir-x2",)]
-        db.note_uri_dropped(X.kind, X.uri)
-        await asyncio.gather(db.flush(), db.record_install(again))  # a flush in flight
-        assert query(path, "SELECT dir FROM uris") == [("working_dir-x2",)]
-        db.note_uri_dropped(Y.kind, Y.uri)
-        db.note_uri_dropped(X.kind, X.uri)
-        db.note_uri(X.kind, X.uri, 6_000)  # installed again meanwhile: the drop is void
-        await db.flush()
-        assert query(path, "SELECT dir, size, last_used_ms FROM uris") == [
-            ("working_dir-x2", 11, 6_000)
-        ]
 
 
 # A holder killed (os._exit: no clean stop) after it referenced X, claimed Z and noted 2 envs.
@@ -247,7 +231,7 @@ async def test_a_pass_reaps_a_dead_holders_references_claims_folders_and_counts_
     path = tmp_path / "state.db"
     (tmp_path / "uris" / X.dir).mkdir(parents=True)
     async with opened(path, flush_interval_s=NEVER) as db:
-        await db.record_install(X)
+        await installed(db, X)
         db.trash.mkdir(parents=True)  # as the store makes it: where a pass sets things aside
         dead = await asyncio.to_thread(
             subprocess.run, [sys.executable, "-c", _DIES, str(path)], capture_output=True,
@@ -288,7 +272,7 @@ async def test_close_writes_what_is_still_noted_then_drops_the_holders_rows(
     path = tmp_path / "state.db"
     (tmp_path / "uris" / X.dir).mkdir(parents=True)
     async with opened(path, flush_interval_s=NEVER) as db:
-        await db.record_install(X)
+        await installed(db, X)
         assert (await db.obtain((X.kind, X.uri), X.dir, take_ref=True)).found is Found.READY
         claimed = await db.obtain((Y.kind, Y.uri), Y.dir, take_ref=True)  # being installed
         assert claimed.found is Found.CLAIMED
@@ -302,10 +286,10 @@ async def test_close_writes_what_is_still_noted_then_drops_the_holders_rows(
     assert not lock_path(tmp_path, me).exists()
 
 
-Op = tuple[str, int, int]  # ("use" | "drop" | "live" | "unref" | "unclaim", key, value)
+Op = tuple[str, int, int]  # ("use" | "live" | "unref" | "unclaim", key, value)
 OPS = st.lists(
     st.tuples(
-        st.sampled_from(["use", "drop", "live", "unref", "unclaim"]),
+        st.sampled_from(["use", "live", "unref", "unclaim"]),
         st.integers(0, 3),
         st.integers(0, 9),
     )
@@ -317,15 +301,12 @@ def noted(ops: list[Op]) -> state_db._Batch:
     for op, key, value in ops:
         if op == "use":
             batch.use(("py_modules", f"u{key}"), value)
-        elif op == "drop":
-            batch.drop(("py_modules", f"u{key}"))
         elif op == "unref":
             batch.refs_dropped.add(("py_modules", f"u{key}"))
         elif op == "unclaim":
             batch.claims_dropped.add(("py_modules", f"u{key}"))
         else:
             batch.live_envs = value
-        batch.check_invariants()
     return batch
 
 
@@ -336,7 +317,6 @@ def test_a_failed_batch_followed_by_newer_notes_is_the_same_as_one_batch_of_them
     """What a failed write leaves is merged with what was noted since (``_Batch.then``): the
     result must be what noting everything, in order, into one batch gives."""
     merged = noted(ops[:split]).then(noted(ops[split:]))
-    merged.check_invariants()
     assert merged == noted(ops)
 
 
@@ -361,11 +341,11 @@ async def test_a_failed_write_behind_keeps_its_changes_and_is_retried_in_order(
     path = tmp_path / "state.db"
     caplog.set_level(logging.INFO, logger="agent.state.state_db")
     async with opened(path, flush_interval_s=0.02) as db:
-        await db.record_install(X)
-        await db.record_install(Y)
+        await installed(db, X)
+        await installed(db, Y)
         plant_failing_writes(path)
         db.note_uri(X.kind, X.uri, 7_000)
-        db.note_uri_dropped(Y.kind, Y.uri)
+        db.note_uri(Y.kind, Y.uri, 7_100)
         db.note_live_envs(3)
         await wait_until(
             lambda: "writing behind" in caplog.text and "failed" in caplog.text,
@@ -376,7 +356,7 @@ async def test_a_failed_write_behind_keeps_its_changes_and_is_retried_in_order(
         assert failed[0].exc_info is not None, "logged without its traceback"
         assert "planted failure" in caplog.text
         db.note_uri(X.kind, X.uri, 7_500)  # newer than the failed batch: it wins
-        db.note_uri(Y.kind, Y.uri, 7_600)  # installed again: the older drop is void
+        db.note_uri(Y.kind, Y.uri, 7_600)
         await wait_until(lambda: db.pending() == 0, what="the new notes taken by a retry")
         with pytest.raises(sqlite3.IntegrityError):
             await db.flush()  # still failing, and after the retry's write (one thread)
@@ -416,8 +396,8 @@ async def test_a_bug_in_the_write_behind_task_is_logged_and_raised_by_close_afte
     db = StateDB(path, flush_interval_s=0.02)
     await db.open()
     try:
-        await db.record_install(X)
-        await db.record_install(Y)
+        await installed(db, X)
+        await installed(db, Y)
         db.note_uri(X.kind, X.uri, 7_000)
         await wait_until(lambda: "died" in caplog.text, what="the task's death logged")
         [record] = [r for r in caplog.records if "died" in r.getMessage()]
@@ -504,7 +484,8 @@ async def test_a_failed_install_commit_wakes_the_write_behind_task_to_retry_what
     and the write-behind task retries them without waiting for another note."""
     path = tmp_path / "state.db"
     async with opened(path, flush_interval_s=0.02) as db:
-        await db.record_install(X)
+        await installed(db, X)
+        await db.obtain((Y.kind, Y.uri), Y.dir, take_ref=False)  # Y's claim
         plant_failing_writes(path)
         gate = threading.Event()
         blocker = asyncio.ensure_future(db._run(lambda _conn: gate.wait(10)))  # the thread busy
@@ -529,7 +510,7 @@ async def test_close_never_drops_a_write_the_write_behind_task_has_queued(tmp_pa
     path = tmp_path / "state.db"
     db = StateDB(path, flush_interval_s=0.01)
     await db.open()
-    await db.record_install(X)
+    await installed(db, X)
     gate = threading.Event()
     blocker = asyncio.ensure_future(db._run(lambda _conn: gate.wait(10)))  # the thread busy
     db.note_uri(X.kind, X.uri, 42_000)

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+from agent.core.errors import echo_label
+from agent.install.archive import make_dir
 from agent.install.venv import kill_orphaned_installers
 from agent.state.holders import (
     Reaping,
@@ -196,7 +198,7 @@ def _reap(conn: sqlite3.Connection, root: Path, holder: str, trash: Path, reaped
     for (directory,) in conn.execute(  # renamed into place, not committed: nobody vouches
         "SELECT dir FROM uris WHERE state = 'installing' AND holder = ?", (holder,)
     ).fetchall():
-        if isinstance(directory, str) and _plain_name(directory):
+        if _plain_name(directory):
             before = len(reaped.aside)
             _set_aside(root / "uris" / directory, trash, reaped)
             reaped.orphans += len(reaped.aside) - before
@@ -212,19 +214,43 @@ def _reap(conn: sqlite3.Connection, root: Path, holder: str, trash: Path, reaped
 
 def _set_aside(path: Path, trash: Path, reaped: Reaped) -> None:
     try:
-        aside = trash / uuid.uuid4().hex
-        os.rename(path, aside)
-    except FileNotFoundError:
-        return
+        aside = _into_trash(path, trash)
     except OSError as exc:
         log.warning("cannot set %s aside for deletion: %s", path, exc.strerror or exc)
         return
-    reaped.aside.append(aside)
+    if aside is not None:
+        reaped.aside.append(aside)
 
 
-def _plain_name(name: str) -> bool:
-    """A folder name read from the index names a folder of uris/ only if it is one plain name."""
-    return bool(name) and "/" not in name and name not in (".", "..") and "\0" not in name
+def _into_trash(path: Path, trash: Path) -> Path | None:
+    """Rename ``path`` into ``trash`` (this holder's) under a fresh name: where it went, or None
+    if it was gone already. ENOENT also means a missing trash (a close removes it, a peer may
+    set it aside): then the trash is made and the rename tried again, so a missing trash never
+    makes a present folder look gone."""
+    aside = trash / uuid.uuid4().hex
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        if not os.path.lexists(path):
+            return None
+        make_dir(trash.parent)
+        trash.mkdir(mode=0o700, exist_ok=True)
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            if os.path.lexists(path):
+                raise
+            return None
+    return aside
+
+
+def _plain_name(name: object) -> bool:
+    """A folder name read from the index names a folder of uris/ only if it is one plain name
+    (text: SQLite stores whatever it is given, a blob or a number included)."""
+    return (
+        isinstance(name, str) and bool(name) and "/" not in name and name not in (".", "..")
+        and "\0" not in name
+    )  # fmt: skip
 
 
 def _names(folder: Path) -> list[str]:
@@ -262,7 +288,10 @@ def obtain(
                 return Obtained(
                     Found.READY, Row(kind, uri, directory, size, last_used_ms), reaped=reaped
                 )
-            log.warning("%s: the index names %s, which is gone; installed again", uri, directory)
+            log.warning(
+                "%s: the index names %s, which is gone; installed again",
+                echo_label(f"{kind}:{uri}"), echo_label(repr(directory)),
+            )  # fmt: skip
         elif installer != me and isinstance(installer, str) and is_alive(root, installer):
             return Obtained(Found.WAIT, installer=installer, reaped=reaped)
         elif installer != me and isinstance(installer, str):
@@ -277,12 +306,18 @@ def obtain(
     return Obtained(Found.CLAIMED, reaped=reaped)
 
 
-def commit_install(conn: sqlite3.Connection, me: str, row: Row) -> None:
-    """The claimed package is in place: ready, for every holder."""
-    conn.execute(
-        "INSERT OR REPLACE INTO uris (kind, uri, dir, size, last_used_ms, state, holder)"
-        " VALUES (?, ?, ?, ?, ?, 'ready', NULL)",
-        (row.kind, row.uri, row.dir, row.size, row.last_used_ms),
+def commit_install(conn: sqlite3.Connection, me: str, row: Row) -> bool:
+    """The claimed package is in place: ready, for every holder. False, and nothing written,
+    if the claim is no longer this holder's (a peer took this holder for dead and reaped it,
+    or the index was edited): whatever is at ``row.dir`` is then not this holder's to vouch
+    for (R3: only the claim's holder commits)."""
+    return (
+        conn.execute(
+            "UPDATE uris SET dir = ?, size = ?, last_used_ms = ?, state = 'ready', holder = NULL"
+            " WHERE kind = ? AND uri = ? AND state = 'installing' AND holder = ?",
+            (row.dir, row.size, row.last_used_ms, row.kind, row.uri, me),
+        ).rowcount
+        == 1
     )
 
 
@@ -367,15 +402,24 @@ def plan_target(unused: int, budget: int, needed: int) -> int:
 
 def _evict(conn: sqlite3.Connection, root: Path, trash: Path, row: Row) -> Path | bool | None:
     """Move the package into the trash and delete its row, in this transaction. The trashed
-    path; None if its folder was gone already (the row goes all the same); False if it could
-    not be moved (kept, row and folder: the next pass tries again)."""
+    path; None if its folder was gone already (the row goes all the same), or if the row names
+    no folder of uris/ (a hostile or corrupt ``dir``: the row goes, the disk is not touched);
+    False if it could not be moved (kept, row and folder: the next pass tries again)."""
+    if not _plain_name(row.dir):  # an absolute path, "", "..": never a folder of this root's
+        log.warning(
+            "evicting %s: the index names %s as its folder, which is no folder of uris/; its "
+            "row is dropped and nothing on disk is touched",
+            echo_label(f"{row.kind}:{row.uri}"), echo_label(repr(row.dir)),
+        )  # fmt: skip
+        conn.execute("DELETE FROM uris WHERE kind = ? AND uri = ?", (row.kind, row.uri))
+        return None
     try:
-        trashed: Path | None = trash / uuid.uuid4().hex
-        os.rename(root / "uris" / row.dir, trashed)  # type: ignore[arg-type]
-    except FileNotFoundError:
-        trashed = None
+        trashed = _into_trash(root / "uris" / row.dir, trash)
     except OSError as exc:
-        log.warning("evicting %s: cannot move %s: %s", row.uri, row.dir, exc.strerror or exc)
+        log.warning(
+            "evicting %s: cannot move %s: %s", echo_label(f"{row.kind}:{row.uri}"),
+            echo_label(row.dir), exc.strerror or exc,
+        )  # fmt: skip
         return False
     conn.execute("DELETE FROM uris WHERE kind = ? AND uri = ?", (row.kind, row.uri))
     return trashed
@@ -433,9 +477,10 @@ def reconcile(
     reaped: Reaped | None = None,
 ) -> Reconciled:
     """A start: reap the dead (R4); drop the rows of ready packages whose folder is missing,
-    not named as its key says, or loose (unless a live holder uses it: it is not pulled from
-    under a peer); keep, untouched, those of a kind this agent cannot read (``expected_dir``
-    None: a newer peer's, which it may be using); set aside every
+    and those whose folder is not named as its key says or is loose unless a live holder
+    references it (it is not pulled from under a peer: kept as it is, and adopted only if
+    named as this agent names it); keep, untouched, those of a kind this agent cannot read
+    (``expected_dir`` None: a newer peer's, which it may be using); set aside every
     folder under uris/ that no row vouches for (a crash between rename and commit). A folder
     claimed by a live peer's install is vouched for: it may be renamed into place any moment.
     ``scan`` must be read inside this transaction: no peer commits or evicts meanwhile."""
@@ -452,8 +497,17 @@ def reconcile(
         if expected is None:  # a kind this agent cannot read (a newer peer's): kept, untouched
             vouched.add(directory)
             continue
-        loose = directory in scan.loose and key not in referenced
-        if expected != directory or directory not in scan.dirs or loose:
+        if directory not in scan.dirs:  # gone (or no plain name: the scan lists only those)
+            drop.append(key)
+            continue
+        if key in referenced:  # a live holder uses it (the dead were reaped above): its row and
+            vouched.add(directory)  # folder stay as they are, misnamed or loose
+            if expected == directory:
+                kept.append(Row(kind, uri, directory, size, used))
+            # else a peer that names folders its own way (another version): not adopted here,
+            # as this agent would look for it under ``expected``
+            continue
+        if expected != directory or directory in scan.loose:
             drop.append(key)
             continue
         kept.append(Row(kind, uri, directory, size, used))

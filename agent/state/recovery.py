@@ -10,7 +10,8 @@ In one transaction of the index (``index.reconcile``), with ``uris/`` scanned in
    whose directory is not the agent's own or may have been written by others since (group or
    other writable: an agent started under ``umask 000`` before modes were set explicitly),
    unless a live peer uses it: its files cannot be vouched for, so it is deleted and installed
-   again when next needed.
+   again when next needed. A row a live peer references is kept as it is, even one named
+   otherwise than this agent names it (a peer of another version): it is not adopted.
 3. A directory under ``uris/`` that no row vouches for (a crash between rename and commit) is
    deleted: the next create of its URI installs it again. One a live peer is installing is
    vouched for by its claim.
@@ -89,15 +90,19 @@ async def recover(store: UriStore, db: StateDB) -> RecoverySummary:
 def _scan(root: Path) -> Scan:
     """The folders under uris/ (probes, named with a leading dot, skipped), and which of them
     are loose. In the index's thread, inside its transaction."""
-    found = [
-        entry
-        for entry in os.scandir(root / "uris")
-        if entry.is_dir(follow_symlinks=False) or entry.is_symlink()
-    ]
-    found = [entry for entry in found if not entry.name.startswith(".")]
-    loose = frozenset(e.name for e in found if is_loose(e.stat(follow_symlinks=False)))  # a link
-    # too: the agent never makes one there
-    return Scan(frozenset(e.name for e in found), loose)
+    found: dict[str, os.stat_result] = {}
+    for entry in os.scandir(root / "uris"):
+        if entry.name.startswith(".") or not (
+            entry.is_dir(follow_symlinks=False) or entry.is_symlink()
+        ):
+            continue
+        try:
+            found[entry.name] = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:  # a live peer's rename (a cancelled install's folder to its
+            continue  # trash, a leftover moved aside) between the listing and the stat
+    loose = frozenset(name for name, info in found.items() if is_loose(info))  # a link too: the
+    # agent never makes one there
+    return Scan(frozenset(found), loose)
 
 
 def _dir_of(store: UriStore, row_key: tuple[str, str]) -> str | None:

@@ -163,46 +163,33 @@ class Loaded:
 
 @dataclass
 class _Batch:
-    """Changes noted behind, the latest per row, written in one transaction.
-
-    Invariant: ``used`` and ``dropped`` share no key (a later note of a key voids an earlier
-    one of the other kind)."""
+    """Changes noted behind, the latest per row, written in one transaction. A ready row is
+    never deleted from here: only a pass evicts, after checking its references (R2)."""
 
     used: dict[RowKey, int] = field(default_factory=dict)  # -> last_used_ms
-    dropped: set[RowKey] = field(default_factory=set)
     live_envs: int | None = None  # None: not noted
     refs_dropped: set[RowKey] = field(default_factory=set)  # this holder's count reached 0
     claims_dropped: set[RowKey] = field(default_factory=set)  # its install failed
 
     def use(self, key: RowKey, last_used_ms: int) -> None:
         self.used[key] = last_used_ms
-        self.dropped.discard(key)  # installed again since: the drop is void
-
-    def drop(self, key: RowKey) -> None:
-        self.used.pop(key, None)
-        self.dropped.add(key)
 
     def __len__(self) -> int:
         return (
-            len(self.used) + len(self.dropped) + (self.live_envs is not None)
-            + len(self.refs_dropped) + len(self.claims_dropped)
+            len(self.used) + (self.live_envs is not None) + len(self.refs_dropped)
+            + len(self.claims_dropped)
         )  # fmt: skip
 
     def then(self, newer: _Batch) -> _Batch:
         """This batch followed by a newer one, as one batch: the same as noting this batch's
         changes and then the newer one's into one (the newer note of a row wins). Dropping a
         reference or a claim twice is dropping it once: those are unions."""
-        used = {key: ms for key, ms in self.used.items() if key not in newer.dropped}
-        used.update(newer.used)
-        dropped = (self.dropped - newer.used.keys()) | newer.dropped
+        used = {**self.used, **newer.used}
         live = self.live_envs if newer.live_envs is None else newer.live_envs
         return _Batch(
-            used, dropped, live, self.refs_dropped | newer.refs_dropped,
+            used, live, self.refs_dropped | newer.refs_dropped,
             self.claims_dropped | newer.claims_dropped,
         )  # fmt: skip
-
-    def check_invariants(self) -> None:
-        assert not (self.used.keys() & self.dropped), self.used.keys() & self.dropped
 
 
 class StateDB:
@@ -395,7 +382,6 @@ class StateDB:
         if self._carried is not None:
             batch = self._carried.then(batch)
             self._carried = None
-        batch.check_invariants()
         try:
             with _transaction(conn):
                 self._apply(conn, batch, crash_midway=crash_midway)
@@ -411,7 +397,6 @@ class StateDB:
         )
         if crash_midway:
             crash_point("mid_count_batch")
-        conn.executemany("DELETE FROM uris WHERE kind = ? AND uri = ?", list(batch.dropped))
         if batch.live_envs is not None:
             conn.execute(
                 "UPDATE holders SET live_envs = ? WHERE id = ?", (batch.live_envs, self.holder_id)
@@ -473,9 +458,10 @@ class StateDB:
 
         return await self._transact(run, lambda got: got.reaped.aside)
 
-    async def record_install(self, row: UriRow) -> None:
-        """Commit that a claimed package is installed, with every change noted before it."""
-        await self._transact(lambda conn, _: index.commit_install(conn, self.holder_id, row))
+    async def record_install(self, row: UriRow) -> bool:
+        """Commit that a claimed package is installed, with every change noted before it; False
+        (nothing committed but the notes) if the claim is no longer this holder's."""
+        return await self._transact(lambda conn, _: index.commit_install(conn, self.holder_id, row))
 
     async def sweep(self, budget_bytes: int, needed_bytes: int = 0, *, since: int = -1) -> Swept:
         """R2, R4 (``index.sweep``): reap dead holders, evict over the budget (and for
@@ -509,10 +495,6 @@ class StateDB:
     # -- write-behind notes (no I/O) ------------------------------------------------------
     def note_uri(self, kind: str, uri: str, last_used_ms: int) -> None:
         self._notes.use((kind, uri), last_used_ms)
-        self._mark_dirty()
-
-    def note_uri_dropped(self, kind: str, uri: str) -> None:
-        self._notes.drop((kind, uri))
         self._mark_dirty()
 
     def note_ref_dropped(self, kind: str, uri: str) -> None:

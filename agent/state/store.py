@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from agent.core.errors import AgentError, DiskExhausted, echo_label
+from agent.core.errors import AgentError, DiskExhausted, IndexUnavailable, echo_label
 from agent.core.packages import Package
 from agent.core.uris import UriKey, UriKind
 from agent.crash import crash_point
@@ -376,18 +376,27 @@ class UriStore:
 
     async def _commit(self, entry: UriEntry) -> None:
         """Make the install durable, and known to every agent, before anyone is told of it;
-        undo the rename if that fails."""
+        undo the rename if that fails. If the claim is no longer this agent's, raise
+        IndexUnavailable (the create may try again) and leave the folder alone."""
         row = UriRow(
             entry.key.kind.value, entry.key.uri, entry.path.name, entry.size, entry.last_used_ms
         )  # fmt: skip
         step = asyncio.create_task(self._db.record_install(row), name=f"commit {entry.key.label}")
         try:
-            await through(step)  # a cancellation waits for the commit, to know its outcome
+            # a cancellation waits for the commit, to know its outcome
+            committed = await through(step)
         except BaseException:
             if step.cancelled() or step.exception() is not None:  # not committed: nobody
                 self.delete_in_background([self._to_trash(entry.path)])  # vouches for it
             # committed: the package stays, ready for every agent (unused here: forgotten)
             raise
+        if not committed:  # the claim was taken from this agent: a peer may have placed and
+            # committed its own install at entry.path since, so the folder is left to the
+            # next claim (place_package sets a leftover aside) or to a start's recovery
+            raise IndexUnavailable(
+                f"{entry.key.label}: another agent of the root took over this install (it "
+                "found this agent's claim dead); nothing was committed; try again"
+            )
 
     def note(self, keys: Iterable[UriKey]) -> None:
         """Note these keys' last use for the index, written behind (no I/O)."""

@@ -48,6 +48,7 @@ async def _fill_root(root: Path, rows: int) -> None:
     now = int(time.time() * 1000)
     for i, key in enumerate(_keys(rows)):
         path = package_dir(root, key)
+        await db.obtain((key.kind.value, key.uri), path.name, take_ref=False)  # the claim
         await db.record_install(UriRow(key.kind.value, key.uri, path.name, 10, now + i))
     await db.close()
 
