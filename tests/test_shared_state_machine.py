@@ -402,7 +402,9 @@ class SharedRootMachine(RuleBasedStateMachine):
         remaining = self.run(holder.service.delete(self.ids[env], "", ""))
         holder.counts[env] -= 1
         assert remaining == holder.counts[env]
-        self.swept = True  # a delete schedules a pass
+        still_named = {k for e, n in holder.counts.items() if n for k in self.keys(e)}
+        # a delete that releases a package schedules a pass; one that releases none, none
+        self.swept = self.swept or bool(self.keys(env) - still_named)
 
     @precondition(lambda self: self.live())
     @rule(data=st.data())
