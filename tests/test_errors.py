@@ -5,6 +5,7 @@ docstring, each has a protocol-neutral kind, the gRPC door maps every kind throu
 from __future__ import annotations
 
 import ast
+import asyncio
 import importlib
 import pkgutil
 import re
@@ -15,7 +16,7 @@ import pytest
 
 import agent
 from agent.core import errors
-from agent.core.errors import AgentError, ErrorKind
+from agent.core.errors import AgentError, ErrorKind, stray_cancellation
 from agent.doors.grpc_errors import STATUS, status_of
 
 AGENT = Path(agent.__file__).parent
@@ -171,3 +172,34 @@ def test_no_exception_is_decorated_after_it_is_raised() -> None:
                     and t.value.id == handler.name
                 ]
     assert decorated == []
+
+
+async def test_a_cancellation_is_stray_only_when_nobody_cancelled_the_task_that_meets_it() -> None:
+    """``stray_cancellation``: a cancelled future awaited by a task nobody cancelled is stray
+    (a bug below); the task's own cancellation is not."""
+    seen: list[bool] = []
+
+    async def awaits_a_cancelled_future() -> None:
+        cancelled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        cancelled.cancel()
+        try:
+            await cancelled
+        except asyncio.CancelledError:
+            seen.append(stray_cancellation())
+
+    async def is_cancelled(started: asyncio.Event) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            seen.append(stray_cancellation())
+            raise
+
+    await awaits_a_cancelled_future()
+    started = asyncio.Event()
+    task = asyncio.create_task(is_cancelled(started))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert seen == [True, False]

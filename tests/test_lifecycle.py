@@ -208,6 +208,35 @@ async def test_a_cancelled_install_stops_its_extraction_before_its_staging_folde
         await still_serves(a, pkgs)
 
 
+async def _stray_create(*args: object, **kwargs: object) -> object:
+    """A create whose service meets a cancellation nobody asked for (a cancelled future it
+    awaits): the bug behind the chaos runs whose creates hung until their 900 s deadline."""
+    cancelled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    cancelled.cancel()
+    await cancelled
+    raise AssertionError("unreachable")
+
+
+async def test_a_cancellation_nobody_asked_for_is_answered_internal_not_left_hanging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A handler's CancelledError while its call was not cancelled is a bug below: answered
+    INTERNAL at once (a cancelled handler sends no status: the client waited for its deadline),
+    and the agent keeps serving."""
+    async with package_server() as pkgs, running_agent() as a:
+        create = a.service.create
+        monkeypatch.setattr(a.service, "create", _stray_create)
+        wd = pkgs.add(WD, workdir_zip({"main.py": "M = 1\n"}))
+        await rpc_error(
+            a.create(env_json(wd), timeout_s=20),
+            grpc.StatusCode.INTERNAL,
+            "CreateRuntimeEnv",
+            "cancelled unexpectedly",
+        )
+        monkeypatch.setattr(a.service, "create", create)
+        await still_serves(a, pkgs)
+
+
 @pytest.mark.parametrize(
     ("statuses", "code", "words"),
     [

@@ -387,3 +387,30 @@ async def test_the_job_id_is_kept_as_the_raylets_text_and_odd_bytes_are_escaped(
         reply = await front.get_or_create('{"env_vars": {"E": "7"}}', job_id=b"\x00" * 10_000)
         assert not reply.ok
         assert "the limit is" in reply.error
+
+
+async def test_a_cancellation_nobody_asked_for_is_a_failed_reply_and_gives_the_count_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A create whose service meets a stray CancelledError (a bug below) answers FAILED naming
+    an internal error, as any bug does, instead of leaving Ray's request without an answer."""
+    async with package_server() as server, running_agent() as ra:
+        url = server.add("wd.zip", workdir_zip({"a.py": "A = 1\n"}))
+        front = front_of(ra)
+
+        async def stray(*args: object, **kwargs: object) -> object:
+            cancelled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            cancelled.cancel()
+            await cancelled
+            raise AssertionError("unreachable")
+
+        create = ra.service.create
+        monkeypatch.setattr(ra.service, "create", stray)
+        for source in ("", ray_front.CLIENT_SERVER):
+            reply = await front.get_or_create(SPACED % url, source_process=source)
+            assert not reply.ok
+            assert "internal error in the agent" in reply.error
+        assert front.info().states == ()
+        monkeypatch.setattr(ra.service, "create", create)
+        assert (await front.get_or_create(SPACED % url)).ok
+        assert count(ra, SPACED % url) == 1

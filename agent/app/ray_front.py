@@ -31,6 +31,7 @@ bytes); the reply's strings are capped at ``MAX_INFO_BYTES`` (``total`` still co
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 from agent.app.records import MAX_JOB_ID_BYTES
 from agent.app.service import AgentService
 from agent.core.bounded import BoundedCache
-from agent.core.errors import AgentError, ErrorKind, cap_message, echo
+from agent.core.errors import AgentError, ErrorKind, cap_message, echo, stray_cancellation
 from agent.core.ray_context import build_ray_context
 
 log = logging.getLogger(__name__)
@@ -177,8 +178,10 @@ class RayFront:
             await self._give_back(serialized, entry)
             log.exception("ray door: create failed unexpectedly")
             return RayReply(False, self._message("internal error in the agent (see its log)"))
-        except BaseException:  # cancelled (the client went away): its count is given back
+        except BaseException as exc:  # cancelled (the client went away): its count given back
             await self._give_back(serialized, entry)
+            if isinstance(exc, asyncio.CancelledError) and stray_cancellation():
+                return self._stray(exc)  # a bug below: answered, not left hanging
             raise
         # No await until the releases: the reference just taken is recorded in this step.
         entry.in_flight -= 1
@@ -218,8 +221,17 @@ class RayFront:
         except Exception:
             log.exception("ray door: create failed unexpectedly")
             return RayReply(False, self._message("internal error in the agent (see its log)"))
+        except asyncio.CancelledError as exc:
+            if stray_cancellation():
+                return self._stray(exc)
+            raise
         await self._release(env_id, 1)
         return RayReply(True, context=context)
+
+    def _stray(self, exc: asyncio.CancelledError) -> RayReply:
+        log.error("ray door: create failed with a cancellation nobody asked for (a bug)",
+                  exc_info=exc)  # fmt: skip
+        return RayReply(False, self._message("internal error in the agent (see its log)"))
 
     async def _take(
         self, serialized: str, setup_timeout_seconds: int, job: str, eager_install: bool

@@ -8,6 +8,11 @@ logged with its traceback and answered as an internal error. A door turns a kind
 answer through one table (``agent/doors/grpc_errors.py`` for gRPC, ``agent/doors/http_errors.py``
 for HTTP); nothing below the doors knows a status code.
 
+A ``CancelledError`` is no error: the caller went away, and it passes through. One that
+reaches a door while nobody cancelled the handler's task (``stray_cancellation``) is a bug
+below (an awaited future cancelled by someone else): it is answered as a bug, never passed on,
+since a cancelled handler sends no answer and its client would wait until its deadline.
+
 Foreign exceptions (``OSError``, ``zipfile.BadZipFile``, ``aiohttp.ClientError``...) never cross
 a module boundary raw: the module that meets them converts them with ``raise ... from exc``.
 
@@ -54,6 +59,7 @@ kind is set by each branch under ``AgentError`` and inherited by its leaves.
 
 from __future__ import annotations
 
+import asyncio
 from enum import Enum
 from typing import Any, ClassVar
 
@@ -235,3 +241,10 @@ class StateDBError(Misconfigured):
 
 class TokenError(Misconfigured):
     """The token file cannot be read, or holds no token."""
+
+
+def stray_cancellation() -> bool:
+    """Whether a ``CancelledError`` met now is stray: the current task was not asked to cancel
+    (``Task.cancelling``), so a future it awaited was cancelled by someone else (a bug)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() == 0

@@ -16,7 +16,7 @@ from typing import TypeVar
 import grpc
 
 from agent.core import logfields
-from agent.core.errors import AgentError, ErrorKind, cap_message
+from agent.core.errors import AgentError, ErrorKind, cap_message, stray_cancellation
 from agent.doors.metrics import BUG, CANCELLED, OK, Metrics, Outcome
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ async def answer(
     Expected errors (``AgentError``) are answered with their kind's code and their message, and
     logged as one line with the env id and request id; anything else is a bug: logged with its
     traceback and answered INTERNAL. Cancellation passes through untouched (the client has
-    gone).
+    gone), unless it is stray (``stray_cancellation``): a bug, answered INTERNAL.
 
     Every message is capped (``cap_message``) before it is sent or logged, and the ids logged
     are cut with their length said: whatever a client sent, the trailer and the log line stay
@@ -79,9 +79,14 @@ async def answer(
                 logged_id, code.name, message,
                 extra={"code": code.name, "kind": exc.kind.value},
             )  # fmt: skip
-        except asyncio.CancelledError:
-            outcome = CANCELLED
-            raise
+        except asyncio.CancelledError as exc:
+            if not stray_cancellation():  # the client went away (or the server stops)
+                outcome = CANCELLED
+                raise
+            outcome, code = BUG, grpc.StatusCode.INTERNAL  # answered, not left hanging
+            log.error("%s failed with a bug: a cancellation nobody asked for (request_id=%r)",
+                      rpc, logged_id, exc_info=exc)  # fmt: skip
+            message = f"internal error in {rpc}: an operation was cancelled unexpectedly"
         except Exception as exc:
             outcome, code = BUG, grpc.StatusCode.INTERNAL
             log.exception("%s failed with a bug (request_id=%r)", rpc, logged_id)
