@@ -388,3 +388,25 @@ def listed(root: Path, sub: str) -> list[str]:
     if sub not in ("tmp", "trash"):
         return sorted(p.name for p in folder.iterdir())
     return sorted(p.name for own in folder.iterdir() if own.is_dir() for p in own.iterdir())
+
+
+def slow_passes(a: RunningAgent, seconds: float = 0.3) -> Callable[..., Awaitable[object]]:
+    """A replacement for the agent's index ``sweep`` that waits ``seconds`` first (an index
+    busy with other agents); set it with ``monkeypatch.setattr(a.service.store._db, "sweep",
+    ...)``."""
+    sweep = a.service.store._db.sweep
+
+    async def slow_sweep(*args: object, **kwargs: object) -> object:
+        await asyncio.sleep(seconds)
+        return await sweep(*args, **kwargs)
+
+    return slow_sweep
+
+
+async def stray_cancellation(*args: object, **kwargs: object) -> object:
+    """A stand-in for a service call that meets a cancellation nobody asked for (a cancelled
+    future it awaits): a bug below the doors."""
+    cancelled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    cancelled.cancel()
+    await cancelled
+    raise AssertionError("unreachable: awaiting a cancelled future raises")

@@ -35,6 +35,8 @@ from tests.helpers import (
     make_zip,
     package_server,
     running_agent,
+    slow_passes,
+    stray_cancellation,
     wait_until,
     workdir_zip,
 )
@@ -208,15 +210,6 @@ async def test_a_cancelled_install_stops_its_extraction_before_its_staging_folde
         await still_serves(a, pkgs)
 
 
-async def _stray_create(*args: object, **kwargs: object) -> object:
-    """A create whose service meets a cancellation nobody asked for (a cancelled future it
-    awaits): the bug behind the chaos runs whose creates hung until their 900 s deadline."""
-    cancelled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    cancelled.cancel()
-    await cancelled
-    raise AssertionError("unreachable")
-
-
 async def test_a_cancellation_nobody_asked_for_is_answered_internal_not_left_hanging(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -225,7 +218,7 @@ async def test_a_cancellation_nobody_asked_for_is_answered_internal_not_left_han
     and the agent keeps serving."""
     async with package_server() as pkgs, running_agent() as a:
         create = a.service.create
-        monkeypatch.setattr(a.service, "create", _stray_create)
+        monkeypatch.setattr(a.service, "create", stray_cancellation)
         wd = pkgs.add(WD, workdir_zip({"main.py": "M = 1\n"}))
         await rpc_error(
             a.create(env_json(wd), timeout_s=20),
@@ -481,14 +474,7 @@ async def test_info_right_after_a_create_counts_its_package_even_while_passes_ar
     asked for, so a package just installed is in used_bytes (not the pass before's figures)."""
     size = 1000
     async with package_server() as pkgs, running_agent() as a:
-        db = a.service.store._db
-        sweep = db.sweep
-
-        async def slow_sweep(*args: object, **kwargs: object) -> object:
-            await asyncio.sleep(0.3)  # an index busy with other agents
-            return await sweep(*args, **kwargs)
-
-        monkeypatch.setattr(db, "sweep", slow_sweep)
+        monkeypatch.setattr(a.service.store._db, "sweep", slow_passes(a))
         ids = []
         for n in range(1, 4):
             url = pkgs.add(f"p{n}.zip", workdir_zip({"data.txt": "x" * size}))

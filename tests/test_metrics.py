@@ -20,7 +20,14 @@ from agent.core.errors import ErrorKind, StartupError
 from agent.doors.http_errors import STATUS as HTTP_STATUS
 from agent.doors.metrics import BUG, CANCELLED, OK, Metrics, Outcome
 from agent.ops.server import Agent
-from tests.helpers import env_json, package_server, running_agent, short_tempdir, workdir_zip
+from tests.helpers import (
+    env_json,
+    package_server,
+    running_agent,
+    short_tempdir,
+    slow_passes,
+    workdir_zip,
+)
 
 Labels = frozenset[tuple[str, str]]
 Samples = dict[tuple[str, Labels], float]
@@ -66,14 +73,7 @@ async def test_a_scrape_right_after_a_create_counts_its_package_even_while_passe
     """The cache's bytes come from passes over the root's index; a scrape waits for the pass a
     create or delete asked for, as info does, so it never shows the figures of the pass before."""
     async with package_server() as pkgs, running_agent(metrics_address="127.0.0.1:0") as a:
-        db = a.service.store._db
-        sweep = db.sweep
-
-        async def slow_sweep(*args: object, **kwargs: object) -> object:
-            await asyncio.sleep(0.3)  # an index busy with other agents
-            return await sweep(*args, **kwargs)
-
-        monkeypatch.setattr(db, "sweep", slow_sweep)
+        monkeypatch.setattr(a.service.store._db, "sweep", slow_passes(a))
         url = pkgs.add("a.zip", workdir_zip({"data.txt": "a" * SIZE}))
         reply = await a.create(env_json(url))
         used = await scrape(a.agent.metrics_address)

@@ -17,7 +17,14 @@ from agent.app.ray_front import MAX_STRINGS_PER_ENV, RayFront
 from agent.core.errors import EnvNotFound
 from agent.core.ray_context import RAY_CONTEXT_KEYS
 from agent.core.runtime_env import EnvLimits, parse_runtime_env
-from tests.helpers import RunningAgent, package_server, running_agent, wait_until, workdir_zip
+from tests.helpers import (
+    RunningAgent,
+    package_server,
+    running_agent,
+    stray_cancellation,
+    wait_until,
+    workdir_zip,
+)
 
 SPACED = '{"env_vars": {"A": "1"}, "working_dir": "%s"}'
 TIGHT = '{"env_vars":{"A":"1"},"working_dir":"%s"}'
@@ -398,14 +405,8 @@ async def test_a_cancellation_nobody_asked_for_is_a_failed_reply_and_gives_the_c
         url = server.add("wd.zip", workdir_zip({"a.py": "A = 1\n"}))
         front = front_of(ra)
 
-        async def stray(*args: object, **kwargs: object) -> object:
-            cancelled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            cancelled.cancel()
-            await cancelled
-            raise AssertionError("unreachable")
-
         create = ra.service.create
-        monkeypatch.setattr(ra.service, "create", stray)
+        monkeypatch.setattr(ra.service, "create", stray_cancellation)
         for source in ("", ray_front.CLIENT_SERVER):
             reply = await front.get_or_create(SPACED % url, source_process=source)
             assert not reply.ok
