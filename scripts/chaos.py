@@ -197,7 +197,6 @@ class Seat:
     log_path: Path | None = None
     node: Node | None = None
     holder: str = ""
-    stats_before: tuple[int, int] = (0, 0)  # its agent's downloads and evictions counted
 
     @property
     def live(self) -> Node:
@@ -512,7 +511,6 @@ async def _start(seat: Seat, root: Path, args: argparse.Namespace, tally: Tally)
         address=seat.address,
         log_path=seat.log_path,
     )
-    seat.stats_before = (0, 0)
     await seat.node.start()
     pid = seat.node.sidecar.pid
     seat.holder = await asyncio.to_thread(holder_of, root, pid)
@@ -582,11 +580,6 @@ async def _run_in(work: Path, args: argparse.Namespace, interrupt: Interrupt | N
                 flush=True,
             )
             await _check_nodes(seats, root, budget, tally, f"after round {round_}")
-            for seat in seats:
-                info = await seat.client.info()
-                tally.downloads += info.cache.downloads - seat.stats_before[0]
-                tally.evictions += info.cache.evictions - seat.stats_before[1]
-                seat.stats_before = (info.cache.downloads, info.cache.evictions)
         await asyncio.gather(*(seat.pool.close() for seat in seats))
         for seat in seats:
             tally.violations += seat.pool.violations
@@ -596,7 +589,10 @@ async def _run_in(work: Path, args: argparse.Namespace, interrupt: Interrupt | N
         for seat in seats:
             seat.node = None
         tally.checks += 1
-        for problem in stopped_problems(await asyncio.to_thread(read_root, root)):
+        stopped = await asyncio.to_thread(read_root, root)
+        # from the root's change log: an agent's own counters die with it when it is killed
+        tally.downloads, tally.evictions = stopped.installed, stopped.removed
+        for problem in stopped_problems(stopped):
             tally.violations.append(f"after every node stopped: {problem}")
     finally:
         await asyncio.gather(*(seat.node.stop() for seat in seats if seat.node is not None))

@@ -33,6 +33,10 @@ class RootState:
     locks: list[str]  # the holders whose lock file is under holders/
     folders: dict[str, list[str]]  # "tmp/<holder>", "trash/<holder>" -> what is inside
     alive: set[str]  # of every holder named anywhere above: those whose lock is held
+    # the index's change log, every agent's since the root was made (a killed agent's counters
+    # die with it): packages made ready, ready packages removed (evicted, or dropped at a start)
+    installed: int = 0
+    removed: int = 0
 
 
 def _names(folder: Path) -> list[str]:
@@ -61,6 +65,7 @@ def read_root(root: Path) -> RootState:
             for h, kind, uri in db.execute("SELECT holder, kind, uri FROM refs")
         ]
         holders = [h for (h,) in db.execute("SELECT id FROM holders")]
+        logged = dict(db.execute("SELECT ready, COUNT(*) FROM changes GROUP BY ready").fetchall())
         db.execute("COMMIT")
     finally:
         db.close()
@@ -73,7 +78,10 @@ def read_root(root: Path) -> RootState:
     named = {h for *_, h in rows if h} | {h for h, _ in refs} | {*holders, *locks}
     named |= {folder.split("/", 1)[1] for folder in folders}
     alive = {h for h in named if is_alive(root, h)}
-    return RootState(set(_names(root / "uris")), rows, refs, holders, locks, folders, alive)
+    return RootState(
+        set(_names(root / "uris")), rows, refs, holders, locks, folders, alive,
+        installed=logged.get(1, 0), removed=logged.get(0, 0),
+    )  # fmt: skip
 
 
 def holder_of(root: Path, pid: int) -> str:

@@ -299,10 +299,14 @@ class AgentService:
         )  # fmt: skip
         return Snapshot(envs, uris, cache, len(self.records), len(uris), self._recovery)
 
-    async def current_snapshot(self, limit: int) -> Snapshot:
-        """``snapshot`` once the root's figures count every change made before the call (a
+    async def caught_up(self) -> None:
+        """Wait (bounded) until the root's figures count every change made before the call (a
         create's package is in ``used_bytes`` when its reply is followed by an info)."""
         await self.store.caught_up()
+
+    async def current_snapshot(self, limit: int) -> Snapshot:
+        """``snapshot`` once ``caught_up``."""
+        await self.caught_up()
         return self.snapshot(limit)
 
     def levels(self) -> Levels:

@@ -104,7 +104,7 @@ class Metrics:
         """Read the levels from this service at every scrape, once the root's figures count
         every change made before the scrape (as info's do)."""
         self.registry.register(_Levels(service))
-        self._before_scrape = service.store.caught_up
+        self._before_scrape = service.caught_up
 
     async def caught_up(self) -> None:
         if self._before_scrape is not None:
