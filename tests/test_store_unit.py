@@ -488,6 +488,44 @@ async def test_a_create_joining_an_install_being_cancelled_gets_the_package_not_
         r.drop(url)
 
 
+async def test_an_install_cancelled_after_its_commit_is_ready_in_the_view_at_once(
+    tmp_path: Path,
+) -> None:
+    """A create cancelled while its install commits: the commit goes through (it is waited for),
+    so the package is the root's; the view has it READY and unused, its reference given back,
+    at once (forgotten, it stayed out of the view and of info until some later pass; the agent
+    state machine saw its folder on disk and not in info)."""
+    async with rig(tmp_path) as r:
+        url = r.packages.add("a")
+        key = key_of(url)
+        gate = r.packages.hold("a")
+        first = asyncio.create_task(r.take(url))
+        await wait_until(lambda: r.packages.gets["a"] == 1, what="the download to start")
+        locker = sqlite3.connect(r.store.root / "state.db", isolation_level=None)
+        try:
+            locker.execute("BEGIN IMMEDIATE")  # another agent's transaction: the commit waits
+            gate.set()
+            await wait_until(lambda: r.store.path_for(key).is_dir(), what="the rename into place")
+            first.cancel()  # the only create leaves while the install commits (delivered
+            # before the commit's end, which the thread can signal only after the rollback)
+        finally:
+            locker.rollback()
+            locker.close()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(first, 10)
+        await wait_until(lambda: not r.installing(url), what="the install to end")
+        assert r.unused() == {"a"}, "installed on the root, unknown to this view"
+        await r.store.settle()
+        await r.store._db.flush()
+        with sqlite3.connect(r.store.root / "state.db") as conn:
+            assert conn.execute("SELECT state FROM uris").fetchall() == [("ready",)]
+            assert conn.execute("SELECT * FROM refs").fetchall() == []
+        r.check()
+        assert (await r.take(url)).is_dir()  # a hit: no download again
+        assert r.packages.gets["a"] == 1
+        r.drop(url)
+
+
 # -- eviction -----------------------------------------------------------------------------------
 
 

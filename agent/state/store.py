@@ -88,6 +88,8 @@ class UriEntry:
     # joins it (its end is a cancellation), an ensure waits for it to end and obtains anew
     held: bool = False  # this agent's reference is committed in the index
     was_ready: bool = False  # READY before its current obtain began
+    committed: bool = False  # its install's commit went through, then it was cancelled: the
+    # package is the root's (``_install`` makes it READY here, not forgotten)
 
 
 @dataclass
@@ -145,6 +147,7 @@ class UriStore:
         self._sweeping: asyncio.Task[None] | None = None  # the pass running, if any
         self._sweep_again = False  # a pass was asked for while one ran
         self._periodic: asyncio.Task[None] | None = None
+        self._closing = False  # close() began: no pass is started any more
         self._root_bytes = (0, 0)  # the root's ready and unused bytes, as of the last pass
         self._seen_gen = -1  # the index's last change of the ready packages this view follows
         # (-1: none yet, or the view lost one (``_forget``): the next pass reads them all)
@@ -306,6 +309,10 @@ class UriStore:
             entry.size, entry.last_used_ms = installed.size, self._now_ms()
             await self._commit(entry)
         except BaseException as exc:
+            if entry.committed:  # cancelled after its commit: installed, for every agent; this
+                entry.committed = False  # view knows it (no pass may come to adopt it), and its
+                self._ready(entry, fetched, started)  # reference goes if nobody counts it
+                raise
             self._forget(entry, fetched, started)
             if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
                 raise DiskExhausted(_disk_full(label)) from exc
@@ -328,9 +335,10 @@ class UriStore:
         key = entry.key
         if self._entries.get(key) is entry:
             del self._entries[key]
-            if entry.was_ready:
+            if entry.was_ready:  # still ready in the index, maybe: a full read brings it back
                 self._seen_gen = -1
                 self._resets += 1
+                self._schedule_sweep()
         self._db.note_claim_dropped(key.kind.value, key.uri)
         if self._refcount(key) == 0:
             self._db.note_ref_dropped(key.kind.value, key.uri)
@@ -388,7 +396,8 @@ class UriStore:
         except BaseException:
             if step.cancelled() or step.exception() is not None:  # not committed: nobody
                 self.delete_in_background([self._to_trash(entry.path)])  # vouches for it
-            # committed: the package stays, ready for every agent (unused here: forgotten)
+            else:  # committed: the package stays, ready for every agent
+                entry.committed = step.result()
             raise
         if not committed:  # the claim was taken from this agent: a peer may have placed and
             # committed its own install at entry.path since, so the folder is left to the
@@ -440,7 +449,10 @@ class UriStore:
             self._schedule_sweep()
 
     def _schedule_sweep(self) -> None:
-        """A pass soon: at once if none runs, else once more after the one running."""
+        """A pass soon: at once if none runs, else once more after the one running (none once
+        the store closes: an install its close cancels must not start one)."""
+        if self._closing:
+            return
         if self._sweeping is not None:
             self._sweep_again = True
             return
@@ -572,6 +584,7 @@ class UriStore:
 
     async def close(self) -> None:
         """Stop: end the passes, cancel installs in flight, finish deletions."""
+        self._closing = True
         tasks = [e.task for e in self._entries.values() if e.task is not None]
         for task in (self._periodic, self._sweeping, *tasks):
             if task is not None:
