@@ -529,6 +529,23 @@ async def test_an_install_cancelled_after_its_commit_is_ready_in_the_view_at_onc
 # -- eviction -----------------------------------------------------------------------------------
 
 
+async def test_releases_within_one_millisecond_keep_their_order_for_eviction(
+    tmp_path: Path,
+) -> None:
+    """The index orders unused packages by their last use, in milliseconds: releases in one
+    millisecond (a frozen clock here) still evict in release order, not by URI (CI saw the
+    second-released package evicted before the first)."""
+    async with rig(tmp_path, budget_bytes=2 * FILE_BYTES + FILE_BYTES // 2) as r:
+        urls = {n: r.packages.add(n) for n in "cba"}
+        for url in urls.values():
+            await r.take(url)
+        for n in "cba":  # released in an order that is not the URIs' order; the clock stands
+            r.drop(urls[n])
+        await r.store.settle()
+        assert r.unused() == {"b", "a"}, "c, released first, is the least recently used"
+        r.check()
+
+
 async def test_unused_packages_are_evicted_least_recently_used_first_under_the_budget(
     tmp_path: Path,
 ) -> None:

@@ -148,6 +148,7 @@ class UriStore:
         self._sweep_again = False  # a pass was asked for while one ran
         self._periodic: asyncio.Task[None] | None = None
         self._closing = False  # close() began: no pass is started any more
+        self._last_release_ms = 0  # strictly increasing over this agent's releases
         self._root_bytes = (0, 0)  # the root's ready and unused bytes, as of the last pass
         self._seen_gen = -1  # the index's last change of the ready packages this view follows
         # (-1: none yet, or the view lost one (``_forget``): the next pass reads them all)
@@ -421,7 +422,7 @@ class UriStore:
         keys = list(keys)
         if not keys:  # a delete that left every count above 0: no pass, no index work
             return
-        now = self._now_ms()
+        now = self._release_stamp()
         for key in keys:
             entry = self._entries.get(key)
             if entry is not None and entry.state is UriState.INSTALLING:
@@ -640,6 +641,13 @@ class UriStore:
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
+
+    def _release_stamp(self) -> int:
+        """The last use noted at a release: the clock's millisecond, but always after this
+        agent's previous release, so the index's LRU order (by last use) is this agent's
+        release order even for releases within one millisecond."""
+        self._last_release_ms = max(self._now_ms(), self._last_release_ms + 1)
+        return self._last_release_ms
 
 
 def _retrieve_exception(task: asyncio.Task[None]) -> None:
