@@ -390,7 +390,7 @@ def listed(root: Path, sub: str) -> list[str]:
     return sorted(p.name for own in folder.iterdir() if own.is_dir() for p in own.iterdir())
 
 
-def slow_passes(a: RunningAgent, seconds: float = 0.3) -> Callable[..., Awaitable[object]]:
+def slow_passes(a: RunningAgent, seconds: float = 0.1) -> Callable[..., Awaitable[object]]:
     """A replacement for the agent's index ``sweep`` that waits ``seconds`` first (an index
     busy with other agents); set it with ``monkeypatch.setattr(a.service.store._db, "sweep",
     ...)``."""
