@@ -61,18 +61,29 @@ class DiskRoom:
         return InstallSpace(self, claim, label)
 
     async def make_room(
-        self, needed: int, label: str, claim: Claim, *, written: int | None = None
+        self,
+        needed: int,
+        label: str,
+        claim: Claim,
+        *,
+        written: int | None = None,
+        reserve: bool = False,
     ) -> None:
         """Leave the floor free after ``needed`` more bytes and what the other installs in
         flight still expect to write, evicting unused packages (and waiting for their deletion)
         if that is what it takes and can make it; else refuse, with the figures. ``written``:
-        the bytes of a download in flight (for the message)."""
+        the bytes of a download in flight (for the message). ``reserve``: the claim expects
+        ``needed`` bytes from now on, counted against the others only once they fit (set in the
+        step that found the room: an install waiting for an eviction, or refused, takes no room
+        from the installs streaming meanwhile)."""
         if self._floor is None:
+            self._reserve(claim, needed, reserve)
             return
         total, free = disk_space(self._root)
         floor = self._floor.floor(total)
         others = self._others(claim)
         if free - others - needed >= floor:
+            self._reserve(claim, needed, reserve)
             return
         trashed = await self._evict(floor + needed + others - free)  # [] when it would not do
         if trashed:
@@ -81,6 +92,12 @@ class DiskRoom:
             others = self._others(claim)
         if free - others - needed < floor:
             raise DiskExhausted(_no_room(label, needed, written, floor, free, others, len(trashed)))
+        self._reserve(claim, needed, reserve)
+
+    @staticmethod
+    def _reserve(claim: Claim, size: int, reserve: bool) -> None:
+        if reserve:
+            claim.declared, claim.written = size, 0
 
     def _others(self, claim: Claim) -> int:
         return sum(c.outstanding for c in self.claims if c is not claim)
@@ -93,8 +110,7 @@ class InstallSpace:
         self._room, self._claim, self._label = room, claim, label
 
     async def expect(self, size: int) -> None:
-        self._claim.declared, self._claim.written = size, 0
-        await self._room.make_room(size, self._label, self._claim)
+        await self._room.make_room(size, self._label, self._claim, reserve=True)
 
     async def take(self, written: int, more: int) -> None:
         claim = self._claim
