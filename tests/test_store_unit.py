@@ -443,6 +443,28 @@ async def test_cancelling_the_last_waiter_cancels_the_install_and_removes_its_st
         r.check()
 
 
+@asynccontextmanager
+async def cancelled_while_committing(r: StoreRig, name: str) -> AsyncIterator[asyncio.Task[Path]]:
+    """A create of package ``name`` cancelled, as its only one, once its install is renamed
+    into place and its commit waits for another agent's transaction; that transaction is rolled
+    back (the commit goes through) when the block ends. Yields the cancelled create."""
+    url = r.packages.add(name)
+    gate = r.packages.hold(name)
+    first = asyncio.create_task(r.take(url))
+    await wait_until(lambda: r.packages.gets[name] == 1, what="the download to start")
+    locker = sqlite3.connect(r.store.root / "state.db", isolation_level=None)
+    try:
+        locker.execute("BEGIN IMMEDIATE")  # another agent's transaction: the commit waits
+        gate.set()
+        path = r.store.path_for(key_of(url))
+        await wait_until(path.is_dir, what="the rename into place")
+        first.cancel()  # delivered before the commit's end, which comes only after the rollback
+        yield first
+    finally:
+        locker.rollback()
+        locker.close()
+
+
 async def test_a_create_joining_an_install_being_cancelled_gets_the_package_not_its_cancellation(
     tmp_path: Path,
 ) -> None:
@@ -450,17 +472,8 @@ async def test_a_create_joining_an_install_being_cancelled_gets_the_package_not_
     waits for another agent's transaction): a create of the same package arriving meanwhile
     waits for it to end and then obtains the package itself, with its reference in the index."""
     async with rig(tmp_path) as r:
-        url = r.packages.add("a")
-        key = key_of(url)
-        gate = r.packages.hold("a")
-        first = asyncio.create_task(r.take(url))
-        await wait_until(lambda: r.packages.gets["a"] == 1, what="the download to start")
-        locker = sqlite3.connect(r.store.root / "state.db", isolation_level=None)
-        try:
-            locker.execute("BEGIN IMMEDIATE")  # another agent's transaction: the commit waits
-            gate.set()
-            await wait_until(lambda: r.store.path_for(key).is_dir(), what="the rename into place")
-            first.cancel()  # the last create leaves: the install is cancelled, in its commit
+        url = BASE + "a"
+        async with cancelled_while_committing(r, "a") as first:
             with pytest.raises(asyncio.CancelledError):
                 await first
             assert r.installing(url), "the cancelled install ended at once: nothing to join"
@@ -473,9 +486,6 @@ async def test_a_create_joining_an_install_being_cancelled_gets_the_package_not_
             second = asyncio.create_task(second_create())
             await joined.wait()
             assert r.installing(url)
-        finally:
-            locker.rollback()
-            locker.close()
         path = await asyncio.wait_for(second, 10)
         assert path.is_dir()
         assert r.packages.gets["a"] == 1, "the package the cancelled install committed is used"
@@ -496,21 +506,9 @@ async def test_an_install_cancelled_after_its_commit_is_ready_in_the_view_at_onc
     at once (forgotten, it stayed out of the view and of info until some later pass; the agent
     state machine saw its folder on disk and not in info)."""
     async with rig(tmp_path) as r:
-        url = r.packages.add("a")
-        key = key_of(url)
-        gate = r.packages.hold("a")
-        first = asyncio.create_task(r.take(url))
-        await wait_until(lambda: r.packages.gets["a"] == 1, what="the download to start")
-        locker = sqlite3.connect(r.store.root / "state.db", isolation_level=None)
-        try:
-            locker.execute("BEGIN IMMEDIATE")  # another agent's transaction: the commit waits
-            gate.set()
-            await wait_until(lambda: r.store.path_for(key).is_dir(), what="the rename into place")
-            first.cancel()  # the only create leaves while the install commits (delivered
-            # before the commit's end, which the thread can signal only after the rollback)
-        finally:
-            locker.rollback()
-            locker.close()
+        url = BASE + "a"
+        async with cancelled_while_committing(r, "a") as first:
+            pass  # the only create left while the install committed
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(first, 10)
         await wait_until(lambda: not r.installing(url), what="the install to end")
