@@ -6,7 +6,8 @@ if it succeeded, the retry gets the remembered answer. Failed or cancelled attem
 (they changed nothing), so a retry after one runs afresh. The same id with a different request is
 refused. Memory is bounded: an id is at most ``MAX_REQUEST_ID_BYTES`` (longer ones are refused,
 not remembered), at most ``capacity`` answered ids are kept (the oldest forgotten first), and the
-answers kept are small values (the caller rebuilds large replies from them).
+answers kept are small values (the caller rebuilds large replies from them), each kept without
+its future once answered.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ MAX_REQUEST_ID_BYTES = 128
 _MAX_JOINS = 8  # a retry joins at most this many cancelled attempts before running itself
 
 
-@dataclass
+@dataclass(slots=True)
 class _Attempt:
     fingerprint: str
-    future: asyncio.Future[Any]
+    # while it runs: its future (retries wait on it); once answered: None, and ``result`` kept
+    future: asyncio.Future[Any] | None
+    result: Any = None
 
 
 class RequestLog:
@@ -57,11 +60,14 @@ class RequestLog:
                     f"request_id {echo(request_id)} was already used for a different {rpc} "
                     "request; use a fresh id for a new request and the same id only to retry"
                 )
+            future = attempt.future
+            if future is None:
+                return cast(T, attempt.result)
             try:
-                return cast(T, await asyncio.shield(attempt.future))
+                return cast(T, await asyncio.shield(future))
             except asyncio.CancelledError:
                 task = asyncio.current_task()
-                if not attempt.future.cancelled() or (task is not None and task.cancelling()):
+                if not future.cancelled() or (task is not None and task.cancelling()):
                     raise  # this retry itself was cancelled
                 # the attempt it joined was cancelled: look again, and run it if nobody does
         return await self._first(key, fingerprint, op)
@@ -84,6 +90,7 @@ class RequestLog:
                 future.exception()  # retrieved: nobody may be waiting
             raise
         future.set_result(result)
+        attempt.future, attempt.result = None, result  # retries waiting have the future
         self._attempts.move_to_end(key)
         self._forget_oldest()
         return result
@@ -94,7 +101,12 @@ class RequestLog:
         excess = len(self._attempts) - self._capacity
         if excess <= 0:
             return
-        done = [k for k, a in self._attempts.items() if a.future.done()][:excess]
+        done: list[tuple[str, str]] = []
+        for key, attempt in self._attempts.items():  # the in-flight ones aside, the oldest
+            if attempt.future is None:
+                done.append(key)
+                if len(done) == excess:
+                    break
         for key in done:
             del self._attempts[key]
 

@@ -45,6 +45,7 @@ from agent.app.service import AgentService
 from agent.core.bounded import BoundedCache
 from agent.core.errors import AgentError, ErrorKind, cap_message, echo, stray_cancellation
 from agent.core.ray_context import build_ray_context
+from agent.core.runtime_env import RuntimeEnv
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +243,7 @@ class RayFront:
             serialized, setup_timeout_seconds, "", job_id=job, eager_install=eager_install
         )
         try:
-            return created.env_id, self._context(created.env_id)
+            return created.env_id, self._context(created.env)
         except BaseException:
             await self._release(created.env_id, 1)
             raise
@@ -263,10 +264,10 @@ class RayFront:
         if excess > 0 and env_id is not None:
             await self._release(env_id, excess)
 
-    def _context(self, env_id: str) -> str:
+    def _context(self, env: RuntimeEnv) -> str:
+        env_id = env.env_id
         context = self._contexts.get(env_id)
         if context is None:
-            env = self.service.records[env_id].env
             settings = self.service.settings
             context = json.dumps(
                 build_ray_context(

@@ -1,10 +1,19 @@
-"""What the service keeps of each env it holds (its record: the parsed env, its worker context,
-its state, the jobs that created it), and what such values weigh in memory.
+"""What the service keeps of each env it holds (its record), of each recent failure, and what
+such values weigh in memory.
+
+A live env's record is small on purpose: an agent may hold 100,000 envs. It keeps the env's
+canonical JSON (its identity, shown by info; the env id is the key it is kept under), its state,
+when it was created and the job ids and ``eager_install`` its creates said. Everything else is
+elsewhere or derived: its URI keys are the reference tables' (``RefTables.env``), its parsed
+value is in the parse cache (bounded) or in the hands of the create that has it, and its worker
+context is a pure function of the parsed env, built when a door asks (the doors keep their
+replies in caches of their own, bounded).
 
 A create's ``job_id`` (the scheduler's job that asked) is kept for info: the latest
 ``MAX_JOB_IDS`` distinct ones, newest last (an env shared by jobs one after another shows who uses
 it now), each at most ``MAX_JOB_ID_BYTES`` (longer ones are refused, not cut: a client chooses what
-it sends).
+it sends). Equal tuples of job ids are shared between records through a bounded pool (``JobIds``):
+many envs of one job keep one tuple, and a tuple evicted from the pool is only shared less.
 """
 
 from __future__ import annotations
@@ -13,32 +22,63 @@ import sys
 from dataclasses import dataclass
 
 from agent.app.snapshot import EnvState
-from agent.core.context import WorkerContext
+from agent.core.bounded import BoundedCache
 from agent.core.errors import InvalidArgument, echo
 from agent.core.runtime_env import RuntimeEnv
 
 MAX_JOB_ID_BYTES = 128  # Ray's job ids are 8 hex digits; a submission id is about 30 characters
 MAX_JOB_IDS = 4  # job ids kept per env: the latest distinct ones
+_SHARED_JOB_TUPLES = 1024  # distinct tuples of job ids in the pool
 
 
 @dataclass(slots=True)
 class EnvRecord:
-    env: RuntimeEnv
-    context: WorkerContext
+    """A live env (it holds references): its canonical JSON, its state, and what its creates
+    said. Kept under its env id (``env_id_of(canonical)``)."""
+
+    canonical: str
     state: EnvState
     created_ms: int
     # the latest distinct job ids of its creates, newest last: at most MAX_JOB_IDS, each at most
     # MAX_JOB_ID_BYTES (checked in ``create``)
     job_ids: tuple[str, ...] = ()
     eager_install: bool = False  # the latest create asked for it (the service says why no more)
-    error: str = ""
 
-    def note_job(self, job_id: str, eager_install: bool) -> None:
+    def note_job(self, job_id: str, eager_install: bool, pool: JobIds) -> None:
         """One more create of this env, by ``job_id`` ("" = none said)."""
         self.eager_install = eager_install
         ids = self.job_ids
         if job_id and (not ids or ids[-1] != job_id):  # the same job again: nothing to do
-            self.job_ids = (*(i for i in ids if i != job_id), job_id)[-MAX_JOB_IDS:]
+            self.job_ids = pool.share((*(i for i in ids if i != job_id), job_id)[-MAX_JOB_IDS:])
+
+
+@dataclass(frozen=True, slots=True)
+class FailedEnv:
+    """A recent failure, kept for info (bounded by the service): the parsed env, what its
+    creates said and the error. It holds no references and no worker context."""
+
+    env: RuntimeEnv
+    failed_ms: int
+    job_ids: tuple[str, ...]
+    eager_install: bool
+    error: str
+
+
+class JobIds:
+    """Equal tuples of job ids, shared: at most ``_SHARED_JOB_TUPLES`` kept, the least
+    recently shared forgotten first (a forgotten tuple stays valid where it is kept)."""
+
+    def __init__(self) -> None:
+        self._pool: BoundedCache[tuple[str, ...], tuple[str, ...]] = BoundedCache(
+            _SHARED_JOB_TUPLES, _SHARED_JOB_TUPLES * (MAX_JOB_IDS * MAX_JOB_ID_BYTES + 100)
+        )
+
+    def share(self, ids: tuple[str, ...]) -> tuple[str, ...]:
+        shared = self._pool.get(ids)
+        if shared is None:
+            self._pool.put(ids, ids, sum(map(len, ids)) + 100)
+            shared = ids
+        return shared
 
 
 def check_job_id(job_id: str) -> None:
@@ -67,5 +107,5 @@ def env_weight(env: RuntimeEnv) -> int:
     )
 
 
-def failure_weight(record: EnvRecord) -> int:
-    return env_weight(record.env) + len(record.error) + sum(map(len, record.job_ids))
+def failure_weight(failed: FailedEnv) -> int:
+    return env_weight(failed.env) + len(failed.error) + sum(map(len, failed.job_ids))

@@ -31,14 +31,20 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from agent.app.config import Settings
 from agent.app.idempotency import RequestLog
 from agent.app.parsing import ParseCache
-from agent.app.records import MAX_JOB_IDS, EnvRecord, check_job_id, failure_weight
+from agent.app.records import (
+    MAX_JOB_IDS,
+    EnvRecord,
+    FailedEnv,
+    JobIds,
+    check_job_id,
+    failure_weight,
+)
 from agent.app.snapshot import (
     CacheView,
     EnvState,
@@ -61,7 +67,8 @@ from agent.core.errors import (
     echo,
 )
 from agent.core.refs import RefTables
-from agent.core.runtime_env import RuntimeEnv
+from agent.core.runtime_env import RuntimeEnv, env_id_of
+from agent.core.uris import UriKey
 from agent.state.recovery import RecoverySummary
 from agent.state.state_db import StateDB
 from agent.state.store import UriEntry, UriState, UriStore
@@ -75,12 +82,37 @@ _FAILURE_BYTES = 4 * 1024 * 1024  # bodies of recently failed envs kept for info
 _MAX_ENV_ID_CHARS = 64  # an env id is 32 hex digits; a longer one names no env
 
 
-@dataclass(frozen=True)
 class Created:
-    env_id: str
-    context: WorkerContext
-    uris: tuple[str, ...]  # "kind:uri"
-    hit: bool  # every package was installed already: no await, no I/O
+    """A create's answer: the env (parsed), whether it was a hit, and on demand its worker
+    context and its URIs ("kind:uri"), each built once when first asked (a door that kept its
+    reply for the env asks for neither)."""
+
+    __slots__ = ("_build", "_context", "_uris", "env", "hit")
+
+    def __init__(
+        self, env: RuntimeEnv, hit: bool, build: Callable[[RuntimeEnv], WorkerContext]
+    ) -> None:
+        self.env = env
+        self.hit = hit  # every package was installed already: no await, no I/O
+        self._build = build
+        self._context: WorkerContext | None = None
+        self._uris: tuple[str, ...] | None = None
+
+    @property
+    def env_id(self) -> str:
+        return self.env.env_id
+
+    @property
+    def context(self) -> WorkerContext:
+        if self._context is None:
+            self._context = self._build(self.env)
+        return self._context
+
+    @property
+    def uris(self) -> tuple[str, ...]:
+        if self._uris is None:
+            self._uris = uris_of(self.env.uri_keys)
+        return self._uris
 
 
 class AgentService:
@@ -102,8 +134,10 @@ class AgentService:
         self._db = db
         self._recovery = _recovery_view(recovery or RecoverySummary())
         self._clock = clock
+        # env id -> record: what the service keeps per live env (small: see ``records.py``)
         self.records: dict[str, EnvRecord] = {}
-        self.failures: deque[EnvRecord] = deque()  # oldest first; see _remember_failure
+        self.failures: deque[FailedEnv] = deque()  # oldest first; see _remember_failure
+        self._job_ids = JobIds()
         self._failure_bytes = 0
         self._requests = RequestLog(settings.request_log_capacity)
         self._parses = ParseCache(settings.env, settings.allow_file_roots)
@@ -134,14 +168,13 @@ class AgentService:
         hit = await self._requests.run(
             "create", request_id, env.env_id, lambda: self._create(env, timeout, job_id, eager)
         )
-        # The request log remembers only ``hit``: the reply is rebuilt from the env, the same
+        # The request log remembers only ``hit``: the reply is built from the env, the same
         # for every create of it, so a retry after a delete gets the answer it missed.
-        record = self.records.get(env.env_id)
-        if record is None:
-            return Created(env.env_id, self._context(env), _uris(env), hit)
-        return self._created(record, hit=hit)
+        return Created(env, hit, self.context_of)
 
-    def _context(self, env: RuntimeEnv) -> WorkerContext:
+    def context_of(self, env: RuntimeEnv) -> WorkerContext:
+        """The env's worker context: a pure function of the env and the settings, built each
+        time it is asked for (the doors keep their replies; a record keeps no context)."""
         return build_context(
             env, self.store.path_for, py_executable=self.settings.py_executable,
             limits=self.settings.env,
@@ -154,8 +187,9 @@ class AgentService:
         env_id = env.env_id
         record = self.records.get(env_id)
         if record is None:
-            record = EnvRecord(env, self._context(env), EnvState.CREATING, self._now_ms())
-        record.note_job(job_id, eager_install)
+            self.context_of(env)  # a worker could be started with it (E2BIG): before counting
+            record = EnvRecord(env.canonical, EnvState.CREATING, self._now_ms())
+        record.note_job(job_id, eager_install, self._job_ids)
         # Bookkeeping, atomically: no await from here to the first install.
         # Keys whose count goes 0 -> 1 are taken again in the index by their ensure below.
         self.tables.begin_create(env_id, env.uri_keys)
@@ -163,9 +197,9 @@ class AgentService:
         if record.state is EnvState.READY:  # the hot path: no await, no I/O
             self.store.touch(env.uri_keys)
             self.tables.commit_create(env_id)
-            self._note(env)
+            self._note(env.uri_keys)
             return True
-        self._note(env)  # before the installs: their commits carry it, no commit of its own
+        self._note(env.uri_keys)  # before the installs: their commits carry it, none of its own
         # Each package's install as a task of this create's: when one fails, the others are
         # cancelled (gather alone would leave them running for nobody); an install another
         # create also waits for goes on for it (``UriStore.ensure``'s waiters).
@@ -186,7 +220,7 @@ class AgentService:
             raise
         record.state = EnvState.READY
         self.tables.commit_create(env_id)
-        self._note(env)
+        self._note(env.uri_keys)
         return False
 
     def _abort(self, env: RuntimeEnv, exc: BaseException) -> None:
@@ -196,37 +230,27 @@ class AgentService:
             del self.records[env.env_id]
         if isinstance(exc, AgentError | TimeoutError):
             error = exc.message if isinstance(exc, AgentError) else "setup timed out"
-            self._remember_failure(record, error)
+            self._remember_failure(env, record, error)
         self.store.release(released)
-        self._note(env)
+        self._note(env.uri_keys)
 
-    def _remember_failure(self, record: EnvRecord, error: str) -> None:
+    def _remember_failure(self, env: RuntimeEnv, record: EnvRecord, error: str) -> None:
         """Keep the recent failures for info: at most ``_MAX_FAILURES_KEPT`` of them and
         ``_FAILURE_BYTES`` of their bodies, the oldest dropped first; no worker context."""
-        error = cap_message(error)
-        failed = EnvRecord(
-            record.env, _NO_CONTEXT, EnvState.FAILED, self._now_ms(), record.job_ids,
-            record.eager_install, error=error,
-        )  # fmt: skip
+        failed = FailedEnv(
+            env, self._now_ms(), record.job_ids, record.eager_install, cap_message(error)
+        )
         self.failures.append(failed)
         self._failure_bytes += failure_weight(failed)
         while len(self.failures) > _MAX_FAILURES_KEPT or self._failure_bytes > _FAILURE_BYTES:
             self._failure_bytes -= failure_weight(self.failures.popleft())
 
-    def _note(self, env: RuntimeEnv) -> None:
-        """Note the live envs and the env's packages' last use for the index, written behind
+    def _note(self, keys: tuple[UriKey, ...]) -> None:
+        """Note the live envs and an env's packages' last use for the index, written behind
         (no I/O)."""
         if self._db is not None:
             self._db.note_live_envs(len(self.records))
-            self.store.note(env.uri_keys)
-
-    def _created(self, record: EnvRecord, *, hit: bool) -> Created:
-        return Created(
-            env_id=record.env.env_id,
-            context=record.context,
-            uris=_uris(record.env),
-            hit=hit,
-        )
+            self.store.note(keys)
 
     def _setup_timeout(self, env: RuntimeEnv, requested: int) -> float:
         if requested < -1:
@@ -270,13 +294,13 @@ class AgentService:
         return await self._requests.run("delete", request_id, env_id, op)
 
     def _delete(self, env_id: str) -> int:
-        env = self.records[env_id].env if env_id in self.records else None
+        refs = self.tables.env(env_id)
         remaining, released = self.tables.delete(env_id)
         if remaining == 0:
             del self.records[env_id]
         self.store.release(released)
-        if env is not None:
-            self._note(env)
+        if refs is not None:
+            self._note(refs.keys)
         return remaining
 
     # -- info ------------------------------------------------------------------------------
@@ -287,9 +311,11 @@ class AgentService:
         Every package, whatever the count: a door caps what it sends by its own measure."""
         cap = self.settings.max_info_envs
         limit = cap if limit <= 0 else min(limit, cap)
-        failed = (f for f in reversed(self.failures) if f.env.env_id not in self.records)
-        records = itertools.chain(self.records.values(), failed)
-        envs = tuple(self._env_view(r) for r in itertools.islice(records, limit))
+        live = (self._env_view(env_id, r) for env_id, r in self.records.items())
+        failed = (
+            _failed_view(f) for f in reversed(self.failures) if f.env.env_id not in self.records
+        )
+        envs = tuple(itertools.islice(itertools.chain(live, failed), limit))
         uris = tuple(self._uri_view(entry) for entry in self.store.entries())
         stats = self.store.stats()
         cache = CacheView(
@@ -324,16 +350,16 @@ class AgentService:
         """The agent's root (where packages, the index and the socket live)."""
         return self.store.root
 
-    def _env_view(self, record: EnvRecord) -> EnvView:
-        env = record.env
-        live = record.state is not EnvState.FAILED
+    def _env_view(self, env_id: str, record: EnvRecord) -> EnvView:
+        refs = self.tables.env(env_id)
+        assert refs is not None, f"record of env {env_id} without references"
         return EnvView(
-            env_id=env.env_id,
-            canonical=env.canonical,
-            references=self.tables.env_count(env.env_id) if live else 0,
-            uris=_uris(env),
+            env_id=env_id,
+            canonical=record.canonical,
+            references=refs.count,
+            uris=uris_of(refs.keys),
             state=record.state,
-            error=record.error,
+            error="",
             created_ms=record.created_ms,
             job_ids=record.job_ids,
             eager_install=record.eager_install,
@@ -367,20 +393,20 @@ class AgentService:
         live = {env_id for env_id, _ in self.tables.envs()}
         assert live == set(self.records), f"records {set(self.records)} != tables {live}"
         for env_id, refs in self.tables.envs():
+            record = self.records[env_id]
+            assert env_id_of(record.canonical) == env_id, f"record of {env_id}: another env"
+            assert record.state is not EnvState.FAILED, f"live env {env_id} recorded failed"
             for key in refs.keys:
                 entry = self.store.entry(key)
-                if self.records[env_id].state is EnvState.READY:
+                if record.state is EnvState.READY:
                     assert entry is not None, f"ready env {env_id} lost {key}"
-        for record in itertools.chain(self.records.values(), self.failures):
-            ids = record.job_ids
+        kept: Iterable[EnvRecord | FailedEnv] = self.records.values()
+        for ids in (k.job_ids for k in itertools.chain(kept, self.failures)):
             assert len(ids) <= MAX_JOB_IDS, f"job ids {ids}: more than {MAX_JOB_IDS}"
             assert len(set(ids)) == len(ids), f"job ids {ids}: one twice"
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
-
-
-_NO_CONTEXT = WorkerContext(env_vars={}, cwd="", py_executable="")
 
 
 def _none_held(env_id: str) -> int:
@@ -399,8 +425,24 @@ async def _cancel_all(tasks: Sequence[asyncio.Future[Path]]) -> None:
             task.exception()
 
 
-def _uris(env: RuntimeEnv) -> tuple[str, ...]:
-    return tuple(str(key) for key in env.uri_keys)
+def uris_of(keys: tuple[UriKey, ...]) -> tuple[str, ...]:
+    """The keys as a reply names them: "kind:uri"."""
+    return tuple(str(key) for key in keys)
+
+
+def _failed_view(failed: FailedEnv) -> EnvView:
+    env = failed.env
+    return EnvView(
+        env_id=env.env_id,
+        canonical=env.canonical,
+        references=0,
+        uris=uris_of(env.uri_keys),
+        state=EnvState.FAILED,
+        error=failed.error,
+        created_ms=failed.failed_ms,
+        job_ids=failed.job_ids,
+        eager_install=failed.eager_install,
+    )
 
 
 def _recovery_view(summary: RecoverySummary) -> RecoveryView:

@@ -9,6 +9,10 @@ A create holds its reference from ``begin_create`` on; while it is in flight the
 *pending*. ``commit_create`` makes it an ordinary reference a ``delete`` may drop;
 ``abort_create`` (failure, timeout, cancellation) gives it back. A delete never drops a pending
 reference: that one belongs to a create that has not answered yet.
+
+An agent may hold 100,000 envs, most of them naming the same few packages: an env's entry is a
+small slotted object, and equal tuples of keys are shared between envs through a bounded pool
+(a tuple forgotten by the pool stays valid where it is kept; it is only shared less).
 """
 
 from __future__ import annotations
@@ -16,11 +20,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from agent.core.bounded import BoundedCache
 from agent.core.errors import EnvBusy, EnvNotFound
 from agent.core.uris import UriKey
 
+_SHARED_KEY_TUPLES = 1024  # distinct tuples of keys in the pool
+_SHARED_KEY_BYTES = 8 * 1024 * 1024  # the URIs they hold, about
 
-@dataclass
+
+@dataclass(slots=True)
 class EnvRefs:
     keys: tuple[UriKey, ...]  # distinct
     count: int  # all references: committed ones plus pending creates
@@ -43,6 +51,10 @@ class RefTables:
     def __init__(self) -> None:
         self._envs: dict[str, EnvRefs] = {}
         self._uris: dict[UriKey, int] = {}
+        # equal key tuples, shared (not part of the tables: forgetting one changes nothing)
+        self._shared: BoundedCache[tuple[UriKey, ...], tuple[UriKey, ...]] = BoundedCache(
+            _SHARED_KEY_TUPLES, _SHARED_KEY_BYTES
+        )
 
     # -- queries ---------------------------------------------------------------------------
     def env(self, env_id: str) -> EnvRefs | None:
@@ -67,14 +79,14 @@ class RefTables:
     # -- mutations -------------------------------------------------------------------------
     def begin_create(self, env_id: str, keys: Iterable[UriKey]) -> list[UriKey]:
         """Count one pending reference on the env; return the keys that went from 0 to 1."""
-        distinct = tuple(dict.fromkeys(keys))
         refs = self._envs.get(env_id)
         if refs is not None:
-            if refs.keys != distinct:
+            if keys is not refs.keys and tuple(dict.fromkeys(keys)) != refs.keys:
                 raise AssertionError(f"env {env_id} was created with other keys")
             refs.count += 1
             refs.pending += 1
             return []
+        distinct = self._share(tuple(dict.fromkeys(keys)))
         self._envs[env_id] = EnvRefs(keys=distinct, count=1, pending=1)
         acquired = []
         for key in distinct:
@@ -83,6 +95,14 @@ class RefTables:
             if before == 0:
                 acquired.append(key)
         return acquired
+
+    def _share(self, keys: tuple[UriKey, ...]) -> tuple[UriKey, ...]:
+        """An equal tuple another env keeps, if the pool knows one; else ``keys``, remembered."""
+        shared = self._shared.get(keys)
+        if shared is None:
+            self._shared.put(keys, keys, 100 + sum(len(key.uri) + 100 for key in keys))
+            return keys
+        return shared
 
     def commit_create(self, env_id: str) -> None:
         """The create answered success: its pending reference becomes an ordinary one."""

@@ -3,7 +3,8 @@ the start of an agent on an empty root; and the agent's memory with very many en
 
 The memory figure creates distinct small envs (each its own env_vars, all sharing one file://
 package) through many concurrent creates, as many as fit in a bounded time (said so when that is
-fewer than asked), then reads VmRSS and VmHWM from /proc/PID/status.
+fewer than asked), then reads VmRSS and VmHWM from /proc/PID/status. Goal (issue 17): the RSS
+it grew by, per env, under 1 kB (1,024 bytes) with 100,000 envs.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from agent.install.disk import package_dir
 from agent.state.state_db import FILE_NAME, StateDB, UriRow
 from benchlib import rpc
 from benchlib.config import Sizes
-from benchlib.figures import Measure, WorkloadResult
+from benchlib.figures import Goal, Measure, WorkloadResult
 from benchlib.packages import build_small_zip
 from benchlib.procs import AgentProcess, BenchError, ProcWatch, status_bytes
 from rtenv.v1 import agent_pb2
@@ -130,7 +131,10 @@ async def _memory(work: Path, sizes: Sizes, result: WorkloadResult) -> None:
         "the same agent with 1 env, before the creates", "MB",
     )  # fmt: skip
     per_env = (rss - idle_rss) / max(made, 1)
-    result.figure("RSS per env", per_env, len(env(made).encode()), "the env's JSON text", "bytes")
+    result.figure(
+        "RSS per env", per_env, len(env(made).encode()), "the env's JSON text", "bytes",
+        Goal("value", "<", 1024, "< 1 kB (1,024 bytes)"),
+    )  # fmt: skip
     result.notes.append(
         f"memory: {made} distinct envs created at concurrency {sizes.rss_concurrency} in "
         f"{calls.wall_s:.1f}s ({made / calls.wall_s:.0f} creates/s); peak RSS (VmHWM) "
