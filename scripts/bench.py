@@ -11,6 +11,9 @@ Workloads (``--only NAME``, repeatable; the parts are in ``scripts/benchlib/``):
   also on uvloop when it is installed. The same agent's Ray door (Ray's HTTP protocol, the
   same client loops) beside its gRPC door, when the checkout has one.
 - persistence: the hot workload with state.db and without it (--no-state-db).
+- grpc-routes: the hot phases on the echo server served three ways: grpc.aio with the generated
+  servicer (the hot baseline), grpc.aio with a generic handler (bytes in, prepared bytes out)
+  and the sync grpc.server in a thread pool: the choice of the agent's gRPC route.
 - cold-large: one create of an env whose working_dir is a ~60 MB zip (thousands of small files,
   a few large ones) over http from an empty cache, against a sequential aiohttp download +
   zipfile.extractall of the same file, and against curl -o + unzip -q.
@@ -73,7 +76,7 @@ from benchlib.churn import bench_churn
 from benchlib.cold import bench_cold_large, bench_loop_blocking, bench_stampede
 from benchlib.config import SMOKE, Sizes, with_overrides
 from benchlib.figures import WorkloadResult, fmt, plot, plot_unavailable, table, write_json
-from benchlib.hot import bench_hot, bench_persistence
+from benchlib.hot import bench_grpc_routes, bench_hot, bench_persistence
 from benchlib.peer import (
     bench_peer_churn,
     bench_peer_cold_large,
@@ -95,6 +98,7 @@ Workload = Callable[[Path, Sizes, Shared], Awaitable[WorkloadResult]]
 WORKLOADS: dict[str, Workload] = {
     "hot": lambda work, sizes, shared: bench_hot(work, sizes),
     "persistence": lambda work, sizes, shared: bench_persistence(work, sizes),
+    "grpc-routes": lambda work, sizes, shared: bench_grpc_routes(work, sizes),
     "cold-large": bench_cold_large,
     "stampede": bench_stampede,
     "loop-blocking": bench_loop_blocking,
