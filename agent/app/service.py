@@ -141,6 +141,35 @@ class AgentService:
             return Created(env.env_id, self._context(env), _uris(env), hit)
         return self._created(record, hit=hit)
 
+    def create_hit(
+        self, serialized: str, timeout_s: int, *, job_id: str = "", eager_install: bool = False
+    ) -> str | None:
+        """``create`` with no request id, in one synchronous step when it is a cache hit: the
+        env's id once its reference is counted, or None (nothing done) when the env is not
+        ready here: ``create`` then. Checks its input as ``create`` does, in the same order,
+        and raises the same errors before anything is counted. The doors' hot path: no
+        coroutine, no request log (an empty id is never logged)."""
+        check_job_id(job_id)
+        env = self._parses.parse(serialized)
+        self._setup_timeout(env, timeout_s)
+        record = self.records.get(env.env_id)
+        if record is None or record.state is not EnvState.READY:
+            return None
+        self._hit(env, record, job_id, eager_install or env.eager_install is True)
+        return env.env_id
+
+    def _hit(self, env: RuntimeEnv, record: EnvRecord, job_id: str, eager: bool) -> None:
+        """One more reference on a ready env: no await, no I/O."""
+        record.note_job(job_id, eager)
+        self.tables.begin_create(env.env_id, env.uri_keys)
+        self.store.touch(env.uri_keys)
+        self.tables.commit_create(env.env_id)
+        self._note(env)
+
+    def created(self, env_id: str) -> Created:
+        """What a create of this live env answers (a door prepares its reply from it once)."""
+        return self._created(self.records[env_id], hit=True)
+
     def _context(self, env: RuntimeEnv) -> WorkerContext:
         return build_context(
             env, self.store.path_for, py_executable=self.settings.py_executable,
@@ -153,6 +182,9 @@ class AgentService:
         """Create (or count once more) the env; return whether it was a hit."""
         env_id = env.env_id
         record = self.records.get(env_id)
+        if record is not None and record.state is EnvState.READY:  # the hot path (``_hit``)
+            self._hit(env, record, job_id, eager_install)
+            return True
         if record is None:
             record = EnvRecord(env, self._context(env), EnvState.CREATING, self._now_ms())
         record.note_job(job_id, eager_install)
@@ -160,11 +192,6 @@ class AgentService:
         # Keys whose count goes 0 -> 1 are taken again in the index by their ensure below.
         self.tables.begin_create(env_id, env.uri_keys)
         self.records[env_id] = record
-        if record.state is EnvState.READY:  # the hot path: no await, no I/O
-            self.store.touch(env.uri_keys)
-            self.tables.commit_create(env_id)
-            self._note(env)
-            return True
         self._note(env)  # before the installs: their commits carry it, no commit of its own
         # Each package's install as a task of this create's: when one fails, the others are
         # cancelled (gather alone would leave them running for nobody); an install another
@@ -247,6 +274,21 @@ class AgentService:
     ) -> int:
         """Drop one reference of the env named by id or by its JSON; return what is left.
         Only the holder (``holder=True``) drops the references ``held_by_holder`` counts."""
+        env_id = self._named(env_id, serialized)
+
+        async def op() -> int:
+            return self._delete_one(env_id, holder)
+
+        logfields.note(env_id=env_id)  # on this request's log lines from here on
+        return await self._requests.run("delete", request_id, env_id, op)
+
+    def delete_now(self, env_id: str, serialized: str) -> int:
+        """``delete`` with no request id, in one synchronous step (the doors' hot path): the
+        same checks, errors and change."""
+        return self._delete_one(self._named(env_id, serialized), False)
+
+    def _named(self, env_id: str, serialized: str) -> str:
+        """The env id a delete names, by id or by its JSON."""
         if serialized:
             env_id = self._parses.parse(serialized).env_id
         if not env_id:
@@ -256,18 +298,16 @@ class AgentService:
                 f"runtime env {echo(env_id)} is unknown: an env id is 32 hex digits, "
                 "as CreateRuntimeEnv returned it"
             )
+        return env_id
 
-        async def op() -> int:
-            held = 0 if holder else self.held_by_holder(env_id)
-            if held and self.tables.env_count(env_id) <= held:
-                raise Conflict(
-                    f"runtime env {env_id}'s {held} remaining reference(s) are held by Ray's "
-                    "raylet through the Ray door; it deletes them itself as its workers exit"
-                )
-            return self._delete(env_id)
-
-        logfields.note(env_id=env_id)  # on this request's log lines from here on
-        return await self._requests.run("delete", request_id, env_id, op)
+    def _delete_one(self, env_id: str, holder: bool) -> int:
+        held = 0 if holder else self.held_by_holder(env_id)
+        if held and self.tables.env_count(env_id) <= held:
+            raise Conflict(
+                f"runtime env {env_id}'s {held} remaining reference(s) are held by Ray's "
+                "raylet through the Ray door; it deletes them itself as its workers exit"
+            )
+        return self._delete(env_id)
 
     def _delete(self, env_id: str) -> int:
         env = self.records[env_id].env if env_id in self.records else None

@@ -85,14 +85,23 @@ class Metrics:
 
     def count_request(self, rpc: str, outcome: Outcome) -> None:
         """Count one RPC by how it ended."""
+        self.request_counter(rpc, outcome).inc()
+
+    def request_counter(self, rpc: str, outcome: Outcome) -> Any:
+        """The counter of one RPC's outcome (a prometheus child, ``.inc()``), made once per
+        pair: ``labels()`` looks up and locks, so a hot path binds its children once."""
         child = self._request_children.get((rpc, outcome))
-        if child is None:  # labels() looks up and locks: do it once per pair
+        if child is None:
             label = outcome.value if isinstance(outcome, ErrorKind) else outcome
             child = self._request_children[(rpc, outcome)] = self.requests.labels(rpc, label)
-        child.inc()
+        return child
 
     def observe_create(self, hit: bool, seconds: float) -> None:
-        (self._create_hit if hit else self._create_miss).observe(seconds)
+        self.create_latency(hit).observe(seconds)
+
+    def create_latency(self, hit: bool) -> Any:
+        """The create latency histogram's child for a hit or a miss (``.observe(seconds)``)."""
+        return self._create_hit if hit else self._create_miss
 
     def observe_install(self, ok: bool, fetched_bytes: int, seconds: float) -> None:
         self.installs.labels("ok" if ok else "error").inc()
