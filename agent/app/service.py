@@ -75,6 +75,15 @@ _FAILURE_BYTES = 4 * 1024 * 1024  # bodies of recently failed envs kept for info
 _MAX_ENV_ID_CHARS = 64  # an env id is 32 hex digits; a longer one names no env
 
 
+@dataclass(frozen=True, slots=True)
+class HitKey:
+    """A create request checked (``AgentService.check_create``): its env, job and eagerness."""
+
+    env: RuntimeEnv
+    job_id: str
+    eager: bool
+
+
 @dataclass(frozen=True)
 class Created:
     env_id: str
@@ -141,22 +150,26 @@ class AgentService:
             return Created(env.env_id, self._context(env), _uris(env), hit)
         return self._created(record, hit=hit)
 
-    def create_hit(
+    def check_create(
         self, serialized: str, timeout_s: int, *, job_id: str = "", eager_install: bool = False
-    ) -> str | None:
-        """``create`` with no request id, in one synchronous step when it is a cache hit: the
-        env's id once its reference is counted, or None (nothing done) when the env is not
-        ready here: ``create`` then. Checks its input as ``create`` does, in the same order,
-        and raises the same errors before anything is counted. The doors' hot path: no
-        coroutine, no request log (an empty id is never logged)."""
+    ) -> HitKey:
+        """``create``'s checks of its input, in its order and raising its errors, with nothing
+        counted: what ``create_hit`` needs. A pure function of the request (and the settings):
+        a door may keep the key of a request it sees again."""
         check_job_id(job_id)
         env = self._parses.parse(serialized)
         self._setup_timeout(env, timeout_s)
-        record = self.records.get(env.env_id)
+        return HitKey(env, job_id, eager_install or env.eager_install is True)
+
+    def create_hit(self, key: HitKey) -> bool:
+        """``create`` with no request id, in one synchronous step when it is a cache hit: one
+        more reference on the env if it is ready here, or False (nothing done) when it is not:
+        ``create`` then. The doors' hot path: no coroutine, no request log."""
+        record = self.records.get(key.env.env_id)
         if record is None or record.state is not EnvState.READY:
-            return None
-        self._hit(env, record, job_id, eager_install or env.eager_install is True)
-        return env.env_id
+            return False
+        self._hit(key.env, record, key.job_id, key.eager)
+        return True
 
     def _hit(self, env: RuntimeEnv, record: EnvRecord, job_id: str, eager: bool) -> None:
         """One more reference on a ready env: no await, no I/O."""
@@ -164,7 +177,8 @@ class AgentService:
         self.tables.begin_create(env.env_id, env.uri_keys)
         self.store.touch(env.uri_keys)
         self.tables.commit_create(env.env_id)
-        self._note(env)
+        if self._db is not None:  # the last use; the live envs are as many as before
+            self.store.note(env.uri_keys)
 
     def created(self, env_id: str) -> Created:
         """What a create of this live env answers (a door prepares its reply from it once)."""
@@ -315,8 +329,8 @@ class AgentService:
         if remaining == 0:
             del self.records[env_id]
         self.store.release(released)
-        if env is not None:
-            self._note(env)
+        if env is not None and remaining == 0:  # else nothing to note: the live envs and
+            self._note(env)  # the packages' last use are as the create noted them
         return remaining
 
     # -- info ------------------------------------------------------------------------------

@@ -19,12 +19,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from agent.app.service import AgentService, Created
+from agent.app.service import AgentService, Created, HitKey
 from agent.app.snapshot import EnvView, Snapshot, UriView
 from agent.core.bounded import BoundedCache
 from agent.core.errors import AgentError, InvalidArgument
@@ -46,6 +47,9 @@ _REPLIES_BYTES = 8 * 1024 * 1024  # a reply holds the env's variables: up to 1 M
 # first figure, URIs up to the second (one env is at most ~2 MiB: its JSON and its URIs again).
 _INFO_ENV_BYTES = 5 * 1024 * 1024 // 2
 _INFO_BYTES = 7 * 1024 * 1024 // 2
+_HOT_KEPT = 1024  # requests remembered by their bytes (see ``_hot_creates``)
+_HOT_BYTES = 2 * 1024 * 1024
+_HOT_REQUEST_BYTES = 4096  # larger requests are parsed every time
 # A delete's reply for the counts a delete usually leaves, serialised once.
 _DELETE_REPLIES = tuple(
     agent_pb2.DeleteRuntimeEnvReply(remaining_references=n).SerializeToString() for n in range(64)
@@ -58,6 +62,11 @@ class RuntimeEnvAgentServicer:
         self._metrics = metrics
         # env id -> its create reply's bytes: the same for every create of the env.
         self._replies: BoundedCache[str, bytes] = BoundedCache(_REPLIES_KEPT, _REPLIES_BYTES)
+        # The bytes of requests (no request id) that were answered by the hot path, small
+        # ones only: a create's checked key and reply, a delete's env id. The same bytes are
+        # the same request, and its checks are a pure function of it.
+        self._hot_creates: BoundedCache[bytes, _Hot] = BoundedCache(_HOT_KEPT, _HOT_BYTES)
+        self._hot_deletes: BoundedCache[bytes, str] = BoundedCache(_HOT_KEPT, _HOT_BYTES // 4)
         self._hit_ok: Any = None  # the hot path's metrics children, bound once
         self._hit_latency: Any = None
         self._delete_ok: Any = None
@@ -77,6 +86,12 @@ class RuntimeEnvAgentServicer:
         }
 
     async def create(self, raw: bytes, context: Context) -> bytes:
+        hot = self._hot_creates.get(raw)
+        if hot is not None:  # this very request was a hit before: checked then (a pure check)
+            started = time.perf_counter()
+            if self._service.create_hit(hot.key):
+                self._count_hit(started)
+                return hot.reply
         request = _decode(agent_pb2.CreateRuntimeEnvRequest, raw)
         if request is None:
             return await self._undecodable(_CREATE, agent_pb2.CreateRuntimeEnvRequest, raw, context)
@@ -84,21 +99,21 @@ class RuntimeEnvAgentServicer:
             started = time.perf_counter()
             config = request.config
             try:
-                env_id = self._service.create_hit(
+                key = self._service.check_create(
                     request.serialized_runtime_env, config.setup_timeout_seconds,
                     job_id=request.job_id, eager_install=config.eager_install,
                 )  # fmt: skip
             except AgentError:  # met again below, before anything is counted
-                env_id = None
+                key = None
             except Exception as exc:  # a bug: answered and logged as one
                 return await answer(_CREATE, context, "", _raising(exc), self._metrics, bytes)
-            if env_id is not None:
-                reply = self._replies.get(env_id)
-                if reply is None:
-                    reply = self._prepare(self._service.created(env_id))
-                if self._hit_ok is not None:
-                    self._hit_latency.observe(time.perf_counter() - started)
-                    self._hit_ok.inc()
+            if key is not None and self._service.create_hit(key):
+                env_id = key.env.env_id
+                reply = self._replies.get(env_id) or self._prepare(self._service.created(env_id))
+                if len(raw) <= _HOT_REQUEST_BYTES:
+                    weight = 2 * len(raw) + len(reply) + 512  # the key's env may be its own
+                    self._hot_creates.put(raw, _Hot(key, reply), weight)
+                self._count_hit(started)
                 return reply
 
         async def call() -> bytes:
@@ -115,6 +130,11 @@ class RuntimeEnvAgentServicer:
             return self._replies.get(created.env_id) or self._prepare(created)
 
         return await answer(_CREATE, context, request.request_id, call, self._metrics, bytes)
+
+    def _count_hit(self, started: float) -> None:
+        if self._hit_ok is not None:
+            self._hit_latency.observe(time.perf_counter() - started)
+            self._hit_ok.inc()
 
     def _prepare(self, created: Created) -> bytes:
         """The reply of a create: the same for every create of an env, so serialised once and
@@ -133,22 +153,30 @@ class RuntimeEnvAgentServicer:
         return reply
 
     async def delete(self, raw: bytes, context: Context) -> bytes:
-        request = _decode(agent_pb2.DeleteRuntimeEnvRequest, raw)
-        if request is None:
-            return await self._undecodable(_DELETE, agent_pb2.DeleteRuntimeEnvRequest, raw, context)
-        if not request.request_id:  # the hot path, in one step
+        env_id = self._hot_deletes.get(raw)  # a request by id seen before: no parse
+        request = None
+        if env_id is None:
+            request = _decode(agent_pb2.DeleteRuntimeEnvRequest, raw)
+            if request is None:
+                message = agent_pb2.DeleteRuntimeEnvRequest
+                return await self._undecodable(_DELETE, message, raw, context)
+            if not request.request_id and not request.serialized_runtime_env:
+                env_id = request.runtime_env_id
+        if env_id is not None:  # the hot path (no request id, by id), in one step
             try:
-                remaining = self._service.delete_now(
-                    request.runtime_env_id, request.serialized_runtime_env
-                )
+                remaining = self._service.delete_now(env_id, "")
             except AgentError:  # met again below, before anything is counted
                 pass
             except Exception as exc:  # a bug: answered and logged as one
                 return await answer(_DELETE, context, "", _raising(exc), self._metrics, bytes)
             else:
+                if request is not None and len(raw) <= _HOT_REQUEST_BYTES:
+                    self._hot_deletes.put(raw, env_id, 2 * len(raw) + 200)
                 if self._delete_ok is not None:
                     self._delete_ok.inc()
                 return _delete_reply(remaining)
+        if request is None:
+            request = agent_pb2.DeleteRuntimeEnvRequest.FromString(raw)
 
         async def call() -> bytes:
             remaining = await self._service.delete(
@@ -178,6 +206,14 @@ class RuntimeEnvAgentServicer:
         name = message.DESCRIPTOR.full_name
         refusal = InvalidArgument(f"the request ({len(raw)} bytes) is not a {name} message")
         return await answer(rpc, context, "", _raising(refusal), self._metrics, bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class _Hot:
+    """A create request answered by the hot path: its checked key and its reply."""
+
+    key: HitKey
+    reply: bytes
 
 
 def _decode(message: type[R], raw: bytes) -> R | None:
