@@ -238,13 +238,21 @@ class RayFront:
     ) -> tuple[str, str]:
         """One service reference on the env and its serialized context; nothing taken when it
         raises (a context that cannot be built gives the reference back)."""
-        created = await self.service.create(
-            serialized, setup_timeout_seconds, "", job_id=job, eager_install=eager_install
+        service = self.service
+        key = service.check_create(
+            serialized, setup_timeout_seconds, job_id=job, eager_install=eager_install
         )
+        if service.create_hit(key):  # a hit: counted in this step, no coroutine
+            env_id = key.env.env_id
+        else:
+            created = await service.create(
+                serialized, setup_timeout_seconds, "", job_id=job, eager_install=eager_install
+            )
+            env_id = created.env_id
         try:
-            return created.env_id, self._context(created.env_id)
+            return env_id, self._context(env_id)
         except BaseException:
-            await self._release(created.env_id, 1)
+            await self._release(env_id, 1)
             raise
 
     async def _give_back(self, serialized: str, entry: _String) -> None:
@@ -294,8 +302,8 @@ class RayFront:
             )
         if entry.refs == entry.count:  # one reference more than the count will be
             assert entry.env_id is not None, "a reference held with no env id"
-            try:
-                await self.service.delete(entry.env_id, "", "", holder=True)
+            try:  # in one step: the service's delete without a request id does not suspend
+                self.service.delete_now(entry.env_id, "", holder=True)
             except AgentError as exc:  # the service changed nothing; neither does this
                 return RayReply(False, self._message(exc.message), kind=exc.kind)
             entry.refs -= 1

@@ -296,10 +296,10 @@ class AgentService:
         logfields.note(env_id=env_id)  # on this request's log lines from here on
         return await self._requests.run("delete", request_id, env_id, op)
 
-    def delete_now(self, env_id: str, serialized: str) -> int:
+    def delete_now(self, env_id: str, serialized: str, *, holder: bool = False) -> int:
         """``delete`` with no request id, in one synchronous step (the doors' hot path): the
         same checks, errors and change."""
-        return self._delete_one(self._named(env_id, serialized), False)
+        return self._delete_one(self._named(env_id, serialized), holder)
 
     def _named(self, env_id: str, serialized: str) -> str:
         """The env id a delete names, by id or by its JSON."""
