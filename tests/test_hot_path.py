@@ -145,16 +145,16 @@ async def test_hits_are_counted_in_the_metrics(tmp_path: Path) -> None:
         for _ in range(5):
             await a.create(env)
             await a.delete(created.runtime_env_id)
-        ok = metrics.requests.labels("CreateRuntimeEnv", "ok")._value.get()
-        deletes = metrics.requests.labels("DeleteRuntimeEnv", "ok")._value.get()
-        hits = metrics.create_seconds.labels("hit")._sum.get()
-        assert (ok, deletes) == (6, 5)
-        samples = {
-            s.name: s.value
-            for family in metrics.registry.collect()
-            if family.name == "rtenv_create_seconds"
-            for s in family.samples
-            if s.labels.get("cache") == "hit" and s.name.endswith("_count")
-        }
-        assert samples == {"rtenv_create_seconds_count": 5}, samples
-        assert hits > 0
+        registry = metrics.registry
+
+        def sample(name: str, **labels: str) -> float | None:
+            return registry.get_sample_value(name, labels)
+
+        assert sample("rtenv_requests_total", rpc="CreateRuntimeEnv", outcome="ok") == 6
+        assert sample("rtenv_requests_total", rpc="DeleteRuntimeEnv", outcome="ok") == 5
+        assert sample("rtenv_create_seconds_count", cache="hit") == 5
+        assert sample("rtenv_create_seconds_count", cache="miss") == 1
+        assert (sample("rtenv_create_seconds_sum", cache="hit") or 0) > 0
+        # cumulative buckets, ending at +Inf with the count
+        assert sample("rtenv_create_seconds_bucket", cache="hit", le="+Inf") == 5
+        assert sample("rtenv_create_seconds_bucket", cache="hit", le="300.0") == 5
