@@ -68,6 +68,9 @@ class RayReply:
     kind: ErrorKind | None = None  # a failure's kind; None when ok, or for a bug
 
 
+_DELETED = RayReply(True)  # a delete's OK reply (immutable, shared)
+
+
 @dataclass(frozen=True, slots=True)
 class RayEnvState:
     runtime_env: str
@@ -132,7 +135,8 @@ class RayFront:
         # _FAILED_BYTES of their weight (``_failed_bytes``).
         self._failed: OrderedDict[str, _Failed] = OrderedDict()
         self._failed_bytes = 0
-        self._contexts: BoundedCache[str, str] = BoundedCache(_CONTEXTS_KEPT, _CONTEXT_BYTES)
+        # env id -> a create's OK reply (its serialized context): built once, kept bounded
+        self._answers: BoundedCache[str, RayReply] = BoundedCache(_CONTEXTS_KEPT, _CONTEXT_BYTES)
         service.held_by_holder = self.refs_on  # the gRPC door cannot drop what Ray holds
 
     # -- create ----------------------------------------------------------------------------
@@ -166,7 +170,7 @@ class RayFront:
         entry.in_flight += 1
         started = self._clock()
         try:
-            env_id, context = await self._take(
+            env_id, answered = await self._take(
                 serialized, setup_timeout_seconds, job, eager_install
             )
         except AgentError as exc:
@@ -206,14 +210,14 @@ class RayFront:
             entry.refs -= excess
             self._drop_if_idle(serialized, entry)
             await self._release(env_id, excess)
-        return RayReply(True, context=context)
+        return answered
 
     async def _uncounted(
         self, serialized: str, setup_timeout_seconds: int, job: str, eager_install: bool
     ) -> RayReply:
         """A create that installs and gives its reference back at once (``client_server``)."""
         try:
-            env_id, context = await self._take(
+            env_id, answered = await self._take(
                 serialized, setup_timeout_seconds, job, eager_install
             )
         except AgentError as exc:
@@ -226,7 +230,7 @@ class RayFront:
                 return self._stray(exc)
             raise
         await self._release(env_id, 1)
-        return RayReply(True, context=context)
+        return answered
 
     def _stray(self, exc: asyncio.CancelledError) -> RayReply:
         log.error("ray door: create failed with a cancellation nobody asked for (a bug)",
@@ -235,9 +239,10 @@ class RayFront:
 
     async def _take(
         self, serialized: str, setup_timeout_seconds: int, job: str, eager_install: bool
-    ) -> tuple[str, str]:
-        """One service reference on the env and its serialized context; nothing taken when it
-        raises (a context that cannot be built gives the reference back)."""
+    ) -> tuple[str, RayReply]:
+        """One service reference on the env and the OK reply with its serialized context;
+        nothing taken when it raises (a context that cannot be built gives the reference
+        back)."""
         service = self.service
         key = service.check_create(
             serialized, setup_timeout_seconds, job_id=job, eager_install=eager_install
@@ -250,7 +255,12 @@ class RayFront:
             )
             env_id = created.env_id
         try:
-            return env_id, self._context(env_id)
+            answered = self._answers.get(env_id)  # the same for every create of the env
+            if answered is None:
+                context = self._context(env_id)
+                answered = RayReply(True, context=context)
+                self._answers.put(env_id, answered, 2 * len(context) + 200)
+            return env_id, answered
         except BaseException:
             await self._release(env_id, 1)
             raise
@@ -272,18 +282,14 @@ class RayFront:
             await self._release(env_id, excess)
 
     def _context(self, env_id: str) -> str:
-        context = self._contexts.get(env_id)
-        if context is None:
-            env = self.service.records[env_id].env
-            settings = self.service.settings
-            context = json.dumps(
-                build_ray_context(
-                    env, self.service.store.path_for, py_executable=settings.py_executable,
-                    node_pythonpath=self._node_pythonpath, python_version=self.python_version,
-                )
-            )  # fmt: skip
-            self._contexts.put(env_id, context, 2 * len(context) + 100)
-        return context
+        env = self.service.records[env_id].env
+        settings = self.service.settings
+        return json.dumps(
+            build_ray_context(
+                env, self.service.store.path_for, py_executable=settings.py_executable,
+                node_pythonpath=self._node_pythonpath, python_version=self.python_version,
+            )
+        )  # fmt: skip
 
     # -- delete ----------------------------------------------------------------------------
     async def delete(self, serialized: str, *, source_process: str = "") -> RayReply:
@@ -291,7 +297,7 @@ class RayFront:
         than the count left); FAILED, changing nothing, if the count is 0 or the service
         refuses."""
         if source_process == CLIENT_SERVER:
-            return RayReply(True)
+            return _DELETED
         entry = self._strings.get(serialized)
         if entry is None or entry.count == 0:
             return self._refused(
@@ -309,7 +315,7 @@ class RayFront:
             entry.refs -= 1
         entry.count -= 1
         self._drop_if_idle(serialized, entry)
-        return RayReply(True)
+        return _DELETED
 
     async def _release(self, env_id: str, n: int) -> None:
         """Give ``n`` references on ``env_id`` back to the service (already taken off the

@@ -6,8 +6,8 @@ the service (``AgentService.levels``: bytes in use and unused against the budget
 flight, envs) and the file system (free disk), so the request path pays one counter increment
 and nothing more. The request path's series (requests, create latency) are plain numbers of
 this process (``Tally``, ``LatencyTally``: no lock, no label lookup, bound once by a door's hot
-path), turned into series at scrape. With a token, a scrape must carry it, as every gRPC call but the health
-checks must.
+path), turned into series at scrape. With a token, a scrape must carry it, as every gRPC call
+but the health checks must.
 
 Served by prometheus-client's own aiohttp handler (content negotiation, OpenMetrics, gzip), with
 the process collector's ``process_*`` series; the ``*_created`` series are not exported.
