@@ -1,22 +1,27 @@
-"""The gRPC door's hot path (``agent/doors/servicer.py``): handlers that take the request's bytes
-and answer prepared bytes, a cache hit answered in one synchronous step, and requests seen before
-recognised by their bytes. Every behaviour of the full path stays: bad input is answered with its
-status whether the env is ready or not, a remembered request whose env went away is created
-again, the metrics count hits, and a body that is not the message is INVALID_ARGUMENT, not a
-crash. A real agent on a real unix socket; packages are file:// zips."""
+"""The doors' hot path (``agent/doors/servicer.py``, ``agent/doors/ray_http.py``): gRPC
+handlers that take the request's bytes and answer prepared bytes, a cache hit answered in one
+synchronous step, and requests seen before recognised by their bytes; the Ray door's prepared
+replies. Every behaviour of the full path stays: bad input is answered with its status whether
+the env is ready or not, a remembered request whose env went away is created again, the
+metrics count hits, and a body that is not the message is INVALID_ARGUMENT, not a crash. A
+real agent on a real unix socket; packages are file:// zips."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
+import aiohttp
 import grpc
 import pytest
 
+from agent.app.config import RaySettings
 from agent.app.service import AgentService
 from agent.doors.servicer import SERVICE
+from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
 from rtenv.v1 import agent_pb2
-from tests.helpers import RunningAgent, env_json, module_zip, running_agent
+from tests.helpers import RayClient, RunningAgent, env_json, module_zip, running_agent
 
 RPCS = ("CreateRuntimeEnv", "DeleteRuntimeEnv", "GetRuntimeEnvsInfo")
 
@@ -158,3 +163,39 @@ async def test_hits_are_counted_in_the_metrics(tmp_path: Path) -> None:
         # cumulative buckets, ending at +Inf with the count
         assert sample("rtenv_create_seconds_bucket", cache="hit", le="+Inf") == 5
         assert sample("rtenv_create_seconds_bucket", cache="hit", le="300.0") == 5
+
+
+async def test_the_ray_door_answers_hits_with_the_prepared_reply_and_failures_with_their_own(
+    tmp_path: Path,
+) -> None:
+    """Over the Ray door: every create of an env answers the same reply bytes (OK, its
+    context), a delete answers OK, and a failure after them still answers FAILED with its
+    message (the prepared OK replies are not answered for it); the counts move as Ray's."""
+    env = _env(tmp_path)
+    async with (
+        running_agent(ray=RaySettings()) as a,
+        aiohttp.ClientSession() as session,
+    ):
+        ray = RayClient(session, a.agent.ray_address)
+        request = ray_pb2.GetOrCreateRuntimeEnvRequest(serialized_runtime_env=env)
+        bodies = []
+        for _ in range(3):
+            response = await ray.post("/get_or_create_runtime_env", request.SerializeToString())
+            assert response.status == 200
+            bodies.append(response.body)
+        assert bodies[0] == bodies[1] == bodies[2]
+        first = ray_pb2.GetOrCreateRuntimeEnvReply.FromString(bodies[0])
+        assert first.status == ray_pb2.AGENT_RPC_STATUS_OK
+        assert json.loads(first.serialized_runtime_env_context)["env_vars"]["A"] == "1"
+        assert (await ray.delete(env)).status == ray_pb2.AGENT_RPC_STATUS_OK
+        info = await ray.info()
+        assert [s.ref_cnt for s in info.runtime_env_states] == [2]
+        bad = await ray.create('{"env_vars": {"A": 1}}')  # not a string: refused
+        assert bad.status == ray_pb2.AGENT_RPC_STATUS_FAILED
+        assert "env_vars" in bad.error_message
+        assert bad.serialized_runtime_env_context == ""
+        for _ in range(2):
+            assert (await ray.delete(env)).status == ray_pb2.AGENT_RPC_STATUS_OK
+        gone = await ray.delete(env)
+        assert gone.status == ray_pb2.AGENT_RPC_STATUS_FAILED
+        assert "no reference on this agent" in gone.error_message
