@@ -8,7 +8,7 @@ server's CPU read from /proc around the measured part.
 
 persistence: the same phases on an agent with state.db and one without (--no-state-db).
 
-grpc-routes: the same phases on the echo server served three ways (``echo_server.ROUTES``), to
+grpc-routes: the same phases on the echo server served five ways (``echo_server.ROUTES``), to
 choose how the agent's gRPC door serves the hot path.
 """
 
