@@ -363,8 +363,12 @@ class RayFront:
         return RayInfo(tuple(states), total)
 
     def refs_on(self, env_id: str) -> int:
-        """The service references this front holds on ``env_id``."""
-        return sum(self._strings[text].refs for text in self._by_env.get(env_id, ()))
+        """The service references this front holds on ``env_id`` (asked by every delete at the
+        gRPC door: an env the front does not know costs one lookup)."""
+        strings = self._by_env.get(env_id)
+        if not strings:
+            return 0
+        return sum(self._strings[text].refs for text in strings)
 
     def references(self) -> int:
         """This front's references on the service (the sum of its strings' refs)."""
