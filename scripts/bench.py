@@ -11,6 +11,11 @@ Workloads (``--only NAME``, repeatable; the parts are in ``scripts/benchlib/``):
   also on uvloop when it is installed. The same agent's Ray door (Ray's HTTP protocol, the
   same client loops) beside its gRPC door, when the checkout has one.
 - persistence: the hot workload with state.db and without it (--no-state-db).
+- grpc-routes (only with ``--only grpc-routes``): the hot phases on the echo server served five
+  ways (``benchlib/echo_server.py``): grpc.aio with the generated servicer (the hot baseline),
+  with a generic handler and with handlers registered by method (bytes in, prepared bytes out),
+  the sync grpc.server in a thread pool, alone and handing each call to an event loop: the
+  measurement behind the gRPC door's route.
 - cold-large: one create of an env whose working_dir is a ~60 MB zip (thousands of small files,
   a few large ones) over http from an empty cache, against a sequential aiohttp download +
   zipfile.extractall of the same file, and against curl -o + unzip -q.
@@ -73,7 +78,7 @@ from benchlib.churn import bench_churn
 from benchlib.cold import bench_cold_large, bench_loop_blocking, bench_stampede
 from benchlib.config import SMOKE, Sizes, with_overrides
 from benchlib.figures import WorkloadResult, fmt, plot, plot_unavailable, table, write_json
-from benchlib.hot import bench_hot, bench_persistence
+from benchlib.hot import bench_grpc_routes, bench_hot, bench_persistence
 from benchlib.peer import (
     bench_peer_churn,
     bench_peer_cold_large,
@@ -114,7 +119,11 @@ PEER_WORKLOADS: dict[str, Workload] = {
     "peer-churn": bench_peer_churn,
     "peer-e2e": bench_peer_e2e,
 }
-ALL_WORKLOADS = {**WORKLOADS, **PEER_WORKLOADS}
+# run only when named (--only): experiments behind a design choice, not figures of the agent
+EXPERIMENTS: dict[str, Workload] = {
+    "grpc-routes": lambda work, sizes, shared: bench_grpc_routes(work, sizes),
+}
+ALL_WORKLOADS = {**WORKLOADS, **PEER_WORKLOADS, **EXPERIMENTS}
 
 
 async def run(args: argparse.Namespace, sizes: Sizes) -> int:

@@ -272,6 +272,8 @@ async def test_a_create_failing_after_an_earlier_one_was_deleted_leaves_nothing_
             raise EnvNotFound("injected: the second create fails")
 
         monkeypatch.setattr(ra.service, "create", failing_later)
+        # the env is ready: not answered by the hot path, the second create goes to ``create``
+        monkeypatch.setattr(ra.service, "create_hit", lambda key: False)
         second = asyncio.create_task(front.get_or_create(text))
         await wait_until(lambda: front.in_flight() == 1, what="the second create in flight")
         assert (await front.delete(text)).ok  # the raylet's delete of the first create
@@ -310,19 +312,17 @@ async def test_delete_is_by_the_env_id_and_a_service_error_is_a_failed_reply(
         front = front_of(ra)
         text = '{"env_vars": {"B": "2"}}'
         assert (await front.get_or_create(text)).ok
-        calls: list[tuple[str, str, str]] = []
+        calls: list[tuple[str, str, bool]] = []
 
-        async def refusing(
-            env_id: str, serialized: str, request_id: str, *, holder: bool = False
-        ) -> int:
-            calls.append((env_id, serialized, request_id))
+        def refusing(env_id: str, serialized: str, *, holder: bool = False) -> int:
+            calls.append((env_id, serialized, holder))
             raise EnvNotFound("injected: no such env")
 
-        monkeypatch.setattr(ra.service, "delete", refusing)
-        reply = await front.delete(text)
+        monkeypatch.setattr(ra.service, "delete_now", refusing)  # the front's delete: no
+        reply = await front.delete(text)  # request id, in one step
         assert not reply.ok
         assert reply.error == "[rtenv-agent on node 10.0.0.7] injected: no such env"
-        assert calls == [(env_id(text), "", "")]
+        assert calls == [(env_id(text), "", True)]
         assert [s.ref_cnt for s in front.info().states] == [1]  # nothing changed
         monkeypatch.undo()
         assert (await front.delete(text)).ok

@@ -69,6 +69,9 @@ class RayReply:
     kind: ErrorKind | None = None  # a failure's kind; None when ok, or for a bug
 
 
+_DELETED = RayReply(True)  # a delete's OK reply (immutable, shared)
+
+
 @dataclass(frozen=True, slots=True)
 class RayEnvState:
     runtime_env: str
@@ -133,7 +136,8 @@ class RayFront:
         # _FAILED_BYTES of their weight (``_failed_bytes``).
         self._failed: OrderedDict[str, _Failed] = OrderedDict()
         self._failed_bytes = 0
-        self._contexts: BoundedCache[str, str] = BoundedCache(_CONTEXTS_KEPT, _CONTEXT_BYTES)
+        # env id -> a create's OK reply (its serialized context): built once, kept bounded
+        self._answers: BoundedCache[str, RayReply] = BoundedCache(_CONTEXTS_KEPT, _CONTEXT_BYTES)
         service.held_by_holder = self.refs_on  # the gRPC door cannot drop what Ray holds
 
     # -- create ----------------------------------------------------------------------------
@@ -167,7 +171,7 @@ class RayFront:
         entry.in_flight += 1
         started = self._clock()
         try:
-            env_id, context = await self._take(
+            env_id, answered = await self._take(
                 serialized, setup_timeout_seconds, job, eager_install
             )
         except AgentError as exc:
@@ -207,14 +211,14 @@ class RayFront:
             entry.refs -= excess
             self._drop_if_idle(serialized, entry)
             await self._release(env_id, excess)
-        return RayReply(True, context=context)
+        return answered
 
     async def _uncounted(
         self, serialized: str, setup_timeout_seconds: int, job: str, eager_install: bool
     ) -> RayReply:
         """A create that installs and gives its reference back at once (``client_server``)."""
         try:
-            env_id, context = await self._take(
+            env_id, answered = await self._take(
                 serialized, setup_timeout_seconds, job, eager_install
             )
         except AgentError as exc:
@@ -227,7 +231,7 @@ class RayFront:
                 return self._stray(exc)
             raise
         await self._release(env_id, 1)
-        return RayReply(True, context=context)
+        return answered
 
     def _stray(self, exc: asyncio.CancelledError) -> RayReply:
         log.error("ray door: create failed with a cancellation nobody asked for (a bug)",
@@ -236,16 +240,31 @@ class RayFront:
 
     async def _take(
         self, serialized: str, setup_timeout_seconds: int, job: str, eager_install: bool
-    ) -> tuple[str, str]:
-        """One service reference on the env and its serialized context; nothing taken when it
-        raises (a context that cannot be built gives the reference back)."""
-        created = await self.service.create(
-            serialized, setup_timeout_seconds, "", job_id=job, eager_install=eager_install
+    ) -> tuple[str, RayReply]:
+        """One service reference on the env and the OK reply with its serialized context;
+        nothing taken when it raises (a context that cannot be built gives the reference
+        back)."""
+        service = self.service
+        key = service.check_create(
+            serialized, setup_timeout_seconds, job_id=job, eager_install=eager_install
         )
+        if service.create_hit(key):  # a hit: counted in this step, no coroutine
+            env = key.env
+        else:
+            created = await service.create(
+                serialized, setup_timeout_seconds, "", job_id=job, eager_install=eager_install
+            )
+            env = created.env
+        env_id = env.env_id
         try:
-            return created.env_id, self._context(created.env)
+            answered = self._answers.get(env_id)  # the same for every create of the env
+            if answered is None:
+                context = self._context(env)
+                answered = RayReply(True, context=context)
+                self._answers.put(env_id, answered, 2 * len(context) + 200)
+            return env_id, answered
         except BaseException:
-            await self._release(created.env_id, 1)
+            await self._release(env_id, 1)
             raise
 
     async def _give_back(self, serialized: str, entry: _String) -> None:
@@ -265,18 +284,13 @@ class RayFront:
             await self._release(env_id, excess)
 
     def _context(self, env: RuntimeEnv) -> str:
-        env_id = env.env_id
-        context = self._contexts.get(env_id)
-        if context is None:
-            settings = self.service.settings
-            context = json.dumps(
-                build_ray_context(
-                    env, self.service.store.path_for, py_executable=settings.py_executable,
-                    node_pythonpath=self._node_pythonpath, python_version=self.python_version,
-                )
-            )  # fmt: skip
-            self._contexts.put(env_id, context, 2 * len(context) + 100)
-        return context
+        settings = self.service.settings
+        return json.dumps(
+            build_ray_context(
+                env, self.service.store.path_for, py_executable=settings.py_executable,
+                node_pythonpath=self._node_pythonpath, python_version=self.python_version,
+            )
+        )  # fmt: skip
 
     # -- delete ----------------------------------------------------------------------------
     async def delete(self, serialized: str, *, source_process: str = "") -> RayReply:
@@ -284,7 +298,7 @@ class RayFront:
         than the count left); FAILED, changing nothing, if the count is 0 or the service
         refuses."""
         if source_process == CLIENT_SERVER:
-            return RayReply(True)
+            return _DELETED
         entry = self._strings.get(serialized)
         if entry is None or entry.count == 0:
             return self._refused(
@@ -295,14 +309,14 @@ class RayFront:
             )
         if entry.refs == entry.count:  # one reference more than the count will be
             assert entry.env_id is not None, "a reference held with no env id"
-            try:
-                await self.service.delete(entry.env_id, "", "", holder=True)
+            try:  # in one step: the service's delete without a request id does not suspend
+                self.service.delete_now(entry.env_id, "", holder=True)
             except AgentError as exc:  # the service changed nothing; neither does this
                 return RayReply(False, self._message(exc.message), kind=exc.kind)
             entry.refs -= 1
         entry.count -= 1
         self._drop_if_idle(serialized, entry)
-        return RayReply(True)
+        return _DELETED
 
     async def _release(self, env_id: str, n: int) -> None:
         """Give ``n`` references on ``env_id`` back to the service (already taken off the
@@ -350,8 +364,12 @@ class RayFront:
         return RayInfo(tuple(states), total)
 
     def refs_on(self, env_id: str) -> int:
-        """The service references this front holds on ``env_id``."""
-        return sum(self._strings[text].refs for text in self._by_env.get(env_id, ()))
+        """The service references this front holds on ``env_id`` (asked by every delete at the
+        gRPC door: an env the front does not know costs one lookup)."""
+        strings = self._by_env.get(env_id)
+        if not strings:
+            return 0
+        return sum(self._strings[text].refs for text in strings)
 
     def references(self) -> int:
         """This front's references on the service (the sum of its strings' refs)."""

@@ -32,6 +32,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from agent.app.config import Settings
@@ -80,6 +81,15 @@ log = logging.getLogger(__name__)
 _MAX_FAILURES_KEPT = 100
 _FAILURE_BYTES = 4 * 1024 * 1024  # bodies of recently failed envs kept for info
 _MAX_ENV_ID_CHARS = 64  # an env id is 32 hex digits; a longer one names no env
+
+
+@dataclass(frozen=True, slots=True)
+class HitKey:
+    """A create request checked (``AgentService.check_create``): its env, job and eagerness."""
+
+    env: RuntimeEnv
+    job_id: str
+    eager: bool
 
 
 class Created:
@@ -172,6 +182,40 @@ class AgentService:
         # for every create of it, so a retry after a delete gets the answer it missed.
         return Created(env, hit, self.context_of)
 
+    def check_create(
+        self, serialized: str, timeout_s: int, *, job_id: str = "", eager_install: bool = False
+    ) -> HitKey:
+        """``create``'s checks of its input, in its order and raising its errors, with nothing
+        counted: what ``create_hit`` needs. A pure function of the request (and the settings):
+        a door may keep the key of a request it sees again."""
+        check_job_id(job_id)
+        env = self._parses.parse(serialized)
+        self._setup_timeout(env, timeout_s)
+        return HitKey(env, job_id, eager_install or env.eager_install is True)
+
+    def create_hit(self, key: HitKey) -> bool:
+        """``create`` with no request id, in one synchronous step when it is a cache hit: one
+        more reference on the env if it is ready here, or False (nothing done) when it is not:
+        ``create`` then. The doors' hot path: no coroutine, no request log."""
+        record = self.records.get(key.env.env_id)
+        if record is None or record.state is not EnvState.READY:
+            return False
+        self._hit(key.env, record, key.job_id, key.eager)
+        return True
+
+    def _hit(self, env: RuntimeEnv, record: EnvRecord, job_id: str, eager: bool) -> None:
+        """One more reference on a ready env: no await, no I/O."""
+        record.note_job(job_id, eager, self._job_ids)
+        self.tables.begin_create(env.env_id, env.uri_keys)
+        self.store.touch(env.uri_keys)
+        self.tables.commit_create(env.env_id)
+        if self._db is not None:  # the last use; the live envs are as many as before
+            self.store.note(env.uri_keys)
+
+    def created(self, env: RuntimeEnv) -> Created:
+        """What a create of this live env answers (a door prepares its reply from it once)."""
+        return Created(env, True, self.context_of)
+
     def context_of(self, env: RuntimeEnv) -> WorkerContext:
         """The env's worker context: a pure function of the env and the settings, built each
         time it is asked for (the doors keep their replies; a record keeps no context)."""
@@ -186,6 +230,9 @@ class AgentService:
         """Create (or count once more) the env; return whether it was a hit."""
         env_id = env.env_id
         record = self.records.get(env_id)
+        if record is not None and record.state is EnvState.READY:  # the hot path (``_hit``)
+            self._hit(env, record, job_id, eager_install)
+            return True
         if record is None:
             self.context_of(env)  # a worker could be started with it (E2BIG): before counting
             record = EnvRecord(env.canonical, EnvState.CREATING, self._now_ms())
@@ -194,11 +241,6 @@ class AgentService:
         # Keys whose count goes 0 -> 1 are taken again in the index by their ensure below.
         self.tables.begin_create(env_id, env.uri_keys)
         self.records[env_id] = record
-        if record.state is EnvState.READY:  # the hot path: no await, no I/O
-            self.store.touch(env.uri_keys)
-            self.tables.commit_create(env_id)
-            self._note(env.uri_keys)
-            return True
         self._note(env.uri_keys)  # before the installs: their commits carry it, none of its own
         # Each package's install as a task of this create's: when one fails, the others are
         # cancelled (gather alone would leave them running for nobody); an install another
@@ -271,6 +313,21 @@ class AgentService:
     ) -> int:
         """Drop one reference of the env named by id or by its JSON; return what is left.
         Only the holder (``holder=True``) drops the references ``held_by_holder`` counts."""
+        env_id = self._named(env_id, serialized)
+
+        async def op() -> int:
+            return self._delete_one(env_id, holder)
+
+        logfields.note(env_id=env_id)  # on this request's log lines from here on
+        return await self._requests.run("delete", request_id, env_id, op)
+
+    def delete_now(self, env_id: str, serialized: str, *, holder: bool = False) -> int:
+        """``delete`` with no request id, in one synchronous step (the doors' hot path): the
+        same checks, errors and change."""
+        return self._delete_one(self._named(env_id, serialized), holder)
+
+    def _named(self, env_id: str, serialized: str) -> str:
+        """The env id a delete names, by id or by its JSON."""
         if serialized:
             env_id = self._parses.parse(serialized).env_id
         if not env_id:
@@ -280,18 +337,16 @@ class AgentService:
                 f"runtime env {echo(env_id)} is unknown: an env id is 32 hex digits, "
                 "as CreateRuntimeEnv returned it"
             )
+        return env_id
 
-        async def op() -> int:
-            held = 0 if holder else self.held_by_holder(env_id)
-            if held and self.tables.env_count(env_id) <= held:
-                raise Conflict(
-                    f"runtime env {env_id}'s {held} remaining reference(s) are held by Ray's "
-                    "raylet through the Ray door; it deletes them itself as its workers exit"
-                )
-            return self._delete(env_id)
-
-        logfields.note(env_id=env_id)  # on this request's log lines from here on
-        return await self._requests.run("delete", request_id, env_id, op)
+    def _delete_one(self, env_id: str, holder: bool) -> int:
+        held = 0 if holder else self.held_by_holder(env_id)
+        if held and self.tables.env_count(env_id) <= held:
+            raise Conflict(
+                f"runtime env {env_id}'s {held} remaining reference(s) are held by Ray's "
+                "raylet through the Ray door; it deletes them itself as its workers exit"
+            )
+        return self._delete(env_id)
 
     def _delete(self, env_id: str) -> int:
         refs = self.tables.env(env_id)
@@ -299,8 +354,8 @@ class AgentService:
         if remaining == 0:
             del self.records[env_id]
         self.store.release(released)
-        if refs is not None:
-            self._note(refs.keys)
+        if refs is not None and remaining == 0:  # else nothing to note: the live envs and
+            self._note(refs.keys)  # the packages' last use are as the create noted them
         return remaining
 
     # -- info ------------------------------------------------------------------------------

@@ -4,8 +4,10 @@ Events are counted as they happen (requests by RPC and outcome, create latency s
 cache hit or miss, installs with their bytes and seconds); levels are read at scrape time from
 the service (``AgentService.levels``: bytes in use and unused against the budget, installs in
 flight, envs) and the file system (free disk), so the request path pays one counter increment
-and nothing more. With a token, a scrape must carry it, as every gRPC call but the health
-checks must.
+and nothing more. The request path's series (requests, create latency) are plain numbers of
+this process (``Tally``, ``LatencyTally``: no lock, no label lookup, bound once by a door's hot
+path), turned into series at scrape. With a token, a scrape must carry it, as every gRPC call
+but the health checks must.
 
 Served by prometheus-client's own aiohttp handler (content negotiation, OpenMetrics, gzip), with
 the process collector's ``process_*`` series; the ``*_created`` series are not exported.
@@ -13,9 +15,11 @@ the process collector's ``process_*`` series; the ``*_created`` series are not e
 
 from __future__ import annotations
 
+import math
 import os
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -27,8 +31,14 @@ from prometheus_client import (
     disable_created_metrics,
 )
 from prometheus_client.aiohttp import make_aiohttp_handler
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from agent.app.token import Token
 from agent.core.errors import AgentError, ErrorKind
@@ -57,16 +67,12 @@ class Metrics:
         self.registry = CollectorRegistry()
         self._before_scrape: Callable[[], Awaitable[None]] | None = None
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, RSS, open fds...
-        self.requests = Counter(
-            "rtenv_requests", "RPCs answered, by method and outcome (ok, an error kind, cancelled, "
-            "bug)", ["rpc", "outcome"],
-            registry=self.registry,
-        )  # fmt: skip
-        self.create_seconds = Histogram(
-            "rtenv_create_seconds", "CreateRuntimeEnv latency, by whether every package was "
-            "already installed (hit) or not (miss)", ["cache"], buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
-        )  # fmt: skip
+        # The request path's series are plain numbers, read at scrape (``_RequestSeries``):
+        # a prometheus child takes a lock and three calls per event.
+        self._requests: dict[tuple[str, str], Tally] = {}
+        self._create_hit = LatencyTally(_LATENCY_BUCKETS)
+        self._create_miss = LatencyTally(_LATENCY_BUCKETS)
+        self.registry.register(_RequestSeries(self))
         self.installs = Counter(
             "rtenv_installs", "package installs finished, by result", ["result"],
             registry=self.registry,
@@ -75,9 +81,6 @@ class Metrics:
             "rtenv_install_bytes", "bytes downloaded by successful installs",
             registry=self.registry,
         )  # fmt: skip
-        self._request_children: dict[tuple[str, Outcome], Any] = {}
-        self._create_hit = self.create_seconds.labels("hit")
-        self._create_miss = self.create_seconds.labels("miss")
         self.install_seconds = Histogram(
             "rtenv_install_seconds", "seconds from the start of an install to its end",
             buckets=_LATENCY_BUCKETS, registry=self.registry,
@@ -85,14 +88,23 @@ class Metrics:
 
     def count_request(self, rpc: str, outcome: Outcome) -> None:
         """Count one RPC by how it ended."""
-        child = self._request_children.get((rpc, outcome))
-        if child is None:  # labels() looks up and locks: do it once per pair
-            label = outcome.value if isinstance(outcome, ErrorKind) else outcome
-            child = self._request_children[(rpc, outcome)] = self.requests.labels(rpc, label)
-        child.inc()
+        self.request_counter(rpc, outcome).inc()
+
+    def request_counter(self, rpc: str, outcome: Outcome) -> Tally:
+        """The count of one RPC's outcome (``.inc()``), made once per pair: a hot path binds
+        it once."""
+        label = outcome.value if isinstance(outcome, ErrorKind) else outcome
+        tally = self._requests.get((rpc, label))
+        if tally is None:
+            tally = self._requests[(rpc, label)] = Tally()
+        return tally
 
     def observe_create(self, hit: bool, seconds: float) -> None:
-        (self._create_hit if hit else self._create_miss).observe(seconds)
+        self.create_latency(hit).observe(seconds)
+
+    def create_latency(self, hit: bool) -> LatencyTally:
+        """The create latency histogram's series for a hit or a miss (``.observe(seconds)``)."""
+        return self._create_hit if hit else self._create_miss
 
     def observe_install(self, ok: bool, fetched_bytes: int, seconds: float) -> None:
         self.installs.labels("ok" if ok else "error").inc()
@@ -109,6 +121,67 @@ class Metrics:
     async def caught_up(self) -> None:
         if self._before_scrape is not None:
             await self._before_scrape()
+
+
+class Tally:
+    """A count, read at scrape. Changed on the event loop only."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def inc(self) -> None:
+        self.value += 1
+
+
+class LatencyTally:
+    """A histogram's counts, read at scrape: ``counts[i]`` observations fell in bucket ``i``
+    (at most ``bounds[i]``; the last one is +Inf). Changed on the event loop only."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(self.bounds, seconds)] += 1
+        self.sum += seconds
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """Cumulative, as the exposition has them."""
+        out: list[tuple[str, float]] = []
+        total = 0
+        for bound, count in zip((*self.bounds, math.inf), self.counts, strict=True):
+            total += count
+            out.append((floatToGoString(bound), total))  # type: ignore[no-untyped-call]
+        return out
+
+
+class _RequestSeries(Collector):
+    """rtenv_requests and rtenv_create_seconds, from the metrics' tallies."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._metrics
+        requests = CounterMetricFamily(
+            "rtenv_requests", "RPCs answered, by method and outcome (ok, an error kind, "
+            "cancelled, bug)", labels=["rpc", "outcome"],
+        )  # fmt: skip
+        for (rpc, outcome), tally in list(m._requests.items()):
+            requests.add_metric([rpc, outcome], tally.value)
+        yield requests
+        seconds = HistogramMetricFamily(
+            "rtenv_create_seconds", "CreateRuntimeEnv latency, by whether every package was "
+            "already installed (hit) or not (miss)", labels=["cache"],
+        )  # fmt: skip
+        for cache, latency in (("hit", m._create_hit), ("miss", m._create_miss)):
+            seconds.add_metric([cache], latency.buckets(), latency.sum)
+        yield seconds
 
 
 class _Levels(Collector):

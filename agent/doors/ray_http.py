@@ -8,6 +8,11 @@ itself are replies with status FAILED (as Ray's agent answers them); only what i
 gets an HTTP error: a body that is not the message is a 400 with one line, a body over
 ``max_body_bytes`` a 413 (bounded by what is read: aiohttp stops reading there).
 
+The hot path is short: a create's OK reply is serialised once per env (kept by its context,
+within a byte budget), a delete's OK reply once for all, the metrics' children are bound once,
+and once the front is there a request reaches it without a call (a hit is then one synchronous
+step of the front and the service: ``RayFront``).
+
 With a token (Ray's token auth), as Ray's middleware: a request with neither ``Authorization``
 nor ``X-Ray-Authorization`` is a 401, a wrong one a 403; the value is ``Bearer <token>``,
 compared in constant time.
@@ -32,8 +37,9 @@ from google.protobuf.message import DecodeError, Message
 
 from agent.app.ray_front import RayFront, RayReply
 from agent.app.token import Token
+from agent.core.bounded import BoundedCache
 from agent.core.errors import Unauthenticated, cap_message
-from agent.doors.metrics import Metrics, Outcome
+from agent.doors.metrics import OK, Metrics, Outcome
 from rtenv.ray.v1 import runtime_env_agent_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -43,6 +49,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _OCTETS = "application/octet-stream"
 _HEADERS = ("Authorization", "X-Ray-Authorization")  # Ray's middleware reads them in this order
 READY_WAIT_S = 30.0  # a request's wait for the agent to serve (Ray's client retries after it)
+_CREATE = "ray:get_or_create_runtime_env"  # the rpc label of the metrics
+_DELETE = "ray:delete_runtime_env_if_possible"
+_REPLIES_KEPT = 4096  # create replies kept by their context
+_REPLIES_BYTES = 16 * 1024 * 1024
+_DELETED = pb.DeleteRuntimeEnvIfPossibleReply(status=pb.AGENT_RPC_STATUS_OK).SerializeToString()
 
 
 class _Readiness:
@@ -58,7 +69,8 @@ class _Readiness:
         if isinstance(front, RayFront):
             return front
         if front.done() and not front.cancelled() and front.exception() is None:
-            return front.result()  # the fast path: no timeout, no shield
+            self.front = front.result()  # from now on, requests find it without a call
+            return self.front
         self.waiting += 1
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -98,6 +110,12 @@ def ray_app(
     app[_READINESS] = readiness
     ready = readiness.ready
 
+    create_ok = None if metrics is None else metrics.request_counter(_CREATE, OK)
+    delete_ok = None if metrics is None else metrics.request_counter(_DELETE, OK)
+    # A create's OK reply is the same for every create of an env: its bytes, by its context
+    # (the front's string for the env, the same object every time), within a byte budget.
+    created: BoundedCache[str, bytes] = BoundedCache(_REPLIES_KEPT, _REPLIES_BYTES)
+
     def count(rpc: str, reply: RayReply) -> None:
         if metrics is not None:
             outcome: Outcome = "ok" if reply.ok else (reply.kind or "bug")
@@ -106,30 +124,47 @@ def ray_app(
     async def get_or_create(request: web.Request) -> web.Response:
         msg = await _read(request, pb.GetOrCreateRuntimeEnvRequest())
         config = msg.runtime_env_config if msg.HasField("runtime_env_config") else None
-        reply = await (await ready()).get_or_create(
+        front = readiness.front
+        if not isinstance(front, RayFront):
+            front = await ready()
+        reply = await front.get_or_create(
             msg.serialized_runtime_env,
             setup_timeout_seconds=config.setup_timeout_seconds if config is not None else 0,
             job_id=msg.job_id,
             source_process=msg.source_process,
             eager_install=config is not None and config.eager_install,
         )
-        count("ray:get_or_create_runtime_env", reply)
-        return _reply(
-            pb.GetOrCreateRuntimeEnvReply(
-                status=_status(reply), error_message=reply.error,
-                serialized_runtime_env_context=reply.context,
+        if not reply.ok:
+            count(_CREATE, reply)
+            failed = pb.GetOrCreateRuntimeEnvReply(
+                status=pb.AGENT_RPC_STATUS_FAILED, error_message=reply.error
             )
-        )  # fmt: skip
+            return _reply(failed.SerializeToString())
+        if create_ok is not None:
+            create_ok.inc()
+        body = created.get(reply.context)
+        if body is None:
+            body = pb.GetOrCreateRuntimeEnvReply(
+                status=pb.AGENT_RPC_STATUS_OK, serialized_runtime_env_context=reply.context
+            ).SerializeToString()
+            created.put(reply.context, body, 2 * len(body) + 200)
+        return _reply(body)
 
     async def delete(request: web.Request) -> web.Response:
         msg = await _read(request, pb.DeleteRuntimeEnvIfPossibleRequest())
-        reply = await (await ready()).delete(
-            msg.serialized_runtime_env, source_process=msg.source_process
-        )
-        count("ray:delete_runtime_env_if_possible", reply)
-        return _reply(
-            pb.DeleteRuntimeEnvIfPossibleReply(status=_status(reply), error_message=reply.error)
-        )
+        front = readiness.front
+        if not isinstance(front, RayFront):
+            front = await ready()
+        reply = await front.delete(msg.serialized_runtime_env, source_process=msg.source_process)
+        if not reply.ok:
+            count(_DELETE, reply)
+            failed = pb.DeleteRuntimeEnvIfPossibleReply(
+                status=pb.AGENT_RPC_STATUS_FAILED, error_message=reply.error
+            )
+            return _reply(failed.SerializeToString())
+        if delete_ok is not None:
+            delete_ok.inc()
+        return _reply(_DELETED)
 
     async def info(request: web.Request) -> web.Response:
         msg = await _read(request, pb.GetRuntimeEnvsInfoRequest())
@@ -142,7 +177,7 @@ def ray_app(
             )  # fmt: skip
             if state.error is not None:
                 item.error = state.error
-        return _reply(out)
+        return _reply(out.SerializeToString())
 
     app.router.add_post("/get_or_create_runtime_env", get_or_create)
     app.router.add_post("/delete_runtime_env_if_possible", delete)
@@ -164,12 +199,8 @@ async def _read(request: web.Request, message: M) -> M:
     return message
 
 
-def _reply(message: Message) -> web.Response:
-    return web.Response(body=message.SerializeToString(), content_type=_OCTETS)
-
-
-def _status(reply: RayReply) -> pb.AgentRpcStatus:
-    return pb.AGENT_RPC_STATUS_OK if reply.ok else pb.AGENT_RPC_STATUS_FAILED
+def _reply(body: bytes) -> web.Response:
+    return web.Response(body=body, content_type=_OCTETS)
 
 
 def _require(token: Token) -> Middleware:

@@ -1,49 +1,122 @@
 """The gRPC servicer: protocol messages in and out; each call runs through ``answer``
 (``grpc_errors.py``), which turns its error into a status. Glue only: info is the service's
-snapshot converted (it reads neither the store nor the tables)."""
+snapshot converted (it reads neither the store nor the tables).
+
+Served by method handlers that take the request's bytes and give the reply's (no grpc
+(de)serializers; registered by method as generated code registers a servicer's: see
+``handlers``): each handler parses its request itself (a body that is not the message is
+INVALID_ARGUMENT, answered and counted like any bad input) and a create answers the reply
+prepared once per env (its bytes kept, within a byte budget). The hot path, a create or a
+delete with no request id, is one synchronous step of the service (``create_hit``,
+``delete_now``) with metrics children bound once; anything else, and any error the hot path
+meets, goes through ``answer`` (an error is met again there, before anything is counted, and
+answered and logged with the request's fields). ``grpc-routes`` in ``scripts/bench.py``
+measures this route against the generated servicer and the sync server.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 
-from agent.app.service import AgentService, Created
+from agent.app.service import AgentService, Created, HitKey
 from agent.app.snapshot import EnvView, Snapshot, UriView
 from agent.core.bounded import BoundedCache
+from agent.core.errors import AgentError, InvalidArgument
 from agent.core.runtime_env import env_var_bytes
 from agent.doors.grpc_errors import answer
-from agent.doors.metrics import Metrics
-from rtenv.v1 import agent_pb2, agent_pb2_grpc
+from agent.doors.metrics import OK, Metrics
+from rtenv.v1 import agent_pb2
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+R = TypeVar("R", bound=Message)
+Context = grpc.aio.ServicerContext[Any, Any]
+SERVICE = agent_pb2.DESCRIPTOR.services_by_name["RuntimeEnvAgent"].full_name
+_CREATE, _DELETE, _INFO = "CreateRuntimeEnv", "DeleteRuntimeEnv", "GetRuntimeEnvsInfo"
 _REPLIES_KEPT = 4096
 _REPLIES_BYTES = 8 * 1024 * 1024  # a reply holds the env's variables: up to 1 MiB of them
 # GetRuntimeEnvsInfo stays under a default client's 4 MiB receive limit: envs fill up to the
 # first figure, URIs up to the second (one env is at most ~2 MiB: its JSON and its URIs again).
 _INFO_ENV_BYTES = 5 * 1024 * 1024 // 2
 _INFO_BYTES = 7 * 1024 * 1024 // 2
+_HOT_KEPT = 1024  # requests remembered by their bytes (see ``_hot_creates``)
+_HOT_BYTES = 2 * 1024 * 1024
+_HOT_REQUEST_BYTES = 4096  # larger requests are parsed every time
+# A delete's reply for the counts a delete usually leaves, serialised once.
+_DELETE_REPLIES = tuple(
+    agent_pb2.DeleteRuntimeEnvReply(remaining_references=n).SerializeToString() for n in range(64)
+)
 
 
-class RuntimeEnvAgentServicer(agent_pb2_grpc.RuntimeEnvAgentServicer):
+class RuntimeEnvAgentServicer:
     def __init__(self, service: AgentService, metrics: Metrics | None = None) -> None:
         self._service = service
         self._metrics = metrics
-        self._replies: BoundedCache[str, agent_pb2.CreateRuntimeEnvReply] = BoundedCache(
-            _REPLIES_KEPT, _REPLIES_BYTES
-        )
+        # env id -> its create reply's bytes: the same for every create of the env.
+        self._replies: BoundedCache[str, bytes] = BoundedCache(_REPLIES_KEPT, _REPLIES_BYTES)
+        # The bytes of requests (no request id) that were answered by the hot path, small
+        # ones only: a create's checked key and reply, a delete's env id. The same bytes are
+        # the same request, and its checks are a pure function of it.
+        self._hot_creates: BoundedCache[bytes, _Hot] = BoundedCache(_HOT_KEPT, _HOT_BYTES)
+        self._hot_deletes: BoundedCache[bytes, str] = BoundedCache(_HOT_KEPT, _HOT_BYTES // 4)
+        self._hit_ok: Any = None  # the hot path's metrics children, bound once
+        self._hit_latency: Any = None
+        self._delete_ok: Any = None
+        if metrics is not None:
+            self._hit_ok = metrics.request_counter(_CREATE, OK)
+            self._hit_latency = metrics.create_latency(True)
+            self._delete_ok = metrics.request_counter(_DELETE, OK)
 
-    async def CreateRuntimeEnv(
-        self,
-        request: agent_pb2.CreateRuntimeEnvRequest,
-        context: grpc.aio.ServicerContext[object, object],
-    ) -> agent_pb2.CreateRuntimeEnvReply:
-        async def call() -> agent_pb2.CreateRuntimeEnvReply:
+    def handlers(self) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+        """The service's method handlers, bytes in and out (no (de)serializers): for
+        ``add_registered_method_handlers`` (grpc finds them by method in C; a generic
+        handler's lookup runs Python on every call)."""
+        return {
+            _CREATE: grpc.unary_unary_rpc_method_handler(self.create),
+            _DELETE: grpc.unary_unary_rpc_method_handler(self.delete),
+            _INFO: grpc.unary_unary_rpc_method_handler(self.info),
+        }
+
+    async def create(self, raw: bytes, context: Context) -> bytes:
+        hot = self._hot_creates.get(raw)
+        if hot is not None:  # this very request was a hit before: checked then (a pure check)
+            started = time.perf_counter()
+            if self._service.create_hit(hot.key):
+                self._count_hit(started)
+                return hot.reply
+        request = _decode(agent_pb2.CreateRuntimeEnvRequest, raw)
+        if request is None:
+            return await self._undecodable(_CREATE, agent_pb2.CreateRuntimeEnvRequest, raw, context)
+        if not request.request_id:  # the hot path: a hit is answered in one step
+            started = time.perf_counter()
+            config = request.config
+            try:
+                key = self._service.check_create(
+                    request.serialized_runtime_env, config.setup_timeout_seconds,
+                    job_id=request.job_id, eager_install=config.eager_install,
+                )  # fmt: skip
+            except AgentError:  # met again below, before anything is counted
+                key = None
+            except Exception as exc:  # a bug: answered and logged as one
+                return await answer(_CREATE, context, "", _raising(exc), self._metrics, bytes)
+            if key is not None and self._service.create_hit(key):
+                env_id = key.env.env_id
+                reply = self._replies.get(env_id) or self._prepare(self._service.created(key.env))
+                if len(raw) <= _HOT_REQUEST_BYTES:
+                    weight = 2 * len(raw) + len(reply) + 512  # the key's env may be its own
+                    self._hot_creates.put(raw, _Hot(key, reply), weight)
+                self._count_hit(started)
+                return reply
+
+        async def call() -> bytes:
             started = time.perf_counter()
             created = await self._service.create(
                 request.serialized_runtime_env,
@@ -54,59 +127,115 @@ class RuntimeEnvAgentServicer(agent_pb2_grpc.RuntimeEnvAgentServicer):
             )
             if self._metrics is not None:
                 self._metrics.observe_create(created.hit, time.perf_counter() - started)
-            return self._reply(created)
+            return self._replies.get(created.env_id) or self._prepare(created)
 
-        return await answer(
-            "CreateRuntimeEnv", context, request.request_id, call, self._metrics,
-            agent_pb2.CreateRuntimeEnvReply,
-        )  # fmt: skip
+        return await answer(_CREATE, context, request.request_id, call, self._metrics, bytes)
 
-    def _reply(self, created: Created) -> agent_pb2.CreateRuntimeEnvReply:
-        """The reply of a create: the same for every create of an env, so built once and kept
-        (grpc serialises it; nothing changes it), within a byte budget."""
-        reply = self._replies.get(created.env_id)
-        if reply is None:
-            reply = agent_pb2.CreateRuntimeEnvReply(
-                runtime_env_id=created.env_id,
-                context=agent_pb2.RuntimeEnvContext(
-                    env_vars=created.context.env_vars,
-                    cwd=created.context.cwd,
-                    py_executable=created.context.py_executable,
-                ),
-                uris=created.uris,
-            )
-            weight = env_var_bytes(created.context.env_vars) + 100 * len(created.uris) + 1024
-            self._replies.put(created.env_id, reply, weight + sum(map(len, created.uris)))
+    def _count_hit(self, started: float) -> None:
+        if self._hit_ok is not None:
+            self._hit_latency.observe(time.perf_counter() - started)
+            self._hit_ok.inc()
+
+    def _prepare(self, created: Created) -> bytes:
+        """The reply of a create: the same for every create of an env, so serialised once and
+        kept, within a byte budget."""
+        reply = agent_pb2.CreateRuntimeEnvReply(
+            runtime_env_id=created.env_id,
+            context=agent_pb2.RuntimeEnvContext(
+                env_vars=created.context.env_vars,
+                cwd=created.context.cwd,
+                py_executable=created.context.py_executable,
+            ),
+            uris=created.uris,
+        ).SerializeToString()
+        weight = env_var_bytes(created.context.env_vars) + 100 * len(created.uris) + 1024
+        self._replies.put(created.env_id, reply, weight + sum(map(len, created.uris)))
         return reply
 
-    async def DeleteRuntimeEnv(
-        self,
-        request: agent_pb2.DeleteRuntimeEnvRequest,
-        context: grpc.aio.ServicerContext[object, object],
-    ) -> agent_pb2.DeleteRuntimeEnvReply:
-        async def call() -> agent_pb2.DeleteRuntimeEnvReply:
+    async def delete(self, raw: bytes, context: Context) -> bytes:
+        env_id = self._hot_deletes.get(raw)  # a request by id seen before: no parse
+        request = None
+        if env_id is None:
+            request = _decode(agent_pb2.DeleteRuntimeEnvRequest, raw)
+            if request is None:
+                message = agent_pb2.DeleteRuntimeEnvRequest
+                return await self._undecodable(_DELETE, message, raw, context)
+            if not request.request_id and not request.serialized_runtime_env:
+                env_id = request.runtime_env_id
+        if env_id is not None:  # the hot path (no request id, by id), in one step
+            try:
+                remaining = self._service.delete_now(env_id, "")
+            except AgentError:  # met again below, before anything is counted
+                pass
+            except Exception as exc:  # a bug: answered and logged as one
+                return await answer(_DELETE, context, "", _raising(exc), self._metrics, bytes)
+            else:
+                if request is not None and len(raw) <= _HOT_REQUEST_BYTES:
+                    self._hot_deletes.put(raw, env_id, 2 * len(raw) + 200)
+                if self._delete_ok is not None:
+                    self._delete_ok.inc()
+                return _delete_reply(remaining)
+        if request is None:
+            request = agent_pb2.DeleteRuntimeEnvRequest.FromString(raw)
+
+        async def call() -> bytes:
             remaining = await self._service.delete(
                 request.runtime_env_id, request.serialized_runtime_env, request.request_id
             )
-            return agent_pb2.DeleteRuntimeEnvReply(remaining_references=remaining)
+            return _delete_reply(remaining)
 
-        return await answer(
-            "DeleteRuntimeEnv", context, request.request_id, call, self._metrics,
-            agent_pb2.DeleteRuntimeEnvReply,
-        )  # fmt: skip
+        return await answer(_DELETE, context, request.request_id, call, self._metrics, bytes)
 
-    async def GetRuntimeEnvsInfo(
-        self,
-        request: agent_pb2.GetRuntimeEnvsInfoRequest,
-        context: grpc.aio.ServicerContext[object, object],
-    ) -> agent_pb2.GetRuntimeEnvsInfoReply:
-        async def call() -> agent_pb2.GetRuntimeEnvsInfoReply:
-            return info_reply(await self._service.current_snapshot(request.limit))
+    async def info(self, raw: bytes, context: Context) -> bytes:
+        request = _decode(agent_pb2.GetRuntimeEnvsInfoRequest, raw)
+        if request is None:
+            return await self._undecodable(_INFO, agent_pb2.GetRuntimeEnvsInfoRequest, raw, context)
+        limit = request.limit
 
-        return await answer(
-            "GetRuntimeEnvsInfo", context, "", call, self._metrics,
-            agent_pb2.GetRuntimeEnvsInfoReply,
-        )  # fmt: skip
+        async def call() -> bytes:
+            snapshot = await self._service.current_snapshot(limit)
+            return info_reply(snapshot).SerializeToString()
+
+        return await answer(_INFO, context, "", call, self._metrics, bytes)
+
+    async def _undecodable(
+        self, rpc: str, message: type[Message], raw: bytes, context: Context
+    ) -> bytes:
+        """A body that is not the request message: INVALID_ARGUMENT, counted and logged as
+        any bad input."""
+        name = message.DESCRIPTOR.full_name
+        refusal = InvalidArgument(f"the request ({len(raw)} bytes) is not a {name} message")
+        return await answer(rpc, context, "", _raising(refusal), self._metrics, bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class _Hot:
+    """A create request answered by the hot path: its checked key and its reply."""
+
+    key: HitKey
+    reply: bytes
+
+
+def _decode(message: type[R], raw: bytes) -> R | None:
+    try:
+        return message.FromString(raw)
+    except (DecodeError, ValueError):
+        return None
+
+
+def _raising(exc: Exception) -> Callable[[], Awaitable[bytes]]:
+    """A call that raises ``exc`` (met before ``answer``), for ``answer`` to answer."""
+
+    async def call() -> bytes:
+        raise exc
+
+    return call
+
+
+def _delete_reply(remaining: int) -> bytes:
+    if 0 <= remaining < len(_DELETE_REPLIES):
+        return _DELETE_REPLIES[remaining]
+    return agent_pb2.DeleteRuntimeEnvReply(remaining_references=remaining).SerializeToString()
 
 
 def info_reply(snapshot: Snapshot) -> agent_pb2.GetRuntimeEnvsInfoReply:

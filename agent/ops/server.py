@@ -60,7 +60,7 @@ from agent.ops.startup import (
 from agent.state.recovery import RecoverySummary, recover
 from agent.state.state_db import FILE_NAME, MEMORY, StateDB
 from agent.state.store import UriStore
-from rtenv.v1 import agent_pb2, agent_pb2_grpc
+from rtenv.v1 import agent_pb2
 
 log = logging.getLogger(__name__)
 
@@ -194,10 +194,13 @@ class Agent:
                     ("grpc.so_reuseport", 0),
                 ],
             )
-            servicer = RuntimeEnvAgentServicer(self.service, self.metrics)
-            agent_pb2_grpc.add_RuntimeEnvAgentServicer_to_server(  # type: ignore[no-untyped-call]
-                servicer, self._server
+            # bytes in and out, registered by method (see doors/servicer.py); the service's
+            # descriptor is in the default pool (rtenv.v1.agent_pb2), so reflection lists it
+            handlers = RuntimeEnvAgentServicer(self.service, self.metrics).handlers()
+            self._server.add_generic_rpc_handlers(
+                (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
             )
+            self._server.add_registered_method_handlers(SERVICE_NAME, handlers)
             self._health = health_aio.HealthServicer()
             health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
             reflection.enable_server_reflection(

@@ -288,13 +288,17 @@ class AgentProcess(Child):
 
 
 class EchoProcess(Child):
-    """The bare grpc.aio server of the hot baseline (``benchlib.echo_server``)."""
+    """The bare gRPC server of the hot baseline (``benchlib.echo_server``), served by
+    ``route`` (``echo_server.ROUTES``)."""
 
-    def __init__(self, workdir: Path, name: str, replies: Path, *, uvloop: bool = False) -> None:
+    def __init__(
+        self, workdir: Path, name: str, replies: Path, *, uvloop: bool = False,
+        route: str = "servicer",
+    ) -> None:  # fmt: skip
         self.address = short_address(workdir / f"{name}.sock")
         argv = [
             sys.executable, "-m", "benchlib.echo_server", "--address", self.address,
-            "--replies", str(replies), *(["--uvloop"] if uvloop else []),
+            "--replies", str(replies), "--route", route, *(["--uvloop"] if uvloop else []),
         ]  # fmt: skip
         super().__init__(argv, workdir / f"{name}.log")
 
