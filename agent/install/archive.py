@@ -31,7 +31,7 @@ import stat
 import threading
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -61,6 +61,21 @@ class _Entry:
     kind: str  # "file", "dir" or "symlink"
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What an archive unpacks to, every check that the central directory allows made: the
+    entries in archive order (a name given twice: its last entry only, as writing them in
+    order left it), the folders they need (shallowest first) and the links, made last."""
+
+    entries: tuple[_Entry, ...]  # files and folders
+    links: tuple[_Entry, ...]
+    dirs: tuple[PurePosixPath, ...]  # every folder of the tree but its top, shallowest first
+    declared: int  # bytes the central directory says it unpacks to
+
+
+Halted = Callable[[], bool]  # true once the extraction must stop (its install was cancelled)
+
+
 class Stopped(Exception):
     """The extraction was told to stop (its install was cancelled): not an error of the
     archive; whoever stopped it has gone on with its own cancellation."""
@@ -81,13 +96,26 @@ def extract_zip(
     ``dest`` may hold a partial tree: the caller extracts into a staging directory and removes
     it. ``stop``, once set, ends the extraction (``Stopped``) at its next entry or chunk, so a
     cancelled install's thread stops writing before its staging folder is removed.
+
+    The same steps as the unpack pool's workers take (``unpack_worker``), in one call: plan,
+    write every entry (one share), finish (links, then the final modes).
     """
-    halt = stop or threading.Event()
+    halted = (stop or threading.Event()).is_set
+    with opened_zip(archive, label) as zf:
+        plan = plan_zip(zf, archive.stat().st_size, strip_top_level, limits, label)
+        dest.mkdir(mode=0o700, parents=True)  # 0700 or tighter, whatever the umask
+        root = dest.resolve()
+        written = _write(zf, plan.entries, root, limits.max_uncompressed_bytes, label, halted)
+        written += finish(zf, plan, root, label, halted)
+    return written
+
+
+@contextlib.contextmanager
+def opened_zip(archive: Path, label: str) -> Iterator[zipfile.ZipFile]:
+    """The archive opened, and zipfile's errors met inside the block as ``UnsafeArchive``."""
     try:
         with zipfile.ZipFile(archive) as zf:
-            entries = _plan(zf, archive.stat().st_size, strip_top_level, limits, label)
-            dest.mkdir(mode=0o700, parents=True)  # 0700 or tighter, whatever the umask
-            written = _write(zf, entries, dest.resolve(), limits, label, halt)
+            yield zf
     except (zipfile.BadZipFile, zlib.error, EOFError) as exc:  # zlib, EOF: a corrupt stream
         raise UnsafeArchive(f"{label} is not a readable zip archive: {echo(str(exc))}") from exc
     except UnicodeDecodeError as exc:  # a local header's name not UTF-8 under the UTF-8 flag
@@ -98,19 +126,18 @@ def extract_zip(
         raise UnsafeArchive(f"{label} uses an unsupported zip feature: {echo(str(exc))}") from exc
     except RuntimeError as exc:  # zipfile's error for encrypted entries
         raise UnsafeArchive(f"{label} cannot be extracted: {echo(str(exc))}") from exc
-    _check(halt)
-    harden_tree(dest, label)
-    return written
 
 
-def _check(stop: threading.Event) -> None:
-    if stop.is_set():
+def _check(halted: Halted) -> None:
+    if halted():
         raise Stopped
 
 
-def _plan(
+def plan_zip(
     zf: zipfile.ZipFile, archive_bytes: int, strip: bool, limits: ArchiveLimits, label: str
-) -> list[_Entry]:
+) -> Plan:
+    """Every check the central directory allows (entry count, declared bytes, ratio, names,
+    kinds), and what goes where. No I/O but what ``zf`` read when it was opened."""
     infos = zf.infolist()
     if len(infos) > limits.max_entries:
         raise UnsafeArchive(
@@ -130,14 +157,55 @@ def _plan(
         )
     paths = [(info, _safe_parts(info.filename, label)) for info in infos]
     top = _common_top(paths) if strip else None
-    entries = []
+    last: dict[tuple[str, ...], int] = {}  # a file named twice: its last entry wins
+    entries: list[_Entry] = []
+    links: list[_Entry] = []
     for info, parts in paths:
         if top is not None:
             parts = parts[1:]
         if not parts:
             continue  # the stripped top folder itself, or an entry of only "./"
-        entries.append(_Entry(info, PurePosixPath(*parts), _kind(info, label)))
-    return entries
+        entry = _Entry(info, PurePosixPath(*parts), _kind(info, label))
+        if entry.kind == "symlink":
+            links.append(entry)
+            continue
+        if entry.kind == "file":
+            last[parts] = len(entries)
+        entries.append(entry)
+    kept = tuple(e for n, e in enumerate(entries) if e.kind != "file" or last[e.rel.parts] == n)
+    dirs: set[PurePosixPath] = set()
+    for entry in kept:
+        folders = entry.rel.parents if entry.kind == "file" else (entry.rel, *entry.rel.parents)
+        for folder in folders:
+            if folder.parts:
+                dirs.add(folder)
+    ordered = tuple(sorted(dirs, key=lambda d: (len(d.parts), d.parts)))
+    return Plan(kept, tuple(links), ordered, declared)
+
+
+_ENTRY_BYTES = 16 * 1024  # what one entry costs beyond its bytes (open, close, mode), as bytes
+
+
+def shares(plan: Plan, n: int) -> list[tuple[_Entry, ...]]:
+    """The plan's files and folders in ``n`` shares of about equal cost (bytes, plus a fixed
+    cost per entry), each in archive order (read sequentially). Pure and deterministic: every
+    worker of one extraction computes the same shares from the same plan. Largest first, each
+    to the lightest share so far."""
+    loads = [0] * n
+    picked: list[list[_Entry]] = [[] for _ in range(n)]
+    for entry in sorted(plan.entries, key=lambda e: (-e.info.file_size, e.info.header_offset)):
+        k = loads.index(min(loads))
+        picked[k].append(entry)
+        loads[k] += entry.info.file_size + _ENTRY_BYTES
+    return [tuple(sorted(p, key=lambda e: e.info.header_offset)) for p in picked]
+
+
+def allowance(plan: Plan, share: tuple[_Entry, ...], n: int, limits: ArchiveLimits) -> int:
+    """The most a share may write: its declared bytes and an equal part of the room the limit
+    leaves over the whole plan's, so all shares together stay within ``max_uncompressed_bytes``
+    whatever their entries' streams hold."""
+    own = sum(entry.info.file_size for entry in share)
+    return own + (limits.max_uncompressed_bytes - plan.declared) // n
 
 
 def _safe_parts(name: str, label: str) -> tuple[str, ...]:
@@ -177,37 +245,81 @@ def _kind(info: zipfile.ZipInfo, label: str) -> str:
 
 def _write(
     zf: zipfile.ZipFile,
-    entries: list[_Entry],
+    entries: tuple[_Entry, ...],
     root: Path,
-    limits: ArchiveLimits,
+    allowed: int,
     label: str,
-    stop: threading.Event,
+    halted: Halted,
 ) -> int:
+    """Write one share of a plan's files and folders under ``root`` (folders first, each made
+    private), at most ``allowed`` bytes in all; return the bytes written. Shares of one plan
+    may be written at once by several processes: a folder made by another is taken as is."""
     written = 0
-    links = []
+    made: set[PurePosixPath] = set()
     for entry in entries:
-        _check(stop)
-        target = root.joinpath(*entry.rel.parts)
+        if entry.kind == "dir":
+            _check(halted)
+            with _unwritable(entry, label):
+                _make_dirs(root, entry.rel, made)
+    for entry in entries:
+        if entry.kind != "file":
+            continue
+        _check(halted)
         with _unwritable(entry, label):
-            if entry.kind == "dir":
-                target.mkdir(parents=True, exist_ok=True)
-            elif entry.kind == "symlink":
-                links.append(entry)
-            else:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                allowance = limits.max_uncompressed_bytes - written
-                written += _copy(zf, entry, target, allowance, label, stop)
-    for entry in links:
-        _check(stop)
+            _make_dirs(root, entry.rel.parent, made)
+            target = os.path.join(root, *entry.rel.parts)
+            written += _copy(zf, entry, target, allowed - written, label, halted)
+    return written
+
+
+def _make_dirs(root: Path, rel: PurePosixPath, made: set[PurePosixPath]) -> None:
+    """Make ``rel`` and its missing parents under ``root``, each 0700 (or tighter), shallowest
+    first; a folder that exists (made by this share, or by another process's share) is taken
+    if it is a folder, not a link or a file."""
+    if not rel.parts or rel in made:
+        return
+    _make_dirs(root, rel.parent, made)
+    path = os.path.join(root, *rel.parts)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            raise
+    made.add(rel)
+
+
+def finish(zf: zipfile.ZipFile, plan: Plan, root: Path, label: str, halted: Halted) -> int:
+    """After every share is written: the links (each checked before and after it is made, then
+    all once more), then the final modes, deepest first: the planned folders (the files have
+    theirs), or, when links were made, a walk of the whole tree (``harden_tree``). Returns the
+    bytes the links hold."""
+    written = 0
+    for entry in plan.links:
+        _check(halted)
         with _unwritable(entry, label):
             written += _link(zf, entry, root, label)
-    for entry in links:  # a later link can redirect an earlier one: check them all once more
+    for entry in plan.links:  # a later link can redirect an earlier one: check them all again
         if not _inside(root, Path(os.path.realpath(root.joinpath(*entry.rel.parts)))):
-            _unlink_all(root, links)
+            _unlink_all(root, plan.links)
             raise UnsafeArchive(
                 f"{label}: symlink {echo(entry.info.filename)} resolves outside the package "
                 "through another link"
             )
+    _check(halted)
+    if plan.links:
+        harden_tree(root, label)
+        return written
+    try:
+        for folder in reversed(plan.dirs):  # no link in the tree: each path is the folder
+            os.chmod(os.path.join(root, *folder.parts), DIR_MODE)
+        os.chmod(root, DIR_MODE)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise FailedPrecondition(
+            f"{label}: cannot give {echo(exc.filename)} its mode ({exc.strerror}); the package is "
+            "not kept"
+        ) from exc
     return written
 
 
@@ -229,15 +341,15 @@ def _unwritable(entry: _Entry, label: str) -> Iterator[None]:
 def _copy(
     zf: zipfile.ZipFile,
     entry: _Entry,
-    target: Path,
+    target: str,
     allowance: int,
     label: str,
-    stop: threading.Event,
+    halted: Halted,
 ) -> int:
     copied = 0
     with zf.open(entry.info) as src, open(target, "wb", opener=_private) as dst:
         while chunk := src.read(_CHUNK):
-            _check(stop)
+            _check(halted)
             copied += len(chunk)
             if copied > allowance:
                 raise UnsafeArchive(
@@ -294,7 +406,7 @@ def _link(zf: zipfile.ZipFile, entry: _Entry, root: Path, label: str) -> int:
     return len(target.encode())
 
 
-def _unlink_all(root: Path, links: list[_Entry]) -> None:
+def _unlink_all(root: Path, links: tuple[_Entry, ...]) -> None:
     """Leave no way out behind, even in a staging tree: remove the links, shallowest first, and
     only where the link's folder still resolves inside ``root`` (never unlink through a link)."""
     for entry in sorted(links, key=lambda e: len(e.rel.parts)):
