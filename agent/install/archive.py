@@ -57,8 +57,12 @@ class ArchiveLimits:
 @dataclass(frozen=True)
 class _Entry:
     info: zipfile.ZipInfo
-    rel: PurePosixPath  # where it goes, relative to the destination (top folder stripped)
+    parts: tuple[str, ...]  # where it goes, relative to the destination (top folder stripped)
     kind: str  # "file", "dir" or "symlink"
+
+    @property
+    def rel(self) -> PurePosixPath:
+        return PurePosixPath(*self.parts)
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,7 @@ class Plan:
 
     entries: tuple[_Entry, ...]  # files and folders
     links: tuple[_Entry, ...]
-    dirs: tuple[PurePosixPath, ...]  # every folder of the tree but its top, shallowest first
+    dirs: tuple[tuple[str, ...], ...]  # every folder of the tree but its top, shallowest first
     declared: int  # bytes the central directory says it unpacks to
 
 
@@ -105,7 +109,7 @@ def extract_zip(
         plan = plan_zip(zf, archive.stat().st_size, strip_top_level, limits, label)
         dest.mkdir(mode=0o700, parents=True)  # 0700 or tighter, whatever the umask
         root = dest.resolve()
-        written = _write(zf, plan.entries, root, limits.max_uncompressed_bytes, label, halted)
+        written = write_share(zf, plan.entries, root, limits.max_uncompressed_bytes, label, halted)
         written += finish(zf, plan, root, label, halted)
     return written
 
@@ -165,39 +169,56 @@ def plan_zip(
             parts = parts[1:]
         if not parts:
             continue  # the stripped top folder itself, or an entry of only "./"
-        entry = _Entry(info, PurePosixPath(*parts), _kind(info, label))
+        entry = _Entry(info, parts, _kind(info, label))
         if entry.kind == "symlink":
             links.append(entry)
             continue
         if entry.kind == "file":
             last[parts] = len(entries)
         entries.append(entry)
-    kept = tuple(e for n, e in enumerate(entries) if e.kind != "file" or last[e.rel.parts] == n)
-    dirs: set[PurePosixPath] = set()
+    kept = tuple(e for n, e in enumerate(entries) if e.kind != "file" or last[e.parts] == n)
+    dirs: set[tuple[str, ...]] = set()
     for entry in kept:
-        folders = entry.rel.parents if entry.kind == "file" else (entry.rel, *entry.rel.parents)
-        for folder in folders:
-            if folder.parts:
-                dirs.add(folder)
-    ordered = tuple(sorted(dirs, key=lambda d: (len(d.parts), d.parts)))
+        deepest = len(entry.parts) - (entry.kind == "file")
+        for depth in range(deepest, 0, -1):
+            folder = entry.parts[:depth]
+            if folder in dirs:
+                break  # and so are its parents
+            dirs.add(folder)
+    ordered = tuple(sorted(dirs, key=lambda d: (len(d), d)))
     return Plan(kept, tuple(links), ordered, declared)
 
 
-_ENTRY_BYTES = 16 * 1024  # what one entry costs beyond its bytes (open, close, mode), as bytes
+_ENTRY_NS = 45_000  # what writing one entry costs beyond its bytes (open, close, mode)
+
+
+def _cost(info: zipfile.ZipInfo) -> float:
+    """About how many nanoseconds writing an entry takes: a fixed part, and per byte written
+    more the more its stream was compressed (inflating text costs 3-4 times what copying a
+    stored or incompressible stream does)."""
+    if info.compress_type == zipfile.ZIP_STORED or not info.file_size:
+        return _ENTRY_NS + 0.8 * info.file_size
+    packed = min(info.compress_size / info.file_size, 1.0)
+    return _ENTRY_NS + info.file_size * (1.8 + 6.0 * (1.0 - packed))
 
 
 def shares(plan: Plan, n: int) -> list[tuple[_Entry, ...]]:
-    """The plan's files and folders in ``n`` shares of about equal cost (bytes, plus a fixed
-    cost per entry), each in archive order (read sequentially). Pure and deterministic: every
-    worker of one extraction computes the same shares from the same plan. Largest first, each
-    to the lightest share so far."""
-    loads = [0] * n
+    """The plan's files and folders in ``n`` shares of about equal work (their bytes, weighted
+    by how much inflating them costs, and a fixed part per entry: ``_cost``), each in archive
+    order (read sequentially). Pure and deterministic: every worker of one extraction computes
+    the same shares from the same plan. Costliest first, each to the lightest share so far."""
+    loads = [0.0] * n
     picked: list[list[_Entry]] = [[] for _ in range(n)]
-    for entry in sorted(plan.entries, key=lambda e: (-e.info.file_size, e.info.header_offset)):
+    costed = sorted(((_cost(e.info), e.info.header_offset, e) for e in plan.entries), key=_key)
+    for cost, _, entry in costed:
         k = loads.index(min(loads))
         picked[k].append(entry)
-        loads[k] += entry.info.file_size + _ENTRY_BYTES
+        loads[k] += cost
     return [tuple(sorted(p, key=lambda e: e.info.header_offset)) for p in picked]
+
+
+def _key(item: tuple[float, int, _Entry]) -> tuple[float, int]:
+    return (-item[0], item[1])
 
 
 def allowance(plan: Plan, share: tuple[_Entry, ...], n: int, limits: ArchiveLimits) -> int:
@@ -243,7 +264,7 @@ def _kind(info: zipfile.ZipInfo, label: str) -> str:
     raise UnsafeArchive(f"{label}: entry {echo(info.filename)} is a special file (mode {mode:o})")
 
 
-def _write(
+def write_share(
     zf: zipfile.ZipFile,
     entries: tuple[_Entry, ...],
     root: Path,
@@ -255,31 +276,31 @@ def _write(
     private), at most ``allowed`` bytes in all; return the bytes written. Shares of one plan
     may be written at once by several processes: a folder made by another is taken as is."""
     written = 0
-    made: set[PurePosixPath] = set()
+    made: set[tuple[str, ...]] = set()
     for entry in entries:
         if entry.kind == "dir":
             _check(halted)
             with _unwritable(entry, label):
-                _make_dirs(root, entry.rel, made)
+                _make_dirs(root, entry.parts, made)
     for entry in entries:
         if entry.kind != "file":
             continue
         _check(halted)
         with _unwritable(entry, label):
-            _make_dirs(root, entry.rel.parent, made)
-            target = os.path.join(root, *entry.rel.parts)
+            _make_dirs(root, entry.parts[:-1], made)
+            target = os.path.join(root, *entry.parts)
             written += _copy(zf, entry, target, allowed - written, label, halted)
     return written
 
 
-def _make_dirs(root: Path, rel: PurePosixPath, made: set[PurePosixPath]) -> None:
+def _make_dirs(root: Path, rel: tuple[str, ...], made: set[tuple[str, ...]]) -> None:
     """Make ``rel`` and its missing parents under ``root``, each 0700 (or tighter), shallowest
     first; a folder that exists (made by this share, or by another process's share) is taken
     if it is a folder, not a link or a file."""
-    if not rel.parts or rel in made:
+    if not rel or rel in made:
         return
-    _make_dirs(root, rel.parent, made)
-    path = os.path.join(root, *rel.parts)
+    _make_dirs(root, rel[:-1], made)
+    path = os.path.join(root, *rel)
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -311,7 +332,7 @@ def finish(zf: zipfile.ZipFile, plan: Plan, root: Path, label: str, halted: Halt
         return written
     try:
         for folder in reversed(plan.dirs):  # no link in the tree: each path is the folder
-            os.chmod(os.path.join(root, *folder.parts), DIR_MODE)
+            os.chmod(os.path.join(root, *folder), DIR_MODE)
         os.chmod(root, DIR_MODE)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
