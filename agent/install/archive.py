@@ -1,4 +1,8 @@
-"""Safe zip extraction. Synchronous: the store runs it in a thread.
+"""Safe zip extraction, in three steps that several processes can share (``unpack_pool.py``):
+``plan_zip`` (every check the central directory allows, pure but for what ``zipfile`` read),
+``write_share`` (one share of the files and folders, ``shares`` splitting them by work), and
+``finish`` (the links, then the final modes), once every share is written. ``extract_zip`` runs
+the three in one call. Synchronous: run in a worker process or a thread.
 
 What is refused (``UnsafeArchive``, FAILED_PRECONDITION), before a byte is written where it can be
 known from the central directory, and while writing where it cannot:
