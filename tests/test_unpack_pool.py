@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.core.errors import Unavailable, UnsafeArchive
+from agent.core.errors import DiskExhausted, Unavailable, UnsafeArchive
 from agent.install.archive import ArchiveLimits, extract_zip, opened_zip, plan_zip, shares
 from agent.install.unpack_pool import UnpackPool
 from tests.helpers import (
@@ -161,15 +161,62 @@ async def test_the_pool_writes_what_extract_zip_writes(tmp_path: Path, split_byt
     async with pool_of(2, split_bytes) as pool:
         dest = tmp_path / "staging" / "unpacked"
         dest.parent.mkdir()
+        reserved: list[int] = []
+
+        async def reserve(declared: int) -> None:
+            assert not dest.exists()  # before a byte is written
+            reserved.append(declared)
+
         written = await pool.extract(
             archive, dest, archive_bytes=archive.stat().st_size, strip_top_level=True,
-            limits=LIMITS, label=LABEL,
+            limits=LIMITS, label=LABEL, reserve=reserve,
         )  # fmt: skip
-        assert await pool.declared(archive, LABEL) == expected
+    assert reserved == [expected]  # once, whatever the shares
     assert written == expected
     assert snapshot(dest) == snapshot(alone)
     assert stat.S_IMODE(dest.stat().st_mode) == 0o755
     assert stat.S_IMODE((dest / "bin" / "run").stat().st_mode) == 0o755
+
+
+@pytest.mark.parametrize("split_bytes", [1, 1 << 40], ids=["split", "whole"])
+async def test_nothing_is_written_before_the_reservation_and_its_refusal_is_the_error(
+    tmp_path: Path, split_bytes: int
+) -> None:
+    """The workers plan, then wait for the agent's room on the disk: refused, the job raises
+    the reservation's error and nothing was written; cancelled while it waits, the workers are
+    told to halt and are waited for."""
+    archive = tmp_path / "p.zip"
+    archive.write_bytes(slow_zip(files=50, text_mb=1))
+    async with pool_of(2, split_bytes) as pool:
+
+        async def refuse(declared: int) -> None:
+            raise DiskExhausted(f"no room for {declared} bytes")
+
+        with pytest.raises(DiskExhausted, match="no room for"):
+            await pool.extract(
+                archive, tmp_path / "a", archive_bytes=1, strip_top_level=True, limits=LIMITS,
+                label=LABEL, reserve=refuse,
+            )  # fmt: skip
+        assert not (tmp_path / "a").exists()
+        held = asyncio.Event()
+
+        async def hold(declared: int) -> None:
+            held.set()
+            await asyncio.Event().wait()
+
+        job = asyncio.ensure_future(
+            pool.extract(
+                archive, tmp_path / "b", archive_bytes=1, strip_top_level=True, limits=LIMITS,
+                label=LABEL, reserve=hold,
+            )
+        )  # fmt: skip
+        await asyncio.wait_for(held.wait(), 30)
+        job.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await job
+        assert pool.busy == 0
+        assert not (tmp_path / "b").exists()
+        assert len(pool.pids) == 2  # halted, not killed
 
 
 async def test_links_are_made_after_every_share_and_checked(tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ import socket
 import subprocess
 import sys
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,12 +80,29 @@ class WorkerDied(Exception):
         self.how = how
 
 
+Reserve = Callable[[int], Awaitable[None]]  # room on the disk for this many bytes
+
+
+class _Gate:
+    """One job's reservation: made once, from the first share's plan (every share's plan is
+    the same); each share writes only after it (``go``), or ends (``halt``) if it failed."""
+
+    def __init__(self, reserve: Reserve) -> None:
+        self.reserve = reserve
+        self.step: asyncio.Future[None] | None = None
+        self.failed: BaseException | None = None  # the reservation's error: the job's
+        self.halted = False  # the job stops: no share goes on
+        self.waiting: list[_Task] = []
+
+
 @dataclass(eq=False)
 class _Task:
     message: tuple[Any, ...]
     future: asyncio.Future[int]
     affinity: int | None = None  # the worker to prefer (it holds the job's plan)
     worker: int | None = None  # the worker it was sent to
+    gate: _Gate | None = None
+    waiting: bool = False  # its worker planned and waits for go or halt
 
 
 @dataclass(eq=False)
@@ -195,6 +213,8 @@ class UnpackPool:
         workers = [w for w in self._workers if w is not None]
         for worker in workers:
             self._stops[worker.index] = 1
+            if worker.task is not None:
+                self._reply(worker.task, ("halt",))
         running = [w.task.future for w in workers if w.task is not None]
         if running:
             await asyncio.wait(running, timeout=_CLOSE_GRACE_S)
@@ -219,28 +239,26 @@ class UnpackPool:
         strip_top_level: bool,
         limits: ArchiveLimits,
         label: str,
+        reserve: Reserve | None = None,
     ) -> int:
         """Extract ``archive`` into the new folder ``dest`` (as ``archive.extract_zip`` does);
-        return the bytes written. Cancelled, the workers writing it are stopped and waited for
-        before the cancellation goes on."""
+        return the bytes written. ``reserve``: awaited with the bytes the archive declares once
+        its plan passed, before a byte is written (the disk room; its error is the job's).
+        Cancelled, the workers writing it are stopped and waited for before the cancellation
+        goes on."""
         job = await self._job()
         n = self.size if archive_bytes >= self._split_bytes else 1
         head = (str(archive), str(dest), strip_top_level, limits, label)
+        gate = None if reserve is None else _Gate(reserve)
+        gated = gate is not None
         if n == 1:
-            (whole,) = await self._run([("whole", job, *head, 0, 1)], label)
+            (whole,) = await self._run([("whole", job, *head, 0, 1, gated)], label, gate=gate)
             return whole.future.result()
-        written = await self._run([("share", job, *head, k, n) for k in range(n)], label)
-        (last,) = await self._run([("finish", job, *head, 0, n)], label, written[0].worker)
+        shared = [("share", job, *head, k, n, gated) for k in range(n)]
+        written = await self._run(shared, label, gate=gate)
+        finishing = [("finish", job, *head, 0, n, False)]
+        (last,) = await self._run(finishing, label, written[0].worker)
         return sum(t.future.result() for t in (*written, last))
-
-    async def declared(self, archive: Path, label: str) -> int:
-        """``archive.declared_size`` in a worker (reading a central directory of thousands of
-        entries holds a GIL for milliseconds)."""
-        job = await self._job()
-        (task,) = await self._run(
-            [("declared", job, str(archive), "", False, None, label, 0, 1)], label
-        )
-        return task.future.result()
 
     async def _job(self) -> int:
         if self._closed:
@@ -249,12 +267,18 @@ class UnpackPool:
         return next(self._jobs)
 
     async def _run(
-        self, messages: list[tuple[Any, ...]], label: str, affinity: int | None = None
+        self,
+        messages: list[tuple[Any, ...]],
+        label: str,
+        affinity: int | None = None,
+        *,
+        gate: _Gate | None = None,
     ) -> list[_Task]:
         """Run tasks to their end, all of them; the first failure (a worker's error, a dead
-        worker, the caller's cancellation) stops the others, which are waited for."""
+        worker, a failed reservation, the caller's cancellation) stops the others, which are
+        waited for."""
         loop = asyncio.get_running_loop()
-        tasks = [_Task(m, loop.create_future(), affinity) for m in messages]
+        tasks = [_Task(m, loop.create_future(), affinity, gate=gate) for m in messages]
         self._queue.extend(tasks)
         self._dispatch()
         futures = [t.future for t in tasks]
@@ -269,6 +293,8 @@ class UnpackPool:
         failed = [f.exception() for f in futures if f.done() and f.exception() is not None]
         if failed:
             await self._stop(tasks)
+            if gate is not None and gate.failed is not None:
+                raise gate.failed
             raise self._error([e for e in failed if e is not None], label)
         return tasks
 
@@ -276,6 +302,10 @@ class UnpackPool:
         """Stop a job's tasks: queued ones dropped, running ones told to stop and waited for
         (a cancellation meanwhile waits on: the staging folder is removed after them)."""
         for task in tasks:
+            if task.gate is not None:
+                task.gate.halted = True
+                if task.gate.step is not None:
+                    task.gate.step.cancel()  # a reservation nobody waits for any more
             if task.future.done():
                 continue
             if task.worker is None:
@@ -284,6 +314,7 @@ class UnpackPool:
                 task.future.set_exception(Stopped())
             else:
                 self._stops[task.worker] = 1
+                self._reply(task, ("halt",))
         running = [t.future for t in tasks if not t.future.done()]
         while running:
             with contextlib.suppress(asyncio.CancelledError):
@@ -318,16 +349,53 @@ class UnpackPool:
                 send(worker.conn, task.message)
 
     def _answered(self, worker: _Worker) -> None:
-        """The worker's socket is readable: its answer, or its end (it died)."""
+        """The worker's socket is readable: its answer, its plan's declared bytes, or its end
+        (it died)."""
         try:
             answer = receive(worker.conn)
         except (EOFError, OSError):
             self._died(worker)
             return
+        if answer[0] == "planned" and worker.task is not None:
+            self._planned(worker.task, answer[1])
+            return
         task, worker.task = worker.task, None
         if task is not None and not task.future.done():
             _settle(task.future, answer)
         self._dispatch()
+
+    def _planned(self, task: _Task, declared: int) -> None:
+        """A share's plan passed: it writes once the job's reservation is made (the first
+        share's plan starts it), or ends if that failed or the job is stopping."""
+        gate = task.gate
+        task.waiting = True
+        if gate is None or gate.halted or gate.failed is not None or self._closed:
+            self._reply(task, ("halt",))
+        elif gate.step is not None and gate.step.done():
+            self._reply(task, ("go",))
+        else:
+            gate.waiting.append(task)
+            if gate.step is None:
+                gate.step = asyncio.ensure_future(gate.reserve(declared))
+                gate.step.add_done_callback(lambda step: self._reserved(gate, step))
+
+    def _reserved(self, gate: _Gate, step: asyncio.Future[None]) -> None:
+        if not step.cancelled() and step.exception() is not None:
+            gate.failed = step.exception()
+        go = not (step.cancelled() or gate.halted or gate.failed is not None or self._closed)
+        waiting, gate.waiting = gate.waiting, []
+        for task in waiting:
+            self._reply(task, ("go",) if go else ("halt",))
+
+    def _reply(self, task: _Task, message: tuple[str]) -> None:
+        """Answer a worker waiting after its plan (once)."""
+        if not task.waiting or task.worker is None:
+            return
+        task.waiting = False
+        worker = self._workers[task.worker]
+        if worker is not None and not worker.dead:
+            with contextlib.suppress(OSError):  # died meanwhile: its socket's end says so
+                send(worker.conn, message)
 
     def _died(self, worker: _Worker) -> None:
         """A worker's socket ended: it died (it never leaves on its own while the pool is

@@ -6,14 +6,18 @@ It lowers its priority (``os.nice``: the agent's event loop wins the CPU when it
 answers tasks on its socket (``send``/``receive``: length-prefixed pickled tuples), one at a
 time, until the socket ends (the agent closed it, or died):
 
-- ``("whole", job, archive, dest, strip, limits, label, 0, 1)``: plan, write every entry,
-  finish (``archive.extract_zip``'s steps);
-- ``("share", job, archive, dest, strip, limits, label, k, n)``: plan (every check of the central
-  directory, made again here: the checks run where the extraction runs), then write share ``k``
-  of ``n`` (``archive.shares``) into ``dest``, made if no other share made it yet;
-- ``("declared", job, archive, "", False, None, label, 0, 1)``: ``archive.declared_size``;
-- ``("finish", job, archive, dest, strip, limits, label, 0, n)``: the links, then the final
-  modes (the plan is kept from this worker's share of the job, or made again).
+- ``("whole", job, archive, dest, strip, limits, label, 0, 1, gated)``: plan, write every
+  entry, finish (``archive.extract_zip``'s steps);
+- ``("share", job, archive, dest, strip, limits, label, k, n, gated)``: plan (every check of
+  the central directory, made again here: the checks run where the extraction runs), then
+  write share ``k`` of ``n`` (``archive.shares``) into ``dest``, made if no other share made it
+  yet;
+- ``("finish", job, archive, dest, strip, limits, label, 0, n, False)``: the links, then the
+  final modes (the plan is kept from this worker's share of the job, or made again).
+
+``gated``: once the plan passed, and before anything is written, the worker sends
+``("planned", declared_bytes)`` and waits for ``("go",)`` (the agent found the disk room for
+them); any other reply ends the task (``("stopped",)``).
 
 Each answer is ``("ok", bytes_written)``, ``("stopped",)``, or ``("error", name, message,
 errno, detail)``: an expected error's class name (``UnsafeArchive``, ``FailedPrecondition``) and
@@ -48,7 +52,6 @@ from agent.install.archive import (
     Plan,
     Stopped,
     allowance,
-    declared_size,
     finish,
     opened_zip,
     plan_zip,
@@ -60,7 +63,8 @@ Answer = tuple[Any, ...]
 
 
 class _Worker:
-    def __init__(self, stops: mmap.mmap, index: int, parent: int) -> None:
+    def __init__(self, sock: socket.socket, stops: mmap.mmap, index: int, parent: int) -> None:
+        self._sock = sock
         self._stops = stops
         self._index = index
         self._parent = parent
@@ -69,13 +73,20 @@ class _Worker:
     def halted(self) -> bool:
         return self._stops[self._index] != 0 or os.getppid() != self._parent
 
+    def _gate(self, declared: int) -> None:
+        """The plan passed: tell the agent what it declares, and write only once the agent
+        has the room for it (``go``); anything else ends the task."""
+        send(self._sock, ("planned", declared))
+        if receive(self._sock) != ("go",):
+            raise Stopped
+
     def run(self, task: tuple[Any, ...]) -> Answer:
-        kind, job, archive, dest, strip, limits, label, k, n = task
+        kind, job, archive, dest, strip, limits, label, k, n, gated = task
         try:
-            return (
-                "ok",
-                self._step(kind, job, Path(archive), Path(dest), strip, limits, label, k, n),
+            written = self._step(
+                kind, job, Path(archive), Path(dest), strip, limits, label, k, n, gated
             )
+            return ("ok", written)
         except Stopped:
             return ("stopped",)
         except AgentError as exc:
@@ -97,13 +108,14 @@ class _Worker:
         label: str,
         k: int,
         n: int,
+        gated: bool,
     ) -> int:
-        if kind == "declared":
-            return declared_size(archive)
         with opened_zip(archive, label) as zf:
             plan = self._plans.pop(job, None) if kind == "finish" else None
             if plan is None:
                 plan = plan_zip(zf, archive.stat().st_size, strip, limits, label)
+            if gated:
+                self._gate(plan.declared)
             if kind == "finish":
                 return finish(zf, plan, dest.resolve(), label, self.halted)
             with contextlib.suppress(FileExistsError):
@@ -126,8 +138,8 @@ def main(argv: list[str]) -> None:
     os.nice(nice)
     stops = mmap.mmap(stops_fd, 0)
     os.close(stops_fd)
-    worker = _Worker(stops, index, parent)
     sock = socket.socket(fileno=sock_fd)
+    worker = _Worker(sock, stops, index, parent)
     while True:
         try:
             task = receive(sock)

@@ -125,6 +125,10 @@ class Agent:
             alone = not settings.persist or settings.reset_state
             check_root_free(root, alone=alone)
             probe_address(address)
+            workers = settings.extract_workers
+            if workers != 0:  # spawned now, in the background: ready by the time it serves
+                self._unpack = UnpackPool(auto_workers() if workers is None else workers)
+                self._unpack.start()
             secret = read_token(settings.token_file) if settings.token_file else None
             if settings.ray is not None:  # before any slow work: Ray waits ~15 s for the port
                 await self._open_ray_door(settings, settings.ray, secret)
@@ -165,10 +169,6 @@ class Agent:
                 gcs=GcsConfig(ray.gcs_address, ray.cluster_id_hex, ray.token)
                 if ray is not None and ray.gcs_address else None,
             )  # fmt: skip
-            workers = settings.extract_workers
-            if workers != 0:  # spawned in the background: the agent serves meanwhile
-                self._unpack = UnpackPool(auto_workers() if workers is None else workers)
-                self._unpack.start()
             installers = build_installers(
                 InstallTools(
                     fetcher, settings.archive, settings.py_executable, settings.pip_installer,

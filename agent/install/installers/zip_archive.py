@@ -2,9 +2,10 @@
 
 Fetch it into the staging folder (the fetcher: ``file://`` or ``http(s)://``, the disk floor
 checked as bytes come, the digest the URI pins verified), reserve the disk its extraction will
-write, and extract it safely (``archive.py``'s checks; a working dir's single top-level folder
-dropped): in the agent's unpack pool (``unpack_pool.py``: worker processes, a large zip split
-between them), or in a thread of the agent's process with no pool.
+write (what its central directory declares), and extract it safely (``archive.py``'s checks; a
+working dir's single top-level folder dropped): in the agent's unpack pool (``unpack_pool.py``:
+worker processes, a large zip split between them; the reservation is made once their plan
+passed, before they write), or in a thread of the agent's process with no pool.
 
 A ``gcs://`` zip is unpacked as it is, its top folder kept, working dir or not: Ray zips an
 uploaded working dir's contents (no top folder of its own) and unpacks GCS packages with
@@ -75,18 +76,19 @@ class ZipArchiveInstaller:
         crash_point("after_download")
         strip = self._strip_top_level and uri.scheme not in _KEEP_TOP_LEVEL
         unpacked = job.staging / "unpacked"
-        pool = self._pool
-        if pool is None:
-            declared = await asyncio.to_thread(declared_size, archive)
-        else:
-            declared = await pool.declared(archive, job.label)
-        await job.space.expect(unpack_reservation(declared, fetched, self._limits))
-        if pool is None:
+        limits = self._limits
+
+        async def reserve(declared: int) -> None:  # the disk the extraction will write
+            await job.space.expect(unpack_reservation(declared, fetched, limits))
+
+        if self._pool is None:
+            await reserve(await asyncio.to_thread(declared_size, archive))
             size = await self._in_thread(archive, unpacked, strip, job.label)
-        else:  # cancelled: the workers are stopped and waited for, as the thread below is
-            size = await pool.extract(
+        else:  # reserved once the workers' plan passed; cancelled: they are stopped and
+            # waited for, as the thread above is
+            size = await self._pool.extract(
                 archive, unpacked, archive_bytes=fetched, strip_top_level=strip,
-                limits=self._limits, label=job.label,
+                limits=limits, label=job.label, reserve=reserve,
             )  # fmt: skip
         job.unpacked()
         return Installed(unpacked, size)
