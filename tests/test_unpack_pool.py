@@ -149,6 +149,29 @@ def test_shares_hold_every_entry_once_in_archive_order_and_are_about_even(tmp_pa
     assert ("data",) in plan.dirs
 
 
+def test_a_small_entry_read_in_one_call_is_checked_as_zipfile_checks_it(tmp_path: Path) -> None:
+    """Small entries skip ``ZipExtFile`` (``_copy_small``): a local header naming another file,
+    a flipped byte of a stored or deflated stream, are refused all the same."""
+    for compression in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        body = make_zip({"a.txt": "hello " * 100, "b.txt": "x"}, compression=compression)
+        out = tmp_path / f"ok{compression}"
+        archive = tmp_path / "p.zip"
+        archive.write_bytes(body)
+        extract_zip(archive, out, strip_top_level=False, limits=LIMITS, label=LABEL)
+        assert (out / "a.txt").read_text() == "hello " * 100
+        renamed = bytearray(body)
+        local = renamed.index(b"PK\x03\x04")
+        renamed[local + 30 : local + 35] = b"z.txt"  # the local header names another file
+        flipped = bytearray(body)
+        flipped[local + 30 + len("a.txt") + 3] ^= 0xFF  # a byte of a.txt's stream
+        for bad, words in ((renamed, "differ"), (flipped, "")):
+            archive.write_bytes(bytes(bad))
+            with pytest.raises(UnsafeArchive, match="is not a readable zip archive") as info:
+                extract_zip(archive, tmp_path / f"bad{compression}{words}",
+                            strip_top_level=False, limits=LIMITS, label=LABEL)  # fmt: skip
+            assert words in info.value.message
+
+
 # -- the pool --------------------------------------------------------------------------------
 
 

@@ -32,6 +32,7 @@ import errno
 import os
 import re
 import stat
+import struct
 import threading
 import zipfile
 import zlib
@@ -371,6 +372,9 @@ def _copy(
     label: str,
     halted: Halted,
 ) -> int:
+    info = entry.info
+    if info.file_size <= _SMALL and info.compress_size <= _SMALL and _plain(info):
+        return _copy_small(zf, entry, target, allowance, label)
     copied = 0
     with zf.open(entry.info) as src, open(target, "wb", opener=_private) as dst:
         while chunk := src.read(_CHUNK):
@@ -384,6 +388,58 @@ def _copy(
             dst.write(chunk)
         os.fchmod(dst.fileno(), file_mode(entry.info.external_attr >> 16))
     return copied
+
+
+_SMALL = 256 * 1024  # an entry this small is read and inflated in one call
+_LOCAL_HEADER = struct.Struct(zipfile.structFileHeader)  # type: ignore[attr-defined]
+_PLAIN = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
+_NOT_PLAIN = 0x1 | 0x20 | 0x40  # encrypted, compressed patch data, strong encryption
+
+
+def _plain(info: zipfile.ZipInfo) -> bool:
+    return info.compress_type in _PLAIN and not info.flag_bits & _NOT_PLAIN
+
+
+def _copy_small(zf: zipfile.ZipFile, entry: _Entry, target: str, allowance: int, label: str) -> int:
+    """``_copy`` of a small stored or deflated entry without ``ZipExtFile``'s machinery (a
+    third of the time thousands of small files took): its local header read and checked as
+    ``zipfile`` checks it (its magic, its name the same as the central directory's), its bytes
+    read and inflated in one call each, no more than declared, their CRC-32 checked."""
+    info = entry.info
+    assert zf.fp is not None  # open for reading
+    fd = zf.fp.fileno()
+    head = os.pread(fd, _LOCAL_HEADER.size, info.header_offset)
+    if len(head) != _LOCAL_HEADER.size:
+        raise zipfile.BadZipFile("Truncated file header")
+    fields = _LOCAL_HEADER.unpack(head)
+    if fields[0] != zipfile.stringFileHeader:  # type: ignore[attr-defined]
+        raise zipfile.BadZipFile("Bad magic number for file header")
+    name_len, extra_len = fields[10], fields[11]
+    want = name_len + extra_len + info.compress_size
+    rest = os.pread(fd, want, info.header_offset + _LOCAL_HEADER.size)
+    if len(rest) != want:
+        raise EOFError
+    name = rest[:name_len].decode("utf-8" if fields[3] & 0x800 else "cp437")
+    if name != info.orig_filename:
+        raise zipfile.BadZipFile(
+            f"File name in directory {info.orig_filename!r} and header {name!r} differ."
+        )
+    raw = rest[name_len + extra_len :]
+    with open(target, "wb", opener=_private) as dst:
+        if info.compress_type == zipfile.ZIP_DEFLATED:
+            data = zlib.decompressobj(-15).decompress(raw, info.file_size + 1)
+        else:
+            data = raw
+        if len(data) > allowance:
+            raise UnsafeArchive(
+                f"{label}: entry {echo(info.filename)} unpacks to more bytes than declared, "
+                "past max_uncompressed_bytes"
+            )
+        if len(data) != info.file_size or zlib.crc32(data) != info.CRC:
+            raise zipfile.BadZipFile(f"Bad CRC-32 for file {info.filename!r}")
+        dst.write(data)
+        os.fchmod(dst.fileno(), file_mode(info.external_attr >> 16))
+    return len(data)
 
 
 def _private(path: str, flags: int) -> int:
