@@ -13,15 +13,17 @@ CPU when it wakes.
   waited for and killed by its PID if it outlives a grace. A worker whose agent dies outright
   sees its parent gone at its next chunk and its socket end: it exits.
 - **Shares.** An archive of at least ``split_bytes`` is written by every worker at once: each
-  plans it (the same plan: it is deterministic) and writes its share of the entries, of about
-  equal bytes (``archive.shares``), into the one staging folder; then one of them (the one that
-  planned share 0, if free) makes the links and sets the final modes. A smaller one is one
-  task, to one worker. Tasks wait in a queue for a free worker, in order.
+  plans it (the same plan: it is deterministic), says what it declares, waits for the job's
+  disk reservation (``reserve``, made once, from the first plan to arrive: nothing is written
+  before it), and writes its share of the entries, of about equal work (``archive.shares``),
+  into the one staging folder; then one of them (the one that wrote share 0, if free) makes
+  the links and sets the final modes. A smaller one is one task, to one worker. Tasks wait in
+  a queue for a free worker, in order.
 - **Stopping.** Each worker has a byte in a shared memory (a memfd): set, the worker ends its
-  task at its next entry or chunk (``Stopped``). A job whose caller is cancelled, or one of
-  whose shares failed, sets its running shares' bytes, drops its queued ones, and waits for its
-  running ones to answer before it raises: nothing writes in a staging folder once its removal
-  may begin.
+  task at its next entry or chunk (``Stopped``); one waiting for the reservation is told
+  ``halt``. A job whose caller is cancelled, or one of whose shares failed, sets its running
+  shares' bytes, drops its queued ones, and waits for its running ones to answer before it
+  raises: nothing writes in a staging folder once its removal may begin.
 - **Failures.** An error in a worker comes back as the same class and message
   (``UnsafeArchive``, ``FailedPrecondition``; an ``OSError`` with its errno: a full disk is the
   store's to word); anything else is a bug, raised as ``RuntimeError`` with the worker's
