@@ -42,6 +42,7 @@ import itertools
 import logging
 import mmap
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -62,6 +63,7 @@ log = logging.getLogger(__name__)
 NICE = 5  # workers' niceness above the agent's: the event loop preempts them when it wakes
 SPLIT_BYTES = 4 * 1024 * 1024  # archives from this size are written by every worker at once
 MAX_AUTO_WORKERS = 4  # the default pool size: the cores, at most this many
+_NICE_CMD = shutil.which("nice")  # coreutils' nice: it execs the worker, same PID
 _CLOSE_GRACE_S = 5.0  # a worker told to stop that has not exited by then is killed
 _ERRORS: dict[str, type[AgentError]] = {
     cls.__name__: cls for cls in (UnsafeArchive, FailedPrecondition)
@@ -171,9 +173,12 @@ class UnpackPool:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (package_root, env.get("PYTHONPATH", "")) if p
         )
+        # niced from its first instruction when `nice` is at hand (its imports never slow the
+        # agent's own start); else it lowers itself once its imports are done
+        nice = [_NICE_CMD, "-n", str(self._nice)] if _NICE_CMD else []
         argv = [
-            sys.executable, "-S", "-m", "agent.install.unpack_worker", str(sock_fd),
-            str(self._stops_fd), str(index), str(os.getpid()), str(self._nice),
+            *nice, sys.executable, "-S", "-m", "agent.install.unpack_worker", str(sock_fd),
+            str(self._stops_fd), str(index), str(os.getpid()), "0" if nice else str(self._nice),
         ]  # fmt: skip
         return subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, pass_fds=(sock_fd, self._stops_fd), env=env
