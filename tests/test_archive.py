@@ -337,7 +337,7 @@ def test_the_tree_is_private_while_it_is_written(tmp_path: Path) -> None:
     """Under umask 000, a file being written is 0600 and the destination 0700 until the end:
     nobody can open a file for writing, or add one, before the modes are final."""
     seen: list[tuple[int, int]] = []
-    real_write = archive_module._write
+    real_write = archive_module.write_share
 
     def spy(*args: Any, **kwargs: Any) -> int:
         written = real_write(*args, **kwargs)
@@ -346,7 +346,7 @@ def test_the_tree_is_private_while_it_is_written(tmp_path: Path) -> None:
         return written
 
     with umask(0), pytest.MonkeyPatch.context() as mp:
-        mp.setattr("agent.install.archive._write", spy)
+        mp.setattr("agent.install.archive.write_share", spy)
         extract(tmp_path, zip_with_infos(HOSTILE_ENTRIES), strip=False)
     assert seen == [(0o700, 0o644)]  # rw.txt had its final mode before the tree opened up
 

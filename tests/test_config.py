@@ -36,6 +36,7 @@ SAMPLES = {
     "cache-budget": "3M",
     "min-free-disk": "7%",
     "max-concurrent-installs": "3",
+    "extract-workers": "2",
     "default-setup-timeout": "12.5",
     "max-setup-timeout": "99",
     "max-message-bytes": "2M",

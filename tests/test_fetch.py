@@ -7,7 +7,7 @@ import hashlib
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from agent.core.errors import (
 from agent.core.uris import parse_uri
 from agent.install import fetch as fetch_module
 from agent.install.fetch import Fetcher, FetchLimits
+from agent.install.transport import MockTransport, Request, Response
 from tests.helpers import make_zip, package_server, wait_until
 
 BODY = make_zip({"proj/main.py": "print('hi')\n" * 50})
@@ -180,6 +181,49 @@ async def test_sha256_mismatch_is_integrity_error_and_a_match_passes(tmp_path: P
     assert f"is {good}, the URI expects {bad}" in info.value.message
     assert sleep.delays == []
     assert (tmp_path / "good").read_bytes() == BODY
+
+
+async def test_the_digest_is_taken_as_the_chunks_are_written_never_by_reading_the_file_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``#sha256=``: each chunk is hashed in the hop that writes it (the whole file was read
+    again after the download); a retried download's digest is of its own bytes only (the first
+    attempt's body was cut short after a few chunks)."""
+    opened: list[str] = []
+
+    def no_read_back(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        opened.append(str(path))
+        raise AssertionError(f"the fetcher opened {path} ({mode})")
+
+    monkeypatch.setattr(fetch_module, "open", no_read_back, raising=False)
+    good = hashlib.sha256(BODY).hexdigest()
+    attempts: list[int] = []
+
+    def handler(request: Request) -> Response:
+        attempts.append(1)
+        if len(attempts) == 1:  # declares the whole body, sends a third of it
+            return Response(body=_chunks(BODY[: len(BODY) // 3]), headers=_length(BODY))
+        return Response(body=_chunks(BODY), headers=_length(BODY))
+
+    limits = FetchLimits(attempts=2, backoff_initial_s=0.0, chunk_bytes=1024)
+    fetcher = Fetcher(MockTransport(handler), limits, sleep=RecordingSleep())
+    uri = parse_uri("working_dir", f"http://pkgs/p.zip#sha256={good}")
+    assert await fetcher.fetch(uri, tmp_path / "out", label="p") == len(BODY)
+    assert len(attempts) == 2
+    assert opened == []
+    assert (tmp_path / "out").read_bytes() == BODY
+    bad = parse_uri("working_dir", f"http://pkgs/p.zip#sha256={'0' * 64}")
+    with pytest.raises(IntegrityError, match=f"is {good}, the URI expects {'0' * 64}"):
+        await fetcher.fetch(bad, tmp_path / "bad", label="p")
+
+
+async def _chunks(body: bytes) -> AsyncIterator[bytes]:
+    for start in range(0, len(body), 1024):
+        yield body[start : start + 1024]
+
+
+def _length(body: bytes) -> dict[str, str]:
+    return {"Content-Length": str(len(body))}
 
 
 async def test_connection_refused_is_retried_then_download_failed(tmp_path: Path) -> None:

@@ -193,7 +193,8 @@ async def test_a_cancelled_install_stops_its_extraction_before_its_staging_folde
 
     monkeypatch.setattr(archive, "_copy", slow_copy)
     monkeypatch.setattr(zip_archive, "extract_zip", counted_extract)
-    async with package_server() as pkgs, running_agent() as a:
+    # the thread of --extract-workers 0 (the pool's workers: tests/test_unpack_pool.py)
+    async with package_server() as pkgs, running_agent(extract_workers=0) as a:
         files = {f"f{n:03}.txt": f"{n}\n" for n in range(400)}
         wd = pkgs.add(WD, workdir_zip(files))
         call = a.stub.CreateRuntimeEnv(

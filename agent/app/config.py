@@ -48,6 +48,9 @@ class Settings:
     allow_file_roots: tuple[str, ...] = ()  # file:// packages only from under these ("" = any)
     min_free_disk: DiskFloor = field(default_factory=DiskFloor)
     max_concurrent_installs: int = 8  # more wait in a queue
+    extract_workers: int | None = (
+        None  # unpack processes; None: one per core (at most 4); 0: a thread
+    )
     metrics_address: str = ""  # HOST:PORT for Prometheus; "" = off
     log_format: str = "text"  # or "json"
     log_level: str = "INFO"

@@ -68,6 +68,7 @@ from agent.install.transport import (
 log = logging.getLogger(__name__)
 
 Sleep = Callable[[float], Awaitable[None]]
+Fetched = tuple[int, str | None]  # bytes written, and their sha256 when the URI pins one
 Random = Callable[[], float]  # uniform in [0, 1)
 _T = TypeVar("_T")
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -169,29 +170,31 @@ class Fetcher:
         ``label`` names the package in messages and log lines: its URI, already cut once
         (``UriKey.label``)."""
         room = space or _Unlimited()
+        hashed = uri.sha256 is not None
         try:
             if uri.scheme == "file":
-                size = await self._copy_file(uri, dest, label, room)
+                size, digest = await self._copy_file(uri, dest, label, room, hashed)
             elif uri.scheme == "gcs":
-                size = await self._read_gcs(uri, dest, label, room)
+                size, digest = await self._read_gcs(uri, dest, label, room, hashed)
             else:
-                size = await self._download(uri, dest, label, room)
+                size, digest = await self._download(uri, dest, label, room, hashed)
         except OSError as exc:
             if exc.errno in _NO_SPACE:
                 raise DiskExhausted(f"{label}: no space left on the agent's disk") from exc
             raise
-        if uri.sha256 is not None:
-            digest = await asyncio.to_thread(_sha256_of, dest)
-            if digest != uri.sha256:
-                raise IntegrityError(
-                    f"{label}: sha256 of the downloaded package is {digest}, the URI expects "
-                    f"{uri.sha256}; the package changed or the URI's digest is wrong"
-                )
+        if uri.sha256 is not None and digest != uri.sha256:
+            raise IntegrityError(
+                f"{label}: sha256 of the downloaded package is {digest}, the URI expects "
+                f"{uri.sha256}; the package changed or the URI's digest is wrong"
+            )
         return size
 
     # -- file:// ---------------------------------------------------------------------------
-    async def _copy_file(self, uri: ParsedUri, dest: Path, label: str, space: Space) -> int:
+    async def _copy_file(
+        self, uri: ParsedUri, dest: Path, label: str, space: Space, hashed: bool
+    ) -> Fetched:
         limit = self._limits.max_download_bytes
+        digest = _Digest(hashed)
         src, declared = await _opening(
             lambda: open_package(uri.path, self.file_roots, label), fd=lambda opened: opened[0]
         )
@@ -205,9 +208,9 @@ class Fetcher:
                 while True:
                     want = min(self._limits.chunk_bytes, limit + 1 - total)  # 1 over: too large
                     await space.take(total, want if total >= declared else 0)  # past its size
-                    read = await _hop(_copy_chunk, src, out, want, label)
+                    read = await _hop(_copy_chunk, src, out, want, label, digest)
                     if read == 0:
-                        return total
+                        return total, digest.hex()
                     total += read
                     if total > limit:  # a file that grows while it is read, or /proc's size 0
                         raise _too_large(label, limit)
@@ -217,7 +220,9 @@ class Fetcher:
             os.close(src)
 
     # -- gcs:// ----------------------------------------------------------------------------
-    async def _read_gcs(self, uri: ParsedUri, dest: Path, label: str, space: Space) -> int:
+    async def _read_gcs(
+        self, uri: ParsedUri, dest: Path, label: str, space: Space, hashed: bool
+    ) -> Fetched:
         client = self._gcs_client
         if client is None:  # check_origin refuses it first
             raise AssertionError(f"{label}: a gcs:// fetch with no GCS configured")
@@ -234,21 +239,24 @@ class Fetcher:
             label,
         )
         out = await _opening(lambda: _create(dest), fd=int)
+        digest = _Digest(hashed)
         try:
             await space.expect(len(value))
             view = memoryview(value)
             for start in range(0, len(view), self._limits.chunk_bytes):
                 chunk = view[start : start + self._limits.chunk_bytes]
                 await space.take(start, len(chunk))
-                await _hop(_write_all, out, chunk)
+                await _hop(_write_all, out, chunk, digest)
         finally:
             os.close(out)
-        return len(value)
+        return len(value), digest.hex()
 
     # -- http(s):// ------------------------------------------------------------------------
-    async def _download(self, uri: ParsedUri, dest: Path, label: str, space: Space) -> int:
+    async def _download(
+        self, uri: ParsedUri, dest: Path, label: str, space: Space, hashed: bool
+    ) -> Fetched:
         return await self._retrying(
-            lambda: self._get_once(uri.url, dest, label, space),
+            lambda: self._get_once(uri.url, dest, label, space, hashed),
             lambda attempts, exc: DownloadFailed(
                 f"{label}: download failed after {attempts} attempts: {exc}"
             ),
@@ -279,7 +287,9 @@ class Fetcher:
             delay = min(delay * 2, limits.backoff_max_s)
         raise AssertionError("unreachable: the loop returns or raises")
 
-    async def _get_once(self, url: str, dest: Path, label: str, space: Space) -> int:
+    async def _get_once(
+        self, url: str, dest: Path, label: str, space: Space, hashed: bool
+    ) -> Fetched:
         limits = self._limits
         request = Request(url, {"Accept-Encoding": "identity"})
         policy = Policy(limits.connect_timeout_s, limits.read_timeout_s, limits.max_redirects)
@@ -290,6 +300,7 @@ class Fetcher:
                 if expected is not None and expected > limits.max_download_bytes:
                     raise _too_large(label, limits.max_download_bytes, expected)
                 out = await _opening(lambda: _create(dest), fd=int)
+                digest = _Digest(hashed)  # of this attempt's bytes: a retry starts anew
                 try:
                     await space.expect(expected or 0)
                     total = 0
@@ -297,13 +308,13 @@ class Fetcher:
                         if total + len(chunk) > limits.max_download_bytes:
                             raise _too_large(label, limits.max_download_bytes)
                         await space.take(total, len(chunk))
-                        await _hop(_write_all, out, chunk)
+                        await _hop(_write_all, out, chunk, digest)
                         total += len(chunk)
                 finally:
                     os.close(out)
                 if expected is not None and total != expected:
                     raise _Transient(f"body ended after {total} of {expected} bytes")
-                return total
+                return total, digest.hex()
         except TransportError as exc:
             raise _outcome(exc, label, limits) from exc
 
@@ -377,29 +388,38 @@ def _create(dest: Path) -> int:
     )
 
 
-def _copy_chunk(src: int, out: int, size: int, label: str) -> int:
+class _Digest:
+    """The SHA-256 of what was written so far, when the URI pins one: updated in the thread
+    hop that writes each chunk (hashlib lets the GIL go on large buffers), so the file is
+    never read back to be checked."""
+
+    def __init__(self, wanted: bool) -> None:
+        self._sha = hashlib.sha256() if wanted else None
+
+    def update(self, data: bytes | memoryview) -> None:
+        if self._sha is not None:
+            self._sha.update(data)
+
+    def hex(self) -> str | None:
+        return None if self._sha is None else self._sha.hexdigest()
+
+
+def _copy_chunk(src: int, out: int, size: int, label: str, digest: _Digest) -> int:
     try:
         data = os.read(src, size)
     except OSError as exc:
         raise PackageRejected(
             f"{label}: reading it failed: {exc.strerror or echo(str(exc))}"
         ) from exc
-    _write_all(out, data)
+    _write_all(out, data, digest)
     return len(data)
 
 
-def _write_all(out: int, data: bytes | memoryview) -> None:
+def _write_all(out: int, data: bytes | memoryview, digest: _Digest) -> None:
+    digest.update(data)
     view = memoryview(data)
     while view:
         view = view[os.write(out, view) :]
-
-
-def _sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1024 * 1024):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _gcs_failed(label: str, client: GcsKvClient, attempts: int, exc: _Transient) -> str:

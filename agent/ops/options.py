@@ -71,6 +71,16 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"{quoted(text)} is not a boolean (true/false)")
 
 
+def parse_workers(text: str) -> int | None:
+    """``--extract-workers``: 'auto' (None: one per core, at most 4) or a count from 0."""
+    if str(text).strip().lower() == "auto":
+        return None
+    value = parse_int(text)
+    if not 0 <= value <= 256:
+        raise ValueError(f"{quoted(text)}: auto, or a count from 0 to 256")
+    return value
+
+
 def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         value = kind(text)
@@ -138,6 +148,10 @@ OPTIONS: tuple[Option, ...] = (
            "unused packages evicted, then RESOURCE_EXHAUSTED naming needed and free bytes"),
     Option("max-concurrent-installs", "max_concurrent_installs", _positive(parse_int),
            "installs (download and unpack) at once", "further installs wait in a queue"),
+    Option("extract-workers", "extract_workers", parse_workers,
+           "processes zips are unpacked in (a large zip is split between them), auto (one per "
+           "core, at most 4), or 0: a thread of the agent's process",
+           "more unpacks wait for a free process"),
     Option("default-setup-timeout", "default_setup_timeout_s", _positive(parse_duration),
            "time an env's setup may take when the request names none",
            "DEADLINE_EXCEEDED; an install nobody else waits for is cancelled, its files removed",
@@ -322,6 +336,8 @@ def _value_text(settings: Settings, opt: Option) -> str:
     value = _get(settings, opt.field)
     if opt.field == "address":
         return settings.resolved_address()
+    if opt.field == "extract_workers" and value is None:
+        return "auto"
     if isinstance(value, RaySettings):
         host = f"[{value.host}]" if ":" in value.host else value.host
         return f"{host}:{value.port}"

@@ -45,6 +45,7 @@ from agent.install.fetch import Fetcher, Sleep
 from agent.install.gcs_source import GcsConfig
 from agent.install.installers import InstallTools, build_installers
 from agent.install.staging import through
+from agent.install.unpack_pool import UnpackPool, auto_workers
 from agent.ops.startup import (
     check_address,
     check_python,
@@ -93,6 +94,7 @@ class Agent:
         self._server: grpc.aio.Server | None = None
         self._session: aiohttp.ClientSession | None = None
         self._fetcher: Fetcher | None = None  # its GCS channel is closed at stop
+        self._unpack: UnpackPool | None = None  # its workers end at stop, after the store
         self._health: health_aio.HealthServicer | None = None
         self._lock_fd: int | None = None
         self._db: StateDB | None = None
@@ -123,6 +125,10 @@ class Agent:
             alone = not settings.persist or settings.reset_state
             check_root_free(root, alone=alone)
             probe_address(address)
+            workers = settings.extract_workers
+            if workers != 0:  # spawned now, in the background: ready by the time it serves
+                self._unpack = UnpackPool(auto_workers() if workers is None else workers)
+                self._unpack.start()
             secret = read_token(settings.token_file) if settings.token_file else None
             if settings.ray is not None:  # before any slow work: Ray waits ~15 s for the port
                 await self._open_ray_door(settings, settings.ray, secret)
@@ -166,7 +172,7 @@ class Agent:
             installers = build_installers(
                 InstallTools(
                     fetcher, settings.archive, settings.py_executable, settings.pip_installer,
-                    root / "logs",
+                    root / "logs", self._unpack,
                 )
             )  # fmt: skip
             store = UriStore(
@@ -362,6 +368,8 @@ class Agent:
             steps.append(self._metrics_runner.cleanup)
         if self.service is not None:
             steps.append(self.service.store.close)
+        if self._unpack is not None:  # after the store: its installs stop their extractions
+            steps.append(self._unpack.close)
         if self._db is not None:
             steps.append(self._db.close)
         if self._fetcher is not None:

@@ -15,6 +15,7 @@ from typing import Protocol
 from agent.core.packages import Package
 from agent.install.archive import ArchiveLimits
 from agent.install.fetch import Fetcher, Space
+from agent.install.unpack_pool import UnpackPool
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class InstallTools:
     python: str  # the interpreter venvs are made with
     pip_installer: str  # "pip" or "uv"
     logs: Path  # where installers' logs go (made when first needed)
+    unpack: UnpackPool | None = None  # worker processes for zips; None: a thread here
 
 
 @dataclass(frozen=True)

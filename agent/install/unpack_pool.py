@@ -1,0 +1,474 @@
+"""The unpack pool: zips are extracted in worker processes, off the event loop's process.
+
+An extraction in a thread of the agent's process held the GIL for most of its time: every
+request waited behind it (GetRuntimeEnvsInfo's p99 was 13 ms during a 61 MB install). Here the
+agent's process only sends small tasks and reads small answers; the archive is planned (every
+check), written and finished in ``unpack_worker`` processes, niced so the event loop wins the
+CPU when it wakes.
+
+- **Workers.** ``size`` processes, started once (``start``: spawned from a thread hop, so the
+  agent serves meanwhile; an extraction waits for them), each ``python -m
+  agent.install.unpack_worker`` (exec'd, never a fork of a process running gRPC's threads) on a
+  socket pair of its own. ``close`` ends them: their sockets closed, stop flags set, then each
+  waited for and killed by its PID if it outlives a grace. A worker whose agent dies outright
+  sees its parent gone at its next chunk and its socket end: it exits.
+- **Shares.** An archive of at least ``split_bytes`` is written by every worker at once: each
+  plans it (the same plan: it is deterministic), says what it declares, waits for the job's
+  disk reservation (``reserve``, made once, from the first plan to arrive: nothing is written
+  before it), and writes its share of the entries, of about equal work (``archive.shares``),
+  into the one staging folder; then one of them (the one that wrote share 0, if free) makes
+  the links and sets the final modes. A smaller one is one task, to one worker. Tasks wait in
+  a queue for a free worker, in order.
+- **Stopping.** Each worker has a byte in a shared memory (a memfd): set, the worker ends its
+  task at its next entry or chunk (``Stopped``); one waiting for the reservation is told
+  ``halt``. A job whose caller is cancelled, or one of whose shares failed, sets its running
+  shares' bytes, drops its queued ones, and waits for its running ones to answer before it
+  raises: nothing writes in a staging folder once its removal may begin.
+- **Failures.** An error in a worker comes back as the same class and message
+  (``UnsafeArchive``, ``FailedPrecondition``; an ``OSError`` with its errno: a full disk is the
+  store's to word); anything else is a bug, raised as ``RuntimeError`` with the worker's
+  traceback logged. A worker that dies (killed) fails its job with ``Unavailable`` saying so,
+  is logged, and is replaced; the agent goes on serving.
+
+Not thread-safe: used from the event loop's thread only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import itertools
+import logging
+import mmap
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import agent
+from agent.core.errors import AgentError, FailedPrecondition, Unavailable, UnsafeArchive
+from agent.install.archive import ArchiveLimits, Stopped
+from agent.install.unpack_worker import receive, send
+
+log = logging.getLogger(__name__)
+
+NICE = 5  # workers' niceness above the agent's: the event loop preempts them when it wakes
+SPLIT_BYTES = 4 * 1024 * 1024  # archives from this size are written by every worker at once
+MAX_AUTO_WORKERS = 4  # the default pool size: the cores, at most this many
+_NICE_CMD = shutil.which("nice")  # coreutils' nice: it execs the worker, same PID
+_CLOSE_GRACE_S = 5.0  # a worker told to stop that has not exited by then is killed
+_ERRORS: dict[str, type[AgentError]] = {
+    cls.__name__: cls for cls in (UnsafeArchive, FailedPrecondition)
+}
+
+
+def auto_workers() -> int:
+    """The pool's default size: one worker per core, at most ``MAX_AUTO_WORKERS``."""
+    return max(1, min(os.cpu_count() or 1, MAX_AUTO_WORKERS))
+
+
+class WorkerDied(Exception):
+    """The worker running a task died before it answered."""
+
+    def __init__(self, pid: int, how: str) -> None:
+        super().__init__(f"pid {pid} {how}")
+        self.pid = pid
+        self.how = how
+
+
+Reserve = Callable[[int], Awaitable[None]]  # room on the disk for this many bytes
+
+
+class _Gate:
+    """One job's reservation: made once, from the first share's plan (every share's plan is
+    the same); each share writes only after it (``go``), or ends (``halt``) if it failed."""
+
+    def __init__(self, reserve: Reserve) -> None:
+        self.reserve = reserve
+        self.step: asyncio.Future[None] | None = None
+        self.failed: BaseException | None = None  # the reservation's error: the job's
+        self.halted = False  # the job stops: no share goes on
+        self.waiting: list[_Task] = []
+
+
+@dataclass(eq=False)
+class _Task:
+    message: tuple[Any, ...]
+    future: asyncio.Future[int]
+    affinity: int | None = None  # the worker to prefer (it holds the job's plan)
+    worker: int | None = None  # the worker it was sent to
+    gate: _Gate | None = None
+    waiting: bool = False  # its worker planned and waits for go or halt
+
+
+@dataclass(eq=False)
+class _Worker:
+    index: int
+    proc: subprocess.Popen[bytes]
+    conn: socket.socket
+    task: _Task | None = None  # the one task sent to it and not answered yet
+    dead: bool = False  # its socket ended; another worker takes its index
+
+
+class UnpackPool:
+    def __init__(self, size: int, *, nice: int = NICE, split_bytes: int = SPLIT_BYTES) -> None:
+        if size < 1:
+            raise ValueError(f"an unpack pool needs at least one worker, not {size}")
+        self.size = size
+        self._nice = nice
+        self._split_bytes = split_bytes
+        self._workers: list[_Worker | None] = [None] * size
+        self._queue: deque[_Task] = deque()
+        self._jobs = itertools.count(1)
+        self._stops_fd = os.memfd_create("rtenv-unpack-stops", os.MFD_CLOEXEC)
+        os.ftruncate(self._stops_fd, size)
+        self._stops = mmap.mmap(self._stops_fd, size)
+        self._starting: asyncio.Future[None] | None = None
+        self._replacing: set[asyncio.Future[None]] = set()
+        self._closed = False
+        self.replaced = 0  # workers that died and were replaced
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Spawn the workers in the background (a thread hop each); returns at once."""
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._spawn_all())
+
+    async def _spawn_all(self) -> None:
+        for index in range(self.size):
+            if self._closed:
+                return
+            await self._spawn(index)
+
+    async def _spawn(self, index: int) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            proc = await asyncio.to_thread(self._popen, theirs.fileno(), index)
+        except BaseException:
+            mine.close()
+            raise
+        finally:
+            theirs.close()
+        conn = mine
+        if self._closed:  # closed while it started: it reads its socket's end and exits
+            conn.close()
+            await asyncio.to_thread(_reap, proc)
+            return
+        worker = _Worker(index, proc, conn)
+        self._workers[index] = worker
+        asyncio.get_running_loop().add_reader(conn.fileno(), self._answered, worker)
+        self._dispatch()
+
+    def _popen(self, sock_fd: int, index: int) -> subprocess.Popen[bytes]:
+        package_root = str(Path(agent.__file__).resolve().parent.parent)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (package_root, env.get("PYTHONPATH", "")) if p
+        )
+        # niced from its first instruction when `nice` is at hand (its imports never slow the
+        # agent's own start); else it lowers itself once its imports are done
+        nice = [_NICE_CMD, "-n", str(self._nice)] if _NICE_CMD else []
+        argv = [
+            *nice, sys.executable, "-S", "-m", "agent.install.unpack_worker", str(sock_fd),
+            str(self._stops_fd), str(index), str(os.getpid()), "0" if nice else str(self._nice),
+        ]  # fmt: skip
+        return subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, pass_fds=(sock_fd, self._stops_fd), env=env
+        )
+
+    @property
+    def pids(self) -> list[int]:
+        """The live workers' process ids (none once closed)."""
+        if self._closed:
+            return []
+        return [w.proc.pid for w in self._workers if w is not None and not w.dead]
+
+    @property
+    def busy(self) -> int:
+        """Workers running a task (sent, not answered yet)."""
+        return sum(1 for w in self._workers if w is not None and w.task is not None)
+
+    async def ready(self) -> None:
+        """Wait until every worker is spawned (its process exists; it may still be importing)."""
+        if self._starting is not None:
+            await asyncio.shield(self._starting)
+
+    async def close(self) -> None:
+        """End every worker: queued tasks fail with ``Stopped``, running ones are told to stop
+        and waited for (``_CLOSE_GRACE_S``); then each worker's socket is closed (an idle one
+        reads its end and exits), and each is waited for, then killed by its PID past the
+        grace."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._starting is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._starting)
+        await asyncio.gather(*self._replacing)  # each ends at once, the pool being closed
+        while self._queue:
+            task = self._queue.popleft()
+            if not task.future.done():
+                task.future.set_exception(Stopped())
+        workers = [w for w in self._workers if w is not None]
+        for worker in workers:
+            self._stops[worker.index] = 1
+            if worker.task is not None:
+                self._reply(worker.task, ("halt",))
+        running = [w.task.future for w in workers if w.task is not None]
+        if running:
+            await asyncio.wait(running, timeout=_CLOSE_GRACE_S)
+        loop = asyncio.get_running_loop()
+        for worker in workers:
+            if not worker.dead:
+                loop.remove_reader(worker.conn.fileno())
+                worker.conn.close()
+            if worker.task is not None and not worker.task.future.done():
+                worker.task.future.set_exception(Stopped())
+        await asyncio.gather(*(asyncio.to_thread(_reap, w.proc) for w in workers))
+        self._stops.close()
+        os.close(self._stops_fd)
+
+    # -- extraction ------------------------------------------------------------------------
+    async def extract(
+        self,
+        archive: Path,
+        dest: Path,
+        *,
+        archive_bytes: int,
+        strip_top_level: bool,
+        limits: ArchiveLimits,
+        label: str,
+        reserve: Reserve | None = None,
+    ) -> int:
+        """Extract ``archive`` into the new folder ``dest`` (as ``archive.extract_zip`` does);
+        return the bytes written. ``reserve``: awaited with the bytes the archive declares once
+        its plan passed, before a byte is written (the disk room; its error is the job's).
+        Cancelled, the workers writing it are stopped and waited for before the cancellation
+        goes on."""
+        job = await self._job()
+        n = self.size if archive_bytes >= self._split_bytes else 1
+        head = (str(archive), str(dest), strip_top_level, limits, label)
+        gate = None if reserve is None else _Gate(reserve)
+        gated = gate is not None
+        if n == 1:
+            (whole,) = await self._run([("whole", job, *head, 0, 1, gated)], label, gate=gate)
+            return whole.future.result()
+        shared = [("share", job, *head, k, n, gated) for k in range(n)]
+        written = await self._run(shared, label, gate=gate)
+        finishing = [("finish", job, *head, 0, n, False)]
+        (last,) = await self._run(finishing, label, written[0].worker)
+        return sum(t.future.result() for t in (*written, last))
+
+    async def _job(self) -> int:
+        if self._closed:
+            raise Stopped
+        await self.ready()  # spawned (a failed spawn is raised here)
+        return next(self._jobs)
+
+    async def _run(
+        self,
+        messages: list[tuple[Any, ...]],
+        label: str,
+        affinity: int | None = None,
+        *,
+        gate: _Gate | None = None,
+    ) -> list[_Task]:
+        """Run tasks to their end, all of them; the first failure (a worker's error, a dead
+        worker, a failed reservation, the caller's cancellation) stops the others, which are
+        waited for."""
+        loop = asyncio.get_running_loop()
+        tasks = [_Task(m, loop.create_future(), affinity, gate=gate) for m in messages]
+        self._queue.extend(tasks)
+        self._dispatch()
+        futures = [t.future for t in tasks]
+        try:
+            while True:
+                done, pending = await asyncio.wait(futures, return_when=asyncio.FIRST_EXCEPTION)
+                if not pending or any(f.exception() is not None for f in done):
+                    break
+        except asyncio.CancelledError:
+            await self._stop(tasks)
+            raise
+        failed = [f.exception() for f in futures if f.done() and f.exception() is not None]
+        if failed:
+            await self._stop(tasks)
+            if gate is not None and gate.failed is not None:
+                raise gate.failed
+            raise self._error([e for e in failed if e is not None], label)
+        return tasks
+
+    async def _stop(self, tasks: list[_Task]) -> None:
+        """Stop a job's tasks: queued ones dropped, running ones told to stop and waited for
+        (a cancellation meanwhile waits on: the staging folder is removed after them)."""
+        for task in tasks:
+            if task.gate is not None:
+                task.gate.halted = True
+                if task.gate.step is not None:
+                    task.gate.step.cancel()  # a reservation nobody waits for any more
+            if task.future.done():
+                continue
+            if task.worker is None:
+                with contextlib.suppress(ValueError):
+                    self._queue.remove(task)
+                task.future.set_exception(Stopped())
+            else:
+                self._stops[task.worker] = 1
+                self._reply(task, ("halt",))
+        running = [t.future for t in tasks if not t.future.done()]
+        while running:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait(running)
+            running = [f for f in running if not f.done()]
+        for task in tasks:
+            task.future.exception()  # retrieved: the first failure, or the cancellation, wins
+
+    def _error(self, failed: list[BaseException], label: str) -> BaseException:
+        """The job's error: the first that is not a ``Stopped`` of a share stopped after it."""
+        first = next((e for e in failed if not isinstance(e, Stopped)), failed[0])
+        if isinstance(first, WorkerDied):
+            return Unavailable(
+                f"{label}: the process unpacking it (pid {first.pid}) {first.how}; the agent "
+                "started another; try again"
+            )
+        return first
+
+    # -- the workers' side -----------------------------------------------------------------
+    def _dispatch(self) -> None:
+        """Hand queued tasks to free workers, in order (a finish to the worker holding its
+        job's plan when that one is free)."""
+        while self._queue and not self._closed:
+            free = [w for w in self._workers if w is not None and not w.dead and w.task is None]
+            if not free:
+                return
+            task = self._queue.popleft()
+            worker = next((w for w in free if w.index == task.affinity), free[0])
+            self._stops[worker.index] = 0  # before the task: a stop for its last one is over
+            worker.task, task.worker = task, worker.index
+            with contextlib.suppress(OSError):  # died before it read: its socket's end says so
+                send(worker.conn, task.message)
+
+    def _answered(self, worker: _Worker) -> None:
+        """The worker's socket is readable: its answer, its plan's declared bytes, or its end
+        (it died)."""
+        try:
+            answer = receive(worker.conn)
+        except (EOFError, OSError):
+            self._died(worker)
+            return
+        if answer[0] == "planned" and worker.task is not None:
+            self._planned(worker.task, answer[1])
+            return
+        task, worker.task = worker.task, None
+        if task is not None and not task.future.done():
+            _settle(task.future, answer)
+        self._dispatch()
+
+    def _planned(self, task: _Task, declared: int) -> None:
+        """A share's plan passed: it writes once the job's reservation is made (the first
+        share's plan starts it), or ends if that failed or the job is stopping."""
+        gate = task.gate
+        task.waiting = True
+        if gate is None or gate.halted or gate.failed is not None or self._closed:
+            self._reply(task, ("halt",))
+        elif gate.step is not None and gate.step.done():
+            self._reply(task, ("go",))
+        else:
+            gate.waiting.append(task)
+            if gate.step is None:
+                gate.step = asyncio.ensure_future(gate.reserve(declared))
+                gate.step.add_done_callback(lambda step: self._reserved(gate, step))
+
+    def _reserved(self, gate: _Gate, step: asyncio.Future[None]) -> None:
+        if not step.cancelled() and step.exception() is not None:
+            gate.failed = step.exception()
+        go = not (step.cancelled() or gate.halted or gate.failed is not None or self._closed)
+        waiting, gate.waiting = gate.waiting, []
+        for task in waiting:
+            self._reply(task, ("go",) if go else ("halt",))
+
+    def _reply(self, task: _Task, message: tuple[str]) -> None:
+        """Answer a worker waiting after its plan (once)."""
+        if not task.waiting or task.worker is None:
+            return
+        task.waiting = False
+        worker = self._workers[task.worker]
+        if worker is not None and not worker.dead:
+            with contextlib.suppress(OSError):  # died meanwhile: its socket's end says so
+                send(worker.conn, message)
+
+    def _died(self, worker: _Worker) -> None:
+        """A worker's socket ended: it died (it never leaves on its own while the pool is
+        open). Its task fails once its exit status is known; another worker takes its place."""
+        asyncio.get_running_loop().remove_reader(worker.conn.fileno())
+        worker.conn.close()
+        worker.dead = True
+        self.replaced += 1
+        step = asyncio.ensure_future(self._replace(worker))
+        self._replacing.add(step)
+        step.add_done_callback(self._replacing.discard)
+
+    async def _replace(self, worker: _Worker) -> None:
+        status = await asyncio.to_thread(_reap, worker.proc)
+        how = _how(status)
+        task, worker.task = worker.task, None
+        log.error(
+            "unpack worker %d (pid %d) %s%s; starting another", worker.index, worker.proc.pid,
+            how, f" while unpacking {task.message[6]}" if task is not None else "",
+            extra={"pid": worker.proc.pid},
+        )  # fmt: skip
+        if task is not None and not task.future.done():
+            task.future.set_exception(WorkerDied(worker.proc.pid, how))
+        if self._closed:
+            return
+        try:
+            await self._spawn(worker.index)
+        except Exception:
+            log.exception("could not start an unpack worker in place of pid %d", worker.proc.pid)
+            if not self.pids:  # nobody left to take the queue: it fails, the next call retries
+                while self._queue:
+                    queued = self._queue.popleft()
+                    queued.future.set_exception(WorkerDied(worker.proc.pid, how))
+
+
+def _settle(future: asyncio.Future[int], answer: tuple[Any, ...]) -> None:
+    match answer:
+        case ("ok", int(written)):
+            future.set_result(written)
+        case ("stopped",):
+            future.set_exception(Stopped())
+        case ("error", "OSError", str(message), code, filename):
+            future.set_exception(OSError(code or errno.EIO, message, filename))
+        case ("error", str(name), str(message), _, str(detail)) if name in _ERRORS:
+            future.set_exception(_ERRORS[name](message))
+        case ("error", str(name), str(message), _, str(detail)):
+            log.error("unpack worker raised %s: %s\n%s", name, message, detail)
+            future.set_exception(RuntimeError(f"the unpack worker raised {name}: {message}"))
+        case _:
+            future.set_exception(RuntimeError(f"the unpack worker answered {answer!r:.200}"))
+
+
+def _how(status: int) -> str:
+    if status < 0:
+        try:
+            return f"was killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"was killed by signal {-status}"
+    return f"exited with status {status}"
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> int:
+    """Wait for a worker told to end (or dead); kill it by its PID past the grace; return its
+    exit status. Blocking."""
+    try:
+        return proc.wait(timeout=_CLOSE_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()

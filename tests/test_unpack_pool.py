@@ -1,0 +1,455 @@
+"""The unpack pool: zips extracted in worker processes (real ones), split between them, with the
+archive's checks, cancellation, dead workers and the agent's start and stop."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import os
+import random
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import zipfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent.core.errors import DiskExhausted, Unavailable, UnsafeArchive
+from agent.install.archive import ArchiveLimits, extract_zip, opened_zip, plan_zip, shares
+from agent.install.unpack_pool import UnpackPool
+from tests.helpers import (
+    env_json,
+    make_zip,
+    package_server,
+    running_agent,
+    short_tempdir,
+    wait_until,
+    workdir_zip,
+)
+
+LABEL = "http://pkgs/p.zip"
+LIMITS = ArchiveLimits()
+WD = "wd.zip"
+
+
+def slow_zip(files: int = 3000, text_mb: int = 8) -> bytes:
+    """A zip that takes a worker a good fraction of a second: many small files and a large
+    compressible one, under one top folder."""
+    rng = random.Random(7)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+        for n in range(files):
+            zf.writestr(f"proj/p{n // 100}/m{n}.py", f"X = {n}\n".encode() * 40)
+        zf.writestr("proj/data/table.txt", rng.randbytes(text_mb * 2**20).hex().encode())
+        run = zipfile.ZipInfo("proj/bin/run")
+        run.external_attr = (stat.S_IFREG | 0o755) << 16
+        zf.writestr(run, "#!/bin/sh\n")
+        zf.writestr("proj/empty/", "")
+    return buf.getvalue()
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, bytes | str]]:
+    """Every path under ``root``: its mode and its content (a link: its target)."""
+    found: dict[str, tuple[int, bytes | str]] = {}
+    for path in sorted(root.rglob("*")):
+        st = path.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            found[str(path.relative_to(root))] = (0, os.readlink(path))
+        elif stat.S_ISDIR(st.st_mode):
+            found[str(path.relative_to(root))] = (stat.S_IMODE(st.st_mode), b"")
+        else:
+            found[str(path.relative_to(root))] = (stat.S_IMODE(st.st_mode), path.read_bytes())
+    return found
+
+
+@asynccontextmanager
+async def pool_of(size: int, split_bytes: int = 1) -> AsyncIterator[UnpackPool]:
+    pool = UnpackPool(size, split_bytes=split_bytes)
+    pool.start()
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def children_of(pid: int, marker: str = "unpack_worker") -> list[int]:
+    """The live processes whose parent is ``pid`` and whose command line holds ``marker``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z" and marker.encode() in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def niceness(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])
+
+
+def files_under(path: Path) -> int:
+    return sum(len(names) for _, _, names in os.walk(path))
+
+
+@contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """Freeze a process (SIGSTOP) for the block; it is let go (SIGCONT) after, if alive."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGCONT)
+
+
+# -- the plan's shares (pure) -----------------------------------------------------------------
+
+
+def test_shares_hold_every_entry_once_in_archive_order_and_are_about_even(tmp_path: Path) -> None:
+    archive = tmp_path / "p.zip"
+    archive.write_bytes(slow_zip(files=500, text_mb=1))
+    with opened_zip(archive, LABEL) as zf:
+        plan = plan_zip(zf, archive.stat().st_size, True, LIMITS, LABEL)
+    split = shares(plan, 3)
+    assert split == shares(plan, 3)  # every worker computes the same
+    flat = [e for share in split for e in share]
+    assert sorted(e.info.header_offset for e in flat) == sorted(
+        e.info.header_offset for e in plan.entries
+    )
+    for share in split:
+        offsets = [e.info.header_offset for e in share]
+        assert offsets == sorted(offsets)
+    sizes = [len(share) for share in split]
+    assert min(sizes) > 0
+    assert ("empty",) in plan.dirs
+    assert ("data",) in plan.dirs
+
+
+def test_a_small_entry_read_in_one_call_is_checked_as_zipfile_checks_it(tmp_path: Path) -> None:
+    """Small entries skip ``ZipExtFile`` (``_copy_small``): a local header naming another file,
+    a flipped byte of a stored or deflated stream, are refused all the same."""
+    for compression in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        body = make_zip({"a.txt": "hello " * 100, "b.txt": "x"}, compression=compression)
+        out = tmp_path / f"ok{compression}"
+        archive = tmp_path / "p.zip"
+        archive.write_bytes(body)
+        extract_zip(archive, out, strip_top_level=False, limits=LIMITS, label=LABEL)
+        assert (out / "a.txt").read_text() == "hello " * 100
+        renamed = bytearray(body)
+        local = renamed.index(b"PK\x03\x04")
+        renamed[local + 30 : local + 35] = b"z.txt"  # the local header names another file
+        flipped = bytearray(body)
+        flipped[local + 30 + len("a.txt") + 3] ^= 0xFF  # a byte of a.txt's stream
+        for bad, words in ((renamed, "differ"), (flipped, "")):
+            archive.write_bytes(bytes(bad))
+            with pytest.raises(UnsafeArchive, match="is not a readable zip archive") as info:
+                extract_zip(archive, tmp_path / f"bad{compression}{words}",
+                            strip_top_level=False, limits=LIMITS, label=LABEL)  # fmt: skip
+            assert words in info.value.message
+
+
+# -- the pool --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("split_bytes", [1, 1 << 40], ids=["split", "whole"])
+async def test_the_pool_writes_what_extract_zip_writes(tmp_path: Path, split_bytes: int) -> None:
+    archive = tmp_path / "p.zip"
+    archive.write_bytes(slow_zip(files=300, text_mb=1))
+    alone = tmp_path / "alone"
+    expected = extract_zip(archive, alone, strip_top_level=True, limits=LIMITS, label=LABEL)
+    async with pool_of(2, split_bytes) as pool:
+        dest = tmp_path / "staging" / "unpacked"
+        dest.parent.mkdir()
+        reserved: list[int] = []
+
+        async def reserve(declared: int) -> None:
+            assert not dest.exists()  # before a byte is written
+            reserved.append(declared)
+
+        written = await pool.extract(
+            archive, dest, archive_bytes=archive.stat().st_size, strip_top_level=True,
+            limits=LIMITS, label=LABEL, reserve=reserve,
+        )  # fmt: skip
+    assert reserved == [expected]  # once, whatever the shares
+    assert written == expected
+    assert snapshot(dest) == snapshot(alone)
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o755
+    assert stat.S_IMODE((dest / "bin" / "run").stat().st_mode) == 0o755
+
+
+@pytest.mark.parametrize("split_bytes", [1, 1 << 40], ids=["split", "whole"])
+async def test_nothing_is_written_before_the_reservation_and_its_refusal_is_the_error(
+    tmp_path: Path, split_bytes: int
+) -> None:
+    """The workers plan, then wait for the agent's room on the disk: refused, the job raises
+    the reservation's error and nothing was written; cancelled while it waits, the workers are
+    told to halt and are waited for."""
+    archive = tmp_path / "p.zip"
+    archive.write_bytes(slow_zip(files=50, text_mb=1))
+    async with pool_of(2, split_bytes) as pool:
+
+        async def refuse(declared: int) -> None:
+            raise DiskExhausted(f"no room for {declared} bytes")
+
+        with pytest.raises(DiskExhausted, match="no room for"):
+            await pool.extract(
+                archive, tmp_path / "a", archive_bytes=1, strip_top_level=True, limits=LIMITS,
+                label=LABEL, reserve=refuse,
+            )  # fmt: skip
+        assert not (tmp_path / "a").exists()
+        held = asyncio.Event()
+
+        async def hold(declared: int) -> None:
+            held.set()
+            await asyncio.Event().wait()
+
+        job = asyncio.ensure_future(
+            pool.extract(
+                archive, tmp_path / "b", archive_bytes=1, strip_top_level=True, limits=LIMITS,
+                label=LABEL, reserve=hold,
+            )
+        )  # fmt: skip
+        await asyncio.wait_for(held.wait(), 30)
+        job.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await job
+        assert pool.busy == 0
+        assert not (tmp_path / "b").exists()
+        assert len(pool.pids) == 2  # halted, not killed
+
+
+async def test_links_are_made_after_every_share_and_checked(tmp_path: Path) -> None:
+    archive = tmp_path / "p.zip"
+    files = {f"proj/d{n}/f{n}.txt": f"{n}" for n in range(50)}
+    archive.write_bytes(make_zip(files, symlinks={"proj/link": "d1/f1.txt"}))
+    async with pool_of(2) as pool:
+        dest = tmp_path / "out"
+        await pool.extract(
+            archive, dest, archive_bytes=1, strip_top_level=True, limits=LIMITS, label=LABEL
+        )
+        assert os.readlink(dest / "link") == "d1/f1.txt"
+        assert (dest / "link").read_text() == "1"
+        archive.write_bytes(make_zip(files, symlinks={"proj/link": "../../etc/passwd"}))
+        with pytest.raises(
+            UnsafeArchive, match=r"symlink 'proj/link' points to '../../etc/passwd', outside"
+        ):
+            await pool.extract(
+                archive, tmp_path / "out2", archive_bytes=1, strip_top_level=True,
+                limits=LIMITS, label=LABEL,
+            )  # fmt: skip
+
+
+@pytest.mark.parametrize("split_bytes", [1, 1 << 40], ids=["split", "whole"])
+async def test_an_unsafe_archive_comes_back_as_unsafe_archive_with_its_message(
+    tmp_path: Path, split_bytes: int
+) -> None:
+    archive = tmp_path / "p.zip"
+    async with pool_of(2, split_bytes) as pool:
+        archive.write_bytes(make_zip({"ok.txt": "x", "../evil.txt": "x"}))
+        with pytest.raises(UnsafeArchive) as info:
+            await pool.extract(
+                archive, tmp_path / "a", archive_bytes=1, strip_top_level=False,
+                limits=LIMITS, label=LABEL,
+            )  # fmt: skip
+        assert (
+            info.value.message
+            == f"{LABEL}: entry '../evil.txt' climbs out of the destination with '..'"
+        )
+        assert not (tmp_path / "a").exists()  # refused from the plan: nothing written
+        archive.write_bytes(make_zip({f"f{n}": "x" for n in range(20)}))
+        with pytest.raises(UnsafeArchive, match=r"has 20 entries; the limit is 10 \(max_entries\)"):
+            await pool.extract(
+                archive, tmp_path / "b", archive_bytes=1, strip_top_level=False,
+                limits=ArchiveLimits(max_entries=10), label=LABEL,
+            )  # fmt: skip
+        archive.write_bytes(b"not a zip at all")
+        with pytest.raises(UnsafeArchive, match="is not a readable zip archive"):
+            await pool.extract(
+                archive, tmp_path / "c", archive_bytes=1, strip_top_level=False,
+                limits=LIMITS, label=LABEL,
+            )  # fmt: skip
+        assert len(pool.pids) == 2  # errors are answers: no worker was lost
+
+
+async def test_a_cancelled_extraction_returns_only_once_its_workers_stopped(
+    tmp_path: Path,
+) -> None:
+    """Cancelled mid-way, the job's workers are told to stop, and the cancellation goes on
+    only once they answered: nothing is written in the folder after that (the staging folder
+    may then be removed), and the pool serves the next job."""
+    archive = tmp_path / "p.zip"
+    archive.write_bytes(slow_zip())
+    total = files_under(Path(_extracted(archive, tmp_path / "ref")))
+    async with pool_of(2) as pool:
+        dest = tmp_path / "out"
+        job = asyncio.ensure_future(
+            pool.extract(
+                archive, dest, archive_bytes=1, strip_top_level=True, limits=LIMITS,
+                label=LABEL,
+            )
+        )  # fmt: skip
+        await wait_until(lambda: dest.exists() and files_under(dest) > 0, what="files written")
+        pids = pool.pids
+        with stopped(pids[0]), stopped(pids[1]):  # both mid-share while the cancel arrives
+            job.cancel()
+            await asyncio.sleep(0)
+            assert not job.done()  # it waits for the workers to answer
+        with pytest.raises(asyncio.CancelledError):
+            await job
+        assert pool.busy == 0
+        after = files_under(dest)
+        assert 0 < after < total
+        # the next job runs in the same workers; the folder above was left alone meanwhile
+        await pool.extract(
+            archive, tmp_path / "again", archive_bytes=1, strip_top_level=True, limits=LIMITS,
+            label=LABEL,
+        )  # fmt: skip
+        assert files_under(dest) == after
+        assert pool.pids == pids
+
+
+def _extracted(archive: Path, dest: Path) -> Path:
+    extract_zip(archive, dest, strip_top_level=True, limits=LIMITS, label=LABEL)
+    return dest
+
+
+async def test_a_worker_killed_mid_extraction_fails_its_job_and_is_replaced(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    archive = tmp_path / "p.zip"
+    archive.write_bytes(slow_zip())
+    async with pool_of(2) as pool:
+        await pool.ready()
+        before = pool.pids
+        dest = tmp_path / "out"
+        job = asyncio.ensure_future(
+            pool.extract(
+                archive, dest, archive_bytes=1, strip_top_level=True, limits=LIMITS,
+                label=LABEL,
+            )
+        )  # fmt: skip
+        await wait_until(lambda: dest.exists() and files_under(dest) > 0, what="files written")
+        victim = before[0]
+        with caplog.at_level(logging.ERROR, logger="agent.install.unpack_pool"):
+            with stopped(victim):  # mid-share for sure: frozen, then killed
+                os.kill(victim, signal.SIGKILL)
+            with pytest.raises(Unavailable) as info:
+                await job
+        assert info.value.message == (
+            f"{LABEL}: the process unpacking it (pid {victim}) was killed by SIGKILL; the agent "
+            "started another; try again"
+        )
+        assert any(f"(pid {victim}) was killed by SIGKILL" in r.message for r in caplog.records)
+        assert pool.busy == 0  # the other share was stopped and waited for
+        await wait_until(lambda: len(pool.pids) == 2, what="a new worker")
+        assert victim not in pool.pids
+        assert not alive(victim)
+        assert pool.replaced == 1
+        again = tmp_path / "again"
+        await pool.extract(
+            archive, again, archive_bytes=1, strip_top_level=True, limits=LIMITS, label=LABEL
+        )
+        assert (again / "data" / "table.txt").is_file()
+
+
+async def test_close_ends_every_worker_by_pid_even_one_that_does_not_listen(
+    tmp_path: Path,
+) -> None:
+    pool = UnpackPool(2)
+    pool.start()
+    await pool.ready()
+    pids = pool.pids
+    assert len(pids) == 2
+    assert all(alive(p) for p in pids)
+    os.kill(pids[1], signal.SIGSTOP)  # deaf: only a kill by its pid ends it
+    await pool.close()
+    assert pool.pids == []
+    assert not any(alive(p) for p in pids)
+
+
+# -- in the agent ----------------------------------------------------------------------------
+
+
+async def test_the_agent_starts_its_workers_and_ends_them_when_it_stops() -> None:
+    async with running_agent(extract_workers=2) as a:
+        await wait_until(lambda: len(children_of(os.getpid())) >= 2, what="the workers")
+        pids = children_of(os.getpid())
+        assert len(pids) == 2
+        mine = niceness(os.getpid())
+        await wait_until(lambda: all(niceness(p) > mine for p in pids), what="niced workers")
+        async with package_server() as pkgs:
+            reply = await a.create(env_json(pkgs.add(WD, workdir_zip({"main.py": "M = 1\n"}))))
+            assert (Path(reply.context.cwd) / "main.py").read_text() == "M = 1\n"
+    assert not any(alive(p) for p in pids)
+
+
+async def test_a_worker_killed_during_a_create_fails_it_unavailable_and_the_agent_serves_on() -> (
+    None
+):
+    async with package_server() as pkgs, running_agent(extract_workers=2) as a:
+        wd = pkgs.add(WD, slow_zip())
+        await wait_until(lambda: len(children_of(os.getpid())) == 2, what="the workers")
+        victim = children_of(os.getpid())[0]
+        call = asyncio.ensure_future(a.create(env_json(wd)))
+        tmp = a.root / "tmp"
+        await wait_until(
+            lambda: any(p.name == "unpacked" for p in tmp.rglob("unpacked")),
+            what="the extraction to begin",
+        )
+        with stopped(victim):
+            os.kill(victim, signal.SIGKILL)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert f"(pid {victim}) was killed by SIGKILL" in (info.value.details() or "")
+        reply = await a.create(env_json(wd))  # served again, by the pool's new worker
+        assert (Path(reply.context.cwd) / "data" / "table.txt").is_file()
+        assert victim not in children_of(os.getpid())
+
+
+async def test_workers_of_an_agent_killed_outright_exit_on_their_own() -> None:
+    """kill -9 of the agent: nobody closes the pool; its workers see their parent gone (their
+    socket ends) and exit: no orphans."""
+    base = short_tempdir()
+    proc = subprocess.Popen(  # noqa: ASYNC220 - its pid is what the test needs
+        [sys.executable, "-m", "agent", "serve", "--root", str(base / "root"),
+         "--extract-workers", "2", "--log-level", "WARNING"],
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        await wait_until(lambda: len(children_of(proc.pid)) == 2, timeout_s=60, what="workers")
+        pids = children_of(proc.pid)
+        proc.kill()
+        proc.wait()
+        await wait_until(lambda: not any(alive(p) for p in pids), what="the workers to exit")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in children_of(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(base, ignore_errors=True)
