@@ -74,10 +74,40 @@ def uvloop_available() -> bool:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a whole process (all its threads), from /proc/PID/stat."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime (fields 14, 15)
+    """User + system CPU seconds of a whole process (all its threads) and of its children, live
+    or ended (the agent's unpack workers, pip): its own from /proc/PID/stat, its waited-for
+    children's from the same line (cutime, cstime), and each live descendant's in turn."""
+    total = 0.0
+    for one in (pid, *_descendants(pid)):
+        try:
+            with open(f"/proc/{one}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile: its parent's cutime has it once it is waited for
+        # utime, stime, cutime, cstime (fields 14-17 of proc(5))
+        total += sum(int(fields[i]) for i in (11, 12, 13, 14)) / _CLK_TCK
+    return total
+
+
+def _descendants(pid: int) -> list[int]:
+    """The live processes below ``pid`` (children, theirs, ...), from /proc's parent ids."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        parents.setdefault(ppid, []).append(int(entry.name))
+    found: list[int] = []
+    todo = [pid]
+    while todo and len(found) < 10_000:  # bounded: a process tree, not a loop
+        children = parents.get(todo.pop(), [])
+        found.extend(children)
+        todo.extend(children)
+    return found
 
 
 def status_bytes(pid: int, key: str) -> int:
