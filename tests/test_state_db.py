@@ -424,12 +424,12 @@ async def test_a_miss_awaits_only_its_installs_transactions_and_a_miss_of_cached
     real_transact = StateDB._transact
     background = {"state-db flush", "sweep", "sweeps"}
 
-    async def counting(self: StateDB, fn: Any, *rest: Any) -> Any:
+    async def counting(self: StateDB, fn: Any, *rest: Any, **kwargs: Any) -> Any:
         task = asyncio.current_task()
         assert task is not None
         if task.get_name() not in background:
             awaited.append(task.get_name())
-        return await real_transact(self, fn, *rest)
+        return await real_transact(self, fn, *rest, **kwargs)
 
     monkeypatch.setattr(StateDB, "_transact", counting)
     async with package_server() as pkgs, running_agent() as agent:

@@ -14,9 +14,12 @@ the create that installed it returns (``record_install``). Everything else is no
 (``note_*``, no I/O) and written behind, in one transaction at most every ``flush_interval_s``
 or every ``flush_every`` changes: last-use times, the holder's live envs, references and claims
 dropped (a late drop only delays an eviction, or another agent's install by one window). A
-miss awaits only its own transactions (they carry the notes), and a hit or a delete awaits none.
+miss awaits only its own transactions (they carry the notes, but for the references dropped:
+those wait for the next pass or write-behind, and a package taken again meanwhile cancels its
+drop, ``keep_ref``, with no transaction), and a hit or a delete awaits none.
 Every statement runs on the one thread, in submission order, and a transaction carries the
-batch noted before it: a reference dropped behind can never overwrite one taken after it. A
+batch noted before it (``obtain`` discards the drop of the reference it takes): a reference
+dropped behind can never overwrite one taken after it. A
 batch whose write fails is carried by the thread into its next write (so the order still
 holds), and the write-behind task retries it; a bug in that task is logged with its traceback
 when it happens and raised again by ``close()``, after the last write.
@@ -408,6 +411,8 @@ class StateDB:
         self,
         fn: Callable[[sqlite3.Connection, Reaped], T],
         leftovers: Callable[[T], list[Path]] = lambda _: [],
+        *,
+        refs: bool = True,
     ) -> T:
         """``fn`` in one transaction with every change noted before it, awaited. The job runs
         whatever happens to the caller: a cancelled caller waits for it (``through``), so the
@@ -415,8 +420,9 @@ class StateDB:
         handed to ``on_leftovers``. The dead holders ``fn`` reaped (into the ``Reaped`` it is
         given) are let go in the thread right after the commit, or abandoned if the transaction
         failed (the next pass reaps them again). SQLite's failures are IndexUnavailable: a
-        root that stays busy says for how long it was waited for."""
-        batch = self._take_batch()
+        root that stays busy says for how long it was waited for. ``refs=False``: the
+        references dropped stay noted (``_take_batch``)."""
+        batch = self._take_batch(refs=refs)
 
         def call() -> T:
             assert self._conn is not None
@@ -456,12 +462,16 @@ class StateDB:
                 take_ref=take_ref,
             )  # fmt: skip
 
-        return await self._transact(run, lambda got: got.reaped.aside)
+        if take_ref:  # dropped then taken again is taken: the reference is (re)inserted here
+            self._notes.refs_dropped.discard(key)
+        return await self._transact(run, lambda got: got.reaped.aside, refs=False)
 
     async def record_install(self, row: UriRow) -> bool:
         """Commit that a claimed package is installed, with every change noted before it; False
         (nothing committed but the notes) if the claim is no longer this holder's."""
-        return await self._transact(lambda conn, _: index.commit_install(conn, self.holder_id, row))
+        return await self._transact(
+            lambda conn, _: index.commit_install(conn, self.holder_id, row), refs=False
+        )
 
     async def sweep(self, budget_bytes: int, needed_bytes: int = 0, *, since: int = -1) -> Swept:
         """R2, R4 (``index.sweep``): reap dead holders, evict over the budget (and for
@@ -502,6 +512,16 @@ class StateDB:
         self._notes.refs_dropped.add((kind, uri))
         self._mark_dirty()
 
+    def keep_ref(self, kind: str, uri: str) -> bool:
+        """Cancel a drop of this holder's reference noted and not yet taken by a transaction:
+        True if it was (the reference the caller knows committed is still in the index, and now
+        stays); False if there was none left to cancel (take the reference with ``obtain``)."""
+        key = (kind, uri)
+        if key not in self._notes.refs_dropped:
+            return False
+        self._notes.refs_dropped.discard(key)
+        return True
+
     def note_claim_dropped(self, kind: str, uri: str) -> None:
         """This holder's install of the package failed or was cancelled."""
         self._notes.claims_dropped.add((kind, uri))
@@ -521,8 +541,15 @@ class StateDB:
         if self.pending() >= self._flush_every:
             self._full.set()
 
-    def _take_batch(self) -> _Batch:
+    def _take_batch(self, *, refs: bool = True) -> _Batch:
+        """What is noted, for a transaction to carry. ``refs=False`` (an install's
+        transactions): the references dropped stay noted for the next pass or the write-behind
+        (a late drop only delays an eviction; ``obtain`` discards the note of a reference it
+        takes again, so a drop is never written after a later take of the same reference),
+        and may meanwhile be cancelled (``keep_ref``)."""
         batch, self._notes = self._notes, _Batch()
+        if not refs and batch.refs_dropped:
+            self._notes.refs_dropped, batch.refs_dropped = batch.refs_dropped, set()
         return batch
 
     async def flush(self) -> None:

@@ -26,9 +26,10 @@ once it is held. A create of an env that is ready (the hot path) touches none of
 
 Evictions are passes over the index (``index.sweep``: reap the dead holders, evict the root's
 unused packages over the budget, least recently used first), run after a release and after an
-install (one at a time, coalesced), every ``sweep_interval_s``, and when the disk room lacks
-bytes. A pass's result is also how this agent's view follows the index: packages other agents
-installed appear, packages they evicted go.
+install (one at a time, coalesced: a pass asked for waits ``pass_window_s`` for more changes to
+carry, unless someone waits for it), every ``sweep_interval_s``, and when the disk room lacks
+bytes (at once). A pass's result is also how this agent's view follows the index: packages
+other agents installed appear, packages they evicted go.
 
 Blocking work (copy, hash, unzip, rmtree, SQLite) runs in threads.
 """
@@ -36,6 +37,7 @@ Blocking work (copy, hash, unzip, rmtree, SQLite) runs in threads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import time
@@ -68,6 +70,10 @@ Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
 
 _WAIT_FIRST_S, _WAIT_MAX_S = 0.01, 0.25  # polling a peer's install: doubling, capped
+# A pass asked for waits this long for more changes to carry (one pass for the releases of a
+# busy moment, not one each), unless someone waits for it (``caught_up``, ``settle``): unused
+# bytes may stay over the budget for that long, never longer than the pass takes after it
+PASS_WINDOW_S = 0.01
 
 
 class UriState(Enum):
@@ -90,6 +96,9 @@ class UriEntry:
     was_ready: bool = False  # READY before its current obtain began
     committed: bool = False  # its install's commit went through, then it was cancelled: the
     # package is the root's (``_install`` makes it READY here, not forgotten)
+    dropping: bool = False  # READY, released while held: the drop of its committed reference
+    # is noted for the index; while the note is not taken by a transaction, ``ensure`` holds
+    # it again by cancelling the note (``StateDB.keep_ref``), no transaction
 
 
 @dataclass
@@ -127,6 +136,7 @@ class UriStore:
         clock: Clock = time.time,
         sleep: Sleep = asyncio.sleep,
         sweep_interval_s: float = 10.0,
+        pass_window_s: float = PASS_WINDOW_S,
     ) -> None:
         """``installers``: how each kind is made, one per kind (``build_installers``: the
         store only knows that a package is made in a staging folder, never how). ``db``: the
@@ -146,6 +156,8 @@ class UriStore:
         self._background: set[asyncio.Task[None]] = set()
         self._sweeping: asyncio.Task[None] | None = None  # the pass running, if any
         self._sweep_again = False  # a pass was asked for while one ran
+        self._pass_window_s = pass_window_s
+        self._hurry = asyncio.Event()  # someone waits for the next pass: no window before it
         self._periodic: asyncio.Task[None] | None = None
         self._closing = False  # close() began: no pass is started any more
         self._last_release_ms = 0  # strictly increasing over this agent's releases
@@ -198,6 +210,16 @@ class UriStore:
             await self._outlive(entry)
             entry = self._entries.get(key)
         if entry is not None and entry.state is UriState.READY and entry.held:
+            self.hits += 1
+            entry.last_used_ms = self._now_ms()
+            return entry.path
+        if (
+            entry is not None and entry.state is UriState.READY and entry.dropping
+            and self._db.keep_ref(key.kind.value, key.uri)
+        ):  # fmt: skip
+            # released moments ago, its reference still in the index (the drop only noted):
+            # held again as it was, without a transaction (R1 holds: committed before)
+            entry.held, entry.dropping = True, False
             self.hits += 1
             entry.last_used_ms = self._now_ms()
             return entry.path
@@ -353,6 +375,7 @@ class UriStore:
         entry.task = None
         entry.abandoned = False  # an abandoned install that committed anyway: ready to join
         entry.held = True
+        entry.dropping = False
         if fetched is not None:
             seconds = time.monotonic() - started
             if self._on_install is not None:
@@ -432,6 +455,7 @@ class UriStore:
             self._db.note_ref_dropped(key.kind.value, key.uri)
             if entry is None:
                 continue
+            entry.dropping = entry.held  # the drop noted is of a reference committed before
             entry.held = False
             entry.last_used_ms = now
             self._db.note_uri(key.kind.value, key.uri, now)
@@ -463,6 +487,7 @@ class UriStore:
     async def _sweep_loop(self) -> None:
         try:
             while True:
+                await self._window()
                 self._sweep_again = False
                 try:
                     self.passes += 1
@@ -481,6 +506,15 @@ class UriStore:
         finally:
             self._sweeping = None
 
+    async def _window(self) -> None:
+        """Before a pass: let the changes of the next ``pass_window_s`` join it, unless someone
+        waits for the pass (``caught_up``, ``settle``); a wait that comes during the window
+        ends it."""
+        if self._pass_window_s > 0 and not self._hurry.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._hurry.wait(), self._pass_window_s)
+        self._hurry.clear()
+
     async def enforce_budget(self) -> None:
         """Run a pass now (after any running) and wait for it: the budget holds after it."""
         self._schedule_sweep()
@@ -492,6 +526,7 @@ class UriStore:
         A pass that runs longer (a busy index) leaves the figures of the one before."""
         task = self._sweeping
         if task is not None:
+            self._hurry.set()
             await asyncio.wait([task], timeout=timeout_s)
 
     async def settle(self) -> None:
@@ -502,6 +537,7 @@ class UriStore:
             if task is None and not self._background:
                 return
             if task is not None:
+                self._hurry.set()
                 await asyncio.wait([task])
             if self._background:
                 await asyncio.gather(*self._background, return_exceptions=True)
