@@ -370,6 +370,29 @@ class StateDB:
 
         return await self._run(read)
 
+    async def installs_ended(self, keys: list[RowKey]) -> dict[RowKey, UriRow | None]:
+        """Of ``keys``, the packages whose install is no longer in flight, as the index says
+        now: each one's row if it is ready, None if it is gone. One read, no write lock (WAL:
+        it waits for no writer). Its failure is IndexUnavailable."""
+
+        def read(conn: sqlite3.Connection) -> dict[RowKey, UriRow | None]:
+            ended: dict[RowKey, UriRow | None] = {}
+            for kind, uri in keys:
+                row = conn.execute(
+                    "SELECT dir, size, last_used_ms, state FROM uris WHERE kind = ? AND uri = ?",
+                    (kind, uri),
+                ).fetchone()
+                if row is None:
+                    ended[(kind, uri)] = None
+                elif row[3] == "ready":
+                    ended[(kind, uri)] = UriRow(kind, uri, row[0], row[1], row[2])
+            return ended
+
+        try:
+            return await self._run(read)
+        except sqlite3.Error as exc:
+            raise IndexUnavailable(f"the cache index {self.path} failed: {exc}") from exc
+
     # -- transactions, on the thread ------------------------------------------------------
     def _write(
         self,

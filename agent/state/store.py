@@ -46,6 +46,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from agent.core.errors import AgentError, DiskExhausted, IndexUnavailable, echo_label
 from agent.core.packages import Package
@@ -60,7 +61,7 @@ from agent.install.disk import (
 )
 from agent.install.installers import Installer, InstallJob
 from agent.install.staging import place_package, prepare_staging, through
-from agent.state.index import Found, Swept
+from agent.state.index import Found, RowKey, Swept
 from agent.state.room import Claim, DiskRoom
 from agent.state.state_db import StateDB, UriRow
 
@@ -70,6 +71,10 @@ Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
 
 _WAIT_FIRST_S, _WAIT_MAX_S = 0.01, 0.25  # polling a peer's install: doubling, capped
+# Meanwhile one read of the index per tick, for every package this agent waits on, wakes the
+# waiters whose peer's install ended (ready: used at once, or gone: obtained again): the poll's
+# cap is then only how soon a claim of a dead peer is found (an obtain reaps it)
+PEER_TICK_S = 0.01
 # A pass asked for waits this long for more changes to carry (one pass for the releases of a
 # busy moment, not one each), unless someone waits for it (``caught_up``, ``settle``): unused
 # bytes may stay over the budget for that long, never longer than the pass takes after it
@@ -159,6 +164,10 @@ class UriStore:
         self._pass_window_s = pass_window_s
         self._hurry = asyncio.Event()  # someone waits for the next pass: no window before it
         self._periodic: asyncio.Task[None] | None = None
+        # packages a peer installs, this agent's obtain waiting on each: woken (the future
+        # done) by the watcher when the index no longer shows the install in flight
+        self._peer_installs: dict[RowKey, asyncio.Future[UriRow | None]] = {}
+        self._watcher: asyncio.Task[None] | None = None  # while there are any
         self._closing = False  # close() began: no pass is started any more
         self._last_release_ms = 0  # strictly increasing over this agent's releases
         self._root_bytes = (0, 0)  # the root's ready and unused bytes, as of the last pass
@@ -292,12 +301,59 @@ class UriStore:
                     return
                 if obtained.found is Found.CLAIMED:
                     break
-                await self._sleep(delay)
+                row = await self._wait_for_peer(row_key, delay)
+                if row is not None and row.dir == entry.path.name and entry.path.is_dir():
+                    # the peer's install is ready, and this agent's reference was committed by
+                    # the obtain that found it in flight (R1): used without another transaction
+                    entry.size, entry.last_used_ms = row.size, self._now_ms()
+                    self.hits += 1
+                    self._ready(entry, None, started)
+                    return
                 delay = min(delay * 2, _WAIT_MAX_S)
         except BaseException:
             self._forget(entry, None, started)
             raise
         await self._install(entry, package, installer, started)
+
+    async def _wait_for_peer(self, row_key: RowKey, delay: float) -> UriRow | None:
+        """Sleep ``delay``, or less: until the watcher reads that the peer's install of the
+        package ended. Its row if the watcher read it ready, else None (obtain again: ready,
+        or claim it)."""
+        ended: asyncio.Future[UriRow | None] = asyncio.get_running_loop().create_future()
+        self._peer_installs[row_key] = ended  # single-flight: one obtain per key waits here
+        if self._watcher is None:
+            self._watcher = asyncio.create_task(self._watch_peers(), name="peer installs")
+        sleep: asyncio.Future[None] = asyncio.ensure_future(self._sleep(delay))
+        try:
+            either: list[asyncio.Future[Any]] = [sleep, ended]
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleep.cancel()
+            if self._peer_installs.get(row_key) is ended:
+                del self._peer_installs[row_key]
+        return ended.result() if ended.done() else None
+
+    async def _watch_peers(self) -> None:
+        """While this agent waits on peers' installs: every ``PEER_TICK_S``, one read of the
+        index for them all; the waiters whose install is no longer in flight are woken. A
+        failed read wakes nobody (their own polls go on)."""
+        try:
+            while self._peer_installs:
+                await asyncio.sleep(PEER_TICK_S)
+                waited = [key for key, ended in self._peer_installs.items() if not ended.done()]
+                if not waited:
+                    continue
+                try:
+                    rows = await self._db.installs_ended(waited)
+                except (AgentError, OSError) as exc:
+                    log.debug("reading the peers' installs failed: %s", exc)
+                    continue
+                for key, row in rows.items():
+                    ended = self._peer_installs.get(key)
+                    if ended is not None and not ended.done():
+                        ended.set_result(row)
+        finally:
+            self._watcher = None
 
     async def _install(
         self, entry: UriEntry, package: Package, installer: Installer, started: float
@@ -623,11 +679,11 @@ class UriStore:
         """Stop: end the passes, cancel installs in flight, finish deletions."""
         self._closing = True
         tasks = [e.task for e in self._entries.values() if e.task is not None]
-        for task in (self._periodic, self._sweeping, *tasks):
+        for task in (self._periodic, self._sweeping, self._watcher, *tasks):
             if task is not None:
                 task.cancel()
         await asyncio.gather(
-            *(t for t in (self._periodic, self._sweeping, *tasks) if t is not None),
+            *(t for t in (self._periodic, self._sweeping, self._watcher, *tasks) if t is not None),
             return_exceptions=True,
         )
         self._periodic = None
