@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
@@ -195,6 +196,16 @@ class _Batch:
         )  # fmt: skip
 
 
+@dataclass
+class _Obtain:
+    """One ``obtain`` queued: what it asks, and where its answer goes."""
+
+    key: RowKey
+    dir_name: str
+    take_ref: bool
+    done: asyncio.Future[Obtained]
+
+
 class StateDB:
     """The index, for this agent: one holder (``holder_id``) of the root."""
 
@@ -227,6 +238,11 @@ class StateDB:
         self._dirty = asyncio.Event()  # something is noted
         self._full = asyncio.Event()  # enough is noted to write at once
         self._flusher: asyncio.Task[None] | None = None
+        # obtains asked for while one transaction of them is in flight: the next one runs them
+        # all (a transaction of a root's index waits for the other agents' writers: one wait
+        # for many, as when eight agents create the same envs at once on one root)
+        self._obtains: list[_Obtain] = []
+        self._obtaining: asyncio.Task[None] | None = None
         self._closing = False  # close() began: the write-behind task ends after its write
         # who deletes what a transaction set aside when its caller was cancelled (the store)
         self.on_leftovers: Callable[[list[Path]], None] | None = None
@@ -479,15 +495,69 @@ class StateDB:
         """R1, R3 (``index.obtain``): take this holder's reference and find the package ready,
         claimed for this holder, or installed by a live peer now."""
 
-        def run(conn: sqlite3.Connection, reaped: Reaped) -> Obtained:
-            return index.obtain(
-                conn, self.root, self.holder_id, key, dir_name, _now_ms(), self.trash, reaped,
-                take_ref=take_ref,
-            )  # fmt: skip
-
         if take_ref:  # dropped then taken again is taken: the reference is (re)inserted here
             self._notes.refs_dropped.discard(key)
-        return await self._transact(run, lambda got: got.reaped.aside, refs=False)
+        want = _Obtain(key, dir_name, take_ref, asyncio.get_running_loop().create_future())
+        self._obtains.append(want)
+        if self._obtaining is None:
+            self._obtaining = asyncio.create_task(self._obtain_queued(), name="state-db obtain")
+        try:
+            return await through(want.done)
+        except asyncio.CancelledError:  # it ran all the same: what it set aside is deleted
+            done = want.done
+            if not done.cancelled() and done.exception() is None and self.on_leftovers:
+                self.on_leftovers(done.result().reaped.aside)
+            raise
+
+    def _obtain_all(
+        self, batch: list[_Obtain], conn: sqlite3.Connection, reaped: Reaped
+    ) -> list[Obtained]:
+        """``index.obtain`` for each of ``batch``, in order, in the transaction open. On the
+        thread."""
+        return [
+            index.obtain(
+                conn,
+                self.root,
+                self.holder_id,
+                w.key,
+                w.dir_name,
+                _now_ms(),
+                self.trash,
+                reaped,
+                take_ref=w.take_ref,
+            )
+            for w in batch
+        ]
+
+    async def _obtain_queued(self) -> None:
+        """The obtains queued, all in one transaction (in the order asked), then those queued
+        meanwhile, until none is left. A failed transaction fails each of its obtains."""
+        batch: list[_Obtain] = []
+        try:
+            while self._obtains:
+                batch, self._obtains = self._obtains, []
+
+                run = functools.partial(self._obtain_all, batch)
+                try:
+                    results = await self._transact(
+                        run, lambda got: got[0].reaped.aside if got else [], refs=False
+                    )
+                except Exception as exc:
+                    for w in batch:
+                        if not w.done.done():
+                            w.done.set_exception(exc)
+                    continue
+                for i, (w, got) in enumerate(zip(batch, results, strict=True)):
+                    if i:  # what the transaction reaped is told once, with the first
+                        got.reaped = Reaped()
+                    if not w.done.done():
+                        w.done.set_result(got)
+        finally:
+            self._obtaining = None
+            for w in [*batch, *self._obtains]:  # cancelled (a close): nobody is left waiting
+                if not w.done.done():
+                    w.done.cancel()
+            self._obtains = []
 
     async def record_install(self, row: UriRow) -> bool:
         """Commit that a claimed package is installed, with every change noted before it; False
