@@ -38,6 +38,11 @@ Workloads (``--only NAME``, repeatable; the parts are in ``scripts/benchlib/``):
   downloads and disk 1/6, exactly one GET per URI; wall no worse); then cache-hit pairs on a
   node of the shared root (five idle peers alive on it) against a node of a private root
   (goal: per-pair time within 1.1x).
+- fleet: eight agents (eight nodes) cold-create the same 20 envs at once from one package
+  server whose rate is limited (``--fleet-rate``, all connections together): on eight private
+  roots and on one shared root, each against ONE agent creating the same envs from the same
+  server: GETs at the server and wall (goals, shared root: one GET per URI, wall <= 1.2x one
+  agent; private roots: each node one GET per URI, the wall reported against the link's floor).
 
 The peer run, ``--peer ray`` (needs ray and smart_open): Ray 2.60's own runtime env agent, in a
 real Ray head node started for the run, next to this agent's Ray door (``serve --ray-address``),
@@ -78,6 +83,7 @@ from benchlib.churn import bench_churn
 from benchlib.cold import bench_cold_large, bench_loop_blocking, bench_stampede
 from benchlib.config import SMOKE, Sizes, with_overrides
 from benchlib.figures import WorkloadResult, fmt, plot, plot_unavailable, table, write_json
+from benchlib.fleet import bench_fleet
 from benchlib.hot import bench_grpc_routes, bench_hot, bench_persistence
 from benchlib.peer import (
     bench_peer_churn,
@@ -108,6 +114,7 @@ WORKLOADS: dict[str, Workload] = {
     "recovery": lambda work, sizes, shared: bench_recovery(work, sizes),
     "pip": lambda work, sizes, shared: bench_pip(work, sizes),
     "shared-root": bench_shared_root,
+    "fleet": bench_fleet,
 }
 
 # --peer ray: this agent next to Ray's own agent
@@ -265,6 +272,11 @@ def _parser() -> argparse.ArgumentParser:
         ("--rss-seconds", "rss_time_limit_s", float),
         ("--worker-starts", "worker_starts", int),
         ("--worker-envs", "worker_envs", int),
+        ("--fleet-nodes", "fleet_nodes", int),
+        ("--fleet-envs", "fleet_envs", int),
+        ("--fleet-package-bytes", "fleet_package_bytes", int),
+        ("--fleet-rate", "fleet_rate_bytes", int),
+        ("--fleet-rounds", "fleet_rounds", int),
         ("--e2e-tasks", "e2e_tasks", int),
         ("--e2e-envs", "e2e_envs", int),
         ("--e2e-zips", "e2e_zips", int),

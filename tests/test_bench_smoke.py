@@ -4,6 +4,7 @@ goals. The full benchmark is not run in CI; its latest table is in the README.""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
@@ -21,7 +22,7 @@ from tests.helpers import short_tempdir
 REPO = Path(__file__).resolve().parents[1]
 WORKLOADS = {
     "hot", "persistence", "cold-large", "stampede", "loop-blocking", "churn", "worker-starts",
-    "recovery", "pip", "shared-root",
+    "recovery", "pip", "shared-root", "fleet",
 }  # fmt: skip
 WITH_GOALS = WORKLOADS - {"recovery", "pip"}  # the issues set no goal on these figures
 
@@ -280,3 +281,93 @@ def test_check_exits_1_when_the_shared_root_workload_misses_a_goal(
         codes[per_uri] = bench.main()
     assert codes == {2: 1, 1: 0}, capsys.readouterr()
     assert "--check: 2 goals missed" in capsys.readouterr().err
+
+
+# -- fleet (issue 17) -------------------------------------------------------------------------
+
+
+def _fleet_goals(
+    *, shared_uri: int = 1, private_uri: int = 1, errors: int = 0, shared_wall: float = 1.0
+) -> dict[str, bool | None]:
+    """The fleet figures of planted runs (8 nodes, 20 envs; one agent's wall 1 s): the shared
+    root fetching each URI ``shared_uri`` times, each private node ``private_uri`` times."""
+    from benchlib.figures import WorkloadResult
+    from benchlib.fleet import add_figures
+    from benchlib.shared_root import Run
+
+    nodes, envs = 8, 20
+
+    def run(per_uri: int, wall: float, creates: int, failed: int = 0) -> Run:
+        return Run(wall, {f"fleet-{k}.zip": per_uri for k in range(envs)}, 0, creates, failed)
+
+    runs = {
+        "one": [run(1, 1.0, envs)],
+        "shared": [run(shared_uri, shared_wall, nodes * envs, errors)],
+        "private": [run(nodes * private_uri, 8.0, nodes * envs)],
+    }
+    sent = {kind: [sum(r.gets.values()) * 2**20 for r in rs] for kind, rs in runs.items()}
+    result = WorkloadResult("fleet")
+    add_figures(result, runs, sent, nodes, envs, 32 * 2**20)
+    return {f.metric: f.goal_met for f in result.figures if f.goal is not None}
+
+
+def test_the_fleet_goals_fail_on_each_planted_defect(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fleet oracle: exact runs meet every goal; a second GET of each URI on the shared
+    root, on a private node, a failed create, or a shared wall 1.3x one agent's each miss the
+    goals that pin them, and only those."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    good = _fleet_goals()
+    assert len(good) == 5, good
+    assert all(good.values()), good
+    shared_gets = {
+        "shared root: GETs, 8 nodes x 20 envs, worst round",
+        "shared root: GETs of the most-fetched URI, worst round",
+    }
+    cases = {
+        "the shared root fetched each URI twice": (_fleet_goals(shared_uri=2), shared_gets),
+        "a private node fetched each URI twice": (
+            _fleet_goals(private_uri=2),
+            {"private roots: GETs, 8 nodes x 20 envs, worst round"},
+        ),
+        "a create failed": (_fleet_goals(errors=1), {"failed creates, every set and round"}),
+        "the shared root slower": (
+            _fleet_goals(shared_wall=1.3),
+            {"shared root: wall of 160 cold creates, 8 nodes"},
+        ),
+    }
+    for case, (goals, pinned) in cases.items():
+        missed = {metric for metric, met in goals.items() if not met}
+        assert missed == pinned, case
+
+
+async def test_the_package_servers_rate_limits_all_connections_together(
+    base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pkg_server --rate``: three concurrent downloads of one 192 KiB file at 1 MiB/s get
+    whole files and take at least their bytes over the rate, less the one-chunk burst (a lower
+    bound: a loaded machine only makes it slower); each GET is counted."""
+    import aiohttp
+
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    from benchlib.pkg_server import CHUNK
+    from benchlib.procs import PackageServer
+
+    (base / "pkgs").mkdir()
+    data = os.urandom(3 * CHUNK)
+    (base / "pkgs" / "p.zip").write_bytes(data)
+    rate = 2**20
+    async with (
+        PackageServer(base / "pkgs", base / "server.log", rate=rate) as server,
+        aiohttp.ClientSession(trust_env=False) as session,
+    ):
+
+        async def fetch() -> bytes:
+            async with session.get(f"{server.base_url}/p.zip") as reply:
+                return await reply.read()
+
+        started = time.monotonic()
+        bodies = await asyncio.gather(fetch(), fetch(), fetch())
+        elapsed = time.monotonic() - started
+        assert list(bodies) == [data] * 3
+        assert elapsed >= (3 * len(data) - CHUNK) / rate, elapsed
+        assert await server.gets() == {"p.zip": 3}

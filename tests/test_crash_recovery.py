@@ -205,8 +205,13 @@ async def install_b_then_crash_writing_counts(
     agent: AgentProc, pkgs: PackageServer, root: Path
 ) -> None:
     """B installs Y (its row committed before the reply, with the live env noted before it);
-    the batch written behind it, about 100 ms later, dies midway."""
-    await replied_or_died(agent.create(env_of(pkgs, "y.zip")))
+    once the pass its install asked for has run (info waits for it) and carried what was noted
+    by then, a second env of Y is created: a hit, whose live env and last use are only noted.
+    The batch written behind, about 100 ms later, dies midway."""
+    await agent.create(env_of(pkgs, "y.zip"))
+    await agent.info()
+    url = f"{pkgs.base_url}/y.zip"
+    await replied_or_died(agent.create(env_json(py_modules=[url], env_vars={"SECOND": "1"})))
 
 
 async def install_b_release_it_then_crash_evicting_x(
@@ -255,7 +260,7 @@ SCENARIOS = {
     "mid_count_batch": Scenario(
         install_b_then_crash_writing_counts, dead_uris=2, dead_staging=frozenset(),
         dead_trash=0, kept=frozenset({"x.zip", "y.zip"}), refetched=frozenset(),
-        rows_dropped=0, orphans=0, bytes_freed=0, envs_forgotten=1,  # B, carried by its commit
+        rows_dropped=0, orphans=0, bytes_freed=0, envs_forgotten=1,  # B, carried by a pass
     ),
     "during_trash_deletion": Scenario(
         install_b_release_it_then_crash_evicting_x, dead_uris=1, dead_staging=frozenset(),

@@ -25,7 +25,7 @@ from agent.state.index import Found, plan_target
 from agent.state.recovery import recover
 from agent.state.state_db import StateDB, UriRow
 from agent.state.store import UriStore
-from tests.helpers import env_json, module_zip, package_server, running_agent
+from tests.helpers import env_json, module_zip, package_server, running_agent, wait_until
 
 KEY = ("py_modules", "http://127.0.0.1:1/a.zip")
 OTHER = ("py_modules", "http://127.0.0.1:1/b.zip")
@@ -563,6 +563,76 @@ async def test_an_install_whose_claim_was_taken_over_fails_retryably_and_leaves_
     finally:
         await store.close()
         await db.close()
+
+
+async def test_a_package_a_peer_installs_is_used_once_ready_not_at_the_next_poll(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store waiting on a live peer's install (here its polls' sleeps never end) uses the
+    package as soon as the peer commits it: one read of the index per tick, for every package
+    waited on, wakes the waiter, which uses the ready row under the reference its first obtain
+    committed (no second transaction, nothing installed). A peer's install that fails (its
+    claim gone) wakes the waiter too, which claims and installs the package itself."""
+    peer, db = await holder(root), await holder(root)
+    forever = asyncio.Event()
+
+    async def never(delay: float) -> None:
+        await forever.wait()
+
+    obtains: list[tuple[str, str]] = []
+    real_obtain = db.obtain
+
+    async def counting(key: tuple[str, str], dir_name: str, *, take_ref: bool) -> Any:
+        obtains.append(key)
+        return await real_obtain(key, dir_name, take_ref=take_ref)
+
+    monkeypatch.setattr(db, "obtain", counting)
+    gate = _GateInstaller()
+    gate.go.set()
+    store = UriStore(
+        root, {UriKind.PY_MODULES: gate}, db=db, refcount=lambda key: 1, budget_bytes=10**9,
+        disk_floor=None, sleep=never,
+    )  # fmt: skip
+
+    def package(key: tuple[str, str]) -> Package:
+        return Package(UriKey(UriKind.PY_MODULES, key[1]), parse_uri("py_modules[0]", key[1]))
+
+    async def waiting(key: tuple[str, str]) -> asyncio.Future[Path]:
+        folder = store.path_for(package(key).key)
+        assert (await peer.obtain(key, folder.name, take_ref=True)).found is Found.CLAIMED
+        ensure = asyncio.ensure_future(store.ensure(package(key)))
+        await wait_until(lambda: [key] == obtains[-1:], what="the waiter's obtain")
+        await asyncio.sleep(0.05)  # a few ticks read the install still in flight
+        assert not ensure.done()
+        return ensure
+
+    try:
+        ensure = await waiting(KEY)
+        folder = store.path_for(package(KEY).key)
+        folder.mkdir()
+        await peer.record_install(UriRow(*KEY, folder.name, 1, 1))
+        assert await asyncio.wait_for(ensure, 10) == folder
+        assert obtains == [KEY]
+        assert not gate.started.is_set()
+        assert store.stats().hits == 1
+        assert sorted(rows(root, "SELECT holder FROM refs WHERE uri = ?", KEY[1])) == sorted(
+            [(peer.holder_id,), (db.holder_id,)]
+        )
+
+        ensure = await waiting(OTHER)
+        peer.note_claim_dropped(*OTHER)  # its install failed
+        await peer.flush()
+        path = await asyncio.wait_for(ensure, 10)
+        assert obtains == [KEY, OTHER, OTHER]
+        assert gate.started.is_set()
+        assert path.is_dir()
+        assert rows(root, "SELECT state, holder FROM uris WHERE uri = ?", OTHER[1]) == [
+            ("ready", None)
+        ]
+    finally:
+        await store.close()
+        await db.close()
+        await peer.close()
 
 
 async def test_a_missing_trash_is_made_and_never_makes_a_present_folder_look_gone(

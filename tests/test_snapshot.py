@@ -55,7 +55,7 @@ async def test_snapshot_lists_live_envs_then_failures_and_every_package_in_its_s
         held = asyncio.create_task(service.create(env_json(url["c"]), 0, ""))
         try:
             await asyncio.wait_for(pkgs.requested("c.zip").wait(), 10)
-            snap = service.snapshot(0)
+            snap = await service.current_snapshot(0)  # the figures of the pass asked for
             [failed] = [e for e in snap.envs if e.state is EnvState.FAILED]
             live = [(second.env_id, EnvState.READY, 1), (_id(url["c"]), EnvState.CREATING, 1)]
             assert _envs(snap) == [*live, (failed.env_id, EnvState.FAILED, 0)]

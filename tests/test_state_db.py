@@ -424,12 +424,12 @@ async def test_a_miss_awaits_only_its_installs_transactions_and_a_miss_of_cached
     real_transact = StateDB._transact
     background = {"state-db flush", "sweep", "sweeps"}
 
-    async def counting(self: StateDB, fn: Any, *rest: Any) -> Any:
+    async def counting(self: StateDB, fn: Any, *rest: Any, **kwargs: Any) -> Any:
         task = asyncio.current_task()
         assert task is not None
         if task.get_name() not in background:
             awaited.append(task.get_name())
-        return await real_transact(self, fn, *rest)
+        return await real_transact(self, fn, *rest, **kwargs)
 
     monkeypatch.setattr(StateDB, "_transact", counting)
     async with package_server() as pkgs, running_agent() as agent:
@@ -438,7 +438,9 @@ async def test_a_miss_awaits_only_its_installs_transactions_and_a_miss_of_cached
         awaited.clear()
         await agent.create(env_json(working_dir=url))
         label = f"working_dir:{url}"
-        assert awaited == [f"install {label}", f"commit {label}"], f"a cold miss awaited {awaited}"
+        # the obtain (its reference and its claim) runs in the task that runs the obtains
+        # queued together, one transaction for them all; the commit in the install's own
+        assert awaited == ["state-db obtain", f"commit {label}"], f"a cold miss awaited {awaited}"
         awaited.clear()
         await agent.create(env_json(working_dir=url, env_vars={"OTHER": "1"}))  # X cached
         assert awaited == [], "a miss of cached packages awaited the database"
@@ -522,3 +524,41 @@ async def test_close_never_drops_a_write_the_write_behind_task_has_queued(tmp_pa
     await blocker
     await closing
     assert last_used(path) == {X.uri: 42_000}
+
+
+async def test_obtains_asked_while_one_is_in_flight_run_together_in_one_transaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five creates' obtains asked at once (the thread busy meanwhile) take one transaction,
+    each answered as if alone: claims of packages nobody had, the reference of one ready; the
+    next obtain, asked alone, takes its own."""
+    transactions: list[str] = []
+    real_transact = StateDB._transact
+
+    async def counting(self: StateDB, fn: Any, *rest: Any, **kwargs: Any) -> Any:
+        task = asyncio.current_task()
+        transactions.append(task.get_name() if task else "")
+        return await real_transact(self, fn, *rest, **kwargs)
+
+    path = tmp_path / "state.db"
+    async with opened(path) as db:
+        await installed(db, X)
+        (tmp_path / "uris" / X.dir).mkdir(parents=True)
+        monkeypatch.setattr(StateDB, "_transact", counting)
+        gate = threading.Event()
+        blocker = asyncio.ensure_future(db._run(lambda _conn: gate.wait(10)))  # the thread busy
+        keys = [(X.kind, X.uri), *((Y.kind, f"https://h/{n}.zip") for n in range(4))]
+        asked = [asyncio.ensure_future(db.obtain(k, f"dir-{i}", take_ref=True)) for i, k in
+                 enumerate(keys)]  # fmt: skip
+        await asyncio.sleep(0.05)
+        gate.set()
+        await blocker
+        got = await asyncio.wait_for(asyncio.gather(*asked), 10)
+        assert [g.found for g in got] == [Found.READY] + [Found.CLAIMED] * 4
+        assert transactions == ["state-db obtain"]
+        with sqlite3.connect(path) as conn:
+            refs = {uri for (uri,) in conn.execute("SELECT uri FROM refs")}
+        conn.close()
+        assert refs == {uri for _, uri in keys}
+        assert (await db.obtain((Y.kind, Y.uri), Y.dir, take_ref=True)).found is Found.CLAIMED
+        assert len(transactions) == 2

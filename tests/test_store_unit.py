@@ -38,7 +38,7 @@ from agent.install.installers import InstallTools, build_installers
 from agent.install.transport import Failure, MockTransport, Request, Response, TransportError
 from agent.state.index import Swept
 from agent.state.state_db import StateDB
-from agent.state.store import UriState, UriStore
+from agent.state.store import PASS_WINDOW_S, UriState, UriStore
 from tests.helpers import listed, make_zip, wait_until
 
 BASE = "http://pkgs.test/"
@@ -150,6 +150,7 @@ def make_store(
     limits: FetchLimits = LIMITS,
     sleep: RecordingSleep | None = None,
     clock: Clock | None = None,
+    pass_window_s: float = PASS_WINDOW_S,
 ) -> UriStore:
     """The store as the agent builds it, over the mock transport and ``db`` (opened); no disk
     floor."""
@@ -159,7 +160,7 @@ def make_store(
     )
     return UriStore(
         root, installers, db=db, refcount=refcount, budget_bytes=budget_bytes,
-        clock=clock or Clock(),
+        clock=clock or Clock(), pass_window_s=pass_window_s,
     )  # fmt: skip
 
 
@@ -229,7 +230,11 @@ def key_of(url: str) -> UriKey:
 
 @asynccontextmanager
 async def rig(
-    tmp_path: Path, *, budget_bytes: int = 10**9, limits: FetchLimits = LIMITS
+    tmp_path: Path,
+    *,
+    budget_bytes: int = 10**9,
+    limits: FetchLimits = LIMITS,
+    pass_window_s: float = PASS_WINDOW_S,
 ) -> AsyncIterator[StoreRig]:
     packages, sleep, clock = MockPackages(), RecordingSleep(), Clock()
     refs: Counter[UriKey] = Counter()
@@ -241,6 +246,7 @@ async def rig(
         store = make_store(
             root, packages.transport, db=db, refcount=lambda key: refs[key],
             budget_bytes=budget_bytes, limits=limits, sleep=sleep, clock=clock,
+            pass_window_s=pass_window_s,
         )  # fmt: skip
         r = StoreRig(store, packages, sleep, clock, refs)
         try:
@@ -679,6 +685,80 @@ async def test_a_package_released_while_it_installs_and_taken_again_keeps_its_re
         assert path.is_dir(), "a package in use was evicted"
         r.check()
         r.drop(url)
+
+
+# -- passes and re-takes -------------------------------------------------------------------------
+
+
+async def test_releases_within_a_pass_window_share_one_pass_and_a_wait_cuts_the_window_short(
+    tmp_path: Path,
+) -> None:
+    """Releases a few moments apart ask for passes; with a window of a minute none starts on
+    its own meanwhile, and a wait for the figures (``caught_up``) runs one pass for them all
+    at once, not after the window."""
+    async with rig(tmp_path, pass_window_s=60) as r:
+        urls = [r.packages.add(name) for name in "abcde"]
+        for url in urls:
+            await r.take(url)
+        await asyncio.wait_for(r.store.settle(), 10)  # the installs' pass, hurried
+        passes = r.store.passes
+        for url in urls:
+            r.drop(url)
+            await asyncio.sleep(0.01)  # room for a pass to start, were it not waiting
+        assert r.store.passes == passes
+        await asyncio.wait_for(r.store.caught_up(timeout_s=30), 10)
+        assert r.store.passes == passes + 1
+        assert r.unused() == set("abcde")
+        sizes = [entry.size for entry in r.store.entries()]
+        assert len(sizes) == 5
+        assert r.store.stats().unused_bytes == sum(sizes)
+        r.check()
+
+
+def _refs(root: Path) -> list[str]:
+    with sqlite3.connect(root / "state.db") as conn:
+        return [uri for (uri,) in conn.execute("SELECT uri FROM refs")]
+
+
+async def test_a_package_taken_again_before_its_drop_is_written_is_held_without_a_transaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A package released and created again before any transaction took the drop of its
+    reference: held again by cancelling the drop (no transaction; its reference never left
+    the index, so a pass with a budget of 0 keeps it). Released again and its drop written by
+    a pass, it is evicted, and the next create takes it anew through the index."""
+    async with rig(tmp_path, budget_bytes=0, pass_window_s=60) as r:
+        url = r.packages.add("a")
+        await r.take(url)
+        await asyncio.wait_for(r.store.settle(), 10)
+        obtains: list[object] = []
+        db = r.store._db
+        real_obtain = db.obtain
+
+        async def counting(*args: object, **kwargs: bool) -> object:
+            obtains.append(args[0])
+            return await real_obtain(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(db, "obtain", counting)
+        r.drop(url)  # its pass waits for its window
+        path = await r.take(url)
+        assert obtains == []
+        assert r.installed(url)
+        assert r.store.stats().hits == 1
+        r.check()
+        await asyncio.wait_for(r.store.settle(), 10)  # budget 0: only a held package stays
+        assert r.installed(url)
+        assert path.is_dir()
+        assert _refs(r.store.root) == [url]
+        r.check()
+        r.drop(url)
+        await asyncio.wait_for(r.store.settle(), 10)  # the drop written, the package evicted
+        assert r.store.entry(key_of(url)) is None
+        assert _refs(r.store.root) == []
+        await r.take(url)
+        assert obtains == [("py_modules", url)]
+        assert r.packages.gets["a"] == 2
+        r.check()
 
 
 # -- the view of the index ----------------------------------------------------------------------

@@ -14,9 +14,12 @@ the create that installed it returns (``record_install``). Everything else is no
 (``note_*``, no I/O) and written behind, in one transaction at most every ``flush_interval_s``
 or every ``flush_every`` changes: last-use times, the holder's live envs, references and claims
 dropped (a late drop only delays an eviction, or another agent's install by one window). A
-miss awaits only its own transactions (they carry the notes), and a hit or a delete awaits none.
+miss awaits only its own transactions (they carry the notes, but for the references dropped:
+those wait for the next pass or write-behind, and a package taken again meanwhile cancels its
+drop, ``keep_ref``, with no transaction), and a hit or a delete awaits none.
 Every statement runs on the one thread, in submission order, and a transaction carries the
-batch noted before it: a reference dropped behind can never overwrite one taken after it. A
+batch noted before it (``obtain`` discards the drop of the reference it takes): a reference
+dropped behind can never overwrite one taken after it. A
 batch whose write fails is carried by the thread into its next write (so the order still
 holds), and the write-behind task retries it; a bug in that task is logged with its traceback
 when it happens and raised again by ``close()``, after the last write.
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
@@ -192,6 +196,16 @@ class _Batch:
         )  # fmt: skip
 
 
+@dataclass
+class _Obtain:
+    """One ``obtain`` queued: what it asks, and where its answer goes."""
+
+    key: RowKey
+    dir_name: str
+    take_ref: bool
+    done: asyncio.Future[Obtained]
+
+
 class StateDB:
     """The index, for this agent: one holder (``holder_id``) of the root."""
 
@@ -224,6 +238,11 @@ class StateDB:
         self._dirty = asyncio.Event()  # something is noted
         self._full = asyncio.Event()  # enough is noted to write at once
         self._flusher: asyncio.Task[None] | None = None
+        # obtains asked for while one transaction of them is in flight: the next one runs them
+        # all (a transaction of a root's index waits for the other agents' writers: one wait
+        # for many, as when eight agents create the same envs at once on one root)
+        self._obtains: list[_Obtain] = []
+        self._obtaining: asyncio.Task[None] | None = None
         self._closing = False  # close() began: the write-behind task ends after its write
         # who deletes what a transaction set aside when its caller was cancelled (the store)
         self.on_leftovers: Callable[[list[Path]], None] | None = None
@@ -367,6 +386,29 @@ class StateDB:
 
         return await self._run(read)
 
+    async def installs_ended(self, keys: list[RowKey]) -> dict[RowKey, UriRow | None]:
+        """Of ``keys``, the packages whose install is no longer in flight, as the index says
+        now: each one's row if it is ready, None if it is gone. One read, no write lock (WAL:
+        it waits for no writer). Its failure is IndexUnavailable."""
+
+        def read(conn: sqlite3.Connection) -> dict[RowKey, UriRow | None]:
+            ended: dict[RowKey, UriRow | None] = {}
+            for kind, uri in keys:
+                row = conn.execute(
+                    "SELECT dir, size, last_used_ms, state FROM uris WHERE kind = ? AND uri = ?",
+                    (kind, uri),
+                ).fetchone()
+                if row is None:
+                    ended[(kind, uri)] = None
+                elif row[3] == "ready":
+                    ended[(kind, uri)] = UriRow(kind, uri, row[0], row[1], row[2])
+            return ended
+
+        try:
+            return await self._run(read)
+        except sqlite3.Error as exc:
+            raise IndexUnavailable(f"the cache index {self.path} failed: {exc}") from exc
+
     # -- transactions, on the thread ------------------------------------------------------
     def _write(
         self,
@@ -408,6 +450,8 @@ class StateDB:
         self,
         fn: Callable[[sqlite3.Connection, Reaped], T],
         leftovers: Callable[[T], list[Path]] = lambda _: [],
+        *,
+        refs: bool = True,
     ) -> T:
         """``fn`` in one transaction with every change noted before it, awaited. The job runs
         whatever happens to the caller: a cancelled caller waits for it (``through``), so the
@@ -415,8 +459,9 @@ class StateDB:
         handed to ``on_leftovers``. The dead holders ``fn`` reaped (into the ``Reaped`` it is
         given) are let go in the thread right after the commit, or abandoned if the transaction
         failed (the next pass reaps them again). SQLite's failures are IndexUnavailable: a
-        root that stays busy says for how long it was waited for."""
-        batch = self._take_batch()
+        root that stays busy says for how long it was waited for. ``refs=False``: the
+        references dropped stay noted (``_take_batch``)."""
+        batch = self._take_batch(refs=refs)
 
         def call() -> T:
             assert self._conn is not None
@@ -450,18 +495,76 @@ class StateDB:
         """R1, R3 (``index.obtain``): take this holder's reference and find the package ready,
         claimed for this holder, or installed by a live peer now."""
 
-        def run(conn: sqlite3.Connection, reaped: Reaped) -> Obtained:
-            return index.obtain(
-                conn, self.root, self.holder_id, key, dir_name, _now_ms(), self.trash, reaped,
-                take_ref=take_ref,
-            )  # fmt: skip
+        if take_ref:  # dropped then taken again is taken: the reference is (re)inserted here
+            self._notes.refs_dropped.discard(key)
+        want = _Obtain(key, dir_name, take_ref, asyncio.get_running_loop().create_future())
+        self._obtains.append(want)
+        if self._obtaining is None:
+            self._obtaining = asyncio.create_task(self._obtain_queued(), name="state-db obtain")
+        try:
+            return await through(want.done)
+        except asyncio.CancelledError:  # it ran all the same: what it set aside is deleted
+            done = want.done
+            if not done.cancelled() and done.exception() is None and self.on_leftovers:
+                self.on_leftovers(done.result().reaped.aside)
+            raise
 
-        return await self._transact(run, lambda got: got.reaped.aside)
+    def _obtain_all(
+        self, batch: list[_Obtain], conn: sqlite3.Connection, reaped: Reaped
+    ) -> list[Obtained]:
+        """``index.obtain`` for each of ``batch``, in order, in the transaction open. On the
+        thread."""
+        return [
+            index.obtain(
+                conn,
+                self.root,
+                self.holder_id,
+                w.key,
+                w.dir_name,
+                _now_ms(),
+                self.trash,
+                reaped,
+                take_ref=w.take_ref,
+            )
+            for w in batch
+        ]
+
+    async def _obtain_queued(self) -> None:
+        """The obtains queued, all in one transaction (in the order asked), then those queued
+        meanwhile, until none is left. A failed transaction fails each of its obtains."""
+        batch: list[_Obtain] = []
+        try:
+            while self._obtains:
+                batch, self._obtains = self._obtains, []
+
+                run = functools.partial(self._obtain_all, batch)
+                try:
+                    results = await self._transact(
+                        run, lambda got: got[0].reaped.aside if got else [], refs=False
+                    )
+                except Exception as exc:
+                    for w in batch:
+                        if not w.done.done():
+                            w.done.set_exception(exc)
+                    continue
+                for i, (w, got) in enumerate(zip(batch, results, strict=True)):
+                    if i:  # what the transaction reaped is told once, with the first
+                        got.reaped = Reaped()
+                    if not w.done.done():
+                        w.done.set_result(got)
+        finally:
+            self._obtaining = None
+            for w in [*batch, *self._obtains]:  # cancelled (a close): nobody is left waiting
+                if not w.done.done():
+                    w.done.cancel()
+            self._obtains = []
 
     async def record_install(self, row: UriRow) -> bool:
         """Commit that a claimed package is installed, with every change noted before it; False
         (nothing committed but the notes) if the claim is no longer this holder's."""
-        return await self._transact(lambda conn, _: index.commit_install(conn, self.holder_id, row))
+        return await self._transact(
+            lambda conn, _: index.commit_install(conn, self.holder_id, row), refs=False
+        )
 
     async def sweep(self, budget_bytes: int, needed_bytes: int = 0, *, since: int = -1) -> Swept:
         """R2, R4 (``index.sweep``): reap dead holders, evict over the budget (and for
@@ -502,6 +605,16 @@ class StateDB:
         self._notes.refs_dropped.add((kind, uri))
         self._mark_dirty()
 
+    def keep_ref(self, kind: str, uri: str) -> bool:
+        """Cancel a drop of this holder's reference noted and not yet taken by a transaction:
+        True if it was (the reference the caller knows committed is still in the index, and now
+        stays); False if there was none left to cancel (take the reference with ``obtain``)."""
+        key = (kind, uri)
+        if key not in self._notes.refs_dropped:
+            return False
+        self._notes.refs_dropped.discard(key)
+        return True
+
     def note_claim_dropped(self, kind: str, uri: str) -> None:
         """This holder's install of the package failed or was cancelled."""
         self._notes.claims_dropped.add((kind, uri))
@@ -521,8 +634,15 @@ class StateDB:
         if self.pending() >= self._flush_every:
             self._full.set()
 
-    def _take_batch(self) -> _Batch:
+    def _take_batch(self, *, refs: bool = True) -> _Batch:
+        """What is noted, for a transaction to carry. ``refs=False`` (an install's
+        transactions): the references dropped stay noted for the next pass or the write-behind
+        (a late drop only delays an eviction; ``obtain`` discards the note of a reference it
+        takes again, so a drop is never written after a later take of the same reference),
+        and may meanwhile be cancelled (``keep_ref``)."""
         batch, self._notes = self._notes, _Batch()
+        if not refs and batch.refs_dropped:
+            self._notes.refs_dropped, batch.refs_dropped = batch.refs_dropped, set()
         return batch
 
     async def flush(self) -> None:

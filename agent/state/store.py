@@ -26,9 +26,10 @@ once it is held. A create of an env that is ready (the hot path) touches none of
 
 Evictions are passes over the index (``index.sweep``: reap the dead holders, evict the root's
 unused packages over the budget, least recently used first), run after a release and after an
-install (one at a time, coalesced), every ``sweep_interval_s``, and when the disk room lacks
-bytes. A pass's result is also how this agent's view follows the index: packages other agents
-installed appear, packages they evicted go.
+install (one at a time, coalesced: a pass asked for waits ``pass_window_s`` for more changes to
+carry, unless someone waits for it), every ``sweep_interval_s``, and when the disk room lacks
+bytes (at once). A pass's result is also how this agent's view follows the index: packages
+other agents installed appear, packages they evicted go.
 
 Blocking work (copy, hash, unzip, rmtree, SQLite) runs in threads.
 """
@@ -36,6 +37,7 @@ Blocking work (copy, hash, unzip, rmtree, SQLite) runs in threads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import time
@@ -44,6 +46,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from agent.core.errors import AgentError, DiskExhausted, IndexUnavailable, echo_label
 from agent.core.packages import Package
@@ -58,7 +61,7 @@ from agent.install.disk import (
 )
 from agent.install.installers import Installer, InstallJob
 from agent.install.staging import place_package, prepare_staging, through
-from agent.state.index import Found, Swept
+from agent.state.index import Found, RowKey, Swept
 from agent.state.room import Claim, DiskRoom
 from agent.state.state_db import StateDB, UriRow
 
@@ -68,6 +71,14 @@ Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
 
 _WAIT_FIRST_S, _WAIT_MAX_S = 0.01, 0.25  # polling a peer's install: doubling, capped
+# Meanwhile one read of the index per tick, for every package this agent waits on, wakes the
+# waiters whose peer's install ended (ready: used at once, or gone: obtained again): the poll's
+# cap is then only how soon a claim of a dead peer is found (an obtain reaps it)
+PEER_TICK_S = 0.01
+# A pass asked for waits this long for more changes to carry (one pass for the releases of a
+# busy moment, not one each), unless someone waits for it (``caught_up``, ``settle``): unused
+# bytes may stay over the budget for that long, never longer than the pass takes after it
+PASS_WINDOW_S = 0.01
 
 
 class UriState(Enum):
@@ -90,6 +101,9 @@ class UriEntry:
     was_ready: bool = False  # READY before its current obtain began
     committed: bool = False  # its install's commit went through, then it was cancelled: the
     # package is the root's (``_install`` makes it READY here, not forgotten)
+    dropping: bool = False  # READY, released while held: the drop of its committed reference
+    # is noted for the index; while the note is not taken by a transaction, ``ensure`` holds
+    # it again by cancelling the note (``StateDB.keep_ref``), no transaction
 
 
 @dataclass
@@ -127,6 +141,7 @@ class UriStore:
         clock: Clock = time.time,
         sleep: Sleep = asyncio.sleep,
         sweep_interval_s: float = 10.0,
+        pass_window_s: float = PASS_WINDOW_S,
     ) -> None:
         """``installers``: how each kind is made, one per kind (``build_installers``: the
         store only knows that a package is made in a staging folder, never how). ``db``: the
@@ -146,7 +161,13 @@ class UriStore:
         self._background: set[asyncio.Task[None]] = set()
         self._sweeping: asyncio.Task[None] | None = None  # the pass running, if any
         self._sweep_again = False  # a pass was asked for while one ran
+        self._pass_window_s = pass_window_s
+        self._hurry = asyncio.Event()  # someone waits for the next pass: no window before it
         self._periodic: asyncio.Task[None] | None = None
+        # packages a peer installs, this agent's obtain waiting on each: woken (the future
+        # done) by the watcher when the index no longer shows the install in flight
+        self._peer_installs: dict[RowKey, asyncio.Future[UriRow | None]] = {}
+        self._watcher: asyncio.Task[None] | None = None  # while there are any
         self._closing = False  # close() began: no pass is started any more
         self._last_release_ms = 0  # strictly increasing over this agent's releases
         self._root_bytes = (0, 0)  # the root's ready and unused bytes, as of the last pass
@@ -198,6 +219,16 @@ class UriStore:
             await self._outlive(entry)
             entry = self._entries.get(key)
         if entry is not None and entry.state is UriState.READY and entry.held:
+            self.hits += 1
+            entry.last_used_ms = self._now_ms()
+            return entry.path
+        if (
+            entry is not None and entry.state is UriState.READY and entry.dropping
+            and self._db.keep_ref(key.kind.value, key.uri)
+        ):  # fmt: skip
+            # released moments ago, its reference still in the index (the drop only noted):
+            # held again as it was, without a transaction (R1 holds: committed before)
+            entry.held, entry.dropping = True, False
             self.hits += 1
             entry.last_used_ms = self._now_ms()
             return entry.path
@@ -270,12 +301,59 @@ class UriStore:
                     return
                 if obtained.found is Found.CLAIMED:
                     break
-                await self._sleep(delay)
+                row = await self._wait_for_peer(row_key, delay)
+                if row is not None and row.dir == entry.path.name and entry.path.is_dir():
+                    # the peer's install is ready, and this agent's reference was committed by
+                    # the obtain that found it in flight (R1): used without another transaction
+                    entry.size, entry.last_used_ms = row.size, self._now_ms()
+                    self.hits += 1
+                    self._ready(entry, None, started)
+                    return
                 delay = min(delay * 2, _WAIT_MAX_S)
         except BaseException:
             self._forget(entry, None, started)
             raise
         await self._install(entry, package, installer, started)
+
+    async def _wait_for_peer(self, row_key: RowKey, delay: float) -> UriRow | None:
+        """Sleep ``delay``, or less: until the watcher reads that the peer's install of the
+        package ended. Its row if the watcher read it ready, else None (obtain again: ready,
+        or claim it)."""
+        ended: asyncio.Future[UriRow | None] = asyncio.get_running_loop().create_future()
+        self._peer_installs[row_key] = ended  # single-flight: one obtain per key waits here
+        if self._watcher is None:
+            self._watcher = asyncio.create_task(self._watch_peers(), name="peer installs")
+        sleep: asyncio.Future[None] = asyncio.ensure_future(self._sleep(delay))
+        try:
+            either: list[asyncio.Future[Any]] = [sleep, ended]
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleep.cancel()
+            if self._peer_installs.get(row_key) is ended:
+                del self._peer_installs[row_key]
+        return ended.result() if ended.done() else None
+
+    async def _watch_peers(self) -> None:
+        """While this agent waits on peers' installs: every ``PEER_TICK_S``, one read of the
+        index for them all; the waiters whose install is no longer in flight are woken. A
+        failed read wakes nobody (their own polls go on)."""
+        try:
+            while self._peer_installs:
+                await asyncio.sleep(PEER_TICK_S)
+                waited = [key for key, ended in self._peer_installs.items() if not ended.done()]
+                if not waited:
+                    continue
+                try:
+                    rows = await self._db.installs_ended(waited)
+                except (AgentError, OSError) as exc:
+                    log.debug("reading the peers' installs failed: %s", exc)
+                    continue
+                for key, row in rows.items():
+                    ended = self._peer_installs.get(key)
+                    if ended is not None and not ended.done():
+                        ended.set_result(row)
+        finally:
+            self._watcher = None
 
     async def _install(
         self, entry: UriEntry, package: Package, installer: Installer, started: float
@@ -353,6 +431,7 @@ class UriStore:
         entry.task = None
         entry.abandoned = False  # an abandoned install that committed anyway: ready to join
         entry.held = True
+        entry.dropping = False
         if fetched is not None:
             seconds = time.monotonic() - started
             if self._on_install is not None:
@@ -432,6 +511,7 @@ class UriStore:
             self._db.note_ref_dropped(key.kind.value, key.uri)
             if entry is None:
                 continue
+            entry.dropping = entry.held  # the drop noted is of a reference committed before
             entry.held = False
             entry.last_used_ms = now
             self._db.note_uri(key.kind.value, key.uri, now)
@@ -463,6 +543,7 @@ class UriStore:
     async def _sweep_loop(self) -> None:
         try:
             while True:
+                await self._window()
                 self._sweep_again = False
                 try:
                     self.passes += 1
@@ -481,6 +562,15 @@ class UriStore:
         finally:
             self._sweeping = None
 
+    async def _window(self) -> None:
+        """Before a pass: let the changes of the next ``pass_window_s`` join it, unless someone
+        waits for the pass (``caught_up``, ``settle``); a wait that comes during the window
+        ends it."""
+        if self._pass_window_s > 0 and not self._hurry.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._hurry.wait(), self._pass_window_s)
+        self._hurry.clear()
+
     async def enforce_budget(self) -> None:
         """Run a pass now (after any running) and wait for it: the budget holds after it."""
         self._schedule_sweep()
@@ -492,6 +582,7 @@ class UriStore:
         A pass that runs longer (a busy index) leaves the figures of the one before."""
         task = self._sweeping
         if task is not None:
+            self._hurry.set()
             await asyncio.wait([task], timeout=timeout_s)
 
     async def settle(self) -> None:
@@ -502,6 +593,7 @@ class UriStore:
             if task is None and not self._background:
                 return
             if task is not None:
+                self._hurry.set()
                 await asyncio.wait([task])
             if self._background:
                 await asyncio.gather(*self._background, return_exceptions=True)
@@ -587,11 +679,11 @@ class UriStore:
         """Stop: end the passes, cancel installs in flight, finish deletions."""
         self._closing = True
         tasks = [e.task for e in self._entries.values() if e.task is not None]
-        for task in (self._periodic, self._sweeping, *tasks):
+        for task in (self._periodic, self._sweeping, self._watcher, *tasks):
             if task is not None:
                 task.cancel()
         await asyncio.gather(
-            *(t for t in (self._periodic, self._sweeping, *tasks) if t is not None),
+            *(t for t in (self._periodic, self._sweeping, self._watcher, *tasks) if t is not None),
             return_exceptions=True,
         )
         self._periodic = None

@@ -8,7 +8,8 @@
 - ``rpc``: the one client code every figure and its baseline go through, over a ``Target``:
   the gRPC door, or Ray's HTTP protocol (``ray_http``: this agent's Ray door, Ray's own agent).
 - ``baselines``: the physical limits: curl+unzip, aiohttp+zipfile, bare worker spawns, LRU.
-- ``hot``, ``cold``, ``churn``, ``recovery``, ``workers``: the workloads.
+- ``hot``, ``cold``, ``churn``, ``recovery``, ``workers``, ``shared_root``, ``fleet``: the
+  workloads.
 - ``peer``: the peer run (``--peer ray``), this agent next to Ray's own agent; ``raynode``
   the real Ray head nodes it starts and stops.
 - ``echo_server``, ``pkg_server``, ``fetch_baseline``, ``ray_e2e`` (a Ray driver): programs run

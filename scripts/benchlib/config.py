@@ -51,6 +51,13 @@ class Sizes:
     e2e_zips: int = 5
     e2e_cpus: int = 2
     e2e_rounds: int = 2
+    # fleet: nodes on private roots and on one shared root, one package server with a limited
+    # rate (a cluster's package store: its link is what the nodes share)
+    fleet_nodes: int = 8
+    fleet_envs: int = 20
+    fleet_package_bytes: int = 1 * MiB  # each env's zip: random bytes, incompressible
+    fleet_rate_bytes: int = 32 * MiB  # per second, all connections together
+    fleet_rounds: int = 3
     # pip
     pip_jobs: int = 10
     pip_payload_kib: int = 256
@@ -66,6 +73,11 @@ class Sizes:
 
 
 SMOKE = Sizes(
+    fleet_nodes=3,  # 7 agents to start, not 17: the smoke run stays within seconds
+    fleet_envs=4,
+    fleet_package_bytes=64 * 1024,
+    fleet_rate_bytes=8 * MiB,
+    fleet_rounds=1,
     pip_jobs=2,
     pip_payload_kib=4,
     hot_rounds=1,

@@ -350,6 +350,8 @@ async def bench_peer_loop_blocking(work: Path, sizes: Sizes, shared: Shared) -> 
 
 # -- churn -------------------------------------------------------------------------------------
 
+CHURN_GOAL = 2.0  # issue 17: churn pairs/s at least 2x Ray's agent's, in the same run
+
 
 async def bench_peer_churn(work: Path, sizes: Sizes, shared: Shared) -> WorkloadResult:
     result = WorkloadResult("peer-churn")
@@ -402,7 +404,7 @@ async def bench_peer_churn(work: Path, sizes: Sizes, shared: Shared) -> Workload
         ours = measures[OURS]
         result.figure(
             f"pairs/s over HTTP, concurrency {sizes.churn_concurrency}", rate(ours), rate(ray),
-            RAY_BASE, "pairs/s",
+            RAY_BASE, "pairs/s", Goal("ratio", ">=", CHURN_GOAL, f"ratio >= {CHURN_GOAL:g}x"),
         )  # fmt: skip
         result.figure(
             "downloads at the package server", ours.downloads or 0, ray.downloads or 0,

@@ -349,10 +349,13 @@ class EchoProcess(Child):
 
 
 class PackageServer(Child):
-    """``benchlib.pkg_server``: serves a folder over http on 127.0.0.1 and counts GETs."""
+    """``benchlib.pkg_server``: serves a folder over http on 127.0.0.1 and counts GETs;
+    ``rate``: at most that many bytes per second, all connections together."""
 
-    def __init__(self, directory: Path, log_path: Path) -> None:
+    def __init__(self, directory: Path, log_path: Path, *, rate: float | None = None) -> None:
         argv = [sys.executable, "-m", "benchlib.pkg_server", "--dir", str(directory)]
+        if rate is not None:
+            argv += ["--rate", str(rate)]
         super().__init__(argv, log_path, stdout_pipe=True)
         self.base_url = ""
 

@@ -194,7 +194,7 @@ def _worst_uri(run: Run) -> int:
 # -- the agents ------------------------------------------------------------------------------------
 
 
-class _Node(Child):
+class Node(Child):
     """One node's agent: ``python -m agent serve --root ROOT --address <its own socket>``."""
 
     def __init__(self, root: Path, name: str, work: Path) -> None:
@@ -219,13 +219,11 @@ class _Node(Child):
             await rpc.GrpcTarget(rpc.stub(channel)).create(_WARM_ENV, rpc.CALL_TIMEOUT_S)
 
 
-async def _start_set(
-    stack: AsyncExitStack, roots: list[Path], label: str, work: Path
-) -> list[_Node]:
+async def start_set(stack: AsyncExitStack, roots: list[Path], label: str, work: Path) -> list[Node]:
     """Start one agent per root at once (a shared set: the same root six times); each is stopped
     by ``stack``, also when another one fails to start."""
     (work / "sockets").mkdir(exist_ok=True)
-    nodes = [_Node(root, f"{label}-node{i}", work) for i, root in enumerate(roots)]
+    nodes = [Node(root, f"{label}-node{i}", work) for i, root in enumerate(roots)]
     stack.push_async_callback(_stop_all, nodes)
     outcomes = await asyncio.gather(*(n.start() for n in nodes), return_exceptions=True)
     for outcome in outcomes:
@@ -234,15 +232,15 @@ async def _start_set(
     return nodes
 
 
-async def _stop_all(nodes: list[_Node]) -> None:
+async def _stop_all(nodes: list[Node]) -> None:
     await asyncio.gather(*(n.stop() for n in nodes))
 
 
 # -- one run ---------------------------------------------------------------------------------------
 
 
-async def _run(
-    name: str, nodes: list[_Node], roots: list[Path], urls: dict[str, str], zips: list[Path],
+async def run_set(
+    name: str, nodes: list[Node], roots: list[Path], urls: dict[str, str], zips: list[Path],
     server: PackageServer, sizes: Sizes,
 ) -> tuple[Run, Measure]:  # fmt: skip
     """Every node of a set creates every package's env, all at once; ``roots``: the set's
@@ -250,6 +248,7 @@ async def _run(
     envs = [env_of(url) for url in urls.values()]
     await asyncio.to_thread(read_all, zips)
     before = await server.gets()
+    extracted = [(await rpc.info(n.address)).cache.extractions for n in nodes]  # long-lived
     deadline = time.monotonic() + sizes.phase_timeout_s
     async with AsyncExitStack() as stack:
         chans = [
@@ -280,6 +279,7 @@ async def _run(
         downloads=sum(gets.values()), errors=errors,
     )  # fmt: skip
     m.extractions = sum([(await rpc.info(n.address)).cache.extractions for n in nodes])
+    m.extractions -= sum(extracted)
     return Run(wall, gets, disk, m.requests, errors), m
 
 
@@ -314,13 +314,14 @@ async def bench_shared_root(work: Path, sizes: Sizes, shared: Shared) -> Workloa
             one = work / f"shared-{r}"
             own = [work / f"private-{r}-{i}" for i in range(NODES)]
             sets = {
-                "shared": (await _start_set(stack, [one] * NODES, f"shared-{r}", work), [one]),
-                "private": (await _start_set(stack, own, f"private-{r}", work), own),
+                "shared": (await start_set(stack, [one] * NODES, f"shared-{r}", work), [one]),
+                "private": (await start_set(stack, own, f"private-{r}", work), own),
             }
             # S P P S ...: a drift in the machine's load over the run hits both alike
             for kind in ("shared", "private") if r % 2 == 0 else ("private", "shared"):
                 nodes, roots = sets[kind]
-                run, m = await _run(measures[kind].name, nodes, roots, urls, zips, server, sizes)
+                name = measures[kind].name
+                run, m = await run_set(name, nodes, roots, urls, zips, server, sizes)
                 runs[kind].append(run)
                 measures[kind].add(m)
             if r == count - 1:
