@@ -23,7 +23,7 @@ import pytest
 
 from agent.core.errors import DiskExhausted, Unavailable, UnsafeArchive
 from agent.install.archive import ArchiveLimits, extract_zip, opened_zip, plan_zip, shares
-from agent.install.unpack_pool import UnpackPool
+from agent.install.unpack_pool import UnpackPool, _Gate, _Task
 from tests.helpers import (
     env_json,
     make_zip,
@@ -199,6 +199,30 @@ async def test_the_pool_writes_what_extract_zip_writes(tmp_path: Path, split_byt
     assert snapshot(dest) == snapshot(alone)
     assert stat.S_IMODE(dest.stat().st_mode) == 0o755
     assert stat.S_IMODE((dest / "bin" / "run").stat().st_mode) == 0o755
+
+
+async def test_a_share_that_plans_as_a_refused_reservation_ends_is_halted() -> None:
+    """A reservation that failed, its done-callback not run yet, is never taken for room: a
+    share planning in that moment is told to halt and the failure is kept as the job's (CI saw
+    the empty folder such a share made, one run in about fifteen)."""
+    pool = UnpackPool(1)
+    try:
+        loop = asyncio.get_running_loop()
+
+        async def unused(declared: int) -> None:
+            raise AssertionError("the reservation is already made")
+
+        gate = _Gate(unused)
+        gate.step = loop.create_future()
+        gate.step.set_exception(DiskExhausted("no room for 10 bytes"))  # no callback has run
+        task = _Task(("share",), loop.create_future(), gate=gate)
+        replies: list[tuple[str]] = []
+        pool._reply = lambda _task, message: replies.append(message)  # type: ignore[method-assign, assignment]
+        pool._planned(task, 10)
+        assert replies == [("halt",)]
+        assert isinstance(gate.failed, DiskExhausted)
+    finally:
+        await pool.close()
 
 
 @pytest.mark.parametrize("split_bytes", [1, 1 << 40], ids=["split", "whole"])

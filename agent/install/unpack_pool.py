@@ -379,17 +379,24 @@ class UnpackPool:
         if gate is None or gate.halted or gate.failed is not None or self._closed:
             self._reply(task, ("halt",))
         elif gate.step is not None and gate.step.done():
-            self._reply(task, ("go",))
+            # done, but its callback (``_reserved``) may not have run yet: its outcome is read
+            # here, never taken for a success (a refused reservation must stop every share)
+            self._reply(task, ("go",) if self._may_go(gate, gate.step) else ("halt",))
         else:
             gate.waiting.append(task)
             if gate.step is None:
                 gate.step = asyncio.ensure_future(gate.reserve(declared))
                 gate.step.add_done_callback(lambda step: self._reserved(gate, step))
 
-    def _reserved(self, gate: _Gate, step: asyncio.Future[None]) -> None:
-        if not step.cancelled() and step.exception() is not None:
+    def _may_go(self, gate: _Gate, step: asyncio.Future[None]) -> bool:
+        """Whether the job's shares may write, its reservation ``step`` being done (its error,
+        if any, kept as the job's)."""
+        if not step.cancelled() and step.exception() is not None and gate.failed is None:
             gate.failed = step.exception()
-        go = not (step.cancelled() or gate.halted or gate.failed is not None or self._closed)
+        return not (step.cancelled() or gate.halted or gate.failed is not None or self._closed)
+
+    def _reserved(self, gate: _Gate, step: asyncio.Future[None]) -> None:
+        go = self._may_go(gate, step)
         waiting, gate.waiting = gate.waiting, []
         for task in waiting:
             self._reply(task, ("go",) if go else ("halt",))
