@@ -174,8 +174,20 @@ def test_rtenv_config_names_the_file_when_config_is_absent_and_config_flag_wins(
         ((), {}, "cache_budget = \n", ["config file /etc/rtenv.toml:"]),
         (("--min-free-disk", "150%"), {}, None, ["min-free-disk from --min-free-disk"]),
         ((), {"RTENV_STATE_DB": "maybe"}, None, ["state-db from RTENV_STATE_DB", "boolean"]),
+        (("--extract-workers", "lots"), {}, None, ["extract-workers", "auto, or a count"]),
+        (("--extract-workers", "-3"), {}, None, ["extract-workers", "auto, or a count"]),
     ],
-    ids=["flag-size", "env-zero", "toml-size", "toml-unknown-key", "toml-syntax", "floor", "bool"],
+    ids=[
+        "flag-size",
+        "env-zero",
+        "toml-size",
+        "toml-unknown-key",
+        "toml-syntax",
+        "floor",
+        "bool",
+        "workers-word",
+        "workers-negative",
+    ],
 )
 def test_bad_value_is_a_config_error_naming_the_setting_and_its_source(
     argv: tuple[str, ...], environ: dict[str, str], toml: str | None, words: list[str]

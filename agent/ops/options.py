@@ -75,7 +75,10 @@ def parse_workers(text: str) -> int | None:
     """``--extract-workers``: 'auto' (None: one per core, at most 4) or a count from 0."""
     if str(text).strip().lower() == "auto":
         return None
-    value = parse_int(text)
+    try:
+        value = parse_int(text)
+    except ValueError:
+        value = -1  # said below, with what is allowed
     if not 0 <= value <= 256:
         raise ValueError(f"{quoted(text)}: auto, or a count from 0 to 256")
     return value
