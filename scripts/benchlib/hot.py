@@ -257,8 +257,9 @@ async def bench_hot(work: Path, sizes: Sizes) -> WorkloadResult:
         )  # fmt: skip
         result.figure("Ray door (HTTP): create p50, c1", door.p50_ms, a.p50_ms, grpc_door, "ms")
         result.notes.append(
-            "Ray door: Ray's HTTP protocol (protobuf bodies) over one keep-alive aiohttp session "
-            "per phase, to the same agent process (serve --ray-address)"
+            "Ray door: Ray's HTTP protocol (protobuf bodies) over keep-alive HTTP/1.1 connections "
+            "(benchlib/ray_http.py's minimal client), to the same agent process "
+            "(serve --ray-address)"
         )
     else:
         result.notes.append(f"{ray_door_missing()}: its Ray door was not measured")

@@ -136,8 +136,9 @@ async def bench_peer_hot(work: Path, sizes: Sizes, shared: Shared) -> WorkloadRe
         f"{RAY_BASE} (over HTTP)", "pairs/s",
     )  # fmt: skip
     result.notes.append(
-        "one keep-alive aiohttp session per phase, as many connections as calls in flight; "
-        "CPU per request: each agent's own process (/proc/PID/stat utime+stime)"
+        "a minimal HTTP/1.1 client (benchlib/ray_http.py), keep-alive, as many connections as "
+        "calls in flight; CPU per request: each agent's process and its children "
+        "(/proc/PID/stat)"
     )
     return result
 

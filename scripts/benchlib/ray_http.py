@@ -1,8 +1,14 @@
 """Ray's runtime env agent protocol as a benchmark transport: POST protobuf bodies (the
 ``rtenv.ray.v1`` messages, wire-compatible with Ray 2.60's) to ``/get_or_create_runtime_env``,
-``/delete_runtime_env_if_possible`` and ``/get_runtime_envs_info``, over one aiohttp session
-that keeps its connections alive, as the raylet's client does. The same target measures this
-agent's Ray door and Ray's own agent.
+``/delete_runtime_env_if_possible`` and ``/get_runtime_envs_info``, over keep-alive
+connections, as the raylet's client does. The same target measures this agent's Ray door and
+Ray's own agent.
+
+The client is a minimal HTTP/1.1 one (``_Connections``: asyncio streams, a request written in
+one piece, a reply read by its Content-Length), not aiohttp's: the raylet's client is C++
+(Boost.Beast), and aiohttp's client spent more CPU per request than this agent's Ray door
+serving it, so on two cores the benchmark's client, not the agent, set the pairs/s. A reply
+that is not ``HTTP/1.x 200`` with a Content-Length is a ``CallFailed``.
 
 Requests are the raylet's: ``source_process="raylet"``, a job id, the default
 ``setup_timeout_seconds`` (600). A reference is given back by the serialized env itself (Ray's
@@ -12,11 +18,11 @@ protocol counts per string as sent).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from types import TracebackType
 from typing import TypeVar
 
-import aiohttp
 from google.protobuf.message import DecodeError, Message
 
 from benchlib.rpc import CallFailed
@@ -37,46 +43,108 @@ def _parse(message: _M, data: bytes, path: str) -> _M:
     return message
 
 
+_HEAD_LIMIT = 64 * 1024  # a reply's status line and headers: more is not a reply of these
+
+
+class _Connections:
+    """Up to ``limit`` keep-alive HTTP/1.1 connections to ``host:port``, each used by one
+    request at a time; a connection that fails or is cut is dropped, not reused."""
+
+    def __init__(self, host: str, port: int, limit: int) -> None:
+        self._host, self._port = host, port
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self._free = asyncio.Semaphore(limit)
+        self._open: set[asyncio.StreamWriter] = set()
+
+    async def post(self, head: bytes, body: bytes) -> tuple[int, bytes]:
+        """Send one request (``head`` ends with the blank line); its status and body."""
+        async with self._free:
+            if self._idle:
+                reader, writer = self._idle.pop()
+            else:
+                reader, writer = await asyncio.open_connection(
+                    self._host, self._port, limit=_HEAD_LIMIT
+                )
+                self._open.add(writer)
+            try:
+                writer.write(head + body)
+                status, data = await _read_reply(reader)
+            except BaseException:
+                self._open.discard(writer)
+                writer.close()
+                raise
+            self._idle.append((reader, writer))
+            return status, data
+
+    async def close(self) -> None:
+        for writer in self._open:
+            writer.close()
+        for writer in self._open:
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        self._open.clear()
+        self._idle.clear()
+
+
+async def _read_reply(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ", 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        raise CallFailed(f"not an HTTP/1.x reply: {lines[0][:_MAX_TEXT]!r}")
+    length = None
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+        elif name.strip().lower() == b"transfer-encoding":
+            raise CallFailed(f"a reply with Transfer-Encoding {value.strip()[:40]!r}: not read")
+    if length is None:
+        raise CallFailed("a reply without a Content-Length")
+    return int(parts[1]), await reader.readexactly(length)
+
+
 class RayHttpTarget:
-    """Ray's protocol at ``http://HOST:PORT``, over one keep-alive session with up to
-    ``connections`` connections. Use ``async with``."""
+    """Ray's protocol at ``http://HOST:PORT``, over up to ``connections`` keep-alive
+    connections. Use ``async with``."""
 
     def __init__(self, address: str, *, connections: int = 100, token: str | None = None) -> None:
+        host, _, port = address.rpartition(":")
         self.base_url = f"http://{address}"
+        self._host, self._port = host.strip("[]"), int(port)
         self._connections = connections
-        self._headers = {"Content-Type": "application/octet-stream"}
-        if token is not None:
-            self._headers["Authorization"] = f"Bearer {token}"
-        self._session: aiohttp.ClientSession | None = None
+        auth = f"Authorization: Bearer {token}\r\n" if token is not None else ""
+        self._head = (
+            f"Host: {address}\r\nContent-Type: application/octet-stream\r\n{auth}"
+        ).encode()
+        self._pool: _Connections | None = None
 
     async def __aenter__(self) -> RayHttpTarget:
-        connector = aiohttp.TCPConnector(limit=self._connections, keepalive_timeout=60)
-        self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
+        self._pool = _Connections(self._host, self._port, self._connections)
         return self
 
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
 
     async def _post(self, path: str, body: bytes, timeout_s: float) -> bytes:
-        assert self._session is not None, "use RayHttpTarget in `async with`"
+        assert self._pool is not None, "use RayHttpTarget in `async with`"
+        head = b"POST /%s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n" % (
+            path.encode(), self._head, len(body),
+        )  # fmt: skip
         try:
-            async with self._session.post(
-                f"{self.base_url}/{path}",
-                data=body,
-                headers=self._headers,
-                timeout=aiohttp.ClientTimeout(total=timeout_s),
-            ) as response:
-                data = await response.read()
-                if response.status != 200:
-                    text = data[:_MAX_TEXT].decode(errors="replace")
-                    raise CallFailed(f"HTTP {response.status} from /{path}: {text}")
-                return data
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            async with asyncio.timeout(timeout_s):
+                status, data = await self._pool.post(head, body)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                ValueError) as exc:  # fmt: skip
             raise CallFailed(f"/{path}: {type(exc).__name__}: {exc}"[:_MAX_TEXT]) from exc
+        if status != 200:
+            text = data[:_MAX_TEXT].decode(errors="replace")
+            raise CallFailed(f"HTTP {status} from /{path}: {text}")
+        return data
 
     async def create_reply(self, env: str, timeout_s: float) -> pb.GetOrCreateRuntimeEnvReply:
         """GetOrCreateRuntimeEnv as the raylet sends it; the reply, whatever its status."""
