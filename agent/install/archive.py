@@ -335,17 +335,10 @@ def finish(zf: zipfile.ZipFile, plan: Plan, root: Path, label: str, halted: Halt
     if plan.links:
         harden_tree(root, label)
         return written
-    try:
+    with _modes_settable(label):
         for folder in reversed(plan.dirs):  # no link in the tree: each path is the folder
             os.chmod(os.path.join(root, *folder), DIR_MODE)
         os.chmod(root, DIR_MODE)
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        raise FailedPrecondition(
-            f"{label}: cannot give {echo(exc.filename)} its mode ({exc.strerror}); the package is "
-            "not kept"
-        ) from exc
     return written
 
 
@@ -509,11 +502,19 @@ def harden_tree(top: Path, label: str) -> None:
     The caller makes sure nobody else can write under ``top`` meanwhile (it lies in a 0700
     staging folder). A mode that cannot be set (a file owned by another user) is a
     FailedPrecondition: the tree must not be kept."""
-    try:
+    with _modes_settable(label):
         for dirpath, dirnames, filenames in os.walk(top, topdown=False):
             for name in (*filenames, *dirnames):
                 _harden(os.path.join(dirpath, name))
         _harden(str(top))
+
+
+@contextlib.contextmanager
+def _modes_settable(label: str) -> Iterator[None]:
+    """A mode that cannot be set (a file owned by another user) is a FailedPrecondition: the
+    tree must not be kept. A full disk passes through to the store."""
+    try:
+        yield
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise
