@@ -207,10 +207,9 @@ class AgentService:
         """One more reference on a ready env: no await, no I/O."""
         record.note_job(job_id, eager, self._job_ids)
         self.tables.begin_create(env.env_id, env.uri_keys)
-        self.store.touch(env.uri_keys)
+        # the last use noted for the index; the live envs are as many as before
+        self.store.touch(env.uri_keys, note=self._db is not None)
         self.tables.commit_create(env.env_id)
-        if self._db is not None:  # the last use; the live envs are as many as before
-            self.store.note(env.uri_keys)
 
     def created(self, env: RuntimeEnv) -> Created:
         """What a create of this live env answers (a door prepares its reply from it once)."""

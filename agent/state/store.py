@@ -263,8 +263,9 @@ class UriStore:
         # it ended READY or forgotten (``_ready``, ``_forget``): never waited for twice
         assert self._entries.get(entry.key) is not entry or entry.state is UriState.READY
 
-    def touch(self, keys: Iterable[UriKey]) -> None:
-        """A create of a ready env used these keys: count the hits, refresh their last use.
+    def touch(self, keys: Iterable[UriKey], *, note: bool = False) -> None:
+        """A create of a ready env used these keys: count the hits, refresh their last use, and
+        with ``note`` note it for the index too (as ``note`` does, in the same pass).
 
         A hit is a key a create needed that was already installed (here or in ``ensure``)."""
         now = self._now_ms()
@@ -273,6 +274,8 @@ class UriStore:
             if entry is not None and entry.state is UriState.READY:
                 self.hits += 1
                 entry.last_used_ms = now
+                if note:
+                    self._db.note_uri(key.kind.value, key.uri, now)
 
     def _installer_for(self, kind: UriKind) -> Installer:
         installer = self._installers.get(kind)
