@@ -330,13 +330,7 @@ async def test_a_cancelled_extraction_returns_only_once_its_workers_stopped(
     total = files_under(Path(_extracted(archive, tmp_path / "ref")))
     async with pool_of(2) as pool:
         dest = tmp_path / "out"
-        job = asyncio.ensure_future(
-            pool.extract(
-                archive, dest, archive_bytes=1, strip_top_level=True, limits=LIMITS,
-                label=LABEL,
-            )
-        )  # fmt: skip
-        await wait_until(lambda: dest.exists() and files_under(dest) > 0, what="files written")
+        job = await _writing(pool, archive, dest)
         pids = pool.pids
         with stopped(pids[0]), stopped(pids[1]):  # both mid-share while the cancel arrives
             job.cancel()
@@ -356,6 +350,17 @@ async def test_a_cancelled_extraction_returns_only_once_its_workers_stopped(
         assert pool.pids == pids
 
 
+async def _writing(pool: UnpackPool, archive: Path, dest: Path) -> asyncio.Future[int]:
+    """A split extraction of ``archive`` into ``dest``, started and writing (files there)."""
+    job = asyncio.ensure_future(
+        pool.extract(
+            archive, dest, archive_bytes=1, strip_top_level=True, limits=LIMITS, label=LABEL
+        )
+    )
+    await wait_until(lambda: dest.exists() and files_under(dest) > 0, what="files written")
+    return job
+
+
 def _extracted(archive: Path, dest: Path) -> Path:
     extract_zip(archive, dest, strip_top_level=True, limits=LIMITS, label=LABEL)
     return dest
@@ -370,13 +375,7 @@ async def test_a_worker_killed_mid_extraction_fails_its_job_and_is_replaced(
         await pool.ready()
         before = pool.pids
         dest = tmp_path / "out"
-        job = asyncio.ensure_future(
-            pool.extract(
-                archive, dest, archive_bytes=1, strip_top_level=True, limits=LIMITS,
-                label=LABEL,
-            )
-        )  # fmt: skip
-        await wait_until(lambda: dest.exists() and files_under(dest) > 0, what="files written")
+        job = await _writing(pool, archive, dest)
         victim = before[0]
         with caplog.at_level(logging.ERROR, logger="agent.install.unpack_pool"):
             with stopped(victim):  # mid-share for sure: frozen, then killed
