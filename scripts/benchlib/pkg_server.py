@@ -98,9 +98,12 @@ async def _limited(request: web.Request, path: Path, bucket: Bucket) -> web.Stre
 
 
 def _rate(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"--rate must be above 0 bytes/s, not {text}")
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0  # said below
+    if not value > 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be a number of bytes/s above 0, not {text[:40]!r}")
     return value
 
 
