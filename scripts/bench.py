@@ -282,8 +282,26 @@ def _parser() -> argparse.ArgumentParser:
         ("--e2e-zips", "e2e_zips", int),
         ("--e2e-rounds", "e2e_rounds", int),
     ):
-        knobs.add_argument(flag, dest=name, type=kind, help=f"default {getattr(d, name)}")
+        parse = kind if name == "seed" else _above_zero(kind)
+        knobs.add_argument(flag, dest=name, type=parse, help=f"default {getattr(d, name)}")
     return p
+
+
+def _above_zero(kind: Callable[[str], float]) -> Callable[[str], float]:
+    """A size knob's parser: a number of ``kind`` above 0 (a size of 0 or less sizes nothing:
+    said at once, in one line, exit 2, not as a workload's traceback minutes later)."""
+    what = "whole number" if kind is int else "number"
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if not value > 0:  # NaN too
+            raise argparse.ArgumentTypeError(f"must be a {what} above 0, not {text[:40]!r}")
+        return value
+
+    return parse
 
 
 def main() -> int:

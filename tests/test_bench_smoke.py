@@ -142,6 +142,25 @@ def test_a_peer_workload_without_peer_ray_is_refused_before_the_run(base: Path) 
     assert not (base / "work").exists()
 
 
+@pytest.mark.parametrize(
+    "knob", [("--fleet-rate", "-5"), ("--churn-pairs", "0"), ("--rss-seconds", "x")]
+)
+def test_a_size_knob_not_above_zero_is_refused_before_the_run(
+    base: Path, knob: tuple[str, str]
+) -> None:
+    """A size of 0 or less, or not a number: one usage error naming the knob, exit 2, nothing
+    started (a negative rate reached the package server and failed the workload)."""
+    args = [
+        sys.executable, "scripts/bench.py", "--only", "fleet", *knob,
+        "--out", str(base / "out.json"), "--workdir", str(base / "work"),
+    ]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=REPO, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"argument {knob[0]}: must be a" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (base / "work").exists()
+
+
 # -- shared-root (issue 16) ---------------------------------------------------------------------
 
 
