@@ -35,7 +35,7 @@ import hashlib
 import logging
 import os
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -96,12 +96,30 @@ class Space(Protocol):
     async def take(self, written: int, more: int) -> None:
         """``written`` bytes are on disk and up to ``more`` are about to follow."""
 
+    async def add(self, size: int) -> None:
+        """``size`` more bytes will be written besides what was declared (an extraction that
+        runs while the download does): make room for them too, before the first is written."""
+
+
+class DownloadWatch(Protocol):
+    """Told how an http(s) download goes, as it goes (an extraction that overlaps it)."""
+
+    def opened(self, size: int | None, headers: Mapping[str, str]) -> None:
+        """An attempt's answer is a package (200): its declared size and headers. Called once
+        per attempt: a second call is a retry, whose body is written anew from its start."""
+
+    def wrote(self, total: int) -> None:
+        """The attempt's first ``total`` bytes are in the file."""
+
 
 class _Unlimited:
     async def expect(self, size: int) -> None:
         pass
 
     async def take(self, written: int, more: int) -> None:
+        pass
+
+    async def add(self, size: int) -> None:
         pass
 
 
@@ -163,12 +181,18 @@ class Fetcher:
             await self._gcs_client.close()
 
     async def fetch(
-        self, uri: ParsedUri, dest: Path, *, label: str, space: Space | None = None
+        self,
+        uri: ParsedUri,
+        dest: Path,
+        *,
+        label: str,
+        space: Space | None = None,
+        watch: DownloadWatch | None = None,
     ) -> int:
         """Write the package to ``dest``; verify its digest if the URI names one; return bytes.
 
         ``label`` names the package in messages and log lines: its URI, already cut once
-        (``UriKey.label``)."""
+        (``UriKey.label``). ``watch``: told of an http(s) download's answers and progress."""
         room = space or _Unlimited()
         hashed = uri.sha256 is not None
         try:
@@ -177,7 +201,7 @@ class Fetcher:
             elif uri.scheme == "gcs":
                 size, digest = await self._read_gcs(uri, dest, label, room, hashed)
             else:
-                size, digest = await self._download(uri, dest, label, room, hashed)
+                size, digest = await self._download(uri, dest, label, room, hashed, watch)
         except OSError as exc:
             if exc.errno in _NO_SPACE:
                 raise DiskExhausted(f"{label}: no space left on the agent's disk") from exc
@@ -253,10 +277,16 @@ class Fetcher:
 
     # -- http(s):// ------------------------------------------------------------------------
     async def _download(
-        self, uri: ParsedUri, dest: Path, label: str, space: Space, hashed: bool
+        self,
+        uri: ParsedUri,
+        dest: Path,
+        label: str,
+        space: Space,
+        hashed: bool,
+        watch: DownloadWatch | None,
     ) -> Fetched:
         return await self._retrying(
-            lambda: self._get_once(uri.url, dest, label, space, hashed),
+            lambda: self._get_once(uri.url, dest, label, space, hashed, watch),
             lambda attempts, exc: DownloadFailed(
                 f"{label}: download failed after {attempts} attempts: {exc}"
             ),
@@ -288,7 +318,13 @@ class Fetcher:
         raise AssertionError("unreachable: the loop returns or raises")
 
     async def _get_once(
-        self, url: str, dest: Path, label: str, space: Space, hashed: bool
+        self,
+        url: str,
+        dest: Path,
+        label: str,
+        space: Space,
+        hashed: bool,
+        watch: DownloadWatch | None = None,
     ) -> Fetched:
         limits = self._limits
         request = Request(url, {"Accept-Encoding": "identity"})
@@ -302,6 +338,8 @@ class Fetcher:
                 out = await _opening(lambda: _create(dest), fd=int)
                 digest = _Digest(hashed)  # of this attempt's bytes: a retry starts anew
                 try:
+                    if watch is not None:
+                        watch.opened(expected, resp.headers)
                     await space.expect(expected or 0)
                     total = 0
                     async for chunk in resp.chunks(limits.chunk_bytes):
@@ -310,6 +348,8 @@ class Fetcher:
                         await space.take(total, len(chunk))
                         await _hop(_write_all, out, chunk, digest)
                         total += len(chunk)
+                        if watch is not None:
+                            watch.wrote(total)
                 finally:
                     os.close(out)
                 if expected is not None and total != expected:
@@ -317,6 +357,47 @@ class Fetcher:
                 return total, digest.hex()
         except TransportError as exc:
             raise _outcome(exc, label, limits) from exc
+
+    async def read_range(
+        self, url: str, start: int, end: int, size: int, validator: Mapping[str, str]
+    ) -> bytes | None:
+        """Bytes ``[start, end)`` of the http(s) package at ``url``, whose whole is ``size``
+        bytes, with one ranged GET: or None if the server does not answer exactly that range
+        of exactly that object (``validator``: ``If-Range``, an ETag or Last-Modified the
+        whole's answer gave), or anything fails. One attempt, no retries: it only lets an
+        extraction start early, and the whole download stands without it. The answer is read
+        to at most ``end - start`` bytes, whatever it declares."""
+        limits = self._limits
+        want = end - start
+        headers = {"Accept-Encoding": "identity", "Range": f"bytes={start}-{end - 1}"}
+        headers.update(validator)
+        policy = Policy(limits.connect_timeout_s, limits.read_timeout_s, limits.max_redirects)
+        try:
+            async with self._transport.open(Request(url, headers), policy) as resp:
+                if resp.status != 206 or _content_range(resp.headers) != (start, end - 1, size):
+                    return None
+                parts: list[bytes] = []
+                got = 0
+                async for chunk in resp.chunks(min(limits.chunk_bytes, want)):
+                    got += len(chunk)
+                    if got > want:
+                        return None
+                    parts.append(chunk)
+                return b"".join(parts) if got == want else None
+        except TransportError as exc:
+            log.debug("ranged GET of %s failed: %s", echo(url), exc)
+            return None
+
+
+def _content_range(headers: Mapping[str, str]) -> tuple[int, int, int] | None:
+    """``Content-Range: bytes FIRST-LAST/SIZE`` as numbers, or None."""
+    value = headers.get("Content-Range", "")
+    unit, _, span = value.partition(" ")
+    first, _, rest = span.partition("-")
+    last, _, size = rest.partition("/")
+    if unit != "bytes" or not (first.isdigit() and last.isdigit() and size.isdigit()):
+        return None
+    return int(first), int(last), int(size)
 
 
 def _outcome(exc: TransportError, label: str, limits: FetchLimits) -> Exception:

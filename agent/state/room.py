@@ -118,6 +118,11 @@ class InstallSpace:
         needed = max(claim.outstanding, more)
         await self._room.make_room(needed, self._label, claim, written=written)
 
+    async def add(self, size: int) -> None:
+        claim = self._claim
+        await self._room.make_room(claim.outstanding + size, self._label, claim)
+        claim.declared += size  # counted against the others once it fits, as ``expect`` does
+
 
 def _no_room(
     label: str, needed: int, written: int | None, floor: int, free: int, others: int,
