@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 import re
 import stat
@@ -120,8 +121,9 @@ def extract_zip(
 
 
 @contextlib.contextmanager
-def opened_zip(archive: Path, label: str) -> Iterator[zipfile.ZipFile]:
-    """The archive opened, and zipfile's errors met inside the block as ``UnsafeArchive``."""
+def opened_zip(archive: Path | io.RawIOBase, label: str) -> Iterator[zipfile.ZipFile]:
+    """The archive (a file's path, or a file such as ``growing.GrowingZip``) opened, and
+    zipfile's errors met inside the block as ``UnsafeArchive``."""
     try:
         with zipfile.ZipFile(archive) as zf:
             yield zf
@@ -399,9 +401,8 @@ def _copy_small(zf: zipfile.ZipFile, entry: _Entry, target: str, allowance: int,
     ``zipfile`` checks it (its magic, its name the same as the central directory's), its bytes
     read and inflated in one call each, no more than declared, their CRC-32 checked."""
     info = entry.info
-    assert zf.fp is not None  # open for reading
-    fd = zf.fp.fileno()
-    head = os.pread(fd, _LOCAL_HEADER.size, info.header_offset)
+    pread = _pread_of(zf)
+    head = pread(_LOCAL_HEADER.size, info.header_offset)
     if len(head) != _LOCAL_HEADER.size:
         raise zipfile.BadZipFile("Truncated file header")
     fields = _LOCAL_HEADER.unpack(head)
@@ -409,7 +410,7 @@ def _copy_small(zf: zipfile.ZipFile, entry: _Entry, target: str, allowance: int,
         raise zipfile.BadZipFile("Bad magic number for file header")
     name_len, extra_len = fields[10], fields[11]
     want = name_len + extra_len + info.compress_size
-    rest = os.pread(fd, want, info.header_offset + _LOCAL_HEADER.size)
+    rest = pread(want, info.header_offset + _LOCAL_HEADER.size)
     if len(rest) != want:
         raise EOFError
     name = rest[:name_len].decode("utf-8" if fields[3] & 0x800 else "cp437")
@@ -433,6 +434,18 @@ def _copy_small(zf: zipfile.ZipFile, entry: _Entry, target: str, allowance: int,
         dst.write(data)
         os.fchmod(dst.fileno(), file_mode(info.external_attr >> 16))
     return len(data)
+
+
+def _pread_of(zf: zipfile.ZipFile) -> Callable[[int, int], bytes]:
+    """How to read ``n`` bytes at an offset of the open archive: its file's own ``pread`` (a
+    ``GrowingZip``, which waits for the bytes), else ``os.pread`` on its descriptor."""
+    fp = zf.fp
+    assert fp is not None  # open for reading
+    pread: Callable[[int, int], bytes] | None = getattr(fp, "pread", None)
+    if pread is not None:
+        return pread
+    fd = fp.fileno()
+    return lambda n, offset: os.pread(fd, n, offset)
 
 
 def _private(path: str, flags: int) -> int:

@@ -6,14 +6,17 @@ It lowers its priority (``os.nice``: the agent's event loop wins the CPU when it
 answers tasks on its socket (``send``/``receive``: length-prefixed pickled tuples), one at a
 time, until the socket ends (the agent closed it, or died):
 
-- ``("whole", job, archive, dest, strip, limits, label, 0, 1, gated)``: plan, write every
-  entry, finish (``archive.extract_zip``'s steps);
-- ``("share", job, archive, dest, strip, limits, label, k, n, gated)``: plan (every check of
-  the central directory, made again here: the checks run where the extraction runs), then
-  write share ``k`` of ``n`` (``archive.shares``) into ``dest``, made if no other share made it
-  yet;
-- ``("finish", job, archive, dest, strip, limits, label, 0, n, False)``: the links, then the
-  final modes (the plan is kept from this worker's share of the job, or made again).
+- ``("whole", job, archive, dest, strip, limits, label, growing, 0, 1, gated)``: plan, write
+  every entry, finish (``archive.extract_zip``'s steps);
+- ``("share", job, archive, dest, strip, limits, label, growing, k, n, gated)``: plan (every
+  check of the central directory, made again here: the checks run where the extraction runs),
+  then write share ``k`` of ``n`` (``archive.shares``) into ``dest``, made if no other share
+  made it yet;
+- ``("finish", job, archive, dest, strip, limits, label, growing, 0, n, False)``: the links,
+  then the final modes (the plan is kept from this worker's share of the job, or made again).
+
+``growing``: None for a complete archive; ``(size, tail_offset, tail)`` for one whose download
+is still under way (``growing.GrowingZip``: the tail known, the rest read as it arrives).
 
 ``gated``: once the plan passed, and before anything is written, the worker sends
 ``("planned", declared_bytes)`` and waits for ``("go",)`` (the agent found the disk room for
@@ -58,6 +61,7 @@ from agent.install.archive import (
     shares,
     write_share,
 )
+from agent.install.growing import Growing, GrowingZip
 
 Answer = tuple[Any, ...]
 
@@ -81,10 +85,10 @@ class _Worker:
             raise Stopped
 
     def run(self, task: tuple[Any, ...]) -> Answer:
-        kind, job, archive, dest, strip, limits, label, k, n, gated = task
+        kind, job, archive, dest, strip, limits, label, growing, k, n, gated = task
         try:
             written = self._step(
-                kind, job, Path(archive), Path(dest), strip, limits, label, k, n, gated
+                kind, job, Path(archive), Path(dest), strip, limits, label, growing, k, n, gated
             )
             return ("ok", written)
         except Stopped:
@@ -106,14 +110,24 @@ class _Worker:
         strip: bool,
         limits: ArchiveLimits,
         label: str,
+        growing: Growing | None,
         k: int,
         n: int,
         gated: bool,
     ) -> int:
-        with opened_zip(archive, label) as zf:
+        with contextlib.ExitStack() as stack:
+            if growing is None:
+                source: Path | GrowingZip = archive
+                size = archive.stat().st_size
+            else:
+                size, tail_offset, tail = growing
+                source = stack.enter_context(
+                    GrowingZip(str(archive), size, tail_offset, tail, self.halted)
+                )
+            zf = stack.enter_context(opened_zip(source, label))
             plan = self._plans.pop(job, None) if kind == "finish" else None
             if plan is None:
-                plan = plan_zip(zf, archive.stat().st_size, strip, limits, label)
+                plan = plan_zip(zf, size, strip, limits, label)
             if gated:
                 self._gate(plan.declared)
             if kind == "finish":
