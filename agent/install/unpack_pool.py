@@ -19,6 +19,12 @@ CPU when it wakes.
   into the one staging folder; then one of them (the one that wrote share 0, if free) makes
   the links and sets the final modes. A smaller one is one task, to one worker. Tasks wait in
   a queue for a free worker, in order.
+- **Overlapped extractions.** An archive whose download is still under way (``growing``: its
+  tail known, ``overlap.py``) is extracted by workers that wait for its bytes as they arrive.
+  Such streaming tasks do not count against the ``size`` workers that ordinary tasks may keep
+  busy: when every worker is taken and some wait on a download, the pool starts one more
+  process (at most ``2 * size`` in all, each kept once started), so a slow download never
+  holds up the installs behind it. At most ``size`` tasks of each kind run at once.
 - **Stopping.** Each worker has a byte in a shared memory (a memfd): set, the worker ends its
   task at its next entry or chunk (``Stopped``); one waiting for the reservation is told
   ``halt``. A job whose caller is cancelled, or one of whose shares failed, sets its running
@@ -56,6 +62,7 @@ from typing import Any
 import agent
 from agent.core.errors import AgentError, FailedPrecondition, Unavailable, UnsafeArchive
 from agent.install.archive import ArchiveLimits, Stopped
+from agent.install.growing import Growing
 from agent.install.unpack_worker import receive, send
 
 log = logging.getLogger(__name__)
@@ -104,6 +111,7 @@ class _Task:
     message: tuple[Any, ...]
     future: asyncio.Future[int]
     affinity: int | None = None  # the worker to prefer (it holds the job's plan)
+    streaming: bool = False  # it reads an archive still being downloaded (mostly waits)
     worker: int | None = None  # the worker it was sent to
     gate: _Gate | None = None
     waiting: bool = False  # its worker planned and waits for go or halt
@@ -123,16 +131,19 @@ class UnpackPool:
         if size < 1:
             raise ValueError(f"an unpack pool needs at least one worker, not {size}")
         self.size = size
+        self._capacity = 2 * size  # processes at most: ``size`` more for streaming tasks
         self._nice = nice
         self._split_bytes = split_bytes
-        self._workers: list[_Worker | None] = [None] * size
+        self._workers: list[_Worker | None] = [None] * self._capacity  # None: not started
         self._queue: deque[_Task] = deque()
         self._jobs = itertools.count(1)
         self._stops_fd = os.memfd_create("rtenv-unpack-stops", os.MFD_CLOEXEC)
-        os.ftruncate(self._stops_fd, size)
-        self._stops = mmap.mmap(self._stops_fd, size)
+        os.ftruncate(self._stops_fd, self._capacity)
+        self._stops = mmap.mmap(self._stops_fd, self._capacity)
         self._starting: asyncio.Future[None] | None = None
-        self._replacing: set[asyncio.Future[None]] = set()
+        self._replacing: set[asyncio.Future[None]] = set()  # spawns after the start, too
+        self._growing: set[int] = set()  # indices of extra workers being started
+        self._grow_failed = False  # starting one failed: the pool keeps the workers it has
         self._closed = False
         self.replaced = 0  # workers that died and were replaced
 
@@ -212,7 +223,8 @@ class UnpackPool:
         if self._starting is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._starting)
-        await asyncio.gather(*self._replacing)  # each ends at once, the pool being closed
+        # each ends at once, the pool being closed (a failed start was logged by its callback)
+        await asyncio.gather(*self._replacing, return_exceptions=True)
         while self._queue:
             task = self._queue.popleft()
             if not task.future.done():
@@ -247,24 +259,28 @@ class UnpackPool:
         limits: ArchiveLimits,
         label: str,
         reserve: Reserve | None = None,
+        growing: Growing | None = None,
     ) -> int:
         """Extract ``archive`` into the new folder ``dest`` (as ``archive.extract_zip`` does);
         return the bytes written. ``reserve``: awaited with the bytes the archive declares once
         its plan passed, before a byte is written (the disk room; its error is the job's).
-        Cancelled, the workers writing it are stopped and waited for before the cancellation
-        goes on."""
+        ``growing``: the archive is still being downloaded (``growing.GrowingZip``); its
+        ``archive_bytes`` are its declared size. Cancelled, the workers writing it are stopped
+        and waited for before the cancellation goes on."""
         job = await self._job()
         n = self.size if archive_bytes >= self._split_bytes else 1
-        head = (str(archive), str(dest), strip_top_level, limits, label)
+        head = (str(archive), str(dest), strip_top_level, limits, label, growing)
         gate = None if reserve is None else _Gate(reserve)
         gated = gate is not None
+        streaming = growing is not None
         if n == 1:
-            (whole,) = await self._run([("whole", job, *head, 0, 1, gated)], label, gate=gate)
+            whole_task = [("whole", job, *head, 0, 1, gated)]
+            (whole,) = await self._run(whole_task, label, gate=gate, streaming=streaming)
             return whole.future.result()
         shared = [("share", job, *head, k, n, gated) for k in range(n)]
-        written = await self._run(shared, label, gate=gate)
+        written = await self._run(shared, label, gate=gate, streaming=streaming)
         finishing = [("finish", job, *head, 0, n, False)]
-        (last,) = await self._run(finishing, label, written[0].worker)
+        (last,) = await self._run(finishing, label, written[0].worker, streaming=streaming)
         return sum(t.future.result() for t in (*written, last))
 
     async def _job(self) -> int:
@@ -280,12 +296,13 @@ class UnpackPool:
         affinity: int | None = None,
         *,
         gate: _Gate | None = None,
+        streaming: bool = False,
     ) -> list[_Task]:
         """Run tasks to their end, all of them; the first failure (a worker's error, a dead
         worker, a failed reservation, the caller's cancellation) stops the others, which are
         waited for."""
         loop = asyncio.get_running_loop()
-        tasks = [_Task(m, loop.create_future(), affinity, gate=gate) for m in messages]
+        tasks = [_Task(m, loop.create_future(), affinity, streaming, gate=gate) for m in messages]
         self._queue.extend(tasks)
         self._dispatch()
         futures = [t.future for t in tasks]
@@ -343,17 +360,53 @@ class UnpackPool:
     # -- the workers' side -----------------------------------------------------------------
     def _dispatch(self) -> None:
         """Hand queued tasks to free workers, in order (a finish to the worker holding its
-        job's plan when that one is free)."""
+        job's plan when that one is free), at most ``size`` of each kind (streaming or not)
+        running at once; with no worker free for a task that may run, start one more."""
         while self._queue and not self._closed:
+            task = self._runnable()
+            if task is None:
+                return
             free = [w for w in self._workers if w is not None and not w.dead and w.task is None]
             if not free:
+                self._grow()
                 return
-            task = self._queue.popleft()
+            self._queue.remove(task)
             worker = next((w for w in free if w.index == task.affinity), free[0])
             self._stops[worker.index] = 0  # before the task: a stop for its last one is over
             worker.task, task.worker = task, worker.index
             with contextlib.suppress(OSError):  # died before it read: its socket's end says so
                 send(worker.conn, task.message)
+
+    def _runnable(self) -> _Task | None:
+        """The first queued task whose kind has fewer than ``size`` tasks running."""
+        running = [w.task.streaming for w in self._workers if w is not None and w.task is not None]
+        room = {kind: self.size - running.count(kind) for kind in (False, True)}
+        return next((t for t in self._queue if room[t.streaming] > 0), None)
+
+    def _grow(self) -> None:
+        """Start one more worker (in the background; it takes the queue once up), unless one
+        is being started or the pool holds ``2 * size`` already. Only streaming tasks can keep
+        ``size`` workers busy without ``size`` ordinary ones running, so only they make it
+        grow."""
+        if self._growing or self._starting is None or not self._starting.done():
+            return  # a worker is on its way: it takes the queue once up
+        if self._grow_failed:
+            return  # the tasks wait for a worker of the pool, as they would without growing
+        index = next((i for i, w in enumerate(self._workers) if w is None), None)
+        if index is None:
+            return
+        self._growing.add(index)
+        step = asyncio.ensure_future(self._spawn(index))
+        self._replacing.add(step)
+
+        def started(step: asyncio.Future[None]) -> None:
+            self._replacing.discard(step)
+            self._growing.discard(index)
+            if not step.cancelled() and step.exception() is not None:
+                self._grow_failed = True
+                log.error("could not start another unpack worker: %s", step.exception())
+
+        step.add_done_callback(started)
 
     def _answered(self, worker: _Worker) -> None:
         """The worker's socket is readable: its answer, its plan's declared bytes, or its end
