@@ -95,14 +95,21 @@ class _Package:
     statuses: list[int] = field(default_factory=list)  # answered first, one per request
     gate: asyncio.Event | None = None  # when set: hold the body until the event is set
     chunk_delay_s: float = 0.0
+    ranges: bool = True  # a Range request is answered 206 with those bytes (else 200, whole)
+    range_body: bytes | None = None  # what ranges are cut from, if not ``body``
+    cuts: list[int] = field(default_factory=list)  # whole GETs that end after so many bytes
+    last_gate: tuple[int, asyncio.Event] | None = None  # the last N bytes wait for the event
 
 
 class PackageServer:
-    """A real aiohttp server on 127.0.0.1 that serves packages and counts every GET."""
+    """A real aiohttp server on 127.0.0.1 that serves packages and counts every GET of a whole
+    package (``gets``: downloads at the source) and every ranged GET (``ranged``: a part, such
+    as the tail an extraction that overlaps its download reads first)."""
 
     def __init__(self) -> None:
         self._packages: dict[str, _Package] = {}
         self.gets: Counter[str] = Counter()
+        self.ranged: Counter[str] = Counter()
         self._requested: dict[str, asyncio.Event] = {}
         self._runner: web.AppRunner | None = None
         self.base_url = ""
@@ -137,30 +144,74 @@ class PackageServer:
     def slow(self, name: str, chunk_delay_s: float) -> None:
         self._packages[name].chunk_delay_s = chunk_delay_s
 
+    def package(self, name: str) -> _Package:
+        """/name's settings, to change how it is served."""
+        return self._packages[name]
+
+    def hold_last(self, name: str, size: int) -> asyncio.Event:
+        """Send /name's body but its last ``size`` bytes, then hold them until the returned
+        event is set (whole GETs only)."""
+        gate = asyncio.Event()
+        self._packages[name].last_gate = (size, gate)
+        return gate
+
     def requested(self, name: str) -> asyncio.Event:
         """An event set once /name has been requested."""
         return self._requested.setdefault(name, asyncio.Event())
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
+        package = self._packages.get(name)
+        span = _range(request.headers.get("Range", ""))
+        if package is not None and package.ranges and span is not None:
+            self.ranged[name] += 1
+            return _part(package.range_body or package.body, span)
         self.gets[name] += 1
         self.requested(name).set()
-        package = self._packages.get(name)
         if package is None:
             return web.Response(status=404, text="no such package")
         if package.statuses:
             return web.Response(status=package.statuses.pop(0), text="injected failure")
         if package.gate is not None:
             await package.gate.wait()
-        if not package.chunk_delay_s:
+        cut = package.cuts.pop(0) if package.cuts else None
+        if not package.chunk_delay_s and cut is None and package.last_gate is None:
             return web.Response(body=package.body, content_type="application/zip")
-        response = web.StreamResponse(headers={"Content-Length": str(len(package.body))})
+        body = package.body
+        response = web.StreamResponse(headers={"Content-Length": str(len(body))})
         await response.prepare(request)
-        for start in range(0, len(package.body), 64 * 1024):
-            await response.write(package.body[start : start + 64 * 1024])
+        held = len(body) - package.last_gate[0] if package.last_gate is not None else len(body)
+        for start in range(0, held if cut is None else cut, 64 * 1024):
+            end = min(start + 64 * 1024, held if cut is None else cut)
+            await response.write(body[start:end])
             await asyncio.sleep(package.chunk_delay_s)
+        if cut is not None:  # the connection drops mid-body
+            assert request.transport is not None
+            request.transport.close()
+            return response
+        if package.last_gate is not None:
+            await package.last_gate[1].wait()
+            await response.write(body[held:])
         await response.write_eof()
         return response
+
+
+def _range(header: str) -> tuple[int, int] | None:
+    """``bytes=FIRST-LAST`` as numbers (the only form the agent sends), or None."""
+    match = re.fullmatch(r"bytes=(\d+)-(\d+)", header)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def _part(body: bytes, span: tuple[int, int]) -> web.Response:
+    first, last = span[0], min(span[1], len(body) - 1)
+    if first > last:
+        return web.Response(status=416, headers={"Content-Range": f"bytes */{len(body)}"})
+    return web.Response(
+        status=206,
+        body=body[first : last + 1],
+        headers={"Content-Range": f"bytes {first}-{last}/{len(body)}"},
+        content_type="application/zip",
+    )
 
 
 @asynccontextmanager

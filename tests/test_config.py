@@ -37,6 +37,7 @@ SAMPLES = {
     "min-free-disk": "7%",
     "max-concurrent-installs": "3",
     "extract-workers": "2",
+    "overlap-downloads": "false",
     "default-setup-timeout": "12.5",
     "max-setup-timeout": "99",
     "max-message-bytes": "2M",

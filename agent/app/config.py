@@ -51,6 +51,7 @@ class Settings:
     extract_workers: int | None = (
         None  # unpack processes; None: one per core (at most 4); 0: a thread
     )
+    overlap_downloads: bool = True  # extract a large http(s) zip while it downloads
     metrics_address: str = ""  # HOST:PORT for Prometheus; "" = off
     log_format: str = "text"  # or "json"
     log_level: str = "INFO"

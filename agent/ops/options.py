@@ -155,6 +155,11 @@ OPTIONS: tuple[Option, ...] = (
            "processes zips are unpacked in (a large zip is split between them), auto (one per "
            "core, at most 4), or 0: a thread of the agent's process",
            "more unpacks wait for a free process"),
+    Option("overlap-downloads", "overlap_downloads", parse_bool,
+           "extract a large http(s) zip while it downloads, planned from its tail read first "
+           "with a ranged GET (false: download, then extract)",
+           "a server that refuses ranges, or answers another object: the whole file is "
+           "extracted after its download"),
     Option("default-setup-timeout", "default_setup_timeout_s", _positive(parse_duration),
            "time an env's setup may take when the request names none",
            "DEADLINE_EXCEEDED; an install nobody else waits for is cancelled, its files removed",

@@ -172,7 +172,7 @@ class Agent:
             installers = build_installers(
                 InstallTools(
                     fetcher, settings.archive, settings.py_executable, settings.pip_installer,
-                    root / "logs", self._unpack,
+                    root / "logs", self._unpack, settings.overlap_downloads,
                 )
             )  # fmt: skip
             store = UriStore(

@@ -1,7 +1,8 @@
 """The packages' http server, a child process so that serving costs nothing on the benchmark's
 own event loop: ``python -m benchlib.pkg_server --dir D`` serves D's files on 127.0.0.1 (sendfile),
-prints its base URL as its first line, counts GETs per file (downloads counted at the source) and
-reports them at ``/_stats``. It stops on SIGTERM.
+prints its base URL as its first line, counts GETs of whole files per file (downloads counted at
+the source) and reports them at ``/_stats``, and ranged GETs (parts of a file, such as the tail an
+agent reads to extract while it downloads) apart, at ``/_ranged``. It stops on SIGTERM.
 
 ``--rate BYTES_PER_S`` limits what it sends, all connections together, to that many bytes per
 second: one token bucket that every response takes its chunks from, in turn (the fleet
@@ -49,6 +50,7 @@ class Bucket:
 
 async def serve(directory: Path, rate: float | None) -> None:
     gets: Counter[str] = Counter()
+    ranged: Counter[str] = Counter()
     bucket = Bucket(rate) if rate else None
 
     async def package(request: web.Request) -> web.StreamResponse:
@@ -56,7 +58,10 @@ async def serve(directory: Path, rate: float | None) -> None:
         path = directory / name
         if "/" in name or name.startswith(".") or not path.is_file():
             return web.Response(status=404, text=f"no package {name}")
-        gets[name] += 1
+        if request.http_range.start is not None or request.http_range.stop is not None:
+            ranged[name] += 1  # a part, not a download
+        else:
+            gets[name] += 1
         if bucket is None:
             return web.FileResponse(path, headers={"Content-Type": "application/zip"})
         return await _limited(request, path, bucket)
@@ -64,8 +69,12 @@ async def serve(directory: Path, rate: float | None) -> None:
     async def stats(request: web.Request) -> web.Response:
         return web.Response(text=json.dumps(gets), content_type="application/json")
 
+    async def ranges(request: web.Request) -> web.Response:
+        return web.Response(text=json.dumps(ranged), content_type="application/json")
+
     app = web.Application()
     app.router.add_get("/_stats", stats)
+    app.router.add_get("/_ranged", ranges)
     app.router.add_get("/{name}", package)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -84,9 +93,18 @@ async def serve(directory: Path, rate: float | None) -> None:
 async def _limited(request: web.Request, path: Path, bucket: Bucket) -> web.StreamResponse:
     """The file in chunks, each taken from the shared bucket before it is written."""
     data = await asyncio.to_thread(path.read_bytes)
-    response = web.StreamResponse(
-        headers={"Content-Type": "application/zip", "Content-Length": str(len(data))}
-    )
+    headers = {"Content-Type": "application/zip", "Accept-Ranges": "bytes"}
+    span = request.http_range
+    status = 200
+    if span.start is not None or span.stop is not None:  # a part: as FileResponse answers
+        part = range(len(data))[span]
+        if not part:
+            return web.Response(status=416, headers={"Content-Range": f"bytes */{len(data)}"})
+        first, last = part[0], part[-1]
+        headers["Content-Range"] = f"bytes {first}-{last}/{len(data)}"
+        data, status = data[first : last + 1], 206
+    headers["Content-Length"] = str(len(data))
+    response = web.StreamResponse(status=status, headers=headers)
     await response.prepare(request)
     view = memoryview(data)
     for offset in range(0, len(data), CHUNK):

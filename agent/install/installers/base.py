@@ -28,6 +28,7 @@ class InstallTools:
     pip_installer: str  # "pip" or "uv"
     logs: Path  # where installers' logs go (made when first needed)
     unpack: UnpackPool | None = None  # worker processes for zips; None: a thread here
+    overlap: bool = True  # a large http(s) zip extracted while it downloads (with a pool)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ checked as bytes come, the digest the URI pins verified), reserve the disk its e
 write (what its central directory declares), and extract it safely (``archive.py``'s checks; a
 working dir's single top-level folder dropped): in the agent's unpack pool (``unpack_pool.py``:
 worker processes, a large zip split between them; the reservation is made once their plan
-passed, before they write), or in a thread of the agent's process with no pool.
+passed, before they write), or in a thread of the agent's process with no pool. A large http(s)
+zip is extracted while it downloads, from its tail read ahead (``overlap.py``), and kept only
+if the complete file holds that same tail; else it is extracted from the complete file.
 
 A ``gcs://`` zip is unpacked as it is, its top folder kept, working dir or not: Ray zips an
 uploaded working dir's contents (no top folder of its own) and unpacks GCS packages with
@@ -15,8 +17,10 @@ uploaded working dir's contents (no top folder of its own) and unpacks GCS packa
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 from agent.core.packages import Package
@@ -26,11 +30,15 @@ from agent.install.archive import ArchiveLimits, declared_size, extract_zip
 from agent.install.disk import unpack_reservation
 from agent.install.fetch import Fetcher
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
+from agent.install.overlap import EarlyExtraction
 from agent.install.staging import through
 from agent.install.unpack_pool import UnpackPool
 
+log = logging.getLogger(__name__)
+
 _ARCHIVE = "package.zip"  # in the staging folder, next to what it unpacks to
 _KEEP_TOP_LEVEL = frozenset({"gcs"})  # schemes whose zips are unpacked as they are (as Ray does)
+_RANGED = frozenset({"http", "https"})  # schemes whose extraction may overlap the download
 
 
 class ZipArchiveInstaller:
@@ -43,21 +51,30 @@ class ZipArchiveInstaller:
         *,
         strip_top_level: bool,
         pool: UnpackPool | None = None,
+        overlap: bool = True,
     ) -> None:
         """``pool``: the worker processes zips are unpacked in; None: a thread of this
-        process (``--extract-workers 0``)."""
+        process (``--extract-workers 0``). ``overlap``: a large http(s) zip is extracted in
+        the pool while it downloads (``--overlap-downloads``)."""
         self._fetcher = fetcher
         self._limits = limits
         self._strip_top_level = strip_top_level
         self._pool = pool
+        self._overlap = overlap
 
     @classmethod
     def working_dir(cls, tools: InstallTools) -> ZipArchiveInstaller:
-        return cls(tools.fetcher, tools.archive_limits, strip_top_level=True, pool=tools.unpack)
+        return cls(
+            tools.fetcher, tools.archive_limits, strip_top_level=True, pool=tools.unpack,
+            overlap=tools.overlap,
+        )  # fmt: skip
 
     @classmethod
     def py_modules(cls, tools: InstallTools) -> ZipArchiveInstaller:
-        return cls(tools.fetcher, tools.archive_limits, strip_top_level=False, pool=tools.unpack)
+        return cls(
+            tools.fetcher, tools.archive_limits, strip_top_level=False, pool=tools.unpack,
+            overlap=tools.overlap,
+        )  # fmt: skip
 
     def check(self, package: Package, label: str) -> None:
         """Today's allowed roots, even for a package cached before they were set."""
@@ -71,12 +88,34 @@ class ZipArchiveInstaller:
     async def install(self, package: Package, job: InstallJob) -> Installed:
         uri = _uri_of(package)
         archive = job.staging / _ARCHIVE
-        fetched = await self._fetcher.fetch(uri, archive, label=job.label, space=job.space)
+        strip = self._strip_top_level and uri.scheme not in _KEEP_TOP_LEVEL
+        limits = self._limits
+        early = None
+        if self._pool is not None and self._overlap and uri.scheme in _RANGED:
+            early = EarlyExtraction(
+                self._fetcher, self._pool, uri.url, archive, job.staging / "unpacked",
+                strip_top_level=strip, limits=limits, label=job.label, space=job.space,
+            )  # fmt: skip
+        started = time.monotonic()
+        try:
+            fetched = await self._fetcher.fetch(
+                uri, archive, label=job.label, space=job.space, watch=early
+            )
+        except BaseException:
+            if early is not None:
+                await early.abandon()  # its workers stopped before the staging folder goes
+            raise
         job.downloaded(fetched)
         crash_point("after_download")
-        strip = self._strip_top_level and uri.scheme not in _KEEP_TOP_LEVEL
-        unpacked = job.staging / "unpacked"
-        limits = self._limits
+        downloaded = time.monotonic()
+        if early is not None:
+            size = await early.outcome()
+            if size is not None:
+                job.unpacked()
+                _log_times(job.label, "while it downloaded", started, downloaded)
+                return Installed(early.dest, size)
+        # an early extraction thrown away may have left a tree: this one is made beside it
+        unpacked = job.staging / ("unpacked-again" if early and early.started else "unpacked")
 
         async def reserve(declared: int) -> None:  # the disk the extraction will write
             await job.space.expect(unpack_reservation(declared, fetched, limits))
@@ -91,6 +130,7 @@ class ZipArchiveInstaller:
                 limits=limits, label=job.label, reserve=reserve,
             )  # fmt: skip
         job.unpacked()
+        _log_times(job.label, "after its download", started, downloaded)
         return Installed(unpacked, size)
 
     async def _in_thread(self, archive: Path, unpacked: Path, strip: bool, label: str) -> int:
@@ -102,6 +142,14 @@ class ZipArchiveInstaller:
         # cancelled (the last create gone, a setup timeout): the thread is stopped and waited
         # for, so no file is written in the staging folder once its removal begins
         return await through(asyncio.ensure_future(extraction), on_cancel=stop.set)
+
+
+def _log_times(label: str, how: str, started: float, downloaded: float) -> None:
+    now = time.monotonic()
+    log.debug(
+        "unpacked %s %s: downloaded in %.3fs, unpacked %.3fs after", label, how,
+        downloaded - started, now - downloaded, extra={"uri": label},
+    )  # fmt: skip
 
 
 def _uri_of(package: Package) -> ParsedUri:
