@@ -30,12 +30,18 @@ def _env(url: str, tag: str) -> str:
 
 
 async def _cold_create(
-    root: Path, big: BigPackage, shared: Shared, sizes: Sizes, name: str = "agent cold create"
+    root: Path,
+    big: BigPackage,
+    shared: Shared,
+    sizes: Sizes,
+    name: str = "agent cold create",
+    *flags: str,
 ) -> Measure:
-    """One create of an env on the large zip, by a new agent on an empty root."""
+    """One create of an env on the large zip, by a new agent on an empty root (started with
+    ``flags``)."""
     server = await shared.server()
     await asyncio.to_thread(read_through, big.path)
-    async with AgentProcess(root) as agent:
+    async with AgentProcess(root, *flags) as agent:
         gets = await server.total_gets()
         watch = agent.watch()
         watch.start()
@@ -60,24 +66,35 @@ async def _cold_create(
     return m
 
 
+_LATE = "agent, overlap off"
+
+
 async def bench_cold_large(work: Path, sizes: Sizes, shared: Shared) -> WorkloadResult:
     result = WorkloadResult("cold-large")
     big = await shared.big()
     server = await shared.server()
     agent_m = Measure("agent cold create")
+    late_m = Measure(_LATE)
     aio_m, curl_m = Measure("aiohttp + zipfile"), Measure("curl + unzip")
     agent_s: list[float] = []
+    late_s: list[float] = []
     aio_s: list[float] = []
     curl_s: list[float] = []
     splits: list[str] = []
     for r in range(sizes.cold_rounds):
-        steps = ["agent", "aiohttp", "curl"] if CURL is not None else ["agent", "aiohttp"]
+        steps = ["agent", "late", "aiohttp"] + (["curl"] if CURL is not None else [])
         k = r % len(steps)
         for step in steps[k:] + steps[:k]:  # the order rotates, so drift hits all alike
             if step == "agent":
                 m = await _cold_create(work / f"agent-{r}", big, shared, sizes)
                 agent_m.add(m)
                 agent_s.append(m.wall_s)
+                continue
+            if step == "late":  # what extracting while downloading buys
+                flag = ("--overlap-downloads", "false")
+                m = await _cold_create(work / f"late-{r}", big, shared, sizes, _LATE, *flag)
+                late_m.add(m)
+                late_s.append(m.wall_s)
                 continue
             await asyncio.to_thread(read_through, big.path)
             gets = await server.total_gets()
@@ -101,7 +118,11 @@ async def bench_cold_large(work: Path, sizes: Sizes, shared: Shared) -> Workload
         "sequential aiohttp download + zipfile.extractall of the same file", "s",
         Goal("ratio", "<=", 0.7),
     )  # fmt: skip
-    result.measures = [agent_m, aio_m]
+    result.figure(
+        f"cold create, {big.label()}, vs overlap off", statistics.median(agent_s),
+        statistics.median(late_s), "the same agent with --overlap-downloads false", "s",
+    )  # fmt: skip
+    result.measures = [agent_m, late_m, aio_m]
     if curl_s:
         result.figure(
             f"cold create, {big.label()}, vs {curl_m.name}", statistics.median(agent_s),
