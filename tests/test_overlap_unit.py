@@ -10,7 +10,7 @@ import random
 import threading
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -27,8 +27,10 @@ from agent.install.archive import (
     plan_zip,
     write_share,
 )
+from agent.install.fetch import Fetcher, FetchLimits
 from agent.install.growing import GrowingZip
 from agent.install.overlap import _MIN_TAIL, directory_start, if_range, tail_span
+from agent.install.transport import Failure, MockTransport, Request, Response, TransportError
 from tests.test_unpack_pool import slow_zip, snapshot
 
 LIMITS = ArchiveLimits()
@@ -216,3 +218,71 @@ def test_a_tail_that_does_not_end_the_archive_is_refused(tmp_path: Path) -> None
     archive.write_bytes(b"")
     with pytest.raises(ValueError, match="does not end"):
         GrowingZip(str(archive), 100, 90, b"short", bool)
+
+
+# -- the ranged GET ---------------------------------------------------------------------------
+
+BODY = bytes(range(256)) * 4  # 1,024 bytes
+
+
+def ranged_fetcher(answer: Callable[[Request], Response]) -> tuple[Fetcher, MockTransport]:
+    transport = MockTransport(answer)
+    return Fetcher(transport, FetchLimits()), transport
+
+
+def part(request: Request, *, body: bytes = BODY, extra: bytes = b"", size: int = 0) -> Response:
+    first, last = (int(n) for n in request.headers["Range"].removeprefix("bytes=").split("-"))
+    return Response(
+        206, body[first : last + 1] + extra,
+        {"Content-Range": f"bytes {first}-{last}/{size or len(body)}"},
+    )  # fmt: skip
+
+
+async def test_a_ranged_get_reads_exactly_the_bytes_asked_for_with_if_range() -> None:
+    fetcher, transport = ranged_fetcher(part)
+    got = await fetcher.read_range("http://p/a.zip", 1000, 1024, 1024, {"If-Range": '"e"'})
+    assert got == BODY[1000:]
+    (request,) = transport.requests
+    assert request.headers["Range"] == "bytes=1000-1023"
+    assert request.headers["If-Range"] == '"e"'
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (lambda r: Response(200, BODY), "the whole object (ranges ignored, or If-Range failed)"),
+        (lambda r: part(r, size=2048), "another object's size"),
+        (lambda r: Response(206, BODY[:24], {"Content-Range": "bytes 0-23/1024"}), "another span"),
+        (lambda r: Response(206, BODY[1000:], {}), "no Content-Range"),
+        (lambda r: part(r, body=BODY[:1010], size=1024), "fewer bytes than the span"),
+    ],
+)
+async def test_a_ranged_get_answered_otherwise_gives_nothing(
+    answer: Callable[[Request], Response], why: str
+) -> None:
+    fetcher, _ = ranged_fetcher(answer)
+    assert await fetcher.read_range("http://p/a.zip", 1000, 1024, 1024, {}) is None, why
+
+
+async def test_a_ranged_get_longer_than_asked_is_not_read_past_it() -> None:
+    sent = [0]
+
+    async def endless() -> AsyncIterator[bytes]:
+        yield BODY[1000:]
+        for _ in range(1000):  # bounded: the reader must stop after the first chunk past it
+            sent[0] += 1
+            yield b"x" * 4096
+
+    fetcher, _ = ranged_fetcher(
+        lambda r: Response(206, endless(), {"Content-Range": "bytes 1000-1023/1024"})
+    )
+    assert await fetcher.read_range("http://p/a.zip", 1000, 1024, 1024, {}) is None
+    assert sent[0] == 1
+
+
+async def test_a_ranged_get_that_fails_to_connect_gives_nothing() -> None:
+    def refused(request: Request) -> Response:
+        raise TransportError(Failure.CONNECTION, "refused")
+
+    fetcher, _ = ranged_fetcher(refused)
+    assert await fetcher.read_range("http://p/a.zip", 0, 10, 1024, {}) is None

@@ -11,6 +11,11 @@ cancelled create) stops the copy after at most one chunk. ``http(s)://`` is stre
 way through a ``Transport`` (``transport.py``: aiohttp in the agent, a function in unit tests),
 asking for the identity encoding and storing the body byte for byte.
 
+A ``DownloadWatch`` given to ``fetch`` is told of each http(s) attempt's answer (its size and
+headers) and of the bytes in the file as they land; ``read_range`` reads one byte range of a
+package with a single ranged GET, or gives None. Together they let an extraction start before
+the download ends (``overlap.py``).
+
 ``gcs://`` is read from the Ray node's GCS in one call (``gcs_source``: ``GcsKvClient``, one
 channel, made at the first such fetch and closed by ``close``), retried as a download is, then
 written chunk by chunk in threads as a file is copied. Without a GCS (``gcs=None``: an agent with
