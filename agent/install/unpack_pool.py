@@ -392,6 +392,10 @@ class UnpackPool:
             return  # a worker is on its way: it takes the queue once up
         if self._grow_failed:
             return  # the tasks wait for a worker of the pool, as they would without growing
+        if not any(
+            w is not None and w.task is not None and w.task.streaming for w in self._workers
+        ):
+            return  # only ordinary tasks (or a worker being replaced): they wait their turn
         index = next((i for i, w in enumerate(self._workers) if w is None), None)
         if index is None:
             return

@@ -1,0 +1,70 @@
+"""The unpack pool's streaming tasks (archives still being downloaded), with real workers: one
+waiting on its bytes makes the pool start another process for an ordinary task, and ordinary
+tasks still run at most ``size`` at once however many processes the pool holds."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from agent.install.archive import ArchiveLimits
+from agent.install.overlap import directory_start, tail_span
+from tests.helpers import wait_until, workdir_zip
+from tests.test_unpack_pool import pool_of, slow_zip
+
+LIMITS = ArchiveLimits()
+
+
+async def test_a_task_waiting_on_a_download_makes_room_for_an_ordinary_one(
+    tmp_path: Path,
+) -> None:
+    data = slow_zip(files=50, text_mb=1)
+    offset = tail_span(len(data))
+    start = directory_start(data[offset:], offset)
+    assert start is not None
+    offset = min(offset, start)
+    growing = tmp_path / "growing.zip"
+    growing.write_bytes(data[: len(data) // 3])  # the rest has not arrived yet
+    small = tmp_path / "small.zip"
+    small.write_bytes(workdir_zip({"main.py": "OK = 1\n"}))
+    async with pool_of(1, split_bytes=2**40) as pool:
+
+        def extract(archive: Path, dest: str, **more: Any) -> asyncio.Future[int]:
+            size = more.pop("size", archive.stat().st_size)
+            job = pool.extract(
+                archive, tmp_path / dest, archive_bytes=size, strip_top_level=True,
+                limits=LIMITS, label=dest, **more,
+            )  # fmt: skip
+            return asyncio.ensure_future(job)
+
+        tail = (len(data), offset, data[offset:])
+        streaming = extract(growing, "early", size=len(data), growing=tail)
+        await wait_until(lambda: pool.busy == 1, what="the streaming task sent")
+        written = await asyncio.wait_for(extract(small, "small"), 30)
+        assert written == len("OK = 1\n")
+        assert len(pool.pids) == 2  # one more process, for the ordinary task
+        assert not streaming.done()
+        with growing.open("ab") as rest:  # the download completes
+            rest.write(data[len(data) // 3 :])
+        await asyncio.wait_for(streaming, 30)
+        assert (tmp_path / "early" / "bin" / "run").exists()
+
+        # two processes now, but ordinary tasks still one at a time (size 1)
+        planned = asyncio.Event()
+        go = asyncio.Event()
+
+        async def held(declared: int) -> None:
+            planned.set()
+            await go.wait()
+
+        first = extract(small, "a", reserve=held)
+        await asyncio.wait_for(planned.wait(), 30)
+        second = extract(small, "b")
+        # it waits in the queue (dispatched at once, it would never be seen there)
+        await wait_until(lambda: len(pool._queue) == 1, what="the second task queued")
+        assert pool.busy == 1
+        assert not (tmp_path / "b").exists()
+        go.set()
+        await asyncio.wait_for(asyncio.gather(first, second), 30)
+        assert (tmp_path / "b" / "main.py").read_text() == "OK = 1\n"
