@@ -5,6 +5,9 @@ tasks still run at most ``size`` at once however many processes the pool holds."
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +71,15 @@ async def test_a_task_waiting_on_a_download_makes_room_for_an_ordinary_one(
         go.set()
         await asyncio.wait_for(asyncio.gather(first, second), 30)
         assert (tmp_path / "b" / "main.py").read_text() == "OK = 1\n"
+
+
+def test_a_worker_imports_no_asyncio() -> None:
+    """A worker started for a task queued behind a download starts in a fraction of the agent's
+    time: asyncio (half its imports' time) is not among them."""
+    code = "import sys, agent.install.unpack_worker; print('asyncio' in sys.modules)"
+    root = str(Path(__file__).resolve().parent.parent)
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONPATH": root}, timeout=60,
+    )  # fmt: skip
+    assert out.stdout.strip() == "False", out.stderr

@@ -59,7 +59,6 @@ kind is set by each branch under ``AgentError`` and inherited by its leaves.
 
 from __future__ import annotations
 
-import asyncio
 from enum import Enum
 from typing import Any, ClassVar
 
@@ -246,5 +245,7 @@ class TokenError(Misconfigured):
 def stray_cancellation() -> bool:
     """Whether a ``CancelledError`` met now is stray: the current task was not asked to cancel
     (``Task.cancelling``), so a future it awaited was cancelled by someone else (a bug)."""
+    import asyncio  # here: the unpack workers import this module and never run a loop
+
     task = asyncio.current_task()
     return task is not None and task.cancelling() == 0
