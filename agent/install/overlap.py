@@ -18,7 +18,9 @@ is extracted from the complete file as it would have been without this.
 When it is not tried: a package under ``OVERLAP_MIN_BYTES`` (a ranged GET costs a round trip
 and the saving is small), a server that says ``Accept-Ranges: none``, or that answers the
 ranged GET with anything but exactly the bytes asked for, of an object of the same size (and
-the same ETag or Last-Modified, sent as ``If-Range``). Then the download is as before.
+the same ETag or Last-Modified, sent as ``If-Range``), or a central directory of more than
+``MAX_DIRECTORY_BYTES`` (the tail is held in memory and sent to each worker of the job: at most
+1 MiB read first, then the rest of the directory). Then the download is as before.
 
 Pure helpers (``directory_start``, ``if_range``, ``tail_span``) and a thin async shell, used
 from the event loop's thread.
@@ -44,7 +46,7 @@ from agent.install.unpack_pool import UnpackPool
 log = logging.getLogger(__name__)
 
 OVERLAP_MIN_BYTES = 4 * 1024 * 1024  # smaller packages are downloaded, then extracted
-MAX_DIRECTORY_BYTES = 64 * 1024 * 1024  # a larger central directory is read with the file
+MAX_DIRECTORY_BYTES = 8 * 1024 * 1024  # a larger directory (~80,000 entries) waits for the file
 _MIN_TAIL = 22 + 0xFFFF  # the end record with the longest comment it may carry
 _MAX_TAIL = 1024 * 1024  # the first ranged GET: the directory of ~10,000 entries fits
 _END = struct.Struct("<4s4H2LH")  # the end of central directory record
