@@ -386,11 +386,11 @@ async def test_a_bug_in_the_write_behind_task_is_logged_and_raised_by_close_afte
 
     def buggy_once(
         self: StateDB, conn: sqlite3.Connection, batch: Any, *, crash_midway: bool = False
-    ) -> None:
+    ) -> list[Any]:
         calls.append(crash_midway)
         if crash_midway and calls.count(True) == 1:
             raise KeyError("planted bug")
-        real_apply(self, conn, batch, crash_midway=crash_midway)
+        return real_apply(self, conn, batch, crash_midway=crash_midway)
 
     monkeypatch.setattr(StateDB, "_apply", buggy_once)
     db = StateDB(path, flush_interval_s=0.02)

@@ -102,8 +102,9 @@ class UriEntry:
     committed: bool = False  # its install's commit went through, then it was cancelled: the
     # package is the root's (``_install`` makes it READY here, not forgotten)
     dropping: bool = False  # READY, released while held: the drop of its committed reference
-    # is noted for the index; while the note is not taken by a transaction, ``ensure`` holds
-    # it again by cancelling the note (``StateDB.keep_ref``), no transaction
+    # is noted for the index; while the note is not taken by a transaction, or the drop is
+    # deferred (its row kept: this agent alone on the root), ``ensure`` holds it again by
+    # cancelling the drop (``StateDB.keep_ref``), no transaction
 
 
 @dataclass
