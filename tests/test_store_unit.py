@@ -474,7 +474,12 @@ async def cancelled_while_committing(r: StoreRig, name: str) -> AsyncIterator[as
         locker.execute("BEGIN IMMEDIATE")  # another agent's transaction: the commit waits
         gate.set()
         path = r.store.path_for(key_of(url))
-        await wait_until(path.is_dir, what="the rename into place")
+
+        def committing() -> bool:  # renamed into place, its commit begun (it waits)
+            tasks = asyncio.all_tasks()
+            return path.is_dir() and any(t.get_name().startswith("commit ") for t in tasks)
+
+        await wait_until(committing, what="the rename into place and the commit")
         first.cancel()  # delivered before the commit's end, which comes only after the rollback
         yield first
     finally:
