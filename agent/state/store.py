@@ -198,8 +198,10 @@ class UriStore:
 
     # -- paths -----------------------------------------------------------------------------
     def path_for(self, key: UriKey) -> Path:
-        """Where a key's package lives once installed: a pure function of the key."""
-        return package_dir(self.root, key)
+        """Where a key's package lives once installed: a pure function of the key (an entry's
+        path is it, made once: a create's context asks again for every package it names)."""
+        entry = self._entries.get(key)
+        return entry.path if entry is not None else package_dir(self.root, key)
 
     # -- installs --------------------------------------------------------------------------
     async def ensure(self, package: Package) -> Path:
