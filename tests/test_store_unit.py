@@ -1025,3 +1025,35 @@ async def test_a_package_its_pass_in_flight_is_evicting_is_taken_again_through_t
         assert _refs(r.store.root) == [url]
         r.check()
         r.drop(url)
+
+
+async def test_a_package_whose_drop_a_transaction_in_flight_defers_is_held_again_freely(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Taken again while the write that defers its drop waits on the index thread: no
+    transaction; that write, done, does not defer it after all, and no later pass counts it
+    unused (a pass with a budget of 0 leaves it in place)."""
+    async with rig(tmp_path, pass_window_s=60, db_options={"flush_interval_s": NEVER_S}) as r:
+        url = r.packages.add("a")
+        await r.take(url)
+        db = r.store._db
+        obtains = _counting_obtains(db, monkeypatch)
+        busy = threading.Event()
+        blocker = asyncio.ensure_future(db._run(lambda conn: busy.wait(10)))
+        r.drop(url)
+        behind = asyncio.ensure_future(db._write_behind())
+        await asyncio.sleep(0)  # it takes the drop, to defer it, and waits for the thread
+        assert ("py_modules", url) in db._deferring
+        path = await r.take(url)
+        assert obtains == []
+        busy.set()
+        await asyncio.wait_for(asyncio.gather(blocker, behind), 10)
+        assert db.deferred() == 0, "deferred after it was taken again"
+        r.store.budget_bytes = 0
+        await r.store.enforce_budget()
+        assert path.is_dir(), "a package taken again was evicted"
+        assert r.installed(url)
+        assert r.store.stats().evictions == 0
+        assert _refs(r.store.root) == [url]
+        r.check()
+        r.drop(url)

@@ -195,6 +195,7 @@ class _Batch:
     defer: set[RowKey] = field(default_factory=set)
     undefer: set[RowKey] = field(default_factory=set)
     deferred: list[RowKey] = field(default_factory=list)  # set by the thread: what it deferred
+    committed: bool = False  # set by the thread: its transaction committed
     done: asyncio.Future[None] | None = None  # a batch that defers: done once ``_written``
 
     def use(self, key: RowKey, last_used_ms: int) -> None:
@@ -219,12 +220,12 @@ class _Batch:
             self.undefer | newer.undefer,
         )  # fmt: skip
 
-    def written_out(self) -> _Batch:
-        """This batch, its drops to defer made drops to write: what a failed write carries (the
-        loop no longer counts them as deferred, so the index must not keep them)."""
+    def carried(self) -> _Batch:
+        """What a failed write carries: this batch but its drops to defer, which the loop notes
+        again (``StateDB._written``): their rows are still there, rolled back."""
         return _Batch(
-            self.used, self.live_envs, self.refs_dropped | self.defer, self.claims_dropped,
-            set(), self.undefer,
+            self.used, self.live_envs, self.refs_dropped, self.claims_dropped, set(),
+            self.undefer,
         )  # fmt: skip
 
 
@@ -481,11 +482,13 @@ class StateDB:
         try:
             with _transaction(conn):
                 mine.deferred = self._apply(conn, batch, crash_midway=crash_midway)
-                return then(conn) if then is not None else None
+                result = then(conn) if then is not None else None
         except BaseException:
             mine.deferred = []
-            self._carried = batch.written_out()
+            self._carried = batch.carried()
             raise
+        mine.committed = True
+        return result
 
     def _apply(
         self, conn: sqlite3.Connection, batch: _Batch, *, crash_midway: bool
@@ -684,21 +687,25 @@ class StateDB:
 
     def keep_ref(self, kind: str, uri: str) -> bool:
         """Cancel a drop of this holder's reference noted and not yet taken by a transaction, or
-        deferred (its row kept in the index) and no pass in flight that may evict it: True if
-        it was (the reference the caller knows committed is still in the index, and now stays);
-        False if there was none left to cancel (take the reference with ``obtain``)."""
+        deferred (its row kept in the index), or being deferred by a transaction in flight,
+        unless a pass in flight is evicting the package: True if it was (the reference the
+        caller knows committed is still in the index, and now stays); False if there was none
+        left to cancel (take the reference with ``obtain``)."""
         key = (kind, uri)
         if key in self._notes.refs_dropped:
             self._notes.refs_dropped.discard(key)
             return True
-        if key not in self._deferred:
+        if key not in self._deferred and key not in self._deferring:
             return False
+        # deferred, or being deferred by a transaction in flight (which keeps its row whatever
+        # happens: a failed one is rolled back, and its completion will not note it again)
         if self._evicting:
             with self._guard:
                 if key in self._evicted:  # a pass in flight is evicting it
                     return False
                 self._kept.add(key)  # and no pass in flight will
-        del self._deferred[key]
+        self._deferred.pop(key, None)
+        self._deferring.pop(key, None)
         self._notes.undefer.add(key)  # before any later pass: it must not count it unused
         return True
 
@@ -768,16 +775,21 @@ class StateDB:
         return batch
 
     def _written(self, batch: _Batch) -> None:
-        """After the transaction that carried ``batch`` (committed or not): the drops it deferred
-        are deferred, unless their reference was taken again meanwhile (``obtain``)."""
+        """After the transaction that carried ``batch``: the drops it deferred are deferred, and
+        if it failed, the drops it was to defer are noted again (their rows are still there);
+        but none whose reference was taken again meanwhile (``obtain``, ``keep_ref``)."""
         self._alone = self._alone_seen
         now = self._clock()
-        for key in batch.deferred:
-            if self._deferring.get(key) is batch:
-                self._deferred[key] = now
+        deferred = set(batch.deferred)
         for key in batch.defer:
-            if self._deferring.get(key) is batch:
-                del self._deferring[key]
+            if self._deferring.get(key) is not batch:
+                continue
+            del self._deferring[key]
+            if not batch.committed:
+                self._notes.refs_dropped.add(key)
+                self._mark_dirty()
+            elif key in deferred:
+                self._deferred[key] = now
         if self._deferred and not self._alone:  # a peer came: the deferred drops go soon
             self._mark_dirty()
         if batch.done is not None and not batch.done.done():
