@@ -40,6 +40,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import agent.install.disk
+import agent.state.store
 from agent.app.config import Settings
 from agent.app.service import AgentService
 from agent.core.runtime_env import EnvLimits, parse_runtime_env
@@ -329,7 +330,9 @@ async def test_a_create_cancelled_while_its_install_cleans_up_does_not_wedge_the
 ) -> None:
     """Regression (found by AgentMachine.cancel): a create cancelled while its install, already
     renamed into uris/ and committed, removed its staging directory left the package 'installing'
-    with a cancelled task for good; every later create of an env naming it was cancelled too."""
+    with a cancelled task for good; every later create of an env naming it was cancelled too.
+    (The staging directory now goes in the rename's own hop, before the commit: held there, the
+    cancelled install ends once let go, its package set aside, and none is wedged.)"""
     entered, release = threading.Event(), threading.Event()
 
     def held_staging_cleanup(path: Path) -> None:
@@ -339,6 +342,7 @@ async def test_a_create_cancelled_while_its_install_cleans_up_does_not_wedge_the
         remove_tree(path)
 
     monkeypatch.setattr(agent.install.disk, "remove_tree", held_staging_cleanup)
+    monkeypatch.setattr(agent.state.store, "remove_tree", held_staging_cleanup)
     base = short_tempdir()
     try:
         package = base / "p.zip"
@@ -366,8 +370,11 @@ async def test_a_create_cancelled_while_its_install_cleans_up_does_not_wedge_the
                 assert await ra.delete(env_id) == 0
             await wait_until(lambda: len(tables) == 0, what="the reference given back")
             release.set()
-            states = [u.state for u in (await ra.info()).uris]
-            assert "installing" not in states, f"the package is wedged: {states}"
+
+            async def settled() -> bool:  # a wedged install never ends: this times out
+                return "installing" not in [u.state for u in (await ra.info()).uris]
+
+            await wait_until(settled, what="the cancelled install's end (is the package wedged?)")
             reply = await ra.create(env)  # the package is usable again
             assert await ra.delete(reply.runtime_env_id) == 0
             ra.service.check_invariants()

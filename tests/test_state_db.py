@@ -386,11 +386,11 @@ async def test_a_bug_in_the_write_behind_task_is_logged_and_raised_by_close_afte
 
     def buggy_once(
         self: StateDB, conn: sqlite3.Connection, batch: Any, *, crash_midway: bool = False
-    ) -> None:
+    ) -> list[Any]:
         calls.append(crash_midway)
         if crash_midway and calls.count(True) == 1:
             raise KeyError("planted bug")
-        real_apply(self, conn, batch, crash_midway=crash_midway)
+        return real_apply(self, conn, batch, crash_midway=crash_midway)
 
     monkeypatch.setattr(StateDB, "_apply", buggy_once)
     db = StateDB(path, flush_interval_s=0.02)
@@ -562,3 +562,33 @@ async def test_obtains_asked_while_one_is_in_flight_run_together_in_one_transact
         assert refs == {uri for _, uri in keys}
         assert (await db.obtain((Y.kind, Y.uri), Y.dir, take_ref=True)).found is Found.CLAIMED
         assert len(transactions) == 2
+
+
+async def test_a_drop_a_failed_transaction_was_to_defer_is_noted_again_with_its_row_kept(
+    tmp_path: Path,
+) -> None:
+    """Alone on the root, a pass takes a dropped reference to defer it, and fails: rolled back,
+    the row is there and the drop is noted again (cancellable, as the reference is in the
+    index); it is not written later behind anyone's back."""
+    path = tmp_path / "state.db"
+    (tmp_path / "uris" / X.dir).mkdir(parents=True)
+    async with opened(path, flush_interval_s=NEVER) as db:
+        await installed(db, X)
+        assert (await db.obtain((X.kind, X.uri), X.dir, take_ref=True)).found is Found.READY
+        plant_failing_writes(path)
+        db.note_live_envs(1)  # the write that carries it fails
+        db.note_ref_dropped(X.kind, X.uri)
+        with pytest.raises(IndexUnavailable, match="planted failure"):
+            await db.sweep(budget_bytes=10**9)
+        assert db.deferred() == 0
+        assert query(path, "SELECT uri FROM refs") == [(X.uri,)]
+        assert db.keep_ref(X.kind, X.uri), "the drop was lost, or is written anyway"
+        with sqlite3.connect(path) as conn:
+            conn.execute("DELETE FROM fail")
+        conn.close()
+        await db.flush()
+        assert query(path, "SELECT uri FROM refs") == [(X.uri,)], "a reference kept was dropped"
+        assert live_envs(path, db.holder_id) == 1
+        db.note_ref_dropped(X.kind, X.uri)
+        await db.flush()
+        assert query(path, "SELECT uri FROM refs") == []

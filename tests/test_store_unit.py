@@ -21,11 +21,13 @@ import os
 import shutil
 import sqlite3
 import sys
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -235,12 +237,13 @@ async def rig(
     budget_bytes: int = 10**9,
     limits: FetchLimits = LIMITS,
     pass_window_s: float = PASS_WINDOW_S,
+    db_options: dict[str, Any] | None = None,
 ) -> AsyncIterator[StoreRig]:
     packages, sleep, clock = MockPackages(), RecordingSleep(), Clock()
     refs: Counter[UriKey] = Counter()
     root = tmp_path / "root"
     root.mkdir()
-    db = StateDB(root / "state.db")
+    db = StateDB(root / "state.db", **(db_options or {}))
     await db.open()  # this process a holder of the root
     try:
         store = make_store(
@@ -471,7 +474,12 @@ async def cancelled_while_committing(r: StoreRig, name: str) -> AsyncIterator[as
         locker.execute("BEGIN IMMEDIATE")  # another agent's transaction: the commit waits
         gate.set()
         path = r.store.path_for(key_of(url))
-        await wait_until(path.is_dir, what="the rename into place")
+
+        def committing() -> bool:  # renamed into place, its commit begun (it waits)
+            tasks = asyncio.all_tasks()
+            return path.is_dir() and any(t.get_name().startswith("commit ") for t in tasks)
+
+        await wait_until(committing, what="the rename into place and the commit")
         first.cancel()  # delivered before the commit's end, which comes only after the rollback
         yield first
     finally:
@@ -781,6 +789,7 @@ async def test_a_failed_retake_of_an_unused_package_during_a_pass_leaves_it_in_t
     async with rig(tmp_path) as r:
         (url,) = await r.installed_unused("a")
         db = r.store._db
+        await db.flush()  # its reference's drop written (not deferred): taken again by obtain
         real_sweep = db.sweep
         read, answer = asyncio.Event(), asyncio.Event()
 
@@ -813,3 +822,238 @@ async def test_a_failed_retake_of_an_unused_package_during_a_pass_leaves_it_in_t
         assert ready == set(rows) == {("py_modules", url)}, "the view misses a ready package"
         assert r.unused() == {"a"}
         r.check()
+
+
+# -- deferred drops of references (a holder alone on its root) ------------------------------------
+
+NEVER_S = 3600.0  # a write-behind window that never closes within a test
+
+
+def _counting_obtains(db: StateDB, monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The keys ``db.obtain`` is asked for from now on (each one a transaction)."""
+    obtains: list[object] = []
+    real_obtain = db.obtain
+
+    async def counting(*args: object, **kwargs: bool) -> object:
+        obtains.append(args[0])
+        return await real_obtain(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(db, "obtain", counting)
+    return obtains
+
+
+async def test_alone_a_released_package_keeps_its_reference_past_its_pass_and_is_held_again_freely(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Churn's miss of a cached package: released, its pass run (it counts the package unused),
+    created again: no transaction, as its reference row never left the index (R1); a reader
+    of the index sees the reference until the drop is written (flush), and then none."""
+    async with rig(tmp_path, db_options={"flush_interval_s": NEVER_S}) as r:
+        url = r.packages.add("a")
+        await r.take(url)
+        size = r.store.entry(key_of(url)).size  # type: ignore[union-attr]
+        obtains = _counting_obtains(r.store._db, monkeypatch)
+        r.drop(url)
+        await r.store.enforce_budget()  # the release's pass: it defers the drop
+        assert r.store._db.deferred() == 1
+        assert _refs(r.store.root) == [url], "the deferred drop was written"
+        assert r.store.stats().unused_bytes == size, "a deferred drop's package is unused"
+        assert r.unused() == {"a"}
+        path = await r.take(url)
+        assert obtains == [], "taken again through a transaction"
+        assert r.store._db.deferred() == 0
+        await r.store.enforce_budget()
+        assert r.store.stats().unused_bytes == 0, "held again, still counted unused"
+        assert path.is_dir()
+        assert r.packages.gets["a"] == 1
+        r.check()
+        r.drop(url)
+        await r.store.settle()
+        await r.store._db.flush()  # writes the deferred drops too
+        assert _refs(r.store.root) == []
+        assert r.store._db.deferred() == 0
+        await r.take(url)
+        assert obtains == [("py_modules", url)], "its drop written, it is taken by obtain"
+        r.check()
+
+
+async def test_a_pass_evicts_a_package_whose_drop_it_deferred_and_its_reference_row_goes_with_it(
+    tmp_path: Path,
+) -> None:
+    """Budget 0: the deferred drop's package is unused, so its pass evicts it (R2) and deletes
+    this holder's reference with the row; the next create installs it again."""
+    async with rig(tmp_path, budget_bytes=0, db_options={"flush_interval_s": NEVER_S}) as r:
+        url = r.packages.add("a")
+        await r.take(url)
+        r.drop(url)
+        await r.store.enforce_budget()
+        assert r.store.entry(key_of(url)) is None
+        assert r.store.stats().evictions == 1
+        assert _refs(r.store.root) == []
+        assert r.store._db.deferred() == 0
+        assert r.store.stats().unused_bytes == 0
+        assert (await r.take(url)).is_dir()
+        assert r.packages.gets["a"] == 2
+        r.check()
+
+
+async def test_a_deferred_drop_is_written_behind_once_the_linger_is_over(tmp_path: Path) -> None:
+    """What the write-behind task writes (its step run here): a deferred drop stays deferred
+    for the linger, then it is written, and can no longer be cancelled."""
+    clock = Clock()
+    options = {"flush_interval_s": NEVER_S, "drop_linger_s": 5.0, "clock": clock}
+    async with rig(tmp_path, db_options=options) as r:
+        url = r.packages.add("a")
+        await r.take(url)
+        r.drop(url)
+        await r.store.enforce_budget()
+        db = r.store._db
+        assert db.deferred() == 1
+        clock.tick(4.0)
+        await db._write_behind()
+        assert _refs(r.store.root) == [url], "written before the linger was over"
+        assert db.deferred() == 1
+        clock.tick(2.0)
+        await db._write_behind()
+        assert _refs(r.store.root) == []
+        assert db.deferred() == 0
+        assert not db.keep_ref("py_modules", url), "kept after its drop was written"
+        r.check()
+
+
+async def test_with_another_holder_on_the_root_drops_are_written_and_deferred_ones_go_soon(
+    tmp_path: Path,
+) -> None:
+    """A peer counts this holder's references as such: once one is registered, the next
+    transaction sees it, and the deferred drops are written behind; with the peer there, a
+    release's pass writes the drop (nothing deferred)."""
+    async with rig(tmp_path, db_options={"flush_interval_s": 0.01}) as r:
+        a, b = r.packages.add("a"), r.packages.add("b")
+        await r.take(a)
+        await r.take(b)
+        r.drop(a)
+        await r.store.enforce_budget()
+        db = r.store._db
+        assert db.deferred() == 1
+        assert sorted(_refs(r.store.root)) == sorted([a, b])
+        peer = StateDB(r.store.root / "state.db", root=r.store.root)
+        await peer.open()
+        try:
+            await r.store.enforce_budget()  # its transaction finds the peer
+            await wait_until(lambda: _refs(r.store.root) == [b], what="the deferred drop written")
+            assert db.deferred() == 0
+            r.drop(b)
+            await r.store.enforce_budget()
+            assert _refs(r.store.root) == [], "a drop deferred with a peer on the root"
+            assert db.deferred() == 0
+        finally:
+            await peer.close()
+        r.check()
+
+
+async def test_a_package_taken_again_while_a_pass_is_in_flight_is_kept_by_that_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Budget 0 and a pass queued behind a busy index thread: the package whose drop was
+    deferred is taken again meanwhile, with no transaction; the pass, told so, keeps it (and
+    counts it used) instead of evicting a package in use."""
+    async with rig(
+        tmp_path, budget_bytes=0, pass_window_s=60, db_options={"flush_interval_s": NEVER_S}
+    ) as r:
+        url = r.packages.add("a")
+        await r.take(url)
+        db = r.store._db
+        r.store.budget_bytes = 10**9
+        r.drop(url)
+        await r.store.enforce_budget()  # deferred, kept by a roomy budget
+        assert db.deferred() == 1
+        r.store.budget_bytes = 0
+        obtains = _counting_obtains(db, monkeypatch)
+        busy = threading.Event()
+        blocker = asyncio.ensure_future(db._run(lambda conn: busy.wait(10)))
+        passing = asyncio.ensure_future(r.store.enforce_budget())
+        await wait_until(lambda: db._evicting == 1, what="the pass queued")
+        path = await r.take(url)
+        assert obtains == []
+        busy.set()
+        await asyncio.wait_for(asyncio.gather(blocker, passing), 10)
+        assert path.is_dir(), "a package taken again was evicted"
+        assert r.installed(url)
+        assert r.store.stats().evictions == 0
+        assert r.store.stats().unused_bytes == 0
+        assert _refs(r.store.root) == [url]
+        r.check()
+        r.drop(url)
+
+
+async def test_a_package_its_pass_in_flight_is_evicting_is_taken_again_through_the_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other order: the pass has chosen to evict the package when the create comes, so the
+    create does not keep the deferred drop; it obtains the package after the pass, finds it
+    gone and installs it again (R2: a package in use is never deleted)."""
+    async with rig(tmp_path, budget_bytes=0, db_options={"flush_interval_s": NEVER_S}) as r:
+        url = r.packages.add("a")
+        db = r.store._db
+        r.store.budget_bytes = 10**9
+        await r.take(url)
+        r.drop(url)
+        await r.store.enforce_budget()
+        assert db.deferred() == 1
+        r.store.budget_bytes = 0
+        chosen, go_on = threading.Event(), threading.Event()
+        real_may_evict = db._may_evict
+
+        def held(key: tuple[str, str]) -> bool:
+            answer = real_may_evict(key)
+            chosen.set()
+            go_on.wait(10)
+            return answer
+
+        monkeypatch.setattr(db, "_may_evict", held)
+        passing = asyncio.ensure_future(r.store.enforce_budget())
+        await asyncio.to_thread(chosen.wait, 10)
+        assert not db.keep_ref("py_modules", url), "kept while its pass evicts it"
+        taking = asyncio.ensure_future(r.take(url))
+        await asyncio.sleep(0)
+        go_on.set()
+        await asyncio.wait_for(passing, 10)
+        path = await asyncio.wait_for(taking, 10)
+        assert path.is_dir()
+        assert r.packages.gets["a"] == 2, "not installed again after its eviction"
+        assert r.store.stats().evictions == 1
+        assert _refs(r.store.root) == [url]
+        r.check()
+        r.drop(url)
+
+
+async def test_a_package_whose_drop_a_transaction_in_flight_defers_is_held_again_freely(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Taken again while the write that defers its drop waits on the index thread: no
+    transaction; that write, done, does not defer it after all, and no later pass counts it
+    unused (a pass with a budget of 0 leaves it in place)."""
+    async with rig(tmp_path, pass_window_s=60, db_options={"flush_interval_s": NEVER_S}) as r:
+        url = r.packages.add("a")
+        await r.take(url)
+        db = r.store._db
+        obtains = _counting_obtains(db, monkeypatch)
+        busy = threading.Event()
+        blocker = asyncio.ensure_future(db._run(lambda conn: busy.wait(10)))
+        r.drop(url)
+        behind = asyncio.ensure_future(db._write_behind())
+        await asyncio.sleep(0)  # it takes the drop, to defer it, and waits for the thread
+        assert ("py_modules", url) in db._deferring
+        path = await r.take(url)
+        assert obtains == []
+        busy.set()
+        await asyncio.wait_for(asyncio.gather(blocker, behind), 10)
+        assert db.deferred() == 0, "deferred after it was taken again"
+        r.store.budget_bytes = 0
+        await r.store.enforce_budget()
+        assert path.is_dir(), "a package taken again was evicted"
+        assert r.installed(url)
+        assert r.store.stats().evictions == 0
+        assert _refs(r.store.root) == [url]
+        r.check()
+        r.drop(url)

@@ -21,6 +21,13 @@ R3. One install per package across the root: a holder installs only under its cl
     the package installs it.
 R4. A dead holder holds nothing: any pass that meets one (its id in ``holders``, ``refs`` or a
     claim, its lock free) deletes its rows and sets its staging and trash aside for deletion.
+
+A holder alone on the root may *defer* the drop of a reference (``state_db``): its row stays in
+``refs`` and its key goes into the connection's private table ``temp.released``. That holder's
+own passes count such a package as unused and may evict it (the row and the reference go in
+that transaction, R2 as before); every other holder sees a reference, so at worst an eviction
+waits (a late drop, as R1 allows). ``obtain`` takes a deferred reference back by deleting its
+``temp.released`` row.
 """
 
 from __future__ import annotations
@@ -278,6 +285,7 @@ def obtain(
     kind, uri = key
     if take_ref:
         conn.execute("INSERT OR IGNORE INTO refs (holder, kind, uri) VALUES (?, ?, ?)", (me, *key))
+        conn.execute("DELETE FROM temp.released WHERE kind = ? AND uri = ?", key)  # deferred drop
     found = conn.execute(
         "SELECT dir, size, last_used_ms, state, holder FROM uris WHERE kind = ? AND uri = ?", key
     ).fetchone()
@@ -330,15 +338,55 @@ def drop_claims(conn: sqlite3.Connection, me: str, keys: Iterable[RowKey]) -> No
 
 
 def drop_refs(conn: sqlite3.Connection, me: str, keys: Iterable[RowKey]) -> None:
+    keys = list(keys)
     conn.executemany(
         "DELETE FROM refs WHERE holder = ? AND kind = ? AND uri = ?",
         [(me, kind, uri) for kind, uri in keys],
     )
+    conn.executemany("DELETE FROM temp.released WHERE kind = ? AND uri = ?", keys)
+
+
+def create_released(conn: sqlite3.Connection) -> None:
+    """This connection's private table of the references whose drop it deferred."""
+    conn.execute(
+        "CREATE TEMP TABLE IF NOT EXISTS released (kind TEXT NOT NULL, uri TEXT NOT NULL,"
+        " PRIMARY KEY (kind, uri)) WITHOUT ROWID"
+    )
+
+
+def defer_drops(conn: sqlite3.Connection, me: str, keys: Iterable[RowKey]) -> list[RowKey]:
+    """Release these references of ``me`` without deleting their rows (``me`` alone on the
+    root): the keys deferred, those whose reference row is there (a drop of a reference that is
+    not in the index has nothing to defer)."""
+    deferred = []
+    for kind, uri in keys:
+        held = conn.execute(
+            "SELECT 1 FROM refs WHERE holder = ? AND kind = ? AND uri = ?", (me, kind, uri)
+        ).fetchone()
+        if held is not None:
+            conn.execute("INSERT OR IGNORE INTO temp.released VALUES (?, ?)", (kind, uri))
+            deferred.append((kind, uri))
+    return deferred
+
+
+def undefer(conn: sqlite3.Connection, keys: Iterable[RowKey]) -> None:
+    """Deferred drops cancelled: the references are this holder's again (their rows stayed)."""
+    conn.executemany("DELETE FROM temp.released WHERE kind = ? AND uri = ?", list(keys))
+
+
+def alone(conn: sqlite3.Connection, me: str) -> bool:
+    """No other holder is registered on the root (alive or not yet reaped)."""
+    return conn.execute("SELECT 1 FROM holders WHERE id != ? LIMIT 1", (me,)).fetchone() is None
 
 
 # -- the pass -------------------------------------------------------------------------------
 _PAGE = 64  # unused rows read per query of an eviction
-_UNREFERENCED = "NOT EXISTS (SELECT 1 FROM refs r WHERE r.kind = u.kind AND r.uri = u.uri)"
+# no reference but the caller's own deferred ones (one "?": the caller's holder id)
+_UNREFERENCED = (
+    "NOT EXISTS (SELECT 1 FROM refs r WHERE r.kind = u.kind AND r.uri = u.uri AND NOT ("
+    "r.holder = ? AND EXISTS (SELECT 1 FROM temp.released x WHERE x.kind = r.kind"
+    " AND x.uri = r.uri)))"
+)
 
 
 def sweep(
@@ -351,6 +399,7 @@ def sweep(
     needed_bytes: int = 0,
     since: int = -1,
     reaped: Reaped | None = None,
+    may_evict: Callable[[RowKey], bool] | None = None,
 ) -> Swept:
     """R2, R4: reap the dead, then evict unused packages, least recently used first, until the
     root's unused bytes fit ``budget_bytes`` and, if ``needed_bytes``, until that much is freed
@@ -358,11 +407,13 @@ def sweep(
     the changes of the ready packages after ``since`` (every ready package when ``since`` is
     -1, nothing seen yet, or when the log no longer reaches back that far). Costs: one
     aggregate scan in SQLite, the unused rows read in LRU order only as far as evictions go,
-    the log read from ``since``."""
+    the log read from ``since``. ``may_evict``: asked before each eviction; a package it
+    refuses (its holder took it again meanwhile) is kept, and counted used."""
     reaped = reap_dead(conn, root, me, trash, reaped if reaped is not None else Reaped())
     ready_bytes, unused = conn.execute(
         f"SELECT coalesce(sum(size), 0), coalesce(sum(CASE WHEN {_UNREFERENCED} THEN size END), 0)"
-        " FROM uris u WHERE u.state = 'ready'"
+        " FROM uris u WHERE u.state = 'ready'",
+        (me,),
     ).fetchone()
     target = plan_target(unused, budget_bytes, needed_bytes)
     evicted = []
@@ -372,15 +423,20 @@ def sweep(
             page = conn.execute(
                 f"SELECT kind, uri, dir, size, last_used_ms FROM uris u WHERE u.state = 'ready'"
                 f" AND {_UNREFERENCED} ORDER BY u.last_used_ms, u.kind, u.uri LIMIT ? OFFSET ?",
-                (_PAGE, kept),
+                (me, _PAGE, kept),
             ).fetchall()  # a page at a time: the deletes below change the table
             if not page:
                 break
             for kind, uri, directory, size, used in page:
                 if freed >= target:
                     break
+                if may_evict is not None and not may_evict((kind, uri)):
+                    kept += 1
+                    unused -= size  # in use after all: what is over the budget is less
+                    target = plan_target(unused, budget_bytes, needed_bytes)
+                    continue
                 row = Row(kind, uri, directory, size, used)
-                trashed = _evict(conn, root, trash, row)
+                trashed = _evict(conn, root, me, trash, row)
                 if trashed is False:
                     kept += 1
                     continue
@@ -400,8 +456,11 @@ def plan_target(unused: int, budget: int, needed: int) -> int:
     return over
 
 
-def _evict(conn: sqlite3.Connection, root: Path, trash: Path, row: Row) -> Path | bool | None:
-    """Move the package into the trash and delete its row, in this transaction. The trashed
+def _evict(
+    conn: sqlite3.Connection, root: Path, me: str, trash: Path, row: Row
+) -> Path | bool | None:
+    """Move the package into the trash and delete its row (and ``me``'s deferred reference to
+    it, if it was one), in this transaction. The trashed
     path; None if its folder was gone already (the row goes all the same), or if the row names
     no folder of uris/ (a hostile or corrupt ``dir``: the row goes, the disk is not touched);
     False if it could not be moved (kept, row and folder: the next pass tries again)."""
@@ -411,7 +470,7 @@ def _evict(conn: sqlite3.Connection, root: Path, trash: Path, row: Row) -> Path 
             "row is dropped and nothing on disk is touched",
             echo_label(f"{row.kind}:{row.uri}"), echo_label(repr(row.dir)),
         )  # fmt: skip
-        conn.execute("DELETE FROM uris WHERE kind = ? AND uri = ?", (row.kind, row.uri))
+        _drop_row(conn, me, row)
         return None
     try:
         trashed = _into_trash(root / "uris" / row.dir, trash)
@@ -421,8 +480,17 @@ def _evict(conn: sqlite3.Connection, root: Path, trash: Path, row: Row) -> Path 
             echo_label(row.dir), exc.strerror or exc,
         )  # fmt: skip
         return False
-    conn.execute("DELETE FROM uris WHERE kind = ? AND uri = ?", (row.kind, row.uri))
+    _drop_row(conn, me, row)
     return trashed
+
+
+def _drop_row(conn: sqlite3.Connection, me: str, row: Row) -> None:
+    """An evicted package's row, and ``me``'s deferred reference to it (the only kind of
+    reference an evicted package may have: ``_UNREFERENCED``)."""
+    key = (row.kind, row.uri)
+    conn.execute("DELETE FROM uris WHERE kind = ? AND uri = ?", key)
+    conn.execute("DELETE FROM refs WHERE holder = ? AND kind = ? AND uri = ?", (me, *key))
+    conn.execute("DELETE FROM temp.released WHERE kind = ? AND uri = ?", key)
 
 
 def _changes_since(

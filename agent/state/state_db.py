@@ -24,6 +24,17 @@ batch whose write fails is carried by the thread into its next write (so the ord
 holds), and the write-behind task retries it; a bug in that task is logged with its traceback
 when it happens and raised again by ``close()``, after the last write.
 
+Alone on its root (no other holder registered, as its last transaction saw), a holder *defers*
+the drop of a reference: the transaction that takes it keeps the row and lists the key in its
+connection's ``temp.released`` (``index``), so the holder's own passes count the package unused
+and evict it if the budget asks, deleting the reference with it. A package created again
+meanwhile (churn's commonest miss: cached, released moments ago) is held again with no
+transaction (``keep_ref``): its reference never left the index (R1). A pass in flight is told
+of such a take (``_may_evict``) and keeps the package, unless it had chosen to evict it, and
+then the create obtains it anew. The write-behind writes a deferred drop once it is
+``drop_linger_s`` old, or at once once another holder is registered (it counts the row as a
+reference), and ``flush`` writes them all.
+
 Writers of every agent take turns (``BEGIN IMMEDIATE``), each waiting up to ``busy_timeout_s``.
 WAL with ``synchronous=NORMAL``: a commit survives the death of the process (what fate sharing
 produces); after a power loss the last commits may be lost, and recovery then drops what it
@@ -40,6 +51,7 @@ import functools
 import logging
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -62,6 +74,11 @@ SCHEMA_VERSION = 3
 FILE_NAME = "state.db"
 MEMORY = ":memory:"  # --no-state-db: the same index, in memory, private to one agent
 BUSY_TIMEOUT_S = 10.0  # another agent's transaction is waited for this long, then UNAVAILABLE
+# Alone on its root, a holder defers the drop of a reference this long at most: its row stays in
+# the index (the holder's own passes count the package unused, and evict it if the budget asks),
+# so a package created again meanwhile is held again with no transaction. Past it, the drop is
+# written behind (a reader of the index, a peer that comes, sees the references as they are).
+DROP_LINGER_S = 1.0
 
 # Version 1, as the first agents wrote it. A new file climbs the same steps as an old one.
 _SCHEMA_V1 = """
@@ -174,6 +191,12 @@ class _Batch:
     live_envs: int | None = None  # None: not noted
     refs_dropped: set[RowKey] = field(default_factory=set)  # this holder's count reached 0
     claims_dropped: set[RowKey] = field(default_factory=set)  # its install failed
+    # drops to defer (the rows stay, ``temp.released`` says so), and deferred drops cancelled
+    defer: set[RowKey] = field(default_factory=set)
+    undefer: set[RowKey] = field(default_factory=set)
+    deferred: list[RowKey] = field(default_factory=list)  # set by the thread: what it deferred
+    committed: bool = False  # set by the thread: its transaction committed
+    done: asyncio.Future[None] | None = None  # a batch that defers: done once ``_written``
 
     def use(self, key: RowKey, last_used_ms: int) -> None:
         self.used[key] = last_used_ms
@@ -181,18 +204,28 @@ class _Batch:
     def __len__(self) -> int:
         return (
             len(self.used) + (self.live_envs is not None) + len(self.refs_dropped)
-            + len(self.claims_dropped)
+            + len(self.claims_dropped) + len(self.defer) + len(self.undefer)
         )  # fmt: skip
 
     def then(self, newer: _Batch) -> _Batch:
         """This batch followed by a newer one, as one batch: the same as noting this batch's
         changes and then the newer one's into one (the newer note of a row wins). Dropping a
-        reference or a claim twice is dropping it once: those are unions."""
+        reference or a claim twice is dropping it once: those are unions. A failed batch is
+        carried with nothing to defer (``written_out``), so only the newer one defers."""
         used = {**self.used, **newer.used}
         live = self.live_envs if newer.live_envs is None else newer.live_envs
         return _Batch(
             used, live, self.refs_dropped | newer.refs_dropped,
-            self.claims_dropped | newer.claims_dropped,
+            self.claims_dropped | newer.claims_dropped, self.defer | newer.defer,
+            self.undefer | newer.undefer,
+        )  # fmt: skip
+
+    def carried(self) -> _Batch:
+        """What a failed write carries: this batch but its drops to defer, which the loop notes
+        again (``StateDB._written``): their rows are still there, rolled back."""
+        return _Batch(
+            self.used, self.live_envs, self.refs_dropped, self.claims_dropped, set(),
+            self.undefer,
         )  # fmt: skip
 
 
@@ -217,9 +250,13 @@ class StateDB:
         flush_interval_s: float = 0.1,
         flush_every: int = 1000,
         busy_timeout_s: float = BUSY_TIMEOUT_S,
+        drop_linger_s: float = DROP_LINGER_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``path``: the file, or ``MEMORY``; ``root``: the root it indexes (default: the
-        file's folder), where the holder's lock, staging and trash are."""
+        file's folder), where the holder's lock, staging and trash are. ``drop_linger_s``: how
+        long a holder alone on the root defers the drop of a reference (0: never), by
+        ``clock``."""
         self.path = Path(path)
         self.in_memory = str(path) == MEMORY
         if root is None and self.in_memory:
@@ -228,6 +265,21 @@ class StateDB:
         self._flush_interval_s = flush_interval_s
         self._flush_every = flush_every
         self._busy_timeout_s = busy_timeout_s
+        self._drop_linger_s = drop_linger_s
+        self._clock = clock
+        # Deferred drops (``keep_ref``): this holder's references released, their rows kept in the
+        # index and listed in ``temp.released``, each with when it was deferred (oldest first).
+        self._deferred: dict[RowKey, float] = {}
+        self._deferring: dict[RowKey, _Batch] = {}  # in a transaction in flight that defers it
+        self._alone = False  # no other holder on the root, as of the last transaction
+        self._alone_seen = False  # written by the thread in each transaction
+        # Passes in flight may evict deferred ones: one taken again meanwhile (``keep_ref``) is
+        # kept (its pass is told, ``_may_evict``), unless its pass chose to evict it first.
+        self._evicting = 0
+        self._guard = threading.Lock()  # the two sets below, between the loop and the thread
+        self._kept: set[RowKey] = set()  # deferred ones taken again while a pass is in flight
+        self._evicted: set[RowKey] = set()  # those its passes chose to evict meanwhile
+        self._flushing = 0  # flush() in progress: nothing is deferred until it is done
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-db")
         self._conn: sqlite3.Connection | None = None
         self._holder: HolderLock | None = None
@@ -306,6 +358,8 @@ class StateDB:
                     _script(conn, _MIGRATIONS[version + 1])
                     conn.execute(f"PRAGMA user_version={version + 1}")
                 log.info("state.db migrated to schema version %d", version + 1)
+            conn.execute("PRAGMA temp_store=MEMORY")
+            index.create_released(conn)
             with _transaction(conn):
                 index.register(conn, self.holder_id, os.getpid(), _now_ms())
         except BaseException as exc:
@@ -421,18 +475,24 @@ class StateDB:
         """One transaction: what a failed write left, then ``batch``, then ``then`` (its value
         returned). On failure nothing is applied and the batches are kept for the next write,
         which runs after this one (one thread): the order of the notes holds."""
+        mine = batch
         if self._carried is not None:
             batch = self._carried.then(batch)
             self._carried = None
         try:
             with _transaction(conn):
-                self._apply(conn, batch, crash_midway=crash_midway)
-                return then(conn) if then is not None else None
+                mine.deferred = self._apply(conn, batch, crash_midway=crash_midway)
+                result = then(conn) if then is not None else None
         except BaseException:
-            self._carried = batch
+            mine.deferred = []
+            self._carried = batch.carried()
             raise
+        mine.committed = True
+        return result
 
-    def _apply(self, conn: sqlite3.Connection, batch: _Batch, *, crash_midway: bool) -> None:
+    def _apply(
+        self, conn: sqlite3.Connection, batch: _Batch, *, crash_midway: bool
+    ) -> list[RowKey]:
         conn.executemany(
             "UPDATE uris SET last_used_ms = max(last_used_ms, ?) WHERE kind = ? AND uri = ?",
             [(used, kind, uri) for (kind, uri), used in batch.used.items()],
@@ -443,8 +503,11 @@ class StateDB:
             conn.execute(
                 "UPDATE holders SET live_envs = ? WHERE id = ?", (batch.live_envs, self.holder_id)
             )
+        index.undefer(conn, batch.undefer)
         index.drop_refs(conn, self.holder_id, batch.refs_dropped)
         index.drop_claims(conn, self.holder_id, batch.claims_dropped)
+        self._alone_seen = index.alone(conn, self.holder_id)
+        return index.defer_drops(conn, self.holder_id, batch.defer)
 
     async def _transact(
         self,
@@ -489,6 +552,8 @@ class StateDB:
                     f"for {self._busy_timeout_s:g}s (its busy timeout); try again"
                 ) from exc
             raise IndexUnavailable(f"the cache index {self.path} failed: {exc}") from exc
+        finally:
+            self._written(batch)
 
     # -- durable writes (awaited before a reply) ------------------------------------------
     async def obtain(self, key: RowKey, dir_name: str, *, take_ref: bool) -> Obtained:
@@ -496,7 +561,9 @@ class StateDB:
         claimed for this holder, or installed by a live peer now."""
 
         if take_ref:  # dropped then taken again is taken: the reference is (re)inserted here
-            self._notes.refs_dropped.discard(key)
+            self._notes.refs_dropped.discard(key)  # (and a deferred drop of it cancelled there)
+            self._deferred.pop(key, None)
+            self._deferring.pop(key, None)
         want = _Obtain(key, dir_name, take_ref, asyncio.get_running_loop().create_future())
         self._obtains.append(want)
         if self._obtaining is None:
@@ -568,19 +635,32 @@ class StateDB:
 
     async def sweep(self, budget_bytes: int, needed_bytes: int = 0, *, since: int = -1) -> Swept:
         """R2, R4 (``index.sweep``): reap dead holders, evict over the budget (and for
-        ``needed_bytes``); the changes of the ready packages after ``since``."""
+        ``needed_bytes``); the changes of the ready packages after ``since``. The packages
+        whose references this holder deferred count as unused: one taken again while the pass
+        is in flight is kept by it, unless it was being evicted (``keep_ref`` then says so)."""
 
         def run(conn: sqlite3.Connection, reaped: Reaped) -> Swept:
             return index.sweep(
                 conn, self.root, self.holder_id, self.trash, budget_bytes=budget_bytes,
-                needed_bytes=needed_bytes, since=since, reaped=reaped,
+                needed_bytes=needed_bytes, since=since, reaped=reaped, may_evict=self._may_evict,
             )  # fmt: skip
 
         def leftovers(swept: Swept) -> list[Path]:
             evicted = [e.trashed for e in swept.evicted if e.trashed is not None]
             return [*evicted, *swept.reaped.aside]
 
-        return await self._transact(run, leftovers)
+        self._evicting += 1
+        try:
+            swept = await self._transact(run, leftovers)
+        finally:
+            self._evicting -= 1
+            if not self._evicting:
+                with self._guard:
+                    self._kept.clear()
+                    self._evicted.clear()
+        for evicted in swept.evicted:  # its reference went with it
+            self._deferred.pop((evicted.row.kind, evicted.row.uri), None)
+        return swept
 
     async def reconcile(
         self, scan: Callable[[], index.Scan], expected_dir: Callable[[RowKey], str | None]
@@ -606,14 +686,41 @@ class StateDB:
         self._mark_dirty()
 
     def keep_ref(self, kind: str, uri: str) -> bool:
-        """Cancel a drop of this holder's reference noted and not yet taken by a transaction:
-        True if it was (the reference the caller knows committed is still in the index, and now
-        stays); False if there was none left to cancel (take the reference with ``obtain``)."""
+        """Cancel a drop of this holder's reference noted and not yet taken by a transaction, or
+        deferred (its row kept in the index), or being deferred by a transaction in flight,
+        unless a pass in flight is evicting the package: True if it was (the reference the
+        caller knows committed is still in the index, and now stays); False if there was none
+        left to cancel (take the reference with ``obtain``)."""
         key = (kind, uri)
-        if key not in self._notes.refs_dropped:
+        if key in self._notes.refs_dropped:
+            self._notes.refs_dropped.discard(key)
+            return True
+        if key not in self._deferred and key not in self._deferring:
             return False
-        self._notes.refs_dropped.discard(key)
+        # deferred, or being deferred by a transaction in flight (which keeps its row whatever
+        # happens: a failed one is rolled back, and its completion will not note it again)
+        if self._evicting:
+            with self._guard:
+                if key in self._evicted:  # a pass in flight is evicting it
+                    return False
+                self._kept.add(key)  # and no pass in flight will
+        self._deferred.pop(key, None)
+        self._deferring.pop(key, None)
+        self._notes.undefer.add(key)  # before any later pass: it must not count it unused
         return True
+
+    def _may_evict(self, key: RowKey) -> bool:
+        """Asked by a pass, on the thread, before it evicts a package: False if this holder
+        took it again (a deferred drop cancelled since the pass began)."""
+        with self._guard:
+            if key in self._kept:
+                return False
+            self._evicted.add(key)
+            return True
+
+    def deferred(self) -> int:
+        """References released whose drop is deferred (their rows still in the index)."""
+        return len(self._deferred)
 
     def note_claim_dropped(self, kind: str, uri: str) -> None:
         """This holder's install of the package failed or was cancelled."""
@@ -634,23 +741,98 @@ class StateDB:
         if self.pending() >= self._flush_every:
             self._full.set()
 
-    def _take_batch(self, *, refs: bool = True) -> _Batch:
+    def _take_batch(self, *, refs: bool = True, defer: bool = True) -> _Batch:
         """What is noted, for a transaction to carry. ``refs=False`` (an install's
         transactions): the references dropped stay noted for the next pass or the write-behind
         (a late drop only delays an eviction; ``obtain`` discards the note of a reference it
         takes again, so a drop is never written after a later take of the same reference),
-        and may meanwhile be cancelled (``keep_ref``)."""
+        and may meanwhile be cancelled (``keep_ref``). Otherwise, alone on the root (as of the
+        last transaction) and with ``defer``, the drops are deferred, and the deferred drops
+        older than the linger written; else every drop is written, the deferred ones too."""
         batch, self._notes = self._notes, _Batch()
-        if not refs and batch.refs_dropped:
+        if not refs:
             self._notes.refs_dropped, batch.refs_dropped = batch.refs_dropped, set()
+            return batch
+        deferring = defer and self._alone and self._drop_linger_s > 0 and not self._flushing
+        if self._deferred:
+            cutoff = self._clock() - self._drop_linger_s
+            due = []
+            for key, since in self._deferred.items():  # oldest first
+                if deferring and since > cutoff:
+                    break
+                due.append(key)
+            for key in due:
+                del self._deferred[key]
+        else:
+            due = []
+        if deferring:
+            batch.defer, batch.refs_dropped = batch.refs_dropped, set(due)
+            batch.done = asyncio.get_running_loop().create_future()
+            for key in batch.defer:
+                self._deferring[key] = batch
+        else:
+            batch.refs_dropped.update(due)
         return batch
 
+    def _written(self, batch: _Batch) -> None:
+        """After the transaction that carried ``batch``: the drops it deferred are deferred, and
+        if it failed, the drops it was to defer are noted again (their rows are still there);
+        but none whose reference was taken again meanwhile (``obtain``, ``keep_ref``)."""
+        self._alone = self._alone_seen
+        now = self._clock()
+        deferred = set(batch.deferred)
+        for key in batch.defer:
+            if self._deferring.get(key) is not batch:
+                continue
+            del self._deferring[key]
+            if not batch.committed:
+                self._notes.refs_dropped.add(key)
+                self._mark_dirty()
+            elif key in deferred:
+                self._deferred[key] = now
+        if self._deferred and not self._alone:  # a peer came: the deferred drops go soon
+            self._mark_dirty()
+        if batch.done is not None and not batch.done.done():
+            batch.done.set_result(None)
+
+    def _drops_due(self) -> bool:
+        """Deferred drops the write-behind must write now."""
+        if not self._deferred:
+            return False
+        oldest = next(iter(self._deferred.values()))
+        return not self._alone or oldest <= self._clock() - self._drop_linger_s
+
     async def flush(self) -> None:
-        """Write every noted change now (and any a failed write left), in one transaction."""
-        if self._conn is None or not (self.pending() or self._carried is not None):
+        """Write every noted change now (and any a failed write left), the deferred drops of
+        references too, in one transaction."""
+        self._flushing += 1
+        try:
+            # what a transaction in flight defers is deferred once it is done: written here
+            deferring = {b.done for b in self._deferring.values() if b.done is not None}
+            if deferring:
+                await asyncio.wait(deferring)
+            if self._conn is None or not (
+                self.pending() or self._carried is not None or self._deferred
+            ):
+                return
+            await self._write_notes(self._take_batch(defer=False))
+        finally:
+            self._flushing -= 1
+
+    async def _write_behind(self) -> None:
+        """What the write-behind task writes: every noted change, drops deferred (alone) and
+        the deferred ones past the linger written."""
+        if self._conn is None or not (
+            self.pending() or self._carried is not None or self._drops_due()
+        ):
             return
-        batch = self._take_batch()
-        await self._run(lambda conn: self._write(conn, batch, crash_midway=True))
+        await self._write_notes(self._take_batch())
+
+    async def _write_notes(self, batch: _Batch) -> None:
+        try:
+            await self._run(lambda conn: self._write(conn, batch, crash_midway=True))
+        finally:
+            self._written(batch)
 
     async def _flush_loop(self) -> None:
         """Write behind: the first note opens a window of ``flush_interval_s``; the batch is
@@ -666,7 +848,7 @@ class StateDB:
                 self._dirty.clear()
                 self._full.clear()
                 try:
-                    await self.flush()
+                    await self._write_behind()
                 except sqlite3.Error:
                     if not failing:
                         log.exception(
@@ -679,6 +861,8 @@ class StateDB:
                 if failing:
                     log.warning("writing behind to %s works again", self.path)
                 failing = False
+                if self._deferred:  # looked at again a window later: written past the linger
+                    self._dirty.set()
         except asyncio.CancelledError:
             raise
         except BaseException:

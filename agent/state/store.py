@@ -58,6 +58,7 @@ from agent.install.disk import (
     move_to_trash,
     package_dir,
     remove_all,
+    remove_tree,
 )
 from agent.install.installers import Installer, InstallJob
 from agent.install.staging import place_package, prepare_staging, through
@@ -102,8 +103,9 @@ class UriEntry:
     committed: bool = False  # its install's commit went through, then it was cancelled: the
     # package is the root's (``_install`` makes it READY here, not forgotten)
     dropping: bool = False  # READY, released while held: the drop of its committed reference
-    # is noted for the index; while the note is not taken by a transaction, ``ensure`` holds
-    # it again by cancelling the note (``StateDB.keep_ref``), no transaction
+    # is noted for the index; while the note is not taken by a transaction, or the drop is
+    # deferred (its row kept: this agent alone on the root), ``ensure`` holds it again by
+    # cancelling the drop (``StateDB.keep_ref``), no transaction
 
 
 @dataclass
@@ -196,8 +198,10 @@ class UriStore:
 
     # -- paths -----------------------------------------------------------------------------
     def path_for(self, key: UriKey) -> Path:
-        """Where a key's package lives once installed: a pure function of the key."""
-        return package_dir(self.root, key)
+        """Where a key's package lives once installed: a pure function of the key (an entry's
+        path is it, made once: a create's context asks again for every package it names)."""
+        entry = self._entries.get(key)
+        return entry.path if entry is not None else package_dir(self.root, key)
 
     # -- installs --------------------------------------------------------------------------
     async def ensure(self, package: Package) -> Path:
@@ -367,7 +371,7 @@ class UriStore:
         goes."""
         label = entry.key.label  # the URI cut once: every message and log line below names it
         staging = self._db.staging / uuid.uuid4().hex
-        fetched, queued, claim = 0, True, Claim()
+        fetched, queued, claim, cleared = 0, True, Claim(), False
 
         def downloaded(size: int) -> None:
             nonlocal fetched
@@ -386,7 +390,8 @@ class UriStore:
             job = InstallJob(staging, entry.path, label, space, downloaded, self._unpacked)
             installed = await installer.install(package, job)
             crash_point("after_extract")
-            await self._place(installed.path, entry.path)
+            await self._place(installed.path, entry.path, staging)
+            cleared = True  # what the install left in its staging went in the same hop
             crash_point("after_rename_before_commit")
             entry.size, entry.last_used_ms = installed.size, self._now_ms()
             await self._commit(entry)
@@ -405,7 +410,8 @@ class UriStore:
                 self._install_slots.release()
             # in the background: an await here could be cancelled between the commit and READY,
             # leaving the package installed on disk and "installing" for ever in the store
-            self.delete_in_background([staging], trash=False)
+            if not cleared:
+                self.delete_in_background([staging], trash=False)
         self._ready(entry, fetched, started)
 
     def _unpacked(self) -> None:
@@ -449,12 +455,14 @@ class UriStore:
         if self._refcount(entry.key) == 0:
             self.release([entry.key])
 
-    async def _place(self, unpacked: Path, final: Path) -> None:
-        """Rename the package into place (``place_package``: one thread hop). The hop ends even
-        if the install is cancelled meanwhile; a package it placed then goes again, as no
-        commit will vouch for it (nothing in uris/ without a row)."""
+    async def _place(self, unpacked: Path, final: Path, staging: Path) -> None:
+        """Rename the package into place (``place_package``), then delete what is left of the
+        staging folder (the download), in one thread hop. The hop ends even if the install is
+        cancelled meanwhile; a package it placed then goes again, as no commit will vouch for it
+        (nothing in uris/ without a row)."""
         trash = self._db.trash
-        step = asyncio.ensure_future(asyncio.to_thread(place_package, trash, unpacked, final))
+        step = asyncio.ensure_future(asyncio.to_thread(_place_and_clear, trash, unpacked, final,
+                                                       staging))  # fmt: skip
         try:
             leftover = await through(step)
         except asyncio.CancelledError:
@@ -743,6 +751,14 @@ class UriStore:
         release order even for releases within one millisecond."""
         self._last_release_ms = max(self._now_ms(), self._last_release_ms + 1)
         return self._last_release_ms
+
+
+def _place_and_clear(trash: Path, unpacked: Path, final: Path, staging: Path) -> Path | None:
+    """``place_package``, then the staging folder removed (its download and anything else the
+    installer left: the package is out of it). Blocking: one thread hop."""
+    leftover = place_package(trash, unpacked, final)
+    remove_tree(staging)
+    return leftover
 
 
 def _retrieve_exception(task: asyncio.Task[None]) -> None:
