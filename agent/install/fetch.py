@@ -469,9 +469,18 @@ async def _opening(open_: Callable[[], _T], *, fd: Callable[[_T], int]) -> _T:
 
 
 def _create(dest: Path) -> int:
-    return os.open(
-        dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-    )
+    """The download's file, empty, open for writing. Blocking (one hop). Truncated only if it
+    holds bytes (a retry): ext4 forces out the blocks of a file truncated and rewritten when it
+    is closed (``auto_da_alloc``), and that close, on the event loop, took 2-21 ms for 61 MB;
+    the file the installer made empty is opened as it is, and its close is 0.01 ms."""
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        if os.fstat(fd).st_size:
+            os.ftruncate(fd, 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class _Digest:
