@@ -1,5 +1,5 @@
 """What would stall the agent's event loop while it is idle: the cyclic garbage collector's
-full passes over the start-up heap (``agent.ops.entry.freeze_start_heap``)."""
+full passes over the start-up heap (``agent.ops.server.freeze_start_heap``)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import gc
 import re
 from pathlib import Path
 
-from agent.ops.entry import freeze_start_heap
+from agent.ops.server import freeze_start_heap
 from tests.helpers import wait_until
 from tests.test_process import serving, wait_health_serving
 
 
-async def test_the_cli_process_freezes_its_start_up_heap_once_it_serves(base: Path) -> None:
+async def test_the_cli_process_freezes_its_start_up_heap_before_it_serves(base: Path) -> None:
     async with serving(base / "agent.log", "--root", str(base / "root")) as agent:
         await wait_health_serving(agent.address)
-        pattern = re.compile(r"INFO agent\.ops\.entry: start-up heap frozen: (\d+) objects$", re.M)
+        pattern = re.compile(r"INFO agent\.ops\.server: start-up heap frozen: (\d+) objects$", re.M)
         await wait_until(
             lambda: pattern.search(agent.log_text()) is not None, timeout_s=10,
             what="the start-up heap's freeze logged",

@@ -9,7 +9,6 @@ module is what a process adds around it (the CLI's ``serve`` and ``ray-agent``).
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import signal
@@ -33,9 +32,8 @@ async def serve(
     """Run the agent until SIGTERM, SIGINT or SIGHUP (each a graceful stop) or the parent's
     death; return the exit code. Both are honoured while the agent starts too (the Ray door
     listens before recovery, which may be long): the start is cancelled, and cleans up.
-    ``before_recovery``: as ``Agent``'s (a test's hook). ``freeze_heap``: once it serves,
-    ``freeze_start_heap`` (process-wide: the CLI's process asks for it, not a test that runs
-    agents in its own)."""
+    ``before_recovery``: as ``Agent``'s (a test's hook). ``freeze_heap``: as ``Agent``'s
+    (process-wide: the CLI's process asks for it, not a test that runs agents in its own)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
 
@@ -72,12 +70,10 @@ async def _serve(
             check_parent(settings.parent_pid)
             watcher = asyncio.create_task(_watch_parent(settings.parent_pid, stop), name="parent")
         notifier = Notifier.from_environment()  # systemd Type=notify, when NOTIFY_SOCKET is set
-        agent = Agent(settings, before_recovery=before_recovery)
+        agent = Agent(settings, before_recovery=before_recovery, freeze_heap=freeze_heap)
         if not await _start_unless_stopped(agent, stop):
             log.info("stopped while starting")
             return 0
-        if freeze_heap:
-            log.info("start-up heap frozen: %d objects", freeze_start_heap())
         log.info("event loop: %s", describe_loop(asyncio.get_running_loop()))
         print(f"rtenv-agent serving on {agent.address}", flush=True)
         if agent.ray_address:
@@ -118,18 +114,6 @@ async def _end(task: asyncio.Task[None]) -> None:
     await asyncio.wait([task])  # never raises the task's own exception
     if not task.cancelled() and task.exception() is not None:
         log.error("task %s had died", task.get_name(), exc_info=task.exception())
-
-
-def freeze_start_heap() -> int:
-    """Move every object alive now out of the cyclic collector's passes (``gc.freeze``) and
-    return how many: what the start made (modules, classes, protobuf descriptors, the gRPC
-    server), about 50,000 objects, lives as long as the process. Each full collection walked
-    them all: 30 ms of the event loop's CPU (200 ms on a loaded machine) during which no RPC
-    was answered, the idle agent's worst latency (``bench.py --only loop-blocking``). What is
-    made after the start is collected as before; frozen objects are still freed when their
-    count drops to 0."""
-    gc.freeze()
-    return gc.get_freeze_count()
 
 
 def describe_loop(loop: asyncio.AbstractEventLoop) -> str:
