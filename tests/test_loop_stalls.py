@@ -8,7 +8,8 @@ import re
 from pathlib import Path
 
 from agent.ops.server import freeze_start_heap
-from tests.helpers import wait_until
+from tests.helpers import running_agent, wait_until
+from tests.test_metrics import scrape, value
 from tests.test_process import serving, wait_health_serving
 
 
@@ -38,3 +39,22 @@ def test_a_frozen_heap_leaves_the_collector_only_what_was_made_after() -> None:
     finally:
         gc.unfreeze()  # this test process's heap back to the oldest generation
     assert gc.get_freeze_count() == 0
+
+
+async def test_the_collectors_pauses_are_scraped_by_generation_while_the_agent_runs() -> None:
+    callbacks = list(gc.callbacks)
+    async with running_agent(metrics_address="127.0.0.1:0") as ra:
+        assert len(gc.callbacks) == len(callbacks) + 1
+        before = await scrape(ra.agent.metrics_address)
+        full = value(before, "rtenv_gc_pause_seconds_count", {"generation": "2"})
+        gc.collect()  # a full pass, in this process (the agent's)
+        gc.collect(0)
+        after = await scrape(ra.agent.metrics_address)
+        assert value(after, "rtenv_gc_pause_seconds_count", {"generation": "2"}) >= full + 1
+        assert value(after, "rtenv_gc_pause_seconds_count", {"generation": "0"}) >= 1
+        assert value(after, "rtenv_gc_pause_seconds_sum", {"generation": "2"}) > 0
+        inf = {"generation": "2", "le": "+Inf"}
+        assert value(after, "rtenv_gc_pause_seconds_bucket", inf) == value(
+            after, "rtenv_gc_pause_seconds_count", {"generation": "2"}
+        )
+    assert gc.callbacks == callbacks, "the stopped agent left its callback in gc.callbacks"

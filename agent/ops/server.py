@@ -197,6 +197,7 @@ class Agent:
                 settings, store, tables, db=self._db, recovery=self.recovery
             )
             self.metrics.watch(self.service)
+            self.metrics.gc.start()  # stopped at close
             self._server = grpc.aio.server(
                 interceptors=interceptors,
                 options=[
@@ -383,6 +384,7 @@ class Agent:
         if self._session is not None:
             steps.append(self._session.close)
         self._metrics_runner, self._db, self._ray_runner = None, None, None
+        self.metrics.gc.stop()  # gc.callbacks is the process's: no agent's outlives it
         first: BaseException | None = None
         try:
             for step in steps:
