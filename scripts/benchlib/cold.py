@@ -32,7 +32,7 @@ from benchlib import rpc
 from benchlib.baselines import CURL, aiohttp_zipfile, curl_unzip
 from benchlib.config import Sizes
 from benchlib.figures import Goal, Measure, WorkloadResult, percentile
-from benchlib.procs import AgentProcess, EchoProcess, read_through
+from benchlib.procs import AgentProcess, EchoProcess, read_through, uvloop_available
 from benchlib.shared import BigPackage, Shared
 from rtenv.v1 import agent_pb2
 
@@ -267,8 +267,8 @@ class _Steps:
         return sum(1 for c in self.cpu_s if c > cpu_s)
 
     def text(self) -> str:
-        if not self.rounds:
-            return "not read"
+        if not self.rounds:  # no file (not a graceful exit), or no step of asyncio's loop
+            return "not read (uvloop runs no asyncio Handle)" if uvloop_available() else "not read"
         worst = max(range(len(self.cpu_s)), key=self.cpu_s.__getitem__, default=None)
         longest = "no step" if worst is None else (
             f"longest {self.cpu_s[worst] * 1000:.1f} ms CPU ({self.wall_s[worst] * 1000:.1f} ms "
