@@ -9,14 +9,21 @@ this process (``Tally``, ``LatencyTally``: no lock, no label lookup, bound once 
 path), turned into series at scrape. With a token, a scrape must carry it, as every gRPC call
 but the health checks must.
 
+The cyclic garbage collector's pauses are a histogram by generation (``GcPauses``, from
+``gc.callbacks`` while the agent runs): every thread waits while one runs, the event loop
+included, so a long one is every call's latency at that moment.
+
 Served by prometheus-client's own aiohttp handler (content negotiation, OpenMetrics, gzip), with
 the process collector's ``process_*`` series; the ``*_created`` series are not exported.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import os
+import time
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Literal
@@ -54,6 +61,10 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
                     10, 30, 60, 300)  # fmt: skip
 
+# A young generation's pass takes tens of microseconds; a full pass over a large heap, tens of
+# milliseconds (30 ms over the start-up heap before ops/server.freeze_start_heap).
+_GC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+
 # How an RPC ended, as rtenv_requests counts it: answered, an expected error of a kind (its
 # label is the kind's value: "not_found", "invalid"...), the client gone, or a bug.
 OK: Literal["ok"] = "ok"
@@ -73,6 +84,8 @@ class Metrics:
         self._create_hit = LatencyTally(_LATENCY_BUCKETS)
         self._create_miss = LatencyTally(_LATENCY_BUCKETS)
         self.registry.register(_RequestSeries(self))
+        self.gc = GcPauses()  # counted between gc.start() and gc.stop() (the agent's run)
+        self.registry.register(_GcSeries(self.gc))
         self.installs = Counter(
             "rtenv_installs", "package installs finished, by result", ["result"],
             registry=self.registry,
@@ -158,6 +171,47 @@ class LatencyTally:
             total += count
             out.append((floatToGoString(bound), total))  # type: ignore[no-untyped-call]
         return out
+
+
+class GcPauses:
+    """The garbage collector's pauses, by generation, while watched (``start`` to ``stop``:
+    ``gc.callbacks`` is the process's, so an agent in a test's process stops at its close).
+    The callback runs in whichever thread's allocation set off the collection, under the GIL,
+    and costs a clock read and a bucket's increment."""
+
+    def __init__(self) -> None:
+        self.pauses = tuple(LatencyTally(_GC_BUCKETS) for _ in range(3))
+        self._began = 0.0
+
+    def start(self) -> None:
+        if self._note not in gc.callbacks:
+            gc.callbacks.append(self._note)
+
+    def stop(self) -> None:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._note)
+
+    def _note(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.pauses[min(info["generation"], 2)].observe(time.perf_counter() - self._began)
+
+
+class _GcSeries(Collector):
+    """rtenv_gc_pause_seconds, from ``GcPauses``."""
+
+    def __init__(self, pauses: GcPauses) -> None:
+        self._pauses = pauses
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(
+            "rtenv_gc_pause_seconds", "pauses of the cyclic garbage collector (every thread, "
+            "the event loop included, waits), by generation", labels=["generation"],
+        )  # fmt: skip
+        for generation, tally in enumerate(self._pauses.pauses):
+            family.add_metric([str(generation)], tally.buckets(), tally.sum)
+        yield family
 
 
 class _RequestSeries(Collector):

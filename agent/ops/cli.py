@@ -243,7 +243,7 @@ def _run(settings: Settings) -> int:
     # what an RPC then waits; 1 ms keeps the loop answering while an install runs.
     sys.setswitchinterval(0.001)
     _use_uvloop_if_installed()
-    return asyncio.run(serve(settings))
+    return asyncio.run(serve(settings, freeze_heap=True))
 
 
 def _ray_agent(argv: Sequence[str]) -> int:

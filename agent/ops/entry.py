@@ -24,12 +24,16 @@ log = logging.getLogger(__name__)
 
 
 async def serve(
-    settings: Settings, *, before_recovery: Callable[[], Awaitable[None]] | None = None
+    settings: Settings,
+    *,
+    before_recovery: Callable[[], Awaitable[None]] | None = None,
+    freeze_heap: bool = False,
 ) -> int:
     """Run the agent until SIGTERM, SIGINT or SIGHUP (each a graceful stop) or the parent's
     death; return the exit code. Both are honoured while the agent starts too (the Ray door
     listens before recovery, which may be long): the start is cancelled, and cleans up.
-    ``before_recovery``: as ``Agent``'s (a test's hook)."""
+    ``before_recovery``: as ``Agent``'s (a test's hook). ``freeze_heap``: as ``Agent``'s
+    (process-wide: the CLI's process asks for it, not a test that runs agents in its own)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
 
@@ -48,7 +52,7 @@ async def serve(
         loop.add_signal_handler(sig, on_signal)
     try:  # the handlers stay until the agent has stopped: a second signal during the
         # graceful stop must still exit at once
-        return await _serve(settings, stop, before_recovery)
+        return await _serve(settings, stop, before_recovery, freeze_heap)
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
@@ -58,6 +62,7 @@ async def _serve(
     settings: Settings,
     stop: asyncio.Event,
     before_recovery: Callable[[], Awaitable[None]] | None,
+    freeze_heap: bool,
 ) -> int:
     watcher = None
     try:
@@ -65,7 +70,7 @@ async def _serve(
             check_parent(settings.parent_pid)
             watcher = asyncio.create_task(_watch_parent(settings.parent_pid, stop), name="parent")
         notifier = Notifier.from_environment()  # systemd Type=notify, when NOTIFY_SOCKET is set
-        agent = Agent(settings, before_recovery=before_recovery)
+        agent = Agent(settings, before_recovery=before_recovery, freeze_heap=freeze_heap)
         if not await _start_unless_stopped(agent, stop):
             log.info("stopped while starting")
             return 0

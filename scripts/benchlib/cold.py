@@ -3,6 +3,17 @@ child process on 127.0.0.1), into agents with empty caches.
 
 Before anything is timed the package is read through (the page cache drops files not read for
 a few seconds), and every agent gets a fresh root; nothing is deleted until the end of the run.
+
+loop-blocking's probes measure what a client sees, which on a shared machine of 2 cores is also
+the machine: the client's own process, the install's worker processes and anything else running
+compete for the cores. Two more things are reported beside them, so that a latency can be told
+from a blocked loop: the same probes against a bare grpc.aio server (``benchlib.echo_server``,
+its handlers registered by method as the agent's are, answering the agent's own reply) in the
+same rounds, the floor of the client, the transport and the machine at that moment; and the
+agent's event loop itself, timed from inside its process (``_STEP_TIMER``): each step of the
+loop (one callback: an RPC's handler resuming, an install's coroutine between two awaits, a
+garbage collection it triggers) with its wall time and the loop thread's CPU time, which a
+loaded machine does not inflate. A step is what every call waits behind.
 """
 
 from __future__ import annotations
@@ -12,6 +23,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -20,7 +32,7 @@ from benchlib import rpc
 from benchlib.baselines import CURL, aiohttp_zipfile, curl_unzip
 from benchlib.config import Sizes
 from benchlib.figures import Goal, Measure, WorkloadResult, percentile
-from benchlib.procs import AgentProcess, read_through
+from benchlib.procs import AgentProcess, EchoProcess, read_through, uvloop_available
 from benchlib.shared import BigPackage, Shared
 from rtenv.v1 import agent_pb2
 
@@ -207,6 +219,85 @@ async def bench_stampede(work: Path, sizes: Sizes, shared: Shared) -> WorkloadRe
     return result
 
 
+# Runs the agent's CLI (``python -c _STEP_TIMER STEPS_FILE serve ...``) with every step of its
+# event loop timed: asyncio runs each callback through ``Handle._run``. Kept: steps of 0.5 ms
+# or more (wall), and the step of most CPU of every 100 ms, each with when it began
+# (time.monotonic: the same clock as the bench's), its wall time and the loop thread's CPU
+# time; written as JSON at exit (the agent's graceful stop on SIGTERM). About 1 us a step.
+_STEP_TIMER = """
+import atexit, json, sys, time
+import asyncio.events
+out = sys.argv.pop(1)
+steps, best = [], {}
+run, clock, cpu = asyncio.events.Handle._run, time.monotonic, time.thread_time
+def timed(self):
+    t0, c0 = clock(), cpu()
+    run(self)
+    wall, used = clock() - t0, cpu() - c0
+    if wall >= 0.0005 and len(steps) < 200000:
+        steps.append((t0, wall, used))
+    slot = int(t0 * 10)
+    if used > best.get(slot, (0, 0, -1))[2]:
+        best[slot] = (t0, wall, used)
+asyncio.events.Handle._run = timed
+def dump():
+    kept = set(steps)
+    with open(out, "w") as f:
+        json.dump({"steps": steps + [s for s in best.values() if s not in kept]}, f)
+atexit.register(dump)
+from agent.ops.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+class _StepTimedAgent(AgentProcess):
+    """The agent, its event loop's steps timed (``_STEP_TIMER``) into ``steps``."""
+
+    def __init__(self, root: Path, steps: Path) -> None:
+        super().__init__(root)
+        assert self.argv[1:3] == ["-m", "agent"], self.argv
+        self.argv = [self.argv[0], "-c", _STEP_TIMER, str(steps), *self.argv[3:]]
+        self.steps = steps
+
+    def read_steps(self) -> list[tuple[float, float, float]]:
+        """(start, wall s, CPU s) of each step of 0.5 ms or more, and of the longest (CPU) of
+        every 100 ms; [] if none were written (the agent did not exit through its graceful
+        stop)."""
+        try:
+            data = json.loads(self.steps.read_text())
+        except (OSError, ValueError):
+            return []
+        return [(float(t), float(w), float(c)) for t, w, c in data["steps"]]
+
+
+@dataclass
+class _Steps:
+    """The loop's steps of one phase, pooled over rounds."""
+
+    wall_s: list[float] = field(default_factory=list)
+    cpu_s: list[float] = field(default_factory=list)
+    rounds: int = 0  # rounds whose steps were read
+
+    def add(self, steps: list[tuple[float, float, float]], start: float, end: float) -> None:
+        for t, wall, cpu in steps:
+            if start <= t < end:
+                self.wall_s.append(wall)
+                self.cpu_s.append(cpu)
+
+    def over(self, cpu_s: float) -> int:
+        return sum(1 for c in self.cpu_s if c > cpu_s)
+
+    def text(self) -> str:
+        if not self.rounds:  # no file (not a graceful exit), or no step of asyncio's loop
+            return "not read (uvloop runs no asyncio Handle)" if uvloop_available() else "not read"
+        worst = max(range(len(self.cpu_s)), key=self.cpu_s.__getitem__, default=None)
+        longest = "no step" if worst is None else (
+            f"longest {self.cpu_s[worst] * 1000:.1f} ms CPU ({self.wall_s[worst] * 1000:.1f} ms "
+            f"wall), longest wall {max(self.wall_s) * 1000:.1f} ms"
+        )  # fmt: skip
+        return f"{longest}; over 1 ms CPU: {self.over(0.001)}, over 5 ms: {self.over(0.005)}"
+
+
 def _timer(into: list[float], t0: float) -> Callable[[object], None]:
     """A done-callback that notes how long since ``t0`` the future took."""
 
@@ -222,53 +313,73 @@ async def bench_loop_blocking(work: Path, sizes: Sizes, shared: Shared) -> Workl
     server = await shared.server()
     idle_m = Measure("info probes, idle agent")
     busy_m = Measure("info probes, install running")
+    echo_m = Measure("info probes, bare grpc echo")
+    idle_steps, busy_steps = _Steps(), _Steps()
     install_s: list[float] = []
     period = sizes.loop_period_s
-    for r in range(sizes.loop_rounds):
-        async with (
-            AgentProcess(work / f"agent-{r}") as agent,
-            grpc.aio.insecure_channel(agent.address) as channel,
-        ):
-            stub = rpc.stub(channel)
-            deadline = time.monotonic() + sizes.phase_timeout_s
-            watch = agent.watch()
-            watch.start()
-            idle = await rpc.probe_info(
-                stub, period, until=None, max_calls=sizes.loop_idle_calls, deadline_s=deadline
-            )
-            usage = watch.stop()
-            idle_m.add(
-                Measure(idle_m.name, idle.wall_s, len(idle.info_s), idle.info_s, usage.cpu_s,
-                        usage.peak_rss_bytes, errors=idle.errors)
-            )  # fmt: skip
-            await asyncio.to_thread(read_through, big.path)
-            gets = await server.total_gets()
-            watch.start()
-            t0 = time.perf_counter()
-            create = asyncio.ensure_future(
-                stub.CreateRuntimeEnv(
-                    agent_pb2.CreateRuntimeEnvRequest(serialized_runtime_env=_env(big.url, "l")),
-                    timeout=sizes.phase_timeout_s,
+    echo: EchoProcess | None = None
+    try:
+        for r in range(sizes.loop_rounds):
+            agent = _StepTimedAgent(work / f"agent-{r}", work / f"agent-{r}.steps.json")
+            phases: list[tuple[_Steps, float, float]] = []
+            async with agent, grpc.aio.insecure_channel(agent.address) as channel:
+                stub = rpc.stub(channel)
+                deadline = time.monotonic() + sizes.phase_timeout_s
+                if echo is None:  # answering the agent's own idle reply, registered by method
+                    echo = await _echo(work, agent.address)
+                if r % 2 == 1:  # the echo's probes before the agent's or after, by turns
+                    echo_m.add(await _probe_echo(echo, sizes, period, deadline))
+                watch = agent.watch()
+                watch.start()
+                started = time.monotonic()
+                idle = await rpc.probe_info(
+                    stub, period, until=None, max_calls=sizes.loop_idle_calls, deadline_s=deadline
                 )
-            )
-            create.add_done_callback(_timer(install_s, t0))
-            busy = await rpc.probe_info(
-                stub, period, until=create, max_calls=int(sizes.phase_timeout_s / period),
-                deadline_s=deadline,
-            )  # fmt: skip
-            errors = busy.errors
-            try:
-                await create
-            except grpc.aio.AioRpcError as exc:
-                errors += 1
-                result.notes.append(f"the install failed: {exc.code().name}: {exc.details()}")
-            usage = watch.stop()
-            cache = (await rpc.info(agent.address)).cache
-            m = Measure(busy_m.name, busy.wall_s, len(busy.info_s), busy.info_s, usage.cpu_s,
-                        usage.peak_rss_bytes, errors=errors)  # fmt: skip
-            m.downloads = await server.total_gets() - gets
-            m.extractions = cache.extractions
-            busy_m.add(m)
+                phases.append((idle_steps, started, time.monotonic()))
+                usage = watch.stop()
+                idle_m.add(
+                    Measure(idle_m.name, idle.wall_s, len(idle.info_s), idle.info_s, usage.cpu_s,
+                            usage.peak_rss_bytes, errors=idle.errors)
+                )  # fmt: skip
+                if r % 2 == 0:
+                    echo_m.add(await _probe_echo(echo, sizes, period, deadline))
+                await asyncio.to_thread(read_through, big.path)
+                gets = await server.total_gets()
+                watch.start()
+                t0 = time.perf_counter()
+                started = time.monotonic()
+                env = _env(big.url, "l")
+                request = agent_pb2.CreateRuntimeEnvRequest(serialized_runtime_env=env)
+                create = asyncio.ensure_future(
+                    stub.CreateRuntimeEnv(request, timeout=sizes.phase_timeout_s)
+                )
+                create.add_done_callback(_timer(install_s, t0))
+                busy = await rpc.probe_info(
+                    stub, period, until=create, max_calls=int(sizes.phase_timeout_s / period),
+                    deadline_s=deadline,
+                )  # fmt: skip
+                errors = busy.errors
+                try:
+                    await create
+                except grpc.aio.AioRpcError as exc:
+                    errors += 1
+                    result.notes.append(f"the install failed: {exc.code().name}: {exc.details()}")
+                phases.append((busy_steps, started, time.monotonic()))
+                usage = watch.stop()
+                cache = (await rpc.info(agent.address)).cache
+                m = Measure(busy_m.name, busy.wall_s, len(busy.info_s), busy.info_s, usage.cpu_s,
+                            usage.peak_rss_bytes, errors=errors)  # fmt: skip
+                m.downloads = await server.total_gets() - gets
+                m.extractions = cache.extractions
+                busy_m.add(m)
+            steps = agent.read_steps()  # written at its exit
+            if steps:
+                for into, start, end in phases:
+                    into.add(steps, start, end)
+                    into.rounds += 1
+    finally:
+        if echo is not None:
+            await echo.stop()
     busy_lat, idle_lat = busy_m.latencies_s, idle_m.latencies_s
     base = f"the same calls on the idle agent, every {period * 1000:g} ms"
     result.figure(
@@ -283,9 +394,47 @@ async def bench_loop_blocking(work: Path, sizes: Sizes, shared: Shared) -> Workl
         "GetRuntimeEnvsInfo p50 while an install runs", percentile(busy_lat, 0.5) * 1000,
         percentile(idle_lat, 0.5) * 1000, base, "ms",
     )  # fmt: skip
-    result.measures = [idle_m, busy_m]
+    if busy_steps.rounds:
+        result.figure(
+            "longest event-loop step while an install runs (CPU)",
+            max(busy_steps.cpu_s, default=0) * 1000, max(idle_steps.cpu_s, default=0) * 1000,
+            "the same on the idle agent (the loop thread's CPU time of one step)", "ms",
+        )  # fmt: skip
+    result.measures = [idle_m, busy_m, echo_m]
     result.notes.append(
         f"{sizes.loop_rounds} rounds; installs took {', '.join(f'{s:.2f}s' for s in install_s)}; "
         "CPU per request is the agent's CPU (install included) per probe"
     )
+    result.notes.append(
+        "echo: the same probes in the same rounds against a bare grpc.aio server answering "
+        "the agent's own idle reply (handlers registered by method, as the agent's): the "
+        "floor of the client, the transport and the machine at that moment"
+    )
+    result.notes.append(
+        f"the agent's event-loop steps (a callback each), timed inside it ({busy_steps.rounds} "
+        f"of {sizes.loop_rounds} rounds read): idle: {idle_steps.text()}; install running: "
+        f"{busy_steps.text()}"
+    )
     return result
+
+
+async def _echo(work: Path, agent_address: str) -> EchoProcess:
+    info = await rpc.info(agent_address)
+    replies = {"create": "", "delete": "", "info": info.SerializeToString().hex()}
+    path = work / "loop-echo-replies.json"
+    path.write_text(json.dumps(replies))
+    return await EchoProcess(work, "loop-echo", path, route="registered").__aenter__()
+
+
+async def _probe_echo(echo: EchoProcess, sizes: Sizes, period: float, deadline: float) -> Measure:
+    async with grpc.aio.insecure_channel(echo.address) as channel:
+        watch = echo.watch()
+        watch.start()
+        calls = await rpc.probe_info(
+            rpc.stub(channel), period, until=None, max_calls=sizes.loop_idle_calls,
+            deadline_s=deadline,
+        )  # fmt: skip
+        usage = watch.stop()
+    name = "info probes, bare grpc echo"
+    return Measure(name, calls.wall_s, len(calls.info_s), calls.info_s, usage.cpu_s,
+                   usage.peak_rss_bytes, errors=calls.errors)  # fmt: skip
