@@ -259,6 +259,7 @@ def _parser() -> argparse.ArgumentParser:
     for flag, name, kind in (
         ("--hot-rounds", "hot_rounds", int),
         ("--cold-rounds", "cold_rounds", int),
+        ("--cold-link-rate", "cold_link_rate", int),
         ("--seed", "seed", int),
         ("--hot-pairs-c1", "hot_pairs_c1", int),
         ("--hot-pairs-c64", "hot_pairs_c64", int),

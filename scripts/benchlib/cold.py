@@ -32,7 +32,13 @@ from benchlib import rpc
 from benchlib.baselines import CURL, aiohttp_zipfile, curl_unzip
 from benchlib.config import Sizes
 from benchlib.figures import Goal, Measure, WorkloadResult, percentile
-from benchlib.procs import AgentProcess, EchoProcess, read_through, uvloop_available
+from benchlib.procs import (
+    AgentProcess,
+    EchoProcess,
+    PackageServer,
+    read_through,
+    uvloop_available,
+)
 from benchlib.shared import BigPackage, Shared
 from rtenv.v1 import agent_pb2
 
@@ -48,10 +54,12 @@ async def _cold_create(
     sizes: Sizes,
     name: str = "agent cold create",
     *flags: str,
+    server: PackageServer | None = None,
 ) -> Measure:
     """One create of an env on the large zip, by a new agent on an empty root (started with
-    ``flags``)."""
-    server = await shared.server()
+    ``flags``), from ``server`` (the shared one by default: ``big.url``'s)."""
+    url = big.url if server is None else f"{server.base_url}/{big.path.name}"
+    server = server or await shared.server()
     await asyncio.to_thread(read_through, big.path)
     async with AgentProcess(root, *flags) as agent:
         gets = await server.total_gets()
@@ -62,7 +70,7 @@ async def _cold_create(
         async with grpc.aio.insecure_channel(agent.address) as channel:
             try:
                 await rpc.stub(channel).CreateRuntimeEnv(
-                    agent_pb2.CreateRuntimeEnvRequest(serialized_runtime_env=_env(big.url, "1")),
+                    agent_pb2.CreateRuntimeEnvRequest(serialized_runtime_env=_env(url, "1")),
                     timeout=sizes.phase_timeout_s,
                 )
             except grpc.aio.AioRpcError as exc:
@@ -148,7 +156,53 @@ async def bench_cold_large(work: Path, sizes: Sizes, shared: Shared) -> Workload
         f"{sizes.cold_rounds} rounds, medians; {big.unpacked_bytes / 2**20:.0f} MB unpacked; "
         f"aiohttp+zipfile split: {'; '.join(splits)}"
     )
+    await _over_a_link(work, big, shared, sizes, result)
     return result
+
+
+async def _over_a_link(
+    work: Path, big: BigPackage, shared: Shared, sizes: Sizes, result: WorkloadResult
+) -> None:
+    """The same creates from a package server limited to ``cold_link_rate`` bytes/s (a real
+    network: the download takes longer than the machine needs to unpack what arrived), where
+    extracting while downloading should hide most of the extraction: the agent with and
+    without it, and aiohttp + zipfile, interleaved; no goal."""
+    rate = sizes.cold_link_rate
+    rounds = max(sizes.cold_rounds // 2, 1)
+    walls: dict[str, list[float]] = {"on": [], "off": [], "aiohttp": []}
+    async with PackageServer(big.path.parent, work / "link-server.log", rate=rate) as server:
+        url = f"{server.base_url}/{big.path.name}"
+        for r in range(rounds):
+            steps = ["on", "off", "aiohttp"]
+            for step in steps[r % 3 :] + steps[: r % 3]:
+                root = work / f"link-{step}-{r}"
+                if step == "aiohttp":
+                    m, _ = await aiohttp_zipfile(url, root, sizes.phase_timeout_s)
+                else:
+                    flags = ("--overlap-downloads", "false") if step == "off" else ()
+                    m = await _cold_create(root, big, shared, sizes, step, *flags, server=server)
+                walls[step].append(m.wall_s)
+    link = f"over a {rate / 2**20:g} MiB/s link"
+    floor = big.zip_bytes / rate
+    on = statistics.median(walls["on"])
+    result.figure(
+        f"cold create {link}, vs overlap off", on, statistics.median(walls["off"]),
+        "the same agent with --overlap-downloads false, the same limited server", "s",
+    )  # fmt: skip
+    result.figure(
+        f"cold create {link}, vs aiohttp", on, statistics.median(walls["aiohttp"]),
+        "sequential aiohttp download + zipfile.extractall, the same limited server", "s",
+    )  # fmt: skip
+    result.figure(
+        f"cold create {link}, vs the link's floor", on, floor,
+        "the zip's bytes / the rate: the download alone", "s",
+    )  # fmt: skip
+    result.notes.append(
+        f"{link}: {rounds} rounds, medians; walls: overlap on "
+        f"{', '.join(f'{w:.2f}' for w in walls['on'])}s, off "
+        f"{', '.join(f'{w:.2f}' for w in walls['off'])}s, aiohttp+zipfile "
+        f"{', '.join(f'{w:.2f}' for w in walls['aiohttp'])}s"
+    )
 
 
 async def _stampede(

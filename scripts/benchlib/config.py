@@ -22,6 +22,7 @@ class Sizes:
     # cold-large, stampede, loop-blocking
     big: BigSpec = field(default_factory=BigSpec)
     cold_rounds: int = 5
+    cold_link_rate: int = 128 * 2**20  # cold-large again from a server limited to this
     stampede_envs: int = 50
     stampede_rounds: int = 2
     loop_period_s: float = 0.01
