@@ -8,6 +8,7 @@ real agent on a real unix socket; packages are file:// zips."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from pathlib import Path
@@ -22,7 +23,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from agent.app.config import RaySettings
 from agent.app.service import AgentService
-from agent.doors.servicer import SERVICE, _HotRequests
+from agent.doors.servicer import SERVICE, RuntimeEnvAgentServicer, _HotRequests
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
 from rtenv.v1 import agent_pb2
 from tests.helpers import RayClient, RunningAgent, env_json, module_zip, running_agent
@@ -233,6 +234,27 @@ async def test_only_the_hot_methods_are_registered_by_method_and_every_service_a
         listed = {s.name for s in replies[0].list_services_response.service}
         assert {SERVICE, "grpc.health.v1.Health"} <= listed, listed
         assert await a.delete(created.runtime_env_id) == 0
+
+
+async def test_the_handlers_are_recognised_as_async_by_the_first_question_grpc_asks(
+    tmp_path: Path,
+) -> None:
+    """grpc.aio asks ``inspect.isawaitable(handler)`` first, then ``iscoroutinefunction``, of
+    every call: the door's handlers answer the first one yes (a bound method answers it no,
+    eight Python calls in all), and calling one answers the request."""
+    async with running_agent() as a:
+        servicer = RuntimeEnvAgentServicer(a.service, None)
+        handlers = servicer.handlers()
+        assert sorted(handlers) == sorted(RPCS)
+        for handler in handlers.values():
+            assert inspect.isawaitable(handler.unary_unary)
+            assert inspect.iscoroutinefunction(handler.unary_unary)
+        body = agent_pb2.CreateRuntimeEnvRequest(serialized_runtime_env=_env(tmp_path))
+        create: Any = handlers["CreateRuntimeEnv"].unary_unary
+        reply = await create(body.SerializeToString(), None)  # a context is read only for errors
+        env_id = agent_pb2.CreateRuntimeEnvReply.FromString(reply).runtime_env_id
+        assert _references(a, env_id) == 1
+        assert await a.delete(env_id) == 0
 
 
 def test_remembered_requests_are_bounded_in_entries_and_in_bytes_oldest_first() -> None:
