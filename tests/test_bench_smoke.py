@@ -390,3 +390,18 @@ async def test_the_package_servers_rate_limits_all_connections_together(
         assert list(bodies) == [data] * 3
         assert elapsed >= (3 * len(data) - CHUNK) / rate, elapsed
         assert await server.gets() == {"p.zip": 3}
+
+
+def test_the_hot_rounds_are_also_given_paired_by_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Next to the best rounds (the figures), the hot workload notes the agent against the
+    echo round by round and the median: one quiet round of one side moves the best rounds,
+    not the median of the paired ratios."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    from benchlib.hot import Served, paired_text
+
+    agent, echo = Served("agent", "unix:a", 1), Served("echo", "unix:e", 2)
+    agent.c64_rates, echo.c64_rates = [2442, 2600, 2613], [2770, 2586, 2431]
+    agent.c64_cpu_per_rpc_s, echo.c64_cpu_per_rpc_s = [2e-4, 2e-4, 3e-4], [1e-4, 2e-4, 2e-4]
+    text = paired_text(agent, echo)
+    assert text.startswith("agent / echo paired by round at c64: pairs/s 0.88/1.01/1.07, ")
+    assert "median 1.01x; CPU per RPC 2.00/1.00/1.50, median 1.50x" in text, text

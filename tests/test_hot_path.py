@@ -8,17 +8,22 @@ real agent on a real unix socket; packages are file:// zips."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import grpc
+import grpc.aio._server
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from agent.app.config import RaySettings
 from agent.app.service import AgentService
-from agent.doors.servicer import SERVICE
+from agent.doors.servicer import SERVICE, RuntimeEnvAgentServicer, _HotRequests
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
 from rtenv.v1 import agent_pb2
 from tests.helpers import RayClient, RunningAgent, env_json, module_zip, running_agent
@@ -199,3 +204,73 @@ async def test_the_ray_door_answers_hits_with_the_prepared_reply_and_failures_wi
         gone = await ray.delete(env)
         assert gone.status == ray_pb2.AGENT_RPC_STATUS_FAILED
         assert "no reference on this agent" in gone.error_message
+
+
+async def test_only_the_hot_methods_are_registered_by_method_and_every_service_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """grpc.aio waits on one requested call per method registered by method, for every call:
+    only CreateRuntimeEnv and DeleteRuntimeEnv are; info, the health checks and reflection are
+    found through generic handlers and answer as before."""
+    registered: list[tuple[str, list[str]]] = []
+    add = grpc.aio._server.Server.add_registered_method_handlers
+
+    def recording(server: grpc.aio._server.Server, service: str, handlers: dict[str, Any]) -> None:
+        registered.append((service, sorted(handlers)))
+        add(server, service, handlers)
+
+    monkeypatch.setattr(grpc.aio._server.Server, "add_registered_method_handlers", recording)
+    async with running_agent() as a:
+        assert registered == [(SERVICE, ["CreateRuntimeEnv", "DeleteRuntimeEnv"])]
+        created = await a.create(_env(tmp_path))
+        assert [e.runtime_env_id for e in (await a.info()).envs] == [created.runtime_env_id]
+        async with grpc.aio.insecure_channel(a.agent.address) as channel:
+            health: Any = health_pb2_grpc.HealthStub(channel)
+            checked = await health.Check(health_pb2.HealthCheckRequest(service=SERVICE))
+            assert checked.status == health_pb2.HealthCheckResponse.SERVING
+            reflect: Any = reflection_pb2_grpc.ServerReflectionStub(channel)  # type: ignore[arg-type]
+            request = reflection_pb2.ServerReflectionRequest(list_services="")
+            replies = [r async for r in reflect.ServerReflectionInfo(iter([request]))]
+        listed = {s.name for s in replies[0].list_services_response.service}
+        assert {SERVICE, "grpc.health.v1.Health"} <= listed, listed
+        assert await a.delete(created.runtime_env_id) == 0
+
+
+async def test_the_handlers_are_recognised_as_async_by_the_first_question_grpc_asks(
+    tmp_path: Path,
+) -> None:
+    """grpc.aio asks ``inspect.isawaitable(handler)`` first, then ``iscoroutinefunction``, of
+    every call: the door's handlers answer the first one yes (a bound method answers it no,
+    eight Python calls in all), and calling one answers the request."""
+    async with running_agent() as a:
+        servicer = RuntimeEnvAgentServicer(a.service, None)
+        handlers = servicer.handlers()
+        assert sorted(handlers) == sorted(RPCS)
+        for handler in handlers.values():
+            assert inspect.isawaitable(handler.unary_unary)
+            assert inspect.iscoroutinefunction(handler.unary_unary)
+        body = agent_pb2.CreateRuntimeEnvRequest(serialized_runtime_env=_env(tmp_path))
+        create: Any = handlers["CreateRuntimeEnv"].unary_unary
+        reply = await create(body.SerializeToString(), None)  # a context is read only for errors
+        env_id = agent_pb2.CreateRuntimeEnvReply.FromString(reply).runtime_env_id
+        assert _references(a, env_id) == 1
+        assert await a.delete(env_id) == 0
+
+
+def test_remembered_requests_are_bounded_in_entries_and_in_bytes_oldest_first() -> None:
+    kept: _HotRequests[str] = _HotRequests(3, 100)
+    for i in range(4):
+        kept.remember(b"r%d" % i, f"v{i}", 10)
+    assert list(kept) == [b"r1", b"r2", b"r3"]  # over the entries: r0, the oldest, went
+    assert kept.bytes == 30
+    assert kept.get(b"r1") == "v1"  # a plain dict read: it moves nothing
+    kept.remember(b"big", "b", 80)  # over the bytes: the oldest go until it fits
+    assert list(kept) == [b"r2", b"r3", b"big"]
+    assert kept.bytes == 100
+    kept.remember(b"r2", "again", 5)  # remembered again: the newest, weighed anew
+    assert list(kept) == [b"r3", b"big", b"r2"]
+    assert kept.bytes == 95
+    assert kept[b"r2"] == "again"
+    kept.remember(b"r3", "huge", 101)  # heavier than the whole budget: not kept, nor the old
+    assert list(kept) == [b"big", b"r2"]
+    assert kept.bytes == 85

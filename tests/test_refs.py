@@ -60,6 +60,25 @@ def test_commit_makes_the_reference_deletable() -> None:
     t.check_invariants()
 
 
+def test_a_hit_counts_one_committed_reference_on_a_counted_env_and_nothing_on_another() -> None:
+    t = RefTables()
+    created(t, "a", [X, Y])
+    t.begin_create("a", [X, Y])  # a create in flight stays pending
+    assert t.hit("a") == (X, Y)
+    refs = t.env("a")
+    assert refs is not None
+    assert (refs.count, refs.pending) == (3, 1)
+    assert (t.uri_count(X), t.uri_count(Y)) == (1, 1)  # the env's keys are counted once
+    assert t.hit("b") is None
+    assert t.env("b") is None
+    t.check_invariants()
+    assert t.delete("a") == (2, [])  # the hit's reference is deletable at once
+    assert t.delete("a") == (1, [])
+    with pytest.raises(EnvBusy):
+        t.delete("a")  # only the pending one is left
+    t.check_invariants()
+
+
 def test_abort_of_the_only_create_releases_the_env_and_its_keys() -> None:
     t = RefTables()
     t.begin_create("a", [X, Y])

@@ -104,6 +104,16 @@ class RefTables:
             return keys
         return shared
 
+    def hit(self, env_id: str) -> tuple[UriKey, ...] | None:
+        """One more reference on an env the tables count already, committed at once (a create
+        with nothing to wait for: ``begin_create`` and ``commit_create`` in one step, no key
+        going 0 -> 1); return the env's keys, or None (nothing done) if it is not counted."""
+        refs = self._envs.get(env_id)
+        if refs is None:
+            return None
+        refs.count += 1
+        return refs.keys
+
     def commit_create(self, env_id: str) -> None:
         """The create answered success: its pending reference becomes an ordinary one."""
         refs = self._envs[env_id]

@@ -27,9 +27,8 @@ from types import TracebackType
 import aiohttp
 import grpc
 from aiohttp import web
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
 
 from agent.app.config import RaySettings, Settings
 from agent.app.ray_front import RayFront
@@ -41,7 +40,7 @@ from agent.core.units import human_bytes
 from agent.doors.access import TokenInterceptor
 from agent.doors.metrics import Metrics, start_metrics_server
 from agent.doors.ray_http import ray_app
-from agent.doors.servicer import RuntimeEnvAgentServicer
+from agent.doors.servicer import RuntimeEnvAgentServicer, add_services
 from agent.install.fetch import Fetcher, Sleep
 from agent.install.gcs_source import GcsConfig
 from agent.install.installers import InstallTools, build_installers
@@ -205,18 +204,10 @@ class Agent:
                     ("grpc.so_reuseport", 0),
                 ],
             )
-            # bytes in and out, registered by method (see doors/servicer.py); the service's
-            # descriptor is in the default pool (rtenv.v1.agent_pb2), so reflection lists it
+            # bytes in and out; the hot methods registered by method (see doors/servicer.py)
             handlers = RuntimeEnvAgentServicer(self.service, self.metrics).handlers()
-            self._server.add_generic_rpc_handlers(
-                (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
-            )
-            self._server.add_registered_method_handlers(SERVICE_NAME, handlers)
             self._health = health_aio.HealthServicer()
-            health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-            reflection.enable_server_reflection(
-                [SERVICE_NAME, "grpc.health.v1.Health", reflection.SERVICE_NAME], self._server
-            )
+            add_services(self._server, handlers, self._health)
             if settings.metrics_address:  # before the gRPC port: a bound grpc server that
                 # never started keeps its port until the process ends (grpc's own behaviour)
                 await self._serve_metrics(settings, None if secret is None else Token(secret))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -264,17 +265,40 @@ async def bench_hot(work: Path, sizes: Sizes) -> WorkloadResult:
     else:
         result.notes.append(f"{ray_door_missing()}: its Ray door was not measured")
     result.measures = [s.measure for s in servers]
-    round_notes(result, servers, sizes)
+    round_notes(result, servers, sizes, paired=(a, e))
     return result
 
 
-def round_notes(result: WorkloadResult, servers: list[Served], sizes: Sizes) -> None:
+def round_notes(
+    result: WorkloadResult, servers: list[Served], sizes: Sizes,
+    paired: tuple[Served, Served] | None = None,
+) -> None:  # fmt: skip
     result.notes.append(
         f"{sizes.hot_rounds} interleaved rounds, each {sizes.hot_pairs_c1} pairs at c1 and "
         f"{sizes.hot_pairs_c64} at c{HIGH} per server after {sizes.hot_warmup_pairs} warm-up "
         "pairs; pairs/s and CPU per RPC are the best round's, latencies pooled (c1 creates)"
     )
     result.notes.append("rounds at c64: " + "; ".join(s.rounds_text() for s in servers))
+    if paired is not None:
+        result.notes.append(paired_text(*paired))
+
+
+def paired_text(a: Served, b: Served) -> str:
+    """``a`` against ``b`` round by round (each round's two phases ran seconds apart, under
+    the same load): the ratios and their median. The best rounds of each (the figures) may
+    come from different rounds, so one quiet round of one side moves them; the median of the
+    paired ratios is what the rounds say together."""
+    rates = [x / y for x, y in zip(a.c64_rates, b.c64_rates, strict=True)]
+    cpus = [x / y for x, y in zip(a.c64_cpu_per_rpc_s, b.c64_cpu_per_rpc_s, strict=True)]
+
+    def text(ratios: list[float]) -> str:
+        each = "/".join(f"{r:.2f}" for r in ratios)
+        return f"{each}, median {statistics.median(ratios):.2f}x" if ratios else "none"
+
+    return (
+        f"{a.name} / {b.name} paired by round at c{HIGH}: pairs/s {text(rates)}; "
+        f"CPU per RPC {text(cpus)}"
+    )
 
 
 async def bench_persistence(work: Path, sizes: Sizes) -> WorkloadResult:
