@@ -41,7 +41,9 @@ async def test_a_task_waiting_on_a_download_makes_room_for_an_ordinary_one(
             )  # fmt: skip
             return asyncio.ensure_future(job)
 
-        tail = (len(data), offset, data[offset:])
+        tail_file = tmp_path / "package.tail"
+        tail_file.write_bytes(data[offset:])
+        tail = (len(data), offset, str(tail_file))
         streaming = extract(growing, "early", size=len(data), growing=tail)
         await wait_until(lambda: pool.busy == 1, what="the streaming task sent")
         written = await asyncio.wait_for(extract(small, "small"), 30)

@@ -77,6 +77,7 @@ Fetched = tuple[int, str | None]  # bytes written, and their sha256 when the URI
 Random = Callable[[], float]  # uniform in [0, 1)
 _T = TypeVar("_T")
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_RANGE_CHUNK = 64 * 1024  # a ranged GET's body is read in pieces of this size
 
 
 @dataclass(frozen=True)
@@ -383,7 +384,8 @@ class Fetcher:
                     return None
                 parts: list[bytes] = []
                 got = 0
-                async for chunk in resp.chunks(min(limits.chunk_bytes, want)):
+                async for chunk in resp.chunks(min(_RANGE_CHUNK, want)):  # small steps: no
+                    # large buffer is joined on the event loop
                     got += len(chunk)
                     if got > want:
                         return None

@@ -27,7 +27,9 @@ from collections.abc import Callable
 
 from agent.install.archive import Stopped
 
-Growing = tuple[int, int, bytes]  # an archive's size, where its known tail starts, the tail
+# what a task names: the archive's size, where its known tail starts, the file holding the tail
+# (written by the agent beside the download: a task's message stays small on the event loop)
+Growing = tuple[int, int, str]
 
 _FIRST_WAIT_S = 0.0005  # the first pause when bytes are missing; doubled up to the next
 _MAX_WAIT_S = 0.004  # a chunk of the download lands every few ms on a fast link

@@ -49,6 +49,7 @@ OVERLAP_MIN_BYTES = 4 * 1024 * 1024  # smaller packages are downloaded, then ext
 MAX_DIRECTORY_BYTES = 8 * 1024 * 1024  # a larger directory (~80,000 entries) waits for the file
 _MIN_TAIL = 22 + 0xFFFF  # the end record with the longest comment it may carry
 _MAX_TAIL = 1024 * 1024  # the first ranged GET: the directory of ~10,000 entries fits
+_TAIL_FILE = "package.tail"  # beside the download: the directory the workers plan from
 _END = struct.Struct("<4s4H2LH")  # the end of central directory record
 _END_MAGIC = b"PK\x05\x06"
 _LOCATOR = struct.Struct("<4sLQL")  # the zip64 end record's locator, just before the end
@@ -211,6 +212,11 @@ class EarlyExtraction:
             if head is None:
                 return None
             offset, tail = start, head + tail
+        if start > offset:  # only the directory and the end: the entries' bytes come with the file
+            tail, offset = tail[start - offset :], start
+        tail_file = self._archive.with_name(_TAIL_FILE)
+        write = asyncio.ensure_future(asyncio.to_thread(_write_private, tail_file, tail))
+        await through(write)  # a hop: the tasks' messages name it, and stay small on the loop
         self._tail = (offset, tail)
         self.started = True
         self._decided.set_result(None)  # the tail the workers plan from is known
@@ -221,12 +227,24 @@ class EarlyExtraction:
 
         return await self._pool.extract(
             self._archive, self.dest, archive_bytes=size, strip_top_level=self._strip,
-            limits=limits, label=self._label, reserve=reserve, growing=(size, offset, tail),
+            limits=limits, label=self._label, reserve=reserve,
+            growing=(size, offset, str(tail_file)),
         )  # fmt: skip
 
 
 def _stop(task: asyncio.Task[int | None]) -> None:
     task.cancel()
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """``data`` in a new file at ``path``, 0600 (in the install's 0700 staging folder). Blocking."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 def _holds(path: Path, offset: int, expected: bytes) -> bool:

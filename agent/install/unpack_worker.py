@@ -15,8 +15,9 @@ time, until the socket ends (the agent closed it, or died):
 - ``("finish", job, archive, dest, strip, limits, label, growing, 0, n, False)``: the links,
   then the final modes (the plan is kept from this worker's share of the job, or made again).
 
-``growing``: None for a complete archive; ``(size, tail_offset, tail)`` for one whose download
-is still under way (``growing.GrowingZip``: the tail known, the rest read as it arrives).
+``growing``: None for a complete archive; ``(size, tail_offset, tail_file)`` for one whose
+download is still under way (``growing.GrowingZip``: the tail, read from its file, known; the
+rest read as it arrives).
 
 ``gated``: once the plan passed, and before anything is written, the worker sends
 ``("planned", declared_bytes)`` and waits for ``("go",)`` (the agent found the disk room for
@@ -120,7 +121,8 @@ class _Worker:
                 source: Path | GrowingZip = archive
                 size = archive.stat().st_size
             else:
-                size, tail_offset, tail = growing
+                size, tail_offset, tail_file = growing
+                tail = Path(tail_file).read_bytes()
                 source = stack.enter_context(
                     GrowingZip(str(archive), size, tail_offset, tail, self.halted)
                 )
