@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.install.archive import ArchiveLimits
-from agent.install.overlap import directory_start, tail_span
 from tests.helpers import wait_until, workdir_zip
+from tests.test_overlap_unit import tail_offset_of
 from tests.test_unpack_pool import pool_of, slow_zip
 
 LIMITS = ArchiveLimits()
@@ -23,10 +23,7 @@ async def test_a_task_waiting_on_a_download_makes_room_for_an_ordinary_one(
     tmp_path: Path,
 ) -> None:
     data = slow_zip(files=50, text_mb=1)
-    offset = tail_span(len(data))
-    start = directory_start(data[offset:], offset)
-    assert start is not None
-    offset = min(offset, start)
+    offset = tail_offset_of(data)
     growing = tmp_path / "growing.zip"
     growing.write_bytes(data[: len(data) // 3])  # the rest has not arrived yet
     small = tmp_path / "small.zip"
