@@ -19,8 +19,13 @@ When it is not tried: a package under ``OVERLAP_MIN_BYTES`` (a ranged GET costs 
 and the saving is small), a server that says ``Accept-Ranges: none``, or that answers the
 ranged GET with anything but exactly the bytes asked for, of an object of the same size (and
 the same ETag or Last-Modified, sent as ``If-Range``), or a central directory of more than
-``MAX_DIRECTORY_BYTES`` (the tail is held in memory and sent to each worker of the job: at most
-1 MiB read first, then the rest of the directory). Then the download is as before.
+``MAX_DIRECTORY_BYTES`` (the tail is held in memory, by the agent and by each worker of the
+job: at most 1 MiB read first, then the rest of the directory). Then the download is as before.
+
+The tail the workers plan from is cut to the central directory and the end record and written
+beside the download (``package.tail``, in a thread hop); their tasks name that file, so a task's
+message stays small on the event loop (sent in it, the 1 MiB tail was the install's longest
+loop step, 5.1 ms of CPU).
 
 Pure helpers (``directory_start``, ``if_range``, ``tail_span``) and a thin async shell, used
 from the event loop's thread.
