@@ -95,7 +95,8 @@ class _Package:
     statuses: list[int] = field(default_factory=list)  # answered first, one per request
     gate: asyncio.Event | None = None  # when set: hold the body until the event is set
     chunk_delay_s: float = 0.0
-    ranges: bool = True  # a Range request is answered 206 with those bytes (else 200, whole)
+    # say Accept-Ranges and answer a Range request 206 with those bytes (else 200, whole)
+    ranges: bool = True
     range_body: bytes | None = None  # what ranges are cut from, if not ``body``
     cuts: list[int] = field(default_factory=list)  # whole GETs that end after so many bytes
     last_gate: tuple[int, asyncio.Event] | None = None  # the last N bytes wait for the event
@@ -175,10 +176,11 @@ class PackageServer:
         if package.gate is not None:
             await package.gate.wait()
         cut = package.cuts.pop(0) if package.cuts else None
+        ranges = {"Accept-Ranges": "bytes"} if package.ranges else {}
         if not package.chunk_delay_s and cut is None and package.last_gate is None:
-            return web.Response(body=package.body, content_type="application/zip")
+            return web.Response(body=package.body, content_type="application/zip", headers=ranges)
         body = package.body
-        response = web.StreamResponse(headers={"Content-Length": str(len(body))})
+        response = web.StreamResponse(headers={"Content-Length": str(len(body)), **ranges})
         await response.prepare(request)
         held = len(body) - package.last_gate[0] if package.last_gate is not None else len(body)
         for start in range(0, held if cut is None else cut, 64 * 1024):

@@ -104,10 +104,11 @@ async def test_a_server_without_ranges_gets_the_plain_download() -> None:
     data = big_zip()
     async with package_server() as server, running_agent() as a:
         url = server.add(BIG, data)
-        server.package(BIG).ranges = False  # a ranged GET is answered 200, whole
+        server.package(BIG).ranges = False  # no Accept-Ranges; a Range would be answered whole
         reply = await a.create(env_json(working_dir=url))
         assert installed_tree(reply) == tree_of(data)
         assert server.ranged[BIG] == 0
+        assert server.gets[BIG] == 1  # no ranged GET sent, so no whole body sent twice
 
 
 async def test_a_retried_download_throws_the_early_extraction_away() -> None:

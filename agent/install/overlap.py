@@ -16,7 +16,8 @@ from its start), the early extraction is stopped, waited for and thrown away, an
 is extracted from the complete file as it would have been without this.
 
 When it is not tried: a package under ``OVERLAP_MIN_BYTES`` (a ranged GET costs a round trip
-and the saving is small), a server that says ``Accept-Ranges: none``, or that answers the
+and the saving is small), a server whose answer does not say ``Accept-Ranges: bytes`` (one that
+ignores ranges would send the whole package a second time), or one that answers the
 ranged GET with anything but exactly the bytes asked for, of an object of the same size (and
 the same ETag or Last-Modified, sent as ``If-Range``), or a central directory of more than
 ``MAX_DIRECTORY_BYTES`` (the tail is held in memory, by the agent and by each worker of the
@@ -144,8 +145,8 @@ class EarlyExtraction:
             return
         if size is None or size < OVERLAP_MIN_BYTES:
             return
-        if headers.get("Accept-Ranges", "").strip().lower() == "none":
-            return
+        if headers.get("Accept-Ranges", "").strip().lower() != "bytes":
+            return  # a server that does not say it serves ranges would send the whole again
         self._task = asyncio.ensure_future(self._run(size, if_range(headers)))
 
     def wrote(self, total: int) -> None:
