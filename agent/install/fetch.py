@@ -12,7 +12,7 @@ way through a ``Transport`` (``transport.py``: aiohttp in the agent, a function 
 asking for the identity encoding and storing the body byte for byte.
 
 A ``DownloadWatch`` given to ``fetch`` is told of each http(s) attempt's answer (its size and
-headers) and of the bytes in the file as they land; ``read_range`` reads one byte range of a
+headers); ``read_range`` reads one byte range of a
 package with a single ranged GET, or gives None. Together they let an extraction start before
 the download ends (``overlap.py``).
 
@@ -108,14 +108,12 @@ class Space(Protocol):
 
 
 class DownloadWatch(Protocol):
-    """Told how an http(s) download goes, as it goes (an extraction that overlaps it)."""
+    """Told of an http(s) download's answers (an extraction that overlaps it; it follows the
+    bytes by the file's size, not through the fetcher)."""
 
     def opened(self, size: int | None, headers: Mapping[str, str]) -> None:
         """An attempt's answer is a package (200): its declared size and headers. Called once
         per attempt: a second call is a retry, whose body is written anew from its start."""
-
-    def wrote(self, total: int) -> None:
-        """The attempt's first ``total`` bytes are in the file."""
 
 
 class _Unlimited:
@@ -354,8 +352,6 @@ class Fetcher:
                         await space.take(total, len(chunk))
                         await _hop(_write_all, out, chunk, digest)
                         total += len(chunk)
-                        if watch is not None:
-                            watch.wrote(total)
                 finally:
                     os.close(out)
                 if expected is not None and total != expected:

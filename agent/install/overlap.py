@@ -134,7 +134,6 @@ class EarlyExtraction:
         self._tail: tuple[int, bytes] | None = None  # where the workers' tail starts, and it
         self._decided: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.started = False  # workers were given the archive: ``dest`` may hold a tree
-        self.written = 0  # the download's bytes in the file
 
     # -- the fetcher's watch -----------------------------------------------------------------
     def opened(self, size: int | None, headers: Mapping[str, str]) -> None:
@@ -148,9 +147,6 @@ class EarlyExtraction:
         if headers.get("Accept-Ranges", "").strip().lower() != "bytes":
             return  # a server that does not say it serves ranges would send the whole again
         self._task = asyncio.ensure_future(self._run(size, if_range(headers)))
-
-    def wrote(self, total: int) -> None:
-        self.written = total
 
     # -- the install's side ------------------------------------------------------------------
     async def outcome(self) -> int | None:
