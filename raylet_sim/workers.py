@@ -12,6 +12,7 @@ import contextlib
 import errno
 import json
 import os
+import shlex
 import sys
 from dataclasses import dataclass, field
 from enum import Enum
@@ -67,15 +68,24 @@ async def spawn(
     stderr: IO[bytes] | int | None = None,
     watch_interval_s: float | None = None,
 ) -> asyncio.subprocess.Process:
-    """A worker process with the context applied: its python, variables and cwd, in a session
-    (a process group) of its own. Fails with ARGUMENT_LIST_TOO_LONG or SPAWN_FAILED."""
+    """A worker process with the context applied: its command (``py_executable``, shell words:
+    a python, or a program and its arguments, the worker's appended), variables and cwd, in a
+    session (a process group) of its own. Fails with ARGUMENT_LIST_TOO_LONG or SPAWN_FAILED."""
     python = context.py_executable or sys.executable
+    try:
+        command = shlex.split(python)
+    except ValueError as exc:
+        raise TaskFailed(
+            SPAWN_FAILED, f"cannot start a worker with {python!r}: not shell words: {exc}"
+        ) from exc
+    if not command:
+        raise TaskFailed(SPAWN_FAILED, f"cannot start a worker with {python!r}: no command")
     env = {**os.environ, **context.env_vars}
     if watch_interval_s is not None:
         env[WATCH_ENV_VAR] = str(watch_interval_s)
     try:
         return await asyncio.create_subprocess_exec(
-            python, "-c", _BOOTSTRAP,
+            *command, "-c", _BOOTSTRAP,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=stderr, cwd=context.cwd or None, env=env, start_new_session=True,
         )  # fmt: skip

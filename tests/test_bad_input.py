@@ -55,6 +55,7 @@ async def target() -> AsyncIterator[Target]:
     try:
         async with package_server() as pkgs, running_agent(env=limits) as agent:
             pkgs.add("not-a-zip.zip", b"plain text, not a zip archive\n")
+            pkgs.add("not-a-jar.jar", b"plain text, not a jar\n")
             pkgs.add("good.zip", workdir_zip({"main.py": "print('ok')\n"}))
             pkgs.add("forbidden.zip", b"", statuses=[403] * 100)
             yield Target(agent, pkgs, files)
@@ -130,8 +131,45 @@ CASES = [
     case(
         "field-unknown", create({"workdir": "x"}), INVALID, "unknown runtime_env field(s) 'workdir'"
     ),
-    case("field-conda-not-yet", create({"conda": ["numpy"]}), INVALID, "conda not supported yet"),
-    case("field-conda-not-yet", create({"conda": "env"}), INVALID, "conda not supported yet"),
+    case("field-nsight-spelling", create({"nsight": "default"}), INVALID, "Ray spells 'nsight'"),
+    *(
+        case(f"field-{name}-needs-the-node", create({name: value}), PRECONDITION, needs)
+        for name, value, needs in [
+            ("conda", ["numpy"], "'conda' cannot be used on this node: it needs a conda install"),
+            ("conda", "env", "'conda' cannot be used on this node: it needs a conda installation"),
+            ("image_uri", "img:1", "'image_uri' cannot be used on this node: it needs a container"),
+            ("container", {"image": "i"}, "'container' cannot be used on this node: it needs a"),
+            ("_nsight", "default", "'_nsight' cannot be used on this node: it needs NVIDIA Nsight"),
+            ("_rocprof_sys", {}, "'_rocprof_sys' cannot be used on this node: it needs ROCm's"),
+        ]
+    ),
+    # -- py_executable, java_jars --
+    case("py_executable-int", create({"py_executable": 3}), INVALID, "py_executable must be a"),
+    case(
+        "py_executable-too-long",
+        create({"py_executable": "p" * 5000}),
+        INVALID,
+        "py_executable is 5000 characters long; the limit is 4096",
+    ),
+    case(
+        "py_executable-newline",
+        create({"py_executable": "python\nrm -rf /"}),
+        INVALID,
+        "contains a control character",
+    ),
+    case(
+        "py_executable-unclosed-quote",
+        create({"py_executable": "python '-X"}),
+        INVALID,
+        "not a command in shell words",
+    ),
+    case("java_jars-string", create({"java_jars": "file:///a.jar"}), INVALID, "java_jars must be"),
+    case(
+        "java_jars-tarball",
+        create({"java_jars": ["file:///a.jar", "file:///b.tar"]}),
+        INVALID,
+        "java_jars[1] 'file:///b.tar': a java_jars URI names a .jar",
+    ),
     # -- working_dir --
     case("working_dir-int", create(wd(42)), INVALID, "working_dir must be a URI string, got int"),
     case("working_dir-empty", create(wd("")), INVALID, "working_dir must not be empty"),
@@ -343,6 +381,12 @@ CASES = [
         create(lambda t: env_json(f"{t.pkgs.base_url}/not-a-zip.zip")),
         PRECONDITION,
         "is not a readable zip archive",
+    ),
+    case(
+        "http-jar-not-a-zip",
+        create(lambda t: json.dumps({"java_jars": [f"{t.pkgs.base_url}/not-a-jar.jar"]})),
+        PRECONDITION,
+        "the download is not a jar: a jar is a zip archive",
     ),
     case(
         "http-sha256-mismatch",

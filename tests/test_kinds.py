@@ -143,7 +143,7 @@ async def test_an_install_cancelled_during_its_rename_leaves_nothing_in_uris(
 
 
 class _NewKind(StrEnum):
-    JARS = "java_jars"  # a stand-in for a kind the agent does not have
+    JARS = "lib_jars"  # a stand-in for a kind the agent does not have
 
 
 JARS = cast(UriKind, _NewKind.JARS)  # the tables and keys take it as they would a UriKind
@@ -198,7 +198,7 @@ async def test_a_new_kind_is_installed_and_placed_by_registering_it_in_the_table
     async with a_store(root) as store:
         path = await store.ensure(package)
         assert (path / "lib.jar").read_bytes() == jar.read_bytes()
-        assert path.name.startswith("java_jars-")
+        assert path.name.startswith("lib_jars-")
         assert path.parent == root / "uris"
         assert store.stats().downloads == 1
         assert store.stats().extractions == 1

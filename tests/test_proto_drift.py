@@ -94,6 +94,8 @@ CONTRACT: dict[str, dict[str, tuple[int, str]]] = {
         "env_vars": (1, "map<string,string>"),
         "cwd": (2, "string"),
         "py_executable": (3, "string"),
+        # added later (issue 18): pinned from then on
+        "java_jars": (4, "repeated string"),
     },
     "CreateRuntimeEnvReply": {
         "runtime_env_id": (1, "string"),

@@ -63,10 +63,11 @@ def test_ray_extension_keys_of_the_wrong_type_are_refused(
 
 def test_unknown_fields_are_still_refused_by_name() -> None:
     with pytest.raises(InvalidRuntimeEnv) as caught:
-        parse({"env_vars": {"A": "1"}, "_ray_secret": 1, "conda": "x"})
+        parse({"env_vars": {"A": "1"}, "_ray_secret": 1, "nsight": "x", "conda": "x"})
     assert "'_ray_secret'" in caught.value.message
-    assert "'conda'" in caught.value.message
-    assert "not supported yet" in caught.value.message
+    assert "'nsight'" in caught.value.message
+    assert "Ray spells 'nsight' as '_nsight'" in caught.value.message
+    assert "'conda'" not in caught.value.message, "conda is Ray's: refused as unsupported here"
 
 
 def test_ray_normalised_pip_parses_as_the_list_form() -> None:

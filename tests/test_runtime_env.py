@@ -12,9 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.core.errors import InvalidRuntimeEnv
+from agent.core.errors import ErrorKind, InvalidRuntimeEnv, UnsupportedOnNode
 from agent.core.runtime_env import (
     MAX_ARG_STRLEN,
+    NEEDS_ON_NODE,
     EnvLimits,
     check_env_var_size,
     env_var_bytes,
@@ -69,8 +70,11 @@ _FULL: dict[str, Any] = {"working_dir": WD, "py_modules": [M1], "env_vars": {"X"
 
 @pytest.mark.parametrize(
     ("name", "empty"),
-    [("working_dir", None), ("py_modules", []), ("py_modules", None), ("env_vars", {})],
-)
+    [
+        ("working_dir", None), ("py_modules", []), ("py_modules", None), ("env_vars", {}),
+        ("py_executable", None), ("py_executable", ""), ("java_jars", []), ("java_jars", None),
+    ],
+)  # fmt: skip
 def test_empty_fields_have_the_same_id_as_absent_ones(name: str, empty: object) -> None:
     absent = {k: v for k, v in _FULL.items() if k != name}
     assert parse({**absent, name: empty}).env_id == parse(absent).env_id
@@ -84,6 +88,94 @@ def test_py_modules_are_deduplicated_keeping_first_occurrence_order() -> None:
     assert env.py_modules == (M2, M1)
     assert env.env_id == parse({"py_modules": [M2, M1]}).env_id
     assert env.env_id != parse({"py_modules": [M1, M2]}).env_id
+
+
+def test_py_executable_is_part_of_identity_as_written() -> None:
+    """It changes what the worker runs under: another command is another env; kept verbatim
+    (Ray hands it to bash), so even its spacing is its own."""
+    plain = parse(_FULL)
+    wrapped = parse({**_FULL, "py_executable": "python3 -X utf8"})
+    assert wrapped.py_executable == "python3 -X utf8"
+    assert plain.py_executable is None
+    assert wrapped.env_id != plain.env_id
+    assert json.loads(wrapped.canonical)["py_executable"] == "python3 -X utf8"
+    assert parse({**_FULL, "py_executable": "python3  -X utf8"}).env_id != wrapped.env_id
+    assert wrapped.uri_keys == plain.uri_keys, "a command is no package"
+
+
+def test_py_executable_at_the_length_limit_parses_and_one_more_is_refused() -> None:
+    at_limit = "p" * 4096
+    assert parse({"py_executable": at_limit}).py_executable == at_limit
+    with pytest.raises(InvalidRuntimeEnv, match="4097 characters long; the limit is 4096"):
+        parse({"py_executable": at_limit + "p"})
+
+
+def test_java_jars_are_packages_deduplicated_in_order_after_pip() -> None:
+    jar, zipped = "file:///jars/a.jar", "https://example.com/libs.zip"
+    env = parse({"java_jars": [jar, zipped, jar], "py_modules": [M1], "pip": ["requests"]})
+    assert env.java_jars == (jar, zipped)
+    kinds = [key.kind for key in env.uri_keys]
+    assert kinds == [UriKind.PY_MODULES, UriKind.PIP, UriKind.JAVA_JARS, UriKind.JAVA_JARS]
+    assert env.uri_keys[2:] == (UriKey(UriKind.JAVA_JARS, jar), UriKey(UriKind.JAVA_JARS, zipped))
+    assert json.loads(env.canonical)["java_jars"] == [jar, zipped]
+    assert (
+        env.env_id
+        == parse({"java_jars": [jar, zipped], "py_modules": [M1], "pip": ["requests"]}).env_id
+    )
+    assert parse({"java_jars": [zipped, jar]}).env_id != parse({"java_jars": [jar, zipped]}).env_id
+
+
+def test_java_jars_count_against_the_uri_limit() -> None:
+    jars = [f"file:///jars/{i}.jar" for i in range(3)]
+    with pytest.raises(InvalidRuntimeEnv, match="names 4 distinct URIs; the limit is 3"):
+        parse({"java_jars": jars, "py_modules": [M1]}, EnvLimits(max_uris=3))
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "needs"),
+    [
+        ("conda", {"dependencies": ["numpy"]}, "a conda installation on the node"),
+        ("conda", "myenv", "which this agent does not manage"),
+        ("image_uri", "docker.io/rayproject/ray:2.60.0", "a container runtime (podman)"),
+        ("container", {"image": "x"}, "a container runtime (podman)"),
+        ("_nsight", "default", "NVIDIA Nsight Systems"),
+        ("_rocprof_sys", {"args": {}}, "ROCm's rocprof-sys"),
+    ],
+)
+def test_fields_needing_what_the_node_lacks_are_refused_by_name_as_a_precondition(
+    name: str, value: object, needs: str
+) -> None:
+    with pytest.raises(UnsupportedOnNode) as caught:
+        parse({"env_vars": {"A": "1"}, name: value})
+    assert caught.value.kind is ErrorKind.REFUSED
+    assert caught.value.message.startswith(
+        f"runtime_env field {name!r} cannot be used on this node"
+    )
+    assert needs in caught.value.message
+
+
+def test_the_refused_fields_are_ray_2_60s_own() -> None:
+    """Each name refused as unsupported on the node is a field Ray 2.60 knows (so a typo is
+    still an unknown field)."""
+    ray_env = pytest.importorskip("ray.runtime_env")
+    assert set(NEEDS_ON_NODE) <= ray_env.RuntimeEnv.known_fields
+    assert "nsight" not in ray_env.RuntimeEnv.known_fields
+    assert "mpi" not in ray_env.RuntimeEnv.known_fields
+    assert {"py_executable", "java_jars", "excludes"} <= ray_env.RuntimeEnv.known_fields
+
+
+def test_several_refused_fields_are_each_named_with_what_they_need() -> None:
+    with pytest.raises(UnsupportedOnNode) as caught:
+        parse({"conda": "e", "_nsight": "default"})
+    message = caught.value.message
+    for needle in ("'conda' cannot be used", "'_nsight' cannot be used", "conda installation"):
+        assert needle in message
+    assert "Nsight Systems" in message
+
+
+def test_an_unknown_field_is_invalid_before_a_refused_one() -> None:
+    with pytest.raises(InvalidRuntimeEnv, match=r"unknown runtime_env field.*'workdir'"):
+        parse({"conda": "e", "workdir": "x"})
 
 
 def test_uri_keys_are_distinct_with_working_dir_first() -> None:
@@ -190,8 +282,15 @@ def test_a_scheme_is_one_registry_entry_and_refusals_then_name_it(
 @pytest.mark.parametrize(
     ("text", "needles"),
     [
-        ('{"conda": ["numpy"]}', ["'conda'", "conda not supported yet", "supported: working_dir"]),
-        ('{"conda": "env"}', ["'conda'", "not supported yet"]),
+        ('{"nsight": "default"}', ["'nsight'", "Ray spells 'nsight' as '_nsight'", "supported:"]),
+        ('{"mpi": {}}', ["unknown runtime_env field(s) 'mpi'", "supported: working_dir"]),
+        ('{"py_executable": ["python"]}', ["py_executable must be a string", "a list"]),
+        ('{"py_executable": "   "}', ["py_executable holds only whitespace"]),
+        ('{"py_executable": "py\\u0000"}', ["py_executable", "control character"]),
+        ('{"java_jars": {"a": 1}}', ["java_jars must be a list", "an object"]),
+        ('{"java_jars": [3]}', ["java_jars[0] must be a URI string"]),
+        ('{"java_jars": ["file:///a.class"]}', ["java_jars[0]", "names a .jar", "or a .zip"]),
+        ('{"java_jars": ["gcs://_ray_pkg_a.jar"]}', ["java_jars[0]", "must be a zip"]),
         ('{"workdir": "file:///x.zip"}', ["'workdir'", "supported: working_dir"]),
         ('{"working_dir": 3}', ["working_dir must be a URI string", "got int"]),
         ('{"working_dir": ["file:///x.zip"]}', ["working_dir must be a URI string", "a list"]),

@@ -1,4 +1,13 @@
-"""The context a worker is started with: its variables (PYTHONPATH included), cwd and python.
+"""The context a worker is started with: its variables (PYTHONPATH included), cwd, the command
+it runs under and its Java jars.
+
+``py_executable`` is a command line in shell words (a python, or a program and its arguments:
+Ray's ``py_executable``); a client splits it (``shlex.split``), with no expansion, and appends the
+worker's own arguments. The env's own ``py_executable`` wins over a pip venv's python, as in Ray
+(its ``py_executable`` plugin runs after its ``pip`` plugin and replaces the python): the worker
+then gets the venv's packages only if that command runs the venv's python. Else the venv's
+python, else the agent's (``--python``). ``java_jars``: each java_jars package's folder, in the
+env's order (a Java worker puts ``<folder>/*`` and ``<folder>`` on its class path).
 
 Pure: where each package lives is a function of its key (``UriStore.path_for``), so the context,
 and whether a process could be started with it, are known before anything is downloaded.
@@ -20,7 +29,8 @@ from agent.core.uris import UriKey
 class WorkerContext:
     env_vars: dict[str, str]
     cwd: str  # "" leaves the worker's cwd as it is
-    py_executable: str
+    py_executable: str  # a command line in shell words: the python, or a program and arguments
+    java_jars: tuple[str, ...] = ()  # the java_jars folders, in the env's order
 
 
 def build_context(
@@ -32,10 +42,12 @@ def build_context(
 ) -> WorkerContext:
     """Each package is placed as its kind says (``PLACEMENTS``): PYTHONPATH is the folders put
     on it in the env's order (the working dir, then each py_module root in order), then the
-    env's own; the cwd and the python are those of the first package giving one."""
+    env's own; the cwd and the python are those of the first package giving one, the env's
+    own ``py_executable`` winning over the python; the Java jars' folders in order."""
     paths: list[str] = []
     cwd = ""
     python = None
+    jars: list[str] = []
     for package in env.packages:
         placement = placement_of(package.key.kind)
         folder = path_for(package.key)
@@ -45,6 +57,8 @@ def build_context(
             cwd = str(folder)
         if placement.python is not None and python is None:
             python = str(folder / placement.python)
+        if placement.java:
+            jars.append(str(folder))
     env_vars = dict(env.env_vars)
     own = env_vars.get("PYTHONPATH")
     if own:
@@ -52,4 +66,5 @@ def build_context(
     if paths:
         env_vars["PYTHONPATH"] = os.pathsep.join(paths)
     check_env_var_size(env_vars, limits)
-    return WorkerContext(env_vars=env_vars, cwd=cwd, py_executable=python or py_executable)
+    command = env.py_executable or python or py_executable
+    return WorkerContext(env_vars=env_vars, cwd=cwd, py_executable=command, java_jars=tuple(jars))

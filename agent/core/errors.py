@@ -37,7 +37,9 @@ kind is set by each branch under ``AgentError`` and inherited by its leaves.
     │   │                                            too large, ratio too high, not a zip
     │   ├── PackageRejected                          the source refused (4xx other than 404),
     │   │                                            or the download is larger than allowed
-    │   └── InstallerFailed                          pip / uv failed to install a pip spec
+    │   ├── InstallerFailed                          pip / uv failed to install a pip spec
+    │   └── UnsupportedOnNode                        a field (conda, image_uri, _nsight...)
+    │                                                needs what this node's agent does not have
     ├── Conflict                    CONFLICT         the request clashes with another one
     │   ├── EnvBusy                                  delete of an env whose creates are in flight
     │   └── RequestIdReused                          one request_id, two different requests
@@ -180,6 +182,11 @@ class PackageRejected(FailedPrecondition):
 
 class InstallerFailed(FailedPrecondition):
     pass
+
+
+class UnsupportedOnNode(FailedPrecondition):
+    """A well-formed runtime env field that needs something this agent does not manage on the
+    node (a conda installation, a container runtime, a profiler); the message says what."""
 
 
 class Conflict(AgentError):

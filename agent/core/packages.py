@@ -36,12 +36,14 @@ class Placement:
     on_path: bool = False  # the folder goes on PYTHONPATH (in the env's order of packages)
     cwd: bool = False  # the worker starts in the folder
     python: str | None = None  # the worker's python, relative to the folder
+    java: bool = False  # the folder goes on a Java worker's class path (its jars and itself)
 
 
 PLACEMENTS: dict[UriKind, Placement] = {
     UriKind.WORKING_DIR: Placement(on_path=True, cwd=True),
     UriKind.PY_MODULES: Placement(on_path=True),
     UriKind.PIP: Placement(python="bin/python"),  # the env's own virtualenv
+    UriKind.JAVA_JARS: Placement(java=True),
 }
 
 

@@ -13,9 +13,14 @@ there is placed here too).
   the node's (the agent's process's, as Ray's agent does); and with a pip venv, ``PATH`` = the
   venv's ``bin``, then the env's own ``PATH`` or else ``${PATH}`` (Ray's worker expands
   ``${NAME}`` from its own environment).
-- ``py_executable``: the base python, also with a pip venv: a Ray worker must import ``ray``,
-  which a venv of ours has not; the venv's packages reach it through ``PYTHONPATH``.
-- ``override_worker_entrypoint``: None; ``java_jars``: [].
+- ``py_executable``: the env's own ``py_executable`` when it names one (Ray's worker runs
+  ``exec <py_executable> <args>`` under ``bash -c``, so it is a command line, as Ray's is; it
+  wins over a pip venv, as Ray's ``py_executable`` plugin runs after its ``pip`` plugin, and a
+  bare ``python`` in it finds the venv's first on ``PATH``), else the base python, also with a
+  pip venv: a Ray worker must import ``ray``, which a venv of ours has not; the venv's packages
+  reach it through ``PYTHONPATH``.
+- ``override_worker_entrypoint``: None; ``java_jars``: each java_jars package's folder, in the
+  env's order (Ray's Java worker puts ``<folder>/*`` and ``<folder>`` on its class path).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ def build_ray_context(
     site_packages: list[str] = []
     venv_bins: list[str] = []
     command_prefix: list[str] = []
+    jars: list[str] = []
     major, minor = python_version
     for package in env.packages:  # each placed as its kind's row of PLACEMENTS says
         placement = placement_of(package.key.kind)
@@ -63,6 +69,8 @@ def build_ray_context(
         if placement.python is not None:  # a venv: Ray's worker keeps the base python
             site_packages.append(str(folder / "lib" / f"python{major}.{minor}" / "site-packages"))
             venv_bins.append(str((folder / placement.python).parent))
+        if placement.java:
+            jars.append(str(folder))
     env_vars = dict(env.env_vars)
     paths = roots + site_packages
     own = env_vars.get("PYTHONPATH")
@@ -77,9 +85,9 @@ def build_ray_context(
     context: dict[str, object] = {
         "command_prefix": command_prefix,
         "env_vars": env_vars,
-        "py_executable": py_executable,
+        "py_executable": env.py_executable or py_executable,
         "override_worker_entrypoint": None,
-        "java_jars": [],
+        "java_jars": jars,
     }
     assert tuple(context) == RAY_CONTEXT_KEYS, f"context keys {tuple(context)}"
     return context

@@ -4,8 +4,21 @@ Pure: no I/O, no asyncio. Every rejection is an ``InvalidRuntimeEnv`` naming the
 wrong, and the limit where one applies.
 
 Identity: the env id is a hash of the canonical JSON (sorted keys, no whitespace, ``config``
-removed, empty fields dropped, ``py_modules`` de-duplicated keeping first occurrence), so key
-order or an empty ``env_vars`` never makes two envs.
+removed, empty fields dropped, ``py_modules`` and ``java_jars`` de-duplicated keeping first
+occurrence), so key order or an empty ``env_vars`` never makes two envs. ``py_executable`` (the
+command the worker runs under) changes the worker, so it is part of identity, as written.
+
+``py_executable`` is Ray's: a command line, not only a path (``python -X faulthandler``, a
+wrapper script and its arguments); Ray's worker runs ``exec <py_executable> <worker args>``
+under ``bash -c``. Checked here: a string of at most ``MAX_PY_EXECUTABLE_CHARS``, one line (no
+control character), and shell words ``shlex`` can split (no unclosed quote), at least one.
+
+``java_jars`` is Ray's too: URIs of ``.jar`` files (kept whole, in a folder of their own) or
+``.zip`` archives (unpacked, as Ray does), installed and counted as ``py_modules`` are.
+
+Fields of Ray's this agent cannot serve on any node it runs on (``conda``, ``image_uri``,
+``container``, ``_nsight``, ``_rocprof_sys``: ``NEEDS_ON_NODE``) are refused by name with
+``UnsupportedOnNode`` (FAILED_PRECONDITION), saying what the node would need.
 
 Ray's own spellings parse, as its driver serialises them: the extension keys ``_ray_commit``,
 ``_ray_release`` (strings), ``_inject_current_ray`` (a boolean) and ``excludes`` (a list of
@@ -18,11 +31,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.core.errors import InvalidRuntimeEnv, echo, type_name
+from agent.core.errors import InvalidRuntimeEnv, UnsupportedOnNode, echo, type_name
 from agent.core.packages import Package
 from agent.core.pip_spec import PipSpec, parse_pip
 from agent.core.roots import FileRoots
@@ -31,14 +45,33 @@ from agent.core.uris import ParsedUri, UriKey, UriKind, parse_uri
 # Linux's MAX_ARG_STRLEN: one "KEY=value\0" string handed to execve may not exceed it.
 MAX_ARG_STRLEN = 128 * 1024
 _POINTER_BYTES = 8
-_SUPPORTED_FIELDS = ("working_dir", "py_modules", "env_vars", "pip", "config")
+_SUPPORTED_FIELDS = (
+    "working_dir", "py_modules", "py_executable", "java_jars", "env_vars", "pip", "config",
+)  # fmt: skip
+MAX_PY_EXECUTABLE_CHARS = 4096
+_JAVA_JAR_SUFFIXES = (".jar", ".zip")
 # Ray's driver adds these; each is checked for its type and is not part of identity.
 # Ray's keys the agent has nothing to do for: versions, upload filters, and the setup hook (the
 # worker runs it, fetching it from the GCS by the key this field holds). Never identity.
 _RAY_EXTRAS = (
     "_ray_commit", "_ray_release", "_inject_current_ray", "excludes", "worker_process_setup_hook",
 )  # fmt: skip
-_NOT_YET = {"conda", "uv", "container", "image_uri", "java_jars", "nsight", "mpi"}
+_NOT_YET = {"uv"}
+# Ray 2.60's fields this agent refuses by name (FAILED_PRECONDITION): what each needs on the node.
+NEEDS_ON_NODE: dict[str, str] = {
+    "conda": "a conda installation on the node, which this agent does not manage (it makes pip "
+    "venvs: list the packages under 'pip' instead)",
+    "image_uri": "a container runtime (podman) on the node and Ray's image support (the worker "
+    "started inside the image), which this agent does not provide",
+    "container": "a container runtime (podman) on the node and Ray's container support (the "
+    "worker started inside the container), which this agent does not provide",
+    "_nsight": "NVIDIA Nsight Systems (nsys) on the node to run the worker under, which this "
+    "agent does not do",
+    "_rocprof_sys": "ROCm's rocprof-sys on the node to run the worker under, which this agent "
+    "does not do",
+}
+# Spellings of Ray's fields without their underscore: the unknown-field message names Ray's.
+_RAY_SPELLS = {"nsight": "_nsight", "rocprof_sys": "_rocprof_sys"}
 
 
 @dataclass(frozen=True)
@@ -59,7 +92,9 @@ class RuntimeEnv:
     eager_install: bool | None
     canonical: str
     env_id: str
-    packages: tuple[Package, ...] = ()  # distinct keys: working_dir, py_modules, pip, in order
+    packages: tuple[Package, ...] = ()  # distinct keys: working_dir, py_modules, pip, java_jars
+    py_executable: str | None = None  # the command the worker runs under; None: the agent's
+    java_jars: tuple[str, ...] = ()  # distinct URIs, in order
     uri_keys: tuple[UriKey, ...] = field(init=False, repr=False, compare=False)  # packages' keys
 
     def __post_init__(self) -> None:
@@ -107,14 +142,7 @@ def parse_runtime_env(
             f"serialized_runtime_env is {size} bytes; the limit is {limits.max_json_bytes}"
         )
     obj = _load_json_object(text)
-    unknown = sorted(set(obj) - set(_SUPPORTED_FIELDS) - set(_RAY_EXTRAS))
-    if unknown:
-        later = [name for name in unknown if name in _NOT_YET]
-        hint = f" ({', '.join(later)} not supported yet)" if later else ""
-        raise InvalidRuntimeEnv(
-            f"unknown runtime_env field(s) {_listed(unknown)}{hint}; "
-            f"supported: {', '.join(_SUPPORTED_FIELDS)} (and Ray's {', '.join(_RAY_EXTRAS)})"
-        )
+    _check_fields(obj)
     _check_ray_extras(obj)
     packages: list[Package] = []
     working_dir = None
@@ -125,6 +153,8 @@ def parse_runtime_env(
     modules = _parse_py_modules(obj.get("py_modules"))
     py_modules = tuple(modules)
     packages.extend(Package(UriKey(UriKind.PY_MODULES, u), p) for u, p in modules.items())
+    py_executable = _parse_py_executable(obj.get("py_executable"))
+    jars = _parse_java_jars(obj.get("java_jars"))
     env_vars = _parse_env_vars(obj.get("env_vars"))
     check_env_var_size(env_vars, limits)
     timeout, eager = _parse_config(obj.get("config"))
@@ -132,6 +162,7 @@ def parse_runtime_env(
 
     if pip is not None:
         packages.append(Package(UriKey(UriKind.PIP, pip.uri), pip))
+    packages.extend(Package(UriKey(UriKind.JAVA_JARS, u), p) for u, p in jars.items())
     if len(packages) > limits.max_uris:
         raise InvalidRuntimeEnv(
             f"the env names {len(packages)} distinct URIs; the limit is {limits.max_uris}"
@@ -146,6 +177,10 @@ def parse_runtime_env(
         identity["env_vars"] = dict(env_vars)
     if pip is not None:
         identity["pip"] = pip.canonical()
+    if py_executable is not None:
+        identity["py_executable"] = py_executable
+    if jars:
+        identity["java_jars"] = list(jars)
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return RuntimeEnv(
         working_dir=working_dir,
@@ -156,6 +191,8 @@ def parse_runtime_env(
         canonical=canonical,
         env_id=env_id_of(canonical),
         packages=tuple(packages),
+        py_executable=py_executable,
+        java_jars=tuple(jars),
     )
 
 
@@ -190,6 +227,81 @@ def _load_json_object(text: str) -> dict[str, Any]:
             f"serialized_runtime_env holds an unpaired UTF-16 surrogate escape: {exc.reason}"
         ) from exc
     return obj
+
+
+def _check_fields(obj: Mapping[str, Any]) -> None:
+    """Unknown fields are refused as invalid (naming them); Ray's fields that need what this
+    agent does not manage on the node, as unsupported there (saying what they need)."""
+    unknown = sorted(set(obj) - set(_SUPPORTED_FIELDS) - set(_RAY_EXTRAS) - set(NEEDS_ON_NODE))
+    if unknown:
+        later = [name for name in unknown if name in _NOT_YET]
+        hints = [f"{', '.join(later)} not supported yet"] if later else []
+        hints += [f"Ray spells {n!r} as {_RAY_SPELLS[n]!r}" for n in unknown if n in _RAY_SPELLS]
+        hint = f" ({'; '.join(hints)})" if hints else ""
+        raise InvalidRuntimeEnv(
+            f"unknown runtime_env field(s) {_listed(unknown)}{hint}; "
+            f"supported: {', '.join(_SUPPORTED_FIELDS)} (and Ray's {', '.join(_RAY_EXTRAS)})"
+        )
+    refused = [name for name in NEEDS_ON_NODE if name in obj]
+    if refused:
+        raise UnsupportedOnNode(
+            "; ".join(
+                f"runtime_env field {name!r} cannot be used on this node: it needs "
+                f"{NEEDS_ON_NODE[name]}"
+                for name in refused
+            )
+        )
+
+
+def _parse_py_executable(value: object) -> str | None:
+    """Ray's command a worker runs under (empty or null: the agent's python)."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise InvalidRuntimeEnv(
+            "py_executable must be a string: the command the worker runs under (a python, or "
+            "a program and its arguments, such as 'python -X faulthandler'), got "
+            f"{type_name(value)}"
+        )
+    if len(value) > MAX_PY_EXECUTABLE_CHARS:
+        raise InvalidRuntimeEnv(
+            f"py_executable is {len(value)} characters long; the limit is {MAX_PY_EXECUTABLE_CHARS}"
+        )
+    if any(ord(ch) < 0x20 or ch == "\x7f" for ch in value):
+        raise InvalidRuntimeEnv(
+            f"py_executable {echo(value)} contains a control character (a newline, a NUL): it "
+            "is one command line"
+        )
+    try:
+        words = shlex.split(value)
+    except ValueError as exc:
+        raise InvalidRuntimeEnv(
+            f"py_executable {echo(value)} is not a command in shell words: {exc}"
+        ) from exc
+    if not words:
+        raise InvalidRuntimeEnv("py_executable holds only whitespace; give a command or omit it")
+    return value
+
+
+def _parse_java_jars(value: object) -> dict[str, ParsedUri]:
+    """Each distinct jar or zip URI, parsed, in the order of its first occurrence."""
+    if value is None:
+        return {}
+    if not isinstance(value, list):
+        raise InvalidRuntimeEnv(
+            f"java_jars must be a list of URIs of .jar or .zip files, got {type_name(value)}"
+        )
+    seen: dict[str, ParsedUri] = {}
+    for index, uri in enumerate(value):
+        name = f"java_jars[{index}]"
+        parsed = parse_uri(name, uri)
+        if not parsed.path.lower().endswith(_JAVA_JAR_SUFFIXES):
+            raise InvalidRuntimeEnv(
+                f"{name} {echo(uri)}: a java_jars URI names a .jar (kept as it is) or a .zip "
+                "(unpacked)"
+            )
+        seen.setdefault(uri, parsed)
+    return seen
 
 
 def _parse_py_modules(value: object) -> dict[str, ParsedUri]:

@@ -33,6 +33,7 @@ class UriKind(StrEnum):
     WORKING_DIR = "working_dir"
     PY_MODULES = "py_modules"
     PIP = "pip"  # a virtualenv built from a requirement set; its uri is pip://<hash>
+    JAVA_JARS = "java_jars"  # a .jar kept whole in a folder, or a .zip unpacked
 
 
 @dataclass(frozen=True, order=True, slots=True)

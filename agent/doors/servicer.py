@@ -157,10 +157,12 @@ class RuntimeEnvAgentServicer:
                 env_vars=created.context.env_vars,
                 cwd=created.context.cwd,
                 py_executable=created.context.py_executable,
+                java_jars=created.context.java_jars,
             ),
             uris=created.uris,
         ).SerializeToString()
-        weight = env_var_bytes(created.context.env_vars) + 100 * len(created.uris) + 1024
+        jars = sum(len(jar) + 100 for jar in created.context.java_jars)
+        weight = env_var_bytes(created.context.env_vars) + 100 * len(created.uris) + 1024 + jars
         self._replies.put(created.env_id, reply, weight + sum(map(len, created.uris)))
         return reply
 

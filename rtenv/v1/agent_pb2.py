@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14rtenv/v1/agent.proto\x12\x08rtenv.v1\"H\n\x10RuntimeEnvConfig\x12\x1d\n\x15setup_timeout_seconds\x18\x01 \x01(\x05\x12\x15\n\reager_install\x18\x02 \x01(\x08\"\x89\x01\n\x17\x43reateRuntimeEnvRequest\x12\x1e\n\x16serialized_runtime_env\x18\x01 \x01(\t\x12*\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x1a.rtenv.v1.RuntimeEnvConfig\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\xa3\x01\n\x11RuntimeEnvContext\x12:\n\x08\x65nv_vars\x18\x01 \x03(\x0b\x32(.rtenv.v1.RuntimeEnvContext.EnvVarsEntry\x12\x0b\n\x03\x63wd\x18\x02 \x01(\t\x12\x15\n\rpy_executable\x18\x03 \x01(\t\x1a.\n\x0c\x45nvVarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"k\n\x15\x43reateRuntimeEnvReply\x12\x16\n\x0eruntime_env_id\x18\x01 \x01(\t\x12,\n\x07\x63ontext\x18\x02 \x01(\x0b\x32\x1b.rtenv.v1.RuntimeEnvContext\x12\x0c\n\x04uris\x18\x03 \x03(\t\"p\n\x17\x44\x65leteRuntimeEnvRequest\x12\x18\n\x0eruntime_env_id\x18\x01 \x01(\tH\x00\x12 \n\x16serialized_runtime_env\x18\x02 \x01(\tH\x00\x12\x12\n\nrequest_id\x18\x03 \x01(\tB\x05\n\x03\x65nv\"5\n\x15\x44\x65leteRuntimeEnvReply\x12\x1c\n\x14remaining_references\x18\x01 \x01(\x03\"*\n\x19GetRuntimeEnvsInfoRequest\x12\r\n\x05limit\x18\x01 \x01(\x03\"\xca\x01\n\x0eRuntimeEnvInfo\x12\x16\n\x0eruntime_env_id\x18\x01 \x01(\t\x12\x1e\n\x16serialized_runtime_env\x18\x02 \x01(\t\x12\x12\n\nreferences\x18\x03 \x01(\x03\x12\x0c\n\x04uris\x18\x04 \x03(\t\x12\r\n\x05state\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x18\n\x10\x63reation_time_ms\x18\x07 \x01(\x03\x12\x0f\n\x07job_ids\x18\x08 \x03(\t\x12\x15\n\reager_install\x18\t \x01(\x08\"\x85\x01\n\x07UriInfo\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x12\n\nreferences\x18\x03 \x01(\x03\x12\r\n\x05state\x18\x04 \x01(\t\x12\x12\n\nsize_bytes\x18\x05 \x01(\x03\x12\x14\n\x0clast_used_ms\x18\x06 \x01(\x03\x12\x12\n\nlocal_path\x18\x07 \x01(\t\"\x95\x01\n\nCacheStats\x12\x12\n\nused_bytes\x18\x01 \x01(\x03\x12\x14\n\x0cunused_bytes\x18\x02 \x01(\x03\x12\x14\n\x0c\x62udget_bytes\x18\x03 \x01(\x03\x12\x11\n\tdownloads\x18\x04 \x01(\x03\x12\x11\n\tevictions\x18\x05 \x01(\x03\x12\x0c\n\x04hits\x18\x06 \x01(\x03\x12\x13\n\x0b\x65xtractions\x18\x07 \x01(\x03\"\x91\x01\n\x0fRecoverySummary\x12\x11\n\trows_kept\x18\x01 \x01(\x03\x12\x14\n\x0crows_dropped\x18\x02 \x01(\x03\x12\x17\n\x0forphans_deleted\x18\x03 \x01(\x03\x12\x13\n\x0b\x62ytes_freed\x18\x04 \x01(\x03\x12\x16\n\x0e\x65nvs_forgotten\x18\x05 \x01(\x03\x12\x0f\n\x07seconds\x18\x06 \x01(\x01\"\xdc\x01\n\x17GetRuntimeEnvsInfoReply\x12&\n\x04\x65nvs\x18\x01 \x03(\x0b\x32\x18.rtenv.v1.RuntimeEnvInfo\x12\x1f\n\x04uris\x18\x02 \x03(\x0b\x32\x11.rtenv.v1.UriInfo\x12#\n\x05\x63\x61\x63he\x18\x03 \x01(\x0b\x32\x14.rtenv.v1.CacheStats\x12\x12\n\ntotal_envs\x18\x04 \x01(\x03\x12+\n\x08recovery\x18\x05 \x01(\x0b\x32\x19.rtenv.v1.RecoverySummary\x12\x12\n\ntotal_uris\x18\x06 \x01(\x03\x32\x9f\x02\n\x0fRuntimeEnvAgent\x12V\n\x10\x43reateRuntimeEnv\x12!.rtenv.v1.CreateRuntimeEnvRequest\x1a\x1f.rtenv.v1.CreateRuntimeEnvReply\x12V\n\x10\x44\x65leteRuntimeEnv\x12!.rtenv.v1.DeleteRuntimeEnvRequest\x1a\x1f.rtenv.v1.DeleteRuntimeEnvReply\x12\\\n\x12GetRuntimeEnvsInfo\x12#.rtenv.v1.GetRuntimeEnvsInfoRequest\x1a!.rtenv.v1.GetRuntimeEnvsInfoReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14rtenv/v1/agent.proto\x12\x08rtenv.v1\"H\n\x10RuntimeEnvConfig\x12\x1d\n\x15setup_timeout_seconds\x18\x01 \x01(\x05\x12\x15\n\reager_install\x18\x02 \x01(\x08\"\x89\x01\n\x17\x43reateRuntimeEnvRequest\x12\x1e\n\x16serialized_runtime_env\x18\x01 \x01(\t\x12*\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x1a.rtenv.v1.RuntimeEnvConfig\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\xb6\x01\n\x11RuntimeEnvContext\x12:\n\x08\x65nv_vars\x18\x01 \x03(\x0b\x32(.rtenv.v1.RuntimeEnvContext.EnvVarsEntry\x12\x0b\n\x03\x63wd\x18\x02 \x01(\t\x12\x15\n\rpy_executable\x18\x03 \x01(\t\x12\x11\n\tjava_jars\x18\x04 \x03(\t\x1a.\n\x0c\x45nvVarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"k\n\x15\x43reateRuntimeEnvReply\x12\x16\n\x0eruntime_env_id\x18\x01 \x01(\t\x12,\n\x07\x63ontext\x18\x02 \x01(\x0b\x32\x1b.rtenv.v1.RuntimeEnvContext\x12\x0c\n\x04uris\x18\x03 \x03(\t\"p\n\x17\x44\x65leteRuntimeEnvRequest\x12\x18\n\x0eruntime_env_id\x18\x01 \x01(\tH\x00\x12 \n\x16serialized_runtime_env\x18\x02 \x01(\tH\x00\x12\x12\n\nrequest_id\x18\x03 \x01(\tB\x05\n\x03\x65nv\"5\n\x15\x44\x65leteRuntimeEnvReply\x12\x1c\n\x14remaining_references\x18\x01 \x01(\x03\"*\n\x19GetRuntimeEnvsInfoRequest\x12\r\n\x05limit\x18\x01 \x01(\x03\"\xca\x01\n\x0eRuntimeEnvInfo\x12\x16\n\x0eruntime_env_id\x18\x01 \x01(\t\x12\x1e\n\x16serialized_runtime_env\x18\x02 \x01(\t\x12\x12\n\nreferences\x18\x03 \x01(\x03\x12\x0c\n\x04uris\x18\x04 \x03(\t\x12\r\n\x05state\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x18\n\x10\x63reation_time_ms\x18\x07 \x01(\x03\x12\x0f\n\x07job_ids\x18\x08 \x03(\t\x12\x15\n\reager_install\x18\t \x01(\x08\"\x85\x01\n\x07UriInfo\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x12\n\nreferences\x18\x03 \x01(\x03\x12\r\n\x05state\x18\x04 \x01(\t\x12\x12\n\nsize_bytes\x18\x05 \x01(\x03\x12\x14\n\x0clast_used_ms\x18\x06 \x01(\x03\x12\x12\n\nlocal_path\x18\x07 \x01(\t\"\x95\x01\n\nCacheStats\x12\x12\n\nused_bytes\x18\x01 \x01(\x03\x12\x14\n\x0cunused_bytes\x18\x02 \x01(\x03\x12\x14\n\x0c\x62udget_bytes\x18\x03 \x01(\x03\x12\x11\n\tdownloads\x18\x04 \x01(\x03\x12\x11\n\tevictions\x18\x05 \x01(\x03\x12\x0c\n\x04hits\x18\x06 \x01(\x03\x12\x13\n\x0b\x65xtractions\x18\x07 \x01(\x03\"\x91\x01\n\x0fRecoverySummary\x12\x11\n\trows_kept\x18\x01 \x01(\x03\x12\x14\n\x0crows_dropped\x18\x02 \x01(\x03\x12\x17\n\x0forphans_deleted\x18\x03 \x01(\x03\x12\x13\n\x0b\x62ytes_freed\x18\x04 \x01(\x03\x12\x16\n\x0e\x65nvs_forgotten\x18\x05 \x01(\x03\x12\x0f\n\x07seconds\x18\x06 \x01(\x01\"\xdc\x01\n\x17GetRuntimeEnvsInfoReply\x12&\n\x04\x65nvs\x18\x01 \x03(\x0b\x32\x18.rtenv.v1.RuntimeEnvInfo\x12\x1f\n\x04uris\x18\x02 \x03(\x0b\x32\x11.rtenv.v1.UriInfo\x12#\n\x05\x63\x61\x63he\x18\x03 \x01(\x0b\x32\x14.rtenv.v1.CacheStats\x12\x12\n\ntotal_envs\x18\x04 \x01(\x03\x12+\n\x08recovery\x18\x05 \x01(\x0b\x32\x19.rtenv.v1.RecoverySummary\x12\x12\n\ntotal_uris\x18\x06 \x01(\x03\x32\x9f\x02\n\x0fRuntimeEnvAgent\x12V\n\x10\x43reateRuntimeEnv\x12!.rtenv.v1.CreateRuntimeEnvRequest\x1a\x1f.rtenv.v1.CreateRuntimeEnvReply\x12V\n\x10\x44\x65leteRuntimeEnv\x12!.rtenv.v1.DeleteRuntimeEnvRequest\x1a\x1f.rtenv.v1.DeleteRuntimeEnvReply\x12\\\n\x12GetRuntimeEnvsInfo\x12#.rtenv.v1.GetRuntimeEnvsInfoRequest\x1a!.rtenv.v1.GetRuntimeEnvsInfoReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,27 +38,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATERUNTIMEENVREQUEST']._serialized_start=109
   _globals['_CREATERUNTIMEENVREQUEST']._serialized_end=246
   _globals['_RUNTIMEENVCONTEXT']._serialized_start=249
-  _globals['_RUNTIMEENVCONTEXT']._serialized_end=412
-  _globals['_RUNTIMEENVCONTEXT_ENVVARSENTRY']._serialized_start=366
-  _globals['_RUNTIMEENVCONTEXT_ENVVARSENTRY']._serialized_end=412
-  _globals['_CREATERUNTIMEENVREPLY']._serialized_start=414
-  _globals['_CREATERUNTIMEENVREPLY']._serialized_end=521
-  _globals['_DELETERUNTIMEENVREQUEST']._serialized_start=523
-  _globals['_DELETERUNTIMEENVREQUEST']._serialized_end=635
-  _globals['_DELETERUNTIMEENVREPLY']._serialized_start=637
-  _globals['_DELETERUNTIMEENVREPLY']._serialized_end=690
-  _globals['_GETRUNTIMEENVSINFOREQUEST']._serialized_start=692
-  _globals['_GETRUNTIMEENVSINFOREQUEST']._serialized_end=734
-  _globals['_RUNTIMEENVINFO']._serialized_start=737
-  _globals['_RUNTIMEENVINFO']._serialized_end=939
-  _globals['_URIINFO']._serialized_start=942
-  _globals['_URIINFO']._serialized_end=1075
-  _globals['_CACHESTATS']._serialized_start=1078
-  _globals['_CACHESTATS']._serialized_end=1227
-  _globals['_RECOVERYSUMMARY']._serialized_start=1230
-  _globals['_RECOVERYSUMMARY']._serialized_end=1375
-  _globals['_GETRUNTIMEENVSINFOREPLY']._serialized_start=1378
-  _globals['_GETRUNTIMEENVSINFOREPLY']._serialized_end=1598
-  _globals['_RUNTIMEENVAGENT']._serialized_start=1601
-  _globals['_RUNTIMEENVAGENT']._serialized_end=1888
+  _globals['_RUNTIMEENVCONTEXT']._serialized_end=431
+  _globals['_RUNTIMEENVCONTEXT_ENVVARSENTRY']._serialized_start=385
+  _globals['_RUNTIMEENVCONTEXT_ENVVARSENTRY']._serialized_end=431
+  _globals['_CREATERUNTIMEENVREPLY']._serialized_start=433
+  _globals['_CREATERUNTIMEENVREPLY']._serialized_end=540
+  _globals['_DELETERUNTIMEENVREQUEST']._serialized_start=542
+  _globals['_DELETERUNTIMEENVREQUEST']._serialized_end=654
+  _globals['_DELETERUNTIMEENVREPLY']._serialized_start=656
+  _globals['_DELETERUNTIMEENVREPLY']._serialized_end=709
+  _globals['_GETRUNTIMEENVSINFOREQUEST']._serialized_start=711
+  _globals['_GETRUNTIMEENVSINFOREQUEST']._serialized_end=753
+  _globals['_RUNTIMEENVINFO']._serialized_start=756
+  _globals['_RUNTIMEENVINFO']._serialized_end=958
+  _globals['_URIINFO']._serialized_start=961
+  _globals['_URIINFO']._serialized_end=1094
+  _globals['_CACHESTATS']._serialized_start=1097
+  _globals['_CACHESTATS']._serialized_end=1246
+  _globals['_RECOVERYSUMMARY']._serialized_start=1249
+  _globals['_RECOVERYSUMMARY']._serialized_end=1394
+  _globals['_GETRUNTIMEENVSINFOREPLY']._serialized_start=1397
+  _globals['_GETRUNTIMEENVSINFOREPLY']._serialized_end=1617
+  _globals['_RUNTIMEENVAGENT']._serialized_start=1620
+  _globals['_RUNTIMEENVAGENT']._serialized_end=1907
 # @@protoc_insertion_point(module_scope)

@@ -27,7 +27,7 @@ class CreateRuntimeEnvRequest(_message.Message):
     def __init__(self, serialized_runtime_env: _Optional[str] = ..., config: _Optional[_Union[RuntimeEnvConfig, _Mapping]] = ..., job_id: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class RuntimeEnvContext(_message.Message):
-    __slots__ = ("env_vars", "cwd", "py_executable")
+    __slots__ = ("env_vars", "cwd", "py_executable", "java_jars")
     class EnvVarsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -38,10 +38,12 @@ class RuntimeEnvContext(_message.Message):
     ENV_VARS_FIELD_NUMBER: _ClassVar[int]
     CWD_FIELD_NUMBER: _ClassVar[int]
     PY_EXECUTABLE_FIELD_NUMBER: _ClassVar[int]
+    JAVA_JARS_FIELD_NUMBER: _ClassVar[int]
     env_vars: _containers.ScalarMap[str, str]
     cwd: str
     py_executable: str
-    def __init__(self, env_vars: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., py_executable: _Optional[str] = ...) -> None: ...
+    java_jars: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, env_vars: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., py_executable: _Optional[str] = ..., java_jars: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CreateRuntimeEnvReply(_message.Message):
     __slots__ = ("runtime_env_id", "context", "uris")

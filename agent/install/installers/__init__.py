@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from agent.core.uris import UriKind
 from agent.install.installers.base import Installed, Installer, InstallJob, InstallTools
+from agent.install.installers.java_jars import JavaJarsInstaller
 from agent.install.installers.pip_venv import PipVenvInstaller
 from agent.install.installers.zip_archive import ZipArchiveInstaller
 
@@ -27,6 +28,7 @@ INSTALLERS: dict[UriKind, Callable[[InstallTools], Installer]] = {
     UriKind.WORKING_DIR: ZipArchiveInstaller.working_dir,
     UriKind.PY_MODULES: ZipArchiveInstaller.py_modules,
     UriKind.PIP: PipVenvInstaller.of,
+    UriKind.JAVA_JARS: JavaJarsInstaller.of,
 }
 
 
