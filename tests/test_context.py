@@ -120,3 +120,24 @@ def test_a_pip_env_runs_its_venv_python_and_stays_off_the_path_behind_the_zip_ki
         "/store/uris/py_modules-m1.zip",
     ]
     assert ctx.cwd == "/store/uris/working_dir-wd.zip"
+
+
+def test_the_envs_own_py_executable_wins_over_the_agents_python_and_a_pip_venvs() -> None:
+    """As in Ray, whose py_executable plugin runs after its pip plugin and replaces the python."""
+    plain = build_context(env(), path_for, py_executable="/usr/bin/python3", limits=LIMITS)
+    assert plain.py_executable == "/usr/bin/python3"
+    own = env(py_executable="python3 -X utf8")
+    ctx = build_context(own, path_for, py_executable="/usr/bin/python3", limits=LIMITS)
+    assert ctx.py_executable == "python3 -X utf8"
+    with_pip = env(py_executable="/opt/wrap.sh --fast", pip=["requests"])
+    ctx = build_context(with_pip, path_for, py_executable="/usr/bin/python3", limits=LIMITS)
+    assert ctx.py_executable == "/opt/wrap.sh --fast"
+
+
+def test_java_jars_are_their_folders_in_order_and_on_no_python_path() -> None:
+    e = env(java_jars=["file:///jars/b.jar", "http://127.0.0.1:1/a.zip"], py_modules=[M1])
+    ctx = build_context(e, path_for, py_executable="py", limits=LIMITS)
+    assert ctx.java_jars == ("/store/uris/java_jars-b.jar", "/store/uris/java_jars-a.zip")
+    assert ctx.env_vars["PYTHONPATH"] == "/store/uris/py_modules-m1.zip"
+    assert (ctx.cwd, ctx.py_executable) == ("", "py")
+    assert build_context(env(), path_for, py_executable="py", limits=LIMITS).java_jars == ()

@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import env_json, module_zip, package_server, running_agent, workdir_zip
+from tests.helpers import (
+    env_json,
+    make_zip,
+    module_zip,
+    package_server,
+    running_agent,
+    workdir_zip,
+)
 
 CLIENT = Path(__file__).resolve().parent.parent / "clients" / "node"
 
@@ -51,10 +58,12 @@ async def test_node_client_sees_what_the_python_client_sees(node_client: Path) -
     async with package_server() as pkgs, running_agent() as a:
         wd = pkgs.add("wd.zip", workdir_zip({"main.py": "print('hi')\n"}))
         mod = pkgs.add("mod.zip", module_zip("nodemod", "n"))
-        python_env = env_json(wd, [mod], {"LANG_OF_CLIENT": "any"})
+        jar = pkgs.add("lib.jar", make_zip({"META-INF/MANIFEST.MF": "Manifest-Version: 1.0\n"}))
+        python_env = env_json(wd, [mod], {"LANG_OF_CLIENT": "any"}, java_jars=[jar])
         node_env = json.dumps(
-            {"env_vars": {"LANG_OF_CLIENT": "any"}, "py_modules": [mod], "working_dir": wd}
-        )
+            {"java_jars": [jar], "env_vars": {"LANG_OF_CLIENT": "any"}, "py_modules": [mod],
+             "working_dir": wd}
+        )  # fmt: skip
         assert node_env != python_env
         held = await a.create(python_env)
 
@@ -65,18 +74,20 @@ async def test_node_client_sees_what_the_python_client_sees(node_client: Path) -
         assert created["context"]["env_vars"] == dict(held.context.env_vars)
         assert created["context"]["cwd"] == held.context.cwd
         assert created["context"]["py_executable"] == held.context.py_executable
+        assert created["context"]["java_jars"] == list(held.context.java_jars)
+        assert len(held.context.java_jars) == 1
         assert created["uris"] == list(held.uris)
         (env_info,) = result["info"]["envs"]
         assert env_info["references"] == 2  # the Python client's and the Node client's
         assert result["remaining"] == 1
         (after,) = result["after"]["envs"]
         assert after["references"] == 1
-        assert (pkgs.gets["wd.zip"], pkgs.gets["mod.zip"]) == (1, 1)
+        assert (pkgs.gets["wd.zip"], pkgs.gets["mod.zip"], pkgs.gets["lib.jar"]) == (1, 1, 1)
 
         assert await a.delete(held.runtime_env_id) == 0
         info = await a.info()
         assert info.total_envs == 0
-        assert [u.references for u in info.uris] == [0, 0]
+        assert [u.references for u in info.uris] == [0, 0, 0]
         a.service.check_invariants()
 
 
@@ -90,8 +101,8 @@ async def test_node_client_gets_the_status_code_of_a_bad_env(node_client: Path) 
         )  # fmt: skip
         _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
         assert proc.returncode == 1
-        assert "INVALID_ARGUMENT" in err.decode()
-        assert "conda" in err.decode()
+        assert "FAILED_PRECONDITION" in err.decode()
+        assert "'conda' cannot be used on this node: it needs a conda installation" in err.decode()
 
 
 def _node_usage(*args: str) -> subprocess.CompletedProcess[str]:

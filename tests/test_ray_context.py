@@ -107,3 +107,25 @@ def test_env_vars_alone_leave_pythonpath_and_path_unset() -> None:
 def test_without_a_node_pythonpath_none_is_appended() -> None:
     built = context({"working_dir": "https://h/wd.zip"}, node_pythonpath="")
     assert built["env_vars"] == {"PYTHONPATH": "/root/uris/working_dir-wd.zip"}
+
+
+def test_the_envs_py_executable_is_rays_worker_command_even_with_a_pip_venv() -> None:
+    """Ray's py_executable plugin runs after its pip plugin: the env's command wins; a bare
+    ``python`` in it finds the venv's first on the PATH the context sets."""
+    from ray._private.runtime_env.context import RuntimeEnvContext
+
+    built = context({"py_executable": "python -X faulthandler", "pip": ["requests"]})
+    assert built["py_executable"] == "python -X faulthandler"
+    env_vars = built["env_vars"]
+    assert isinstance(env_vars, dict)
+    assert env_vars["PATH"].startswith("/root/uris/pip-")
+    ray = RuntimeEnvContext.deserialize(json.dumps(built))  # type: ignore[no-untyped-call]
+    assert ray.py_executable == "python -X faulthandler"
+    assert context({})["py_executable"] == BASE
+
+
+def test_java_jars_are_the_folders_rays_java_worker_puts_on_its_class_path() -> None:
+    built = context({"java_jars": ["https://h/a.jar", "file:///j/libs.zip"]})
+    assert built["java_jars"] == ["/root/uris/java_jars-a.jar", "/root/uris/java_jars-libs.zip"]
+    assert built["env_vars"] == {}, "no python path for jars"
+    assert built["command_prefix"] == []

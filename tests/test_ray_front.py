@@ -131,7 +131,7 @@ async def test_failures_are_failed_replies_with_the_prefixed_message_and_shown_i
         assert "may not exceed 131072 bytes" in reply.error
         unknown = await front.get_or_create('{"conda": "env.yaml"}')
         assert not unknown.ok
-        assert "unknown runtime_env field(s) 'conda'" in unknown.error
+        assert "runtime_env field 'conda' cannot be used on this node" in unknown.error
         states = front.info().states
         assert [(s.success, s.ref_cnt) for s in states] == [(False, 0), (False, 0)]
         assert states[0].error == unknown.error  # newest first

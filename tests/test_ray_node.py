@@ -258,7 +258,7 @@ BIG = "x" * 200_000
         ),
         pytest.param(
             {"conda": {"dependencies": ["pip"]}},
-            "unknown runtime_env field(s) 'conda' (conda not supported yet)",
+            "runtime_env field 'conda' cannot be used on this node: it needs a conda installation",
             id="a field this agent does not support",
             marks=needs_ours,  # Ray's agent runs conda
         ),
