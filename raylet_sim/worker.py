@@ -1,8 +1,8 @@
 """A worker process: runs tasks sent by the pool, one JSON line in, one JSON line out.
 
 Started by the pool with the runtime env's context already applied: its variables (PYTHONPATH
-included), its cwd and its python. It announces itself with a ``ready`` line, then answers each
-task ``{"task_id", "call": "module:function", "args"}`` with
+included), its cwd and its command (``py_executable``). It announces itself with a ``ready``
+line, then answers each task ``{"task_id", "call": "module:function", "args"}`` with
 ``{"task_id", "ok", "result" or "error"}``. It exits when its stdin closes. What a task prints
 goes to stderr, so stdout stays the protocol.
 """

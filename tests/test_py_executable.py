@@ -15,11 +15,15 @@ from pathlib import Path
 
 import aiohttp
 import grpc
+import pytest
 
 from agent.app.config import RaySettings
+from raylet_sim import workers
 from raylet_sim.client import AgentClient
 from raylet_sim.pool import TaskSpec, WorkerPool
+from raylet_sim.tasks import SPAWN_FAILED, TaskFailed
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
+from rtenv.v1 import agent_pb2
 from tests.helpers import RayClient, running_agent, short_tempdir, workdir_zip
 from tests.pip_wheels import run
 
@@ -115,3 +119,18 @@ async def test_rays_worker_command_runs_the_envs_py_executable() -> None:
     assert code == 0, err
     flags = json.loads(out)
     assert (flags["faulthandler"], flags["optimize"]) == (True, 1)
+
+
+@pytest.mark.parametrize(
+    ("command", "words"),
+    [("python '-X", "not shell words"), ("   ", "no command"), ("/no/such/python -X utf8", "")],
+)
+async def test_a_worker_command_that_cannot_start_fails_its_spawn_saying_why(
+    command: str, words: str
+) -> None:
+    """A context from elsewhere than this agent (which refuses the first two when it parses)."""
+    with pytest.raises(TaskFailed) as caught:
+        await workers.spawn(agent_pb2.RuntimeEnvContext(py_executable=command))
+    assert caught.value.status == SPAWN_FAILED
+    assert words in str(caught.value)
+    assert repr(command) in str(caught.value)
