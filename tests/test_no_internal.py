@@ -191,6 +191,8 @@ ENV_OBJECTS = st.fixed_dictionaries(
             {}, optional={"setup_timeout_seconds": ANY_JSON, "eager_install": ANY_JSON}
         ),
         "conda": ANY_JSON,
+        "py_executable": ANY_JSON | ODD_TEXT,
+        "java_jars": ANY_JSON | st.lists(ANY_JSON, max_size=4),
     },
 )
 

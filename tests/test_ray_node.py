@@ -7,6 +7,7 @@ and the agent's info shows what Ray created. One node serves the whole module.""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -131,6 +132,26 @@ def test_task_and_actor_see_working_dir_py_modules_env_vars_and_pip(
                     assert uris[uri].state == "unused", uris[uri]
                     assert uris[uri].references == 0, uris[uri]
         assert any(u.startswith("pip://") for u in uris), sorted(uris)
+
+
+def test_rays_worker_runs_under_the_envs_py_executable(node: RayNode, tmp_path: Path) -> None:
+    """Ray's raylet starts the worker as ``exec <py_executable> ...`` from the context: a task
+    and an actor run under a wrapper script that marks their environment, then execs python."""
+    wrapper = tmp_path / "wrap.sh"
+    wrapper.write_text(f'#!/bin/sh\nE2E_WRAPPED="$0" exec {shlex.quote(sys.executable)} "$@"\n')
+    wrapper.chmod(0o755)
+    cases: list[Json] = [
+        {
+            "name": "wrapped",
+            "runtime_env": {"py_executable": str(wrapper), "env_vars": {"E2E_VAR": "w"}},
+            "spec": {"env": ["E2E_WRAPPED", "E2E_VAR"]},
+        }
+    ]
+    got = drive(node, "probe", {"cases": cases})
+    for kind in ("task", "actor"):
+        env = {"E2E_WRAPPED": str(wrapper), "E2E_VAR": "w"}
+        _assert_saw(got["wrapped"][kind], files={}, modules={}, env=env)
+    wait_counts_zero(node)
 
 
 def test_a_jobs_local_working_dir_and_py_modules_are_uploaded_and_served(
