@@ -103,6 +103,10 @@ def test_py_executable_is_part_of_identity_as_written() -> None:
     assert wrapped.uri_keys == plain.uri_keys, "a command is no package"
 
 
+def test_a_tab_separates_py_executables_words_as_a_space_does() -> None:
+    assert parse({"py_executable": "python3\t-X utf8"}).py_executable == "python3\t-X utf8"
+
+
 def test_py_executable_at_the_length_limit_parses_and_one_more_is_refused() -> None:
     at_limit = "p" * 4096
     assert parse({"py_executable": at_limit}).py_executable == at_limit

@@ -11,7 +11,8 @@ command the worker runs under) changes the worker, so it is part of identity, as
 ``py_executable`` is Ray's: a command line, not only a path (``python -X faulthandler``, a
 wrapper script and its arguments); Ray's worker runs ``exec <py_executable> <worker args>``
 under ``bash -c``. Checked here: a string of at most ``MAX_PY_EXECUTABLE_CHARS``, one line (no
-control character), and shell words ``shlex`` can split (no unclosed quote), at least one.
+control character but a tab), and shell words ``shlex`` can split (no unclosed quote), at least
+one.
 
 ``java_jars`` is Ray's too: URIs of ``.jar`` files (kept whole, in a folder of their own) or
 ``.zip`` archives (unpacked, as Ray does), installed and counted as ``py_modules`` are.
@@ -267,7 +268,7 @@ def _parse_py_executable(value: object) -> str | None:
         raise InvalidRuntimeEnv(
             f"py_executable is {len(value)} characters long; the limit is {MAX_PY_EXECUTABLE_CHARS}"
         )
-    if any(ord(ch) < 0x20 or ch == "\x7f" for ch in value):
+    if any((ord(ch) < 0x20 and ch != "\t") or ch == "\x7f" for ch in value):
         raise InvalidRuntimeEnv(
             f"py_executable {echo(value)} contains a control character (a newline, a NUL): it "
             "is one command line"
