@@ -141,3 +141,19 @@ def test_java_jars_are_their_folders_in_order_and_on_no_python_path() -> None:
     assert ctx.env_vars["PYTHONPATH"] == "/store/uris/py_modules-m1.zip"
     assert (ctx.cwd, ctx.py_executable) == ("", "py")
     assert build_context(env(), path_for, py_executable="py", limits=LIMITS).java_jars == ()
+
+
+def test_a_python_path_the_agent_gives_is_one_shell_word_whatever_it_holds() -> None:
+    """py_executable is shell words: a venv under a root with a space (or the agent's python in
+    such a folder) is quoted, and splitting it gives the path back; a plain path is as it is."""
+    import shlex
+
+    def spaced(key: UriKey) -> Path:
+        return Path("/it's a root/uris") / key.kind.value
+
+    ctx = build_context(env(pip=["requests"]), spaced, py_executable="py", limits=LIMITS)
+    assert shlex.split(ctx.py_executable) == ["/it's a root/uris/pip/bin/python"]
+    ctx = build_context(env(), path_for, py_executable="/my python/bin/py", limits=LIMITS)
+    assert shlex.split(ctx.py_executable) == ["/my python/bin/py"]
+    plain = build_context(env(), path_for, py_executable="/usr/bin/python3", limits=LIMITS)
+    assert plain.py_executable == "/usr/bin/python3"

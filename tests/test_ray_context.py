@@ -129,3 +129,14 @@ def test_java_jars_are_the_folders_rays_java_worker_puts_on_its_class_path() -> 
     assert built["java_jars"] == ["/root/uris/java_jars-a.jar", "/root/uris/java_jars-libs.zip"]
     assert built["env_vars"] == {}, "no python path for jars"
     assert built["command_prefix"] == []
+
+
+def test_the_base_python_is_one_shell_word_for_rays_bash_command() -> None:
+    import shlex
+
+    built = build_ray_context(
+        env({}), path_for, py_executable="/my python/bin/python3", node_pythonpath="",
+        python_version=(3, 11),
+    )  # fmt: skip
+    assert isinstance(built["py_executable"], str)
+    assert shlex.split(built["py_executable"]) == ["/my python/bin/python3"]

@@ -6,7 +6,8 @@ Ray's ``py_executable``); a client splits it (``shlex.split``), with no expansio
 worker's own arguments. The env's own ``py_executable`` wins over a pip venv's python, as in Ray
 (its ``py_executable`` plugin runs after its ``pip`` plugin and replaces the python): the worker
 then gets the venv's packages only if that command runs the venv's python. Else the venv's
-python, else the agent's (``--python``). ``java_jars``: each java_jars package's folder, in the
+python, else the agent's (``--python``), each a path quoted as one shell word (``shlex.quote``:
+as it is unless it holds a space or a quote). ``java_jars``: each java_jars package's folder, in the
 env's order (a Java worker puts ``<folder>/*`` and ``<folder>`` on its class path).
 
 Pure: where each package lives is a function of its key (``UriStore.path_for``), so the context,
@@ -16,6 +17,7 @@ and whether a process could be started with it, are known before anything is dow
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,5 +68,5 @@ def build_context(
     if paths:
         env_vars["PYTHONPATH"] = os.pathsep.join(paths)
     check_env_var_size(env_vars, limits)
-    command = env.py_executable or python or py_executable
+    command = env.py_executable or shlex.quote(python or py_executable)  # a path: one word
     return WorkerContext(env_vars=env_vars, cwd=cwd, py_executable=command, java_jars=tuple(jars))

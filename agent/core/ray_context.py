@@ -16,9 +16,9 @@ there is placed here too).
 - ``py_executable``: the env's own ``py_executable`` when it names one (Ray's worker runs
   ``exec <py_executable> <args>`` under ``bash -c``, so it is a command line, as Ray's is; it
   wins over a pip venv, as Ray's ``py_executable`` plugin runs after its ``pip`` plugin, and a
-  bare ``python`` in it finds the venv's first on ``PATH``), else the base python, also with a
-  pip venv: a Ray worker must import ``ray``, which a venv of ours has not; the venv's packages
-  reach it through ``PYTHONPATH``.
+  bare ``python`` in it finds the venv's first on ``PATH``), else the base python (quoted as
+  one shell word, as the working dir is), also with a pip venv: a Ray worker must import
+  ``ray``, which a venv of ours has not; the venv's packages reach it through ``PYTHONPATH``.
 - ``override_worker_entrypoint``: None; ``java_jars``: each java_jars package's folder, in the
   env's order (Ray's Java worker puts ``<folder>/*`` and ``<folder>`` on its class path).
 """
@@ -85,7 +85,7 @@ def build_ray_context(
     context: dict[str, object] = {
         "command_prefix": command_prefix,
         "env_vars": env_vars,
-        "py_executable": env.py_executable or py_executable,
+        "py_executable": env.py_executable or shlex.quote(py_executable),
         "override_worker_entrypoint": None,
         "java_jars": jars,
     }
