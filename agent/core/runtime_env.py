@@ -27,18 +27,19 @@ from agent.core.packages import Package
 from agent.core.pip_spec import PipSpec, parse_pip
 from agent.core.roots import FileRoots
 from agent.core.uris import ParsedUri, UriKey, UriKind, parse_uri
+from agent.core.uv_spec import parse_uv
 
 # Linux's MAX_ARG_STRLEN: one "KEY=value\0" string handed to execve may not exceed it.
 MAX_ARG_STRLEN = 128 * 1024
 _POINTER_BYTES = 8
-_SUPPORTED_FIELDS = ("working_dir", "py_modules", "env_vars", "pip", "config")
+_SUPPORTED_FIELDS = ("working_dir", "py_modules", "env_vars", "pip", "uv", "config")
 # Ray's driver adds these; each is checked for its type and is not part of identity.
 # Ray's keys the agent has nothing to do for: versions, upload filters, and the setup hook (the
 # worker runs it, fetching it from the GCS by the key this field holds). Never identity.
 _RAY_EXTRAS = (
     "_ray_commit", "_ray_release", "_inject_current_ray", "excludes", "worker_process_setup_hook",
 )  # fmt: skip
-_NOT_YET = {"conda", "uv", "container", "image_uri", "java_jars", "nsight", "mpi"}
+_NOT_YET = {"conda", "container", "image_uri", "java_jars", "nsight", "mpi"}
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class RuntimeEnv:
     eager_install: bool | None
     canonical: str
     env_id: str
-    packages: tuple[Package, ...] = ()  # distinct keys: working_dir, py_modules, pip, in order
+    packages: tuple[Package, ...] = ()  # distinct keys: working_dir, py_modules, pip/uv, in order
     uri_keys: tuple[UriKey, ...] = field(init=False, repr=False, compare=False)  # packages' keys
 
     def __post_init__(self) -> None:
@@ -128,10 +129,17 @@ def parse_runtime_env(
     env_vars = _parse_env_vars(obj.get("env_vars"))
     check_env_var_size(env_vars, limits)
     timeout, eager = _parse_config(obj.get("config"))
+    if obj.get("pip") is not None and obj.get("uv") is not None:
+        raise InvalidRuntimeEnv(
+            "the pip and uv fields cannot both be set (as Ray says): one env has one venv; "
+            "list every requirement in one of them"
+        )
     pip = parse_pip(obj.get("pip"), file_roots=file_roots)
-
+    uv = parse_uv(obj.get("uv"), file_roots=file_roots)
     if pip is not None:
         packages.append(Package(UriKey(UriKind.PIP, pip.uri), pip))
+    if uv is not None:
+        packages.append(Package(UriKey(UriKind.UV, uv.uri), uv))
     if len(packages) > limits.max_uris:
         raise InvalidRuntimeEnv(
             f"the env names {len(packages)} distinct URIs; the limit is {limits.max_uris}"
@@ -146,6 +154,8 @@ def parse_runtime_env(
         identity["env_vars"] = dict(env_vars)
     if pip is not None:
         identity["pip"] = pip.canonical()
+    if uv is not None:
+        identity["uv"] = uv.canonical()
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return RuntimeEnv(
         working_dir=working_dir,

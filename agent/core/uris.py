@@ -33,6 +33,7 @@ class UriKind(StrEnum):
     WORKING_DIR = "working_dir"
     PY_MODULES = "py_modules"
     PIP = "pip"  # a virtualenv built from a requirement set; its uri is pip://<hash>
+    UV = "uv"  # a virtualenv built by uv from a requirement set; its uri is uv://<hash>
 
 
 @dataclass(frozen=True, order=True, slots=True)

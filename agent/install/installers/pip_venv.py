@@ -1,4 +1,5 @@
-"""The pip kind: a package is a virtualenv built from a dependency set (``PipSpec``).
+"""The pip and uv kinds: a package is a virtualenv built from a dependency set (``PipSpec``,
+``UvSpec``), by pip or uv.
 
 Build it in the staging folder with the installer as a subprocess (``agent.install.venv``), its
 output in a log under the root's ``logs/``; then rewrite the staging path to the final one in
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from agent.core.packages import Package
 from agent.core.pip_spec import PipSpec
+from agent.core.uv_spec import UvSpec
 from agent.install.archive import harden_tree, make_dir
 from agent.install.disk import du
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
@@ -22,14 +24,27 @@ from agent.install.venv import build_venv, relocate
 
 
 class PipVenvInstaller:
-    def __init__(self, *, python: str, installer: str, logs: Path) -> None:
+    def __init__(
+        self,
+        *,
+        python: str,
+        installer: str,
+        logs: Path,
+        uv: str | None = None,
+        wheel_cache: Path | None = None,
+    ) -> None:
         self._python = python
-        self._installer = installer  # "pip", or "uv" when it is on PATH
+        self._installer = installer  # of pip envs: "pip", or "uv" when there is one
         self._logs = logs
+        self._uv = uv
+        self._wheel_cache = wheel_cache
 
     @classmethod
     def of(cls, tools: InstallTools) -> PipVenvInstaller:
-        return cls(python=tools.python, installer=tools.pip_installer, logs=tools.logs)
+        return cls(
+            python=tools.python, installer=tools.pip_installer, logs=tools.logs, uv=tools.uv,
+            wheel_cache=tools.wheel_cache,
+        )  # fmt: skip
 
     def check(self, package: Package, label: str) -> None:
         """Nothing to check again: the places pip reads from were checked when it was parsed."""
@@ -39,12 +54,12 @@ class PipVenvInstaller:
         make_dir(self._logs)
 
     async def install(self, package: Package, job: InstallJob) -> Installed:
-        if not isinstance(package.recipe, PipSpec):
-            raise recipe_error(package, "pip")
+        if not isinstance(package.recipe, PipSpec | UvSpec):
+            raise recipe_error(package, "pip or uv")
         log_path = self._logs / f"{job.final.name}-{uuid.uuid4().hex[:8]}.log"
         venv = await build_venv(
             package.recipe, job.staging, python=self._python, installer=self._installer,
-            log_path=log_path, label=job.label,
+            log_path=log_path, label=job.label, uv=self._uv, cache=self._wheel_cache,
         )  # fmt: skip
         job.unpacked()
         # through: a cancelled install lets the venv's rewrite end before its staging goes
