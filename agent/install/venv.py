@@ -137,9 +137,14 @@ def _open_log(log_path: Path, temp: Path, args: Sequence[str]) -> int:
 _COMMAND = "$ "  # starts the line the log gets before each command's output
 
 
+_CAUSE = "  cause: "  # uv's own chain of causes under its "error:" line (a build's output
+# it indents further)
+
+
 def _tail(path: Path) -> str:
     """The installer's own last lines from the end of its log: lines that start at the first
-    column (pip indents what a build printed), each quoted by ``echo``: cut to a bounded length,
+    column (pip indents what a build printed, and so does uv, which indents its own causes by
+    two: ``_CAUSE``, kept), each quoted by ``echo``: cut to a bounded length,
     with its length, control characters escaped. Only newlines split lines: a build's carriage
     return must not make its output look like the installer's."""
     with path.open("rb") as f:
@@ -153,7 +158,7 @@ def _tail(path: Path) -> str:
         if lines[i].startswith(_COMMAND):  # this command's output only
             lines = lines[i + 1 :]
             break
-    own = [line for line in lines if line and not line[0].isspace()]
+    own = [line for line in lines if line and (not line[0].isspace() or line.startswith(_CAUSE))]
     return "\n".join(_cut(line) for line in own[-_TAIL_LINES:])
 
 
