@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import stat
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,7 @@ from agent.install.wheel_cache import CACHE_DIR, own_bytes
 from rtenv.v1 import agent_pb2
 from tests.helpers import RunningAgent, running_agent
 from tests.pip_wheels import isolate_pip, run
+from tests.test_disk_pressure import floor, free_bytes, tmpfs
 from tests.uv_wheels import BIG, MiB, du_bytes, have_uv, no_network, uv_env, write_wheel
 
 pytestmark = pytest.mark.skipif(not have_uv(), reason="no uv beside the python nor on PATH")
@@ -163,6 +167,7 @@ async def test_a_pip_env_and_a_uv_env_sharing_a_20_mib_wheel_hold_one_copy_on_di
         a, b = (os.stat(p) for p in payloads)
         assert (a.st_ino, a.st_size) == (b.st_ino, BIG_BYTES), "one inode, in both venvs"
         assert a.st_nlink >= 3, "linked from the cache too"
+        assert stat.S_IMODE(os.stat(ra.root / CACHE_DIR).st_mode) == 0o700, "the cache is private"
         total = du_bytes(ra.root)
         assert total < 1.5 * BIG_BYTES, f"the root holds {total} bytes for one {BIG_BYTES}"
         for reply in (first, second):
@@ -203,3 +208,27 @@ async def test_the_wheel_caches_own_bytes_count_in_the_budget_and_it_is_cleared_
             assert again.context.py_executable == newer.context.py_executable
             seen = await probe(again.context, "uvbigb")
             assert seen["uvbigb"][0] == "uvbigb 1.0"
+
+
+async def test_the_disk_floor_clears_the_wheel_cache_when_no_package_can_be_evicted(
+    tmp_path: Path,
+) -> None:
+    """On a 64 MiB tmpfs: a venv deleted by hand leaves its 16 MiB wheel in the cache alone;
+    an install under a floor that only clearing the cache can keep (no package to evict) clears
+    it, and succeeds."""
+    wheels = tmp_path / "wheels"
+    write_wheel(wheels, "uvfloorbig", payload=16 * MiB, seed=3)
+    write_wheel(wheels, "uvfloorsmall")
+    with tmpfs(64 * MiB) as fs:
+        root = fs / "root"
+        async with running_agent(root=root, min_free_disk=floor(0)) as ra:
+            await ra.create(uv_env(["uvfloorbig"], wheels), timeout_s=BUILD_S)
+            [venv] = venv_dirs(replace(ra, root=root), "uv")
+        shutil.rmtree(root / "uris" / venv)  # the venv gone; its wheel stays in the cache
+        assert own_bytes(root / CACHE_DIR) >= 16 * MiB
+        limit = free_bytes(fs) + 8 * MiB  # reachable only once the cache's 16 MiB are freed
+        async with running_agent(root=root, min_free_disk=floor(limit)) as ra:
+            reply = await ra.create(uv_env(["uvfloorsmall"], wheels), timeout_s=BUILD_S)
+            assert ra.service.store.wheel_cache.clears == 1
+            seen = await probe(reply.context, "uvfloorsmall")
+            assert seen["uvfloorsmall"][0] == "uvfloorsmall 1.0"

@@ -10,6 +10,7 @@ measure it, in one thread hop.
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from pathlib import Path
 
@@ -50,8 +51,13 @@ class PipVenvInstaller:
         """Nothing to check again: the places pip reads from were checked when it was parsed."""
 
     def prepare(self, staging: Path) -> None:
-        """The logs folder, made the first time a venv is built."""
+        """The logs folder, made the first time a venv is built; the wheel cache, made private
+        (0700 whatever the umask: nobody else may put a file there that uv would link into a
+        venv; the venvs' own files get their modes from ``harden_tree``)."""
         make_dir(self._logs)
+        if self._wheel_cache is not None:
+            self._wheel_cache.mkdir(mode=0o700, exist_ok=True)
+            os.chmod(self._wheel_cache, 0o700)
 
     async def install(self, package: Package, job: InstallJob) -> Installed:
         if not isinstance(package.recipe, PipSpec | UvSpec):
