@@ -44,6 +44,16 @@ def test_the_list_form_and_the_object_form_with_defaults_name_one_venv() -> None
     assert re.fullmatch(r"uv://[0-9a-f]{32}", listed.uri), listed.uri
 
 
+def test_rays_normalised_object_with_its_no_cache_default_is_the_list_forms_venv() -> None:
+    """Ray's driver writes the object form with uv_check false and ["--no-cache"]; the agent
+    drops --no-cache (its venvs share its counted cache), so both are one venv."""
+    ray = {"packages": ["numpy"], "uv_check": False, "uv_pip_install_options": ["--no-cache"]}
+    assert spec(ray) == spec(["numpy"])
+    assert spec({"packages": ["numpy"], "uv_pip_install_options": ["-n", *OFFLINE]}).options == (
+        tuple(OFFLINE)
+    )
+
+
 def test_uv_check_uv_version_and_options_each_make_another_venv() -> None:
     base = {"packages": ["numpy"]}
     uris = {
@@ -174,3 +184,13 @@ def test_the_uv_version_is_a_specifier_the_agents_uv_must_satisfy() -> None:
     assert uv_version_matches(spec(["a"]), "0.1.0"), "no uv_version: any uv"
     ranged: Any = spec({"packages": ["a"], "uv_version": ">=0.5,<1"})
     assert uv_version_matches(ranged, "0.13.9")
+
+
+def test_what_rays_own_validation_makes_of_both_forms_is_one_venv_here() -> None:
+    """Ray 2.60's ``parse_and_validate_uv`` (what its driver sends) of the list and of the
+    object form parse into the same venv as the list itself."""
+    validation = pytest.importorskip("ray._private.runtime_env.validation")
+    listed = validation.parse_and_validate_uv(["numpy", "requests"])
+    dicted = validation.parse_and_validate_uv({"packages": ["numpy", "requests"]})
+    assert dicted["uv_pip_install_options"] == ["--no-cache"], "Ray's default, as read"
+    assert spec(listed) == spec(dicted) == spec(["requests", "numpy"])

@@ -14,9 +14,11 @@ one set are one venv: the list, and the object with the same packages and nothin
 - ``uv_check: true`` runs ``uv pip check`` in the venv after the install, as Ray does; a
   conflict fails the install with uv's lines.
 - ``uv_pip_install_options``: options of ``uv pip install``, by an allow-list of full spellings
-  (``_ALLOWED``), each place they read packages from checked as ``pip``'s are. Ray's default
-  (``--no-cache``) is not applied: the agent's venvs share one wheel cache (``--cache-dir``,
-  hardlinked), which an env may still opt out of with ``--no-cache``. Options that read files
+  (``_ALLOWED``), each place they read packages from checked as ``pip``'s are. ``--no-cache``
+  (``-n``), which Ray's driver writes into the object form as its default, is dropped: the
+  agent's venvs are all linked from its one wheel cache, counted in its budget (the point of
+  Ray's default is to keep uv's own cache in the home folder from growing unbounded), so Ray's
+  normalised object and the list are one venv. Options that read files
   (``-r``, ``-c``, ``--overrides``, ``--cert``, ``--config-file``), write elsewhere (``--target``,
   ``--prefix``, ``--system``, ``--cache-dir``), pick another interpreter (``-p``) or the link
   mode (``--link-mode``: the agent's) are refused by name.
@@ -51,11 +53,12 @@ _ALLOWED: dict[str, bool] = {
     "--no-build": False, "--no-build-isolation": False, "--upgrade": False, "-U": False,
     "--reinstall": False, "--resolution": True, "--prerelease": True, "--exclude-newer": True,
     "--require-hashes": False, "--no-verify-hashes": False, "--compile-bytecode": False,
-    "--no-cache": False, "-n": False, "--refresh": False, "--offline": False,
+    "--refresh": False, "--offline": False,
     "--no-sources": False, "--strict": False, "--quiet": False, "-q": False,
     "--verbose": False, "-v": False, "--no-progress": False, "--editable": True, "-e": True,
     "--allow-insecure-host": True,
 }  # fmt: skip
+_DROPPED = ("--no-cache", "-n")  # Ray's default: the agent's cache is counted (see above)
 _FILE_LIST = "list the requirements in uv.packages instead"
 _WRITES = "writes outside the env's venv"
 _READS = "reads a file of the agent's node"
@@ -143,6 +146,7 @@ def parse_uv(value: object, *, file_roots: Sequence[str] | FileRoots = ()) -> Uv
         )
     check_items("uv.packages", packages)
     check_items("uv.uv_pip_install_options", options)
+    options = [option for option in options if option not in _DROPPED]
     roots = file_roots if isinstance(file_roots, FileRoots) else FileRoots.of(file_roots)
     check_options(options, roots, "uv.uv_pip_install_options", _ALLOWED, _REFUSED)
     normalised = parse_requirements(packages, "uv.packages", roots)

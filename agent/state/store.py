@@ -572,8 +572,10 @@ class UriStore:
                 except Exception:  # a bug: logged with its traceback, the next pass runs
                     log.exception("a pass over the cache index failed (a bug)")
                     return
-                trashed = self._apply(swept, resets, delete=self.wheel_cache is None)
-                if self.wheel_cache is not None:
+                # with a wheel cache, the evicted are deleted before it is measured
+                cache = self.wheel_cache is not None and self.wheel_cache.path.is_dir()
+                trashed = self._apply(swept, resets, delete=not cache)
+                if cache:
                     await self._keep_cache_in_budget(trashed, swept.unused_bytes)
                 if not self._sweep_again:
                     return
