@@ -130,6 +130,27 @@ async def test_a_failing_uv_requirement_answers_failed_precondition_with_uvs_own
         assert venv_dirs(ra, "uv") == []
 
 
+async def test_uv_check_true_runs_uv_pip_check_whose_incompatibility_fails_the_install(
+    tmp_path: Path,
+) -> None:
+    """The same install (--no-deps: a dependency left out) is a venv without uv_check and
+    FAILED_PRECONDITION with uv's words with it."""
+    wheels = tmp_path / "wheels"
+    write_wheel(wheels, "uvneeds", deps=["uvmissing"])
+    options = ["--no-index", "--find-links", str(wheels), "--no-deps"]
+    unchecked = {"uv": {"packages": ["uvneeds"], "uv_pip_install_options": options}}
+    checked = {"uv": {**unchecked["uv"], "uv_check": True}}
+    async with running_agent() as ra:
+        reply = await ra.create(json.dumps(unchecked), timeout_s=BUILD_S)
+        assert (await probe(reply.context, "uvneeds"))["uvneeds"][0] == "uvneeds 1.0"
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await ra.create(json.dumps(checked), timeout_s=BUILD_S)
+        assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        details = failed.value.details() or ""
+        assert "The package `uvneeds` requires `uvmissing`, but it's not installed" in details
+        assert len(venv_dirs(ra, "uv")) == 1, "the checked venv is not kept"
+
+
 async def test_a_uv_version_the_agents_uv_does_not_satisfy_is_refused_naming_both(
     tmp_path: Path,
 ) -> None:
@@ -232,3 +253,17 @@ async def test_the_disk_floor_clears_the_wheel_cache_when_no_package_can_be_evic
             assert ra.service.store.wheel_cache.clears == 1
             seen = await probe(reply.context, "uvfloorsmall")
             assert seen["uvfloorsmall"][0] == "uvfloorsmall 1.0"
+
+
+async def test_with_pip_installer_pip_a_pip_venv_is_built_by_pip_without_the_wheel_cache(
+    tmp_path: Path,
+) -> None:
+    wheels = tmp_path / "wheels"
+    write_wheel(wheels, "uvbypip")
+    options = ["--no-index", "--find-links", str(wheels)]
+    pip = json.dumps({"pip": {"packages": ["uvbypip"], "pip_install_options": options}})
+    async with running_agent(pip_installer="pip") as ra:
+        reply = await ra.create(pip, timeout_s=BUILD_S)
+        assert (await probe(reply.context, "uvbypip"))["uvbypip"][0] == "uvbypip 1.0"
+        assert " -m pip " in logs(ra)[0].read_text()
+        assert not (ra.root / CACHE_DIR).exists()

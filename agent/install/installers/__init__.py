@@ -27,7 +27,7 @@ INSTALLERS: dict[UriKind, Callable[[InstallTools], Installer]] = {
     UriKind.WORKING_DIR: ZipArchiveInstaller.working_dir,
     UriKind.PY_MODULES: ZipArchiveInstaller.py_modules,
     UriKind.PIP: PipVenvInstaller.of,
-    UriKind.UV: PipVenvInstaller.of,
+    UriKind.UV: PipVenvInstaller.of_uv,
 }
 
 

@@ -42,8 +42,18 @@ class PipVenvInstaller:
 
     @classmethod
     def of(cls, tools: InstallTools) -> PipVenvInstaller:
+        """The pip kind's: by pip, or by uv from the wheel cache (pip-installer uv, a uv found)."""
+        by_uv = tools.uv is not None and tools.pip_installer == "uv"
         return cls(
             python=tools.python, installer=tools.pip_installer, logs=tools.logs, uv=tools.uv,
+            wheel_cache=tools.wheel_cache if by_uv else None,
+        )  # fmt: skip
+
+    @classmethod
+    def of_uv(cls, tools: InstallTools) -> PipVenvInstaller:
+        """The uv kind's: always by uv, from the wheel cache."""
+        return cls(
+            python=tools.python, installer="uv", logs=tools.logs, uv=tools.uv,
             wheel_cache=tools.wheel_cache,
         )  # fmt: skip
 
