@@ -32,6 +32,10 @@ Workloads (``--only NAME``, repeatable; the parts are in ``scripts/benchlib/``):
 - pip: 10 concurrent jobs with one requirement set (a shared venv built once by the agent)
   against one venv per job built at once by the same pip from the same offline wheels: wall
   time and disk bytes.
+- shared-wheels: 10 concurrent jobs with distinct requirement sets that all share one 64 MiB
+  wheel, as uv envs (one venv each, hardlinked from the root's one wheel cache) against one venv
+  per job made with python -m venv and filled by pip, offline: disk bytes (du -sb, the agent's
+  whole root) and wall (goals: disk <= 0.2x, wall <= 0.5x).
 - shared-root: six agents (the nodes of one machine) on ONE cache root, each creating the same
   envs (4 http working_dir zips) at once, against six agents on six private roots: downloads
   counted at the package server, disk bytes under uris/ (du) and wall, shared/private (goals:
@@ -99,6 +103,7 @@ from benchlib.procs import probe_file_creation, uvloop_available
 from benchlib.recovery import bench_recovery
 from benchlib.shared import Shared
 from benchlib.shared_root import bench_shared_root
+from benchlib.shared_wheels import bench_shared_wheels
 from benchlib.workers import bench_worker_starts
 
 Workload = Callable[[Path, Sizes, Shared], Awaitable[WorkloadResult]]
@@ -113,6 +118,7 @@ WORKLOADS: dict[str, Workload] = {
     "worker-starts": lambda work, sizes, shared: bench_worker_starts(work, sizes),
     "recovery": lambda work, sizes, shared: bench_recovery(work, sizes),
     "pip": lambda work, sizes, shared: bench_pip(work, sizes),
+    "shared-wheels": lambda work, sizes, shared: bench_shared_wheels(work, sizes),
     "shared-root": bench_shared_root,
     "fleet": bench_fleet,
 }

@@ -22,7 +22,7 @@ from tests.helpers import short_tempdir
 REPO = Path(__file__).resolve().parents[1]
 WORKLOADS = {
     "hot", "persistence", "cold-large", "stampede", "loop-blocking", "churn", "worker-starts",
-    "recovery", "pip", "shared-root", "fleet",
+    "recovery", "pip", "shared-root", "fleet", "shared-wheels",
 }  # fmt: skip
 WITH_GOALS = WORKLOADS - {"recovery", "pip"}  # the issues set no goal on these figures
 

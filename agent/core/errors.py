@@ -37,7 +37,7 @@ kind is set by each branch under ``AgentError`` and inherited by its leaves.
     │   │                                            too large, ratio too high, not a zip
     │   ├── PackageRejected                          the source refused (4xx other than 404),
     │   │                                            or the download is larger than allowed
-    │   ├── InstallerFailed                          pip / uv failed to install a pip spec
+    │   ├── InstallerFailed                          pip / uv failed to install a pip or uv spec
     │   └── UnsupportedOnNode                        a field (conda, image_uri, _nsight...)
     │                                                needs what this node's agent does not have
     ├── Conflict                    CONFLICT         the request clashes with another one

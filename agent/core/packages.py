@@ -14,15 +14,16 @@ from dataclasses import dataclass
 
 from agent.core.pip_spec import PipSpec
 from agent.core.uris import ParsedUri, UriKey, UriKind
+from agent.core.uv_spec import UvSpec
 
-Recipe = ParsedUri | PipSpec  # what an installer needs: a URI to fetch, a dependency set
+Recipe = ParsedUri | PipSpec | UvSpec  # what an installer needs: a URI to fetch, a dependency set
 
 
 @dataclass(frozen=True, slots=True)
 class Package:
     """One package of an env: its key (the unit counted, cached and deleted) and its recipe
-    (``ParsedUri`` for the zip kinds, ``PipSpec`` for pip). Equal keys have equal recipes: the
-    key's URI is the recipe's name (the URI itself, or the pip set's hash)."""
+    (``ParsedUri`` for the zip kinds, ``PipSpec`` for pip, ``UvSpec`` for uv). Equal keys have
+    equal recipes: the key's URI is the recipe's name (the URI itself, or the set's hash)."""
 
     key: UriKey
     recipe: Recipe
@@ -44,6 +45,7 @@ PLACEMENTS: dict[UriKind, Placement] = {
     UriKind.PY_MODULES: Placement(on_path=True),
     UriKind.PIP: Placement(python="bin/python"),  # the env's own virtualenv
     UriKind.JAVA_JARS: Placement(java=True),
+    UriKind.UV: Placement(python="bin/python"),  # likewise, built by uv
 }
 
 

@@ -33,7 +33,7 @@ import platform
 import sys
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -73,7 +73,8 @@ _REFUSED: dict[str, str] = {
     "--report": _WRITES, "--build": _WRITES, "-b": _WRITES,
 }  # fmt: skip
 _FIND_LINKS = ("-f", "--find-links")
-_INDEXES = ("-i", "--index-url", "--extra-index-url")
+# uv's: the last two (pip has neither)
+_INDEXES = ("-i", "--index-url", "--extra-index-url", "--index", "--default-index")
 _EDITABLE = ("-e", "--editable")
 _REMOTE = frozenset({"http", "https"})
 _VCS = frozenset({"git", "hg", "svn", "bzr"})
@@ -158,36 +159,46 @@ def parse_pip(value: object, *, file_roots: Sequence[str] | FileRoots = ()) -> P
         options = value.get("pip_install_options", [])
     else:
         raise InvalidRuntimeEnv("pip must be a list of requirements or an object with packages")
-    for field, items in (("pip.packages", packages), ("pip.pip_install_options", options)):
-        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-            raise InvalidRuntimeEnv(f"{field} must be a list of strings")
-        if len(items) > MAX_REQUIREMENTS:
-            raise InvalidRuntimeEnv(
-                f"{field} has {len(items)} items; the limit is {MAX_REQUIREMENTS}"
-            )
-        for item in items:
-            if len(item) > _MAX_ITEM_CHARS or "\x00" in item or "\n" in item:
-                raise InvalidRuntimeEnv(
-                    f"{field}: {echo(item)} is not a valid item (at most {_MAX_ITEM_CHARS} "
-                    "characters, no NUL, no newline)"
-                )
+    check_items("pip.packages", packages)
+    check_items("pip.pip_install_options", options)
     roots = file_roots if isinstance(file_roots, FileRoots) else FileRoots.of(file_roots)
-    _check_options(options, roots)
-    normalised = set()
-    for i, text in enumerate(packages):
-        field = f"pip.packages[{i}]"
-        requirement = _requirement(text, field)
-        if requirement.url:
-            _check_url(requirement.url, field, roots, vcs=True, path=False)
-        normalised.add(_canonical(requirement))
+    check_options(options, roots, "pip.pip_install_options", _ALLOWED, _REFUSED)
+    normalised = parse_requirements(packages, "pip.packages", roots)
     if not normalised:
         return None
     return PipSpec(
-        packages=tuple(sorted(normalised)),
+        packages=normalised,
         options=tuple(options),
         python=f"{sys.version_info.major}.{sys.version_info.minor}",
         platform=f"{sys.platform}-{platform.machine()}",
     )
+
+
+def check_items(field: str, items: object) -> None:
+    """A list of strings, bounded in count and in each one's length, no NUL nor newline."""
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        raise InvalidRuntimeEnv(f"{field} must be a list of strings")
+    if len(items) > MAX_REQUIREMENTS:
+        raise InvalidRuntimeEnv(f"{field} has {len(items)} items; the limit is {MAX_REQUIREMENTS}")
+    for item in items:
+        if len(item) > _MAX_ITEM_CHARS or "\x00" in item or "\n" in item:
+            raise InvalidRuntimeEnv(
+                f"{field}: {echo(item)} is not a valid item (at most {_MAX_ITEM_CHARS} "
+                "characters, no NUL, no newline)"
+            )
+
+
+def parse_requirements(packages: Sequence[str], field: str, roots: FileRoots) -> tuple[str, ...]:
+    """The requirements, each parsed (PEP 508) and its direct reference checked against the
+    roots, normalised, sorted and de-duplicated."""
+    normalised = set()
+    for i, text in enumerate(packages):
+        where = f"{field}[{i}]"
+        requirement = _requirement(text, where)
+        if requirement.url:
+            _check_url(requirement.url, where, roots, vcs=True, path=False)
+        normalised.add(_canonical(requirement))
+    return tuple(sorted(normalised))
 
 
 def _check_ray_pip_keys(value: dict[str, object]) -> None:
@@ -211,17 +222,24 @@ def _check_ray_pip_keys(value: dict[str, object]) -> None:
         )
 
 
-def _check_options(options: Sequence[str], roots: FileRoots) -> None:
-    """Every option must be on the allow-list, spelled in full; each place it names to read
-    packages from must be allowed."""
-    field = "pip.pip_install_options"
+def check_options(
+    options: Sequence[str],
+    roots: FileRoots,
+    field: str,
+    allowed: Mapping[str, bool],
+    refused: Mapping[str, str],
+) -> None:
+    """Every option must be on the allow-list (``allowed``: each full spelling, and whether it
+    takes a value), spelled in full; one of ``refused`` is refused with its reason; each place
+    an option names to read packages from (``-f``, ``-i``, ``-e`` and their long names) must be
+    allowed."""
     i = 0
     while i < len(options):
         option = options[i]
         flag, eq, attached = option.partition("=")
-        takes_value = _ALLOWED.get(flag)
-        if flag in _REFUSED:
-            raise InvalidRuntimeEnv(f"{field}: {echo(option)} is refused: {_REFUSED[flag]}")
+        takes_value = allowed.get(flag)
+        if flag in refused:
+            raise InvalidRuntimeEnv(f"{field}: {echo(option)} is refused: {refused[flag]}")
         if takes_value is None or (eq and (not takes_value or not flag.startswith("--"))):
             raise InvalidRuntimeEnv(
                 f"{field}: {echo(option)} is not an option an env may pass (options that "

@@ -42,12 +42,13 @@ from agent.core.packages import Package
 from agent.core.pip_spec import PipSpec, parse_pip
 from agent.core.roots import FileRoots
 from agent.core.uris import ParsedUri, UriKey, UriKind, parse_uri
+from agent.core.uv_spec import parse_uv
 
 # Linux's MAX_ARG_STRLEN: one "KEY=value\0" string handed to execve may not exceed it.
 MAX_ARG_STRLEN = 128 * 1024
 _POINTER_BYTES = 8
 _SUPPORTED_FIELDS = (
-    "working_dir", "py_modules", "py_executable", "java_jars", "env_vars", "pip", "config",
+    "working_dir", "py_modules", "py_executable", "java_jars", "env_vars", "pip", "uv", "config",
 )  # fmt: skip
 MAX_PY_EXECUTABLE_CHARS = 4096
 _JAVA_JAR_SUFFIXES = (".jar", ".zip")
@@ -57,7 +58,6 @@ _JAVA_JAR_SUFFIXES = (".jar", ".zip")
 _RAY_EXTRAS = (
     "_ray_commit", "_ray_release", "_inject_current_ray", "excludes", "worker_process_setup_hook",
 )  # fmt: skip
-_NOT_YET = {"uv"}
 # Ray 2.60's fields this agent refuses by name (FAILED_PRECONDITION): what each needs on the node.
 NEEDS_ON_NODE: dict[str, str] = {
     "conda": "a conda installation on the node, which this agent does not manage (it makes pip "
@@ -93,7 +93,7 @@ class RuntimeEnv:
     eager_install: bool | None
     canonical: str
     env_id: str
-    packages: tuple[Package, ...] = ()  # distinct keys: working_dir, py_modules, pip, java_jars
+    packages: tuple[Package, ...] = ()  # distinct keys: working_dir, py_modules, pip/uv, java_jars
     py_executable: str | None = None  # the command the worker runs under; None: the agent's
     java_jars: tuple[str, ...] = ()  # distinct URIs, in order
     uri_keys: tuple[UriKey, ...] = field(init=False, repr=False, compare=False)  # packages' keys
@@ -159,11 +159,18 @@ def parse_runtime_env(
     env_vars = _parse_env_vars(obj.get("env_vars"))
     check_env_var_size(env_vars, limits)
     timeout, eager = _parse_config(obj.get("config"))
+    if obj.get("pip") is not None and obj.get("uv") is not None:
+        raise InvalidRuntimeEnv(
+            "the pip and uv fields cannot both be set (as Ray says): one env has one venv; "
+            "list every requirement in one of them"
+        )
     pip = parse_pip(obj.get("pip"), file_roots=file_roots)
-
+    uv = parse_uv(obj.get("uv"), file_roots=file_roots)
     if pip is not None:
         packages.append(Package(UriKey(UriKind.PIP, pip.uri), pip))
     packages.extend(Package(UriKey(UriKind.JAVA_JARS, u), p) for u, p in jars.items())
+    if uv is not None:
+        packages.append(Package(UriKey(UriKind.UV, uv.uri), uv))
     if len(packages) > limits.max_uris:
         raise InvalidRuntimeEnv(
             f"the env names {len(packages)} distinct URIs; the limit is {limits.max_uris}"
@@ -182,6 +189,8 @@ def parse_runtime_env(
         identity["py_executable"] = py_executable
     if jars:
         identity["java_jars"] = list(jars)
+    if uv is not None:
+        identity["uv"] = uv.canonical()
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return RuntimeEnv(
         working_dir=working_dir,
@@ -235,9 +244,7 @@ def _check_fields(obj: Mapping[str, Any]) -> None:
     agent does not manage on the node, as unsupported there (saying what they need)."""
     unknown = sorted(set(obj) - set(_SUPPORTED_FIELDS) - set(_RAY_EXTRAS) - set(NEEDS_ON_NODE))
     if unknown:
-        later = [name for name in unknown if name in _NOT_YET]
-        hints = [f"{', '.join(later)} not supported yet"] if later else []
-        hints += [f"Ray spells {n!r} as {_RAY_SPELLS[n]!r}" for n in unknown if n in _RAY_SPELLS]
+        hints = [f"Ray spells {n!r} as {_RAY_SPELLS[n]!r}" for n in unknown if n in _RAY_SPELLS]
         hint = f" ({'; '.join(hints)})" if hints else ""
         raise InvalidRuntimeEnv(
             f"unknown runtime_env field(s) {_listed(unknown)}{hint}; "

@@ -34,6 +34,7 @@ class UriKind(StrEnum):
     PY_MODULES = "py_modules"
     PIP = "pip"  # a virtualenv built from a requirement set; its uri is pip://<hash>
     JAVA_JARS = "java_jars"  # a .jar kept whole in a folder, or a .zip unpacked
+    UV = "uv"  # a virtualenv built by uv from a requirement set; its uri is uv://<hash>
 
 
 @dataclass(frozen=True, order=True, slots=True)

@@ -24,12 +24,20 @@ def disk_space(path: Path) -> tuple[int, int]:
 
 
 def du(path: Path) -> int:
-    """Bytes of the files under ``path`` (links not followed). Blocking: call it in a thread."""
+    """Bytes of the files under ``path`` (links not followed), each inode once: a file
+    hardlinked twice in the tree counts once, one shared with the wheel cache or another venv
+    counts whole (``agent.install.wheel_cache`` says the rule). Blocking: call it in a thread."""
     total = 0
+    seen: set[tuple[int, int]] = set()
     for dirpath, _, names in os.walk(path):
         for name in names:
             with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_size
+                st = os.lstat(os.path.join(dirpath, name))
+                if st.st_nlink > 1:
+                    if (st.st_dev, st.st_ino) in seen:
+                        continue
+                    seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
     return total
 
 

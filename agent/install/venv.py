@@ -1,13 +1,17 @@
 """Build a virtualenv for a pip spec, in a staging folder, with the installer as a subprocess.
 
 ``python -m venv --without-pip`` makes the venv (fast: no ensurepip), then the installer puts
-the requirements in it: ``pip --python <venv python> install`` (the agent's own pip), or ``uv pip
-install`` when ``pip-installer`` is ``uv`` and uv is on PATH. The installer's output goes to a
-log file under the root; a failure is FAILED_PRECONDITION with the installer's own last error
-lines (those it writes at the start of a line; what a package's build printed, which pip
-indents, can quote any file the build read, and stays in the log), each cut short. The
-installer runs in its own process group, and is killed with its whole group if the install is
-cancelled (a setup timeout, the last create gone); it also dies with the agent (PDEATHSIG).
+the requirements in it: ``pip --python <venv python> install`` (the agent's own pip); or ``uv
+venv`` and ``uv pip install`` for a ``uv`` env, and for a ``pip`` env when ``pip-installer`` is
+``uv`` and a uv is found (beside the agent's python, else on PATH). uv installs from the root's
+one wheel cache by hardlinks (``--link-mode hardlink --cache-dir <root>/wheel-cache``: see
+``agent.install.wheel_cache``); pip has no such mode, so a venv pip builds is a copy of its own.
+The installer's output goes to a log file under the root; a failure is FAILED_PRECONDITION
+with the installer's own last error lines (those it writes at the start of a line; what a
+package's build printed, which pip indents, can quote any file the build read, and stays in
+the log), each cut short. The installer runs in its own process group, and is killed with its
+whole group if the install is cancelled (a setup timeout, the last create gone); it also dies
+with the agent (PDEATHSIG).
 
 The installer sees only the env's options: no pip configuration file (``PIP_CONFIG_FILE`` is
 the null device, which makes pip skip the global, user and site files), no ``PIP_*`` variable
@@ -25,7 +29,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import signal
 import stat
 import sys
@@ -34,6 +37,7 @@ from pathlib import Path
 
 from agent.core.errors import InstallerFailed, echo
 from agent.core.pip_spec import PipSpec
+from agent.core.uv_spec import UvSpec, uv_version_matches
 from agent.install.staging import through
 
 log = logging.getLogger(__name__)
@@ -43,6 +47,7 @@ _TAIL_LINE_CHARS = 200  # each cut to this
 _TAIL_READ_BYTES = 64 * 1024  # of the log's end, read to find them
 _PR_SET_PDEATHSIG = 1
 _PGID_BYTES = 20  # of an installer.pgid: a pid's digits
+_VERSION_TIMEOUT_S = 30.0  # for ``uv --version``
 
 
 # The installer's group leader, between the agent and the installer: it runs the installer as
@@ -132,9 +137,14 @@ def _open_log(log_path: Path, temp: Path, args: Sequence[str]) -> int:
 _COMMAND = "$ "  # starts the line the log gets before each command's output
 
 
+_CAUSE = "  cause: "  # uv's own chain of causes under its "error:" line (a build's output
+# it indents further)
+
+
 def _tail(path: Path) -> str:
     """The installer's own last lines from the end of its log: lines that start at the first
-    column (pip indents what a build printed), each quoted by ``echo``: cut to a bounded length,
+    column (pip indents what a build printed, and so does uv, which indents its own causes by
+    two: ``_CAUSE``, kept), each quoted by ``echo``: cut to a bounded length,
     with its length, control characters escaped. Only newlines split lines: a build's carriage
     return must not make its output look like the installer's."""
     with path.open("rb") as f:
@@ -148,7 +158,7 @@ def _tail(path: Path) -> str:
         if lines[i].startswith(_COMMAND):  # this command's output only
             lines = lines[i + 1 :]
             break
-    own = [line for line in lines if line and not line[0].isspace()]
+    own = [line for line in lines if line and (not line[0].isspace() or line.startswith(_CAUSE))]
     return "\n".join(_cut(line) for line in own[-_TAIL_LINES:])
 
 
@@ -159,29 +169,67 @@ def _cut(line: str) -> str:
 
 
 async def build_venv(
-    spec: PipSpec,
+    spec: PipSpec | UvSpec,
     staging: Path,
     *,
     python: str,
     installer: str,
     log_path: Path,
     label: str,
+    uv: str | None = None,
+    cache: Path | None = None,
 ) -> Path:
     """Make ``staging/venv`` with the spec installed; return it. ``label`` names the package in
-    messages, already cut (``UriKey.label``)."""
+    messages, already cut (``UriKey.label``). ``uv``: the uv binary (``find_uv``), used for a
+    ``UvSpec`` always and for a ``PipSpec`` when ``installer`` is "uv"; ``cache``: the root's
+    wheel cache uv installs from, by hardlinks (``agent.install.wheel_cache``)."""
     venv = staging / "venv"
-    uv = await asyncio.to_thread(shutil.which, "uv") if installer == "uv" else None
-    if uv is not None:
+    venv_python = str(venv / "bin" / "python")
+    if isinstance(spec, UvSpec) and uv is None:
+        raise InstallerFailed(
+            f"{label}: a uv env needs uv, and the agent finds none beside its python nor on "
+            "PATH (install the agent's uv extra, or uv)"
+        )
+    if isinstance(spec, UvSpec) and uv is not None and spec.uv_version:
+        await _check_uv_version(spec, uv, label)
+    if uv is not None and (isinstance(spec, UvSpec) or installer == "uv"):
         await _run([uv, "venv", "--quiet", "--python", python, str(venv)], log_path, label, staging)
-        install = [uv, "pip", "install", "--python", str(venv / "bin" / "python")]
+        install = [uv, "pip", "install", "--python", venv_python]
+        if cache is not None:
+            install += ["--link-mode", "hardlink", "--cache-dir", str(cache)]
     else:
         await _run([python, "-m", "venv", "--without-pip", str(venv)], log_path, label, staging)
         install = [
-            python, "-m", "pip", "--python", str(venv / "bin" / "python"), "--isolated",
+            python, "-m", "pip", "--python", venv_python, "--isolated",
             "install", "--disable-pip-version-check", "--no-input",
         ]  # fmt: skip
     await _run([*install, *spec.options, *spec.packages], log_path, label, staging)
+    if isinstance(spec, UvSpec) and spec.uv_check and uv is not None:
+        await _run([uv, "pip", "check", "--python", venv_python], log_path, label, staging)
     return venv
+
+
+async def _check_uv_version(spec: UvSpec, uv: str, label: str) -> None:
+    """Refuse the env when the agent's uv does not satisfy its ``uv_version``."""
+    proc = await asyncio.create_subprocess_exec(
+        uv, "--version", stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL, env=installer_environ(),
+    )  # fmt: skip
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), _VERSION_TIMEOUT_S)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        raise
+    words = out.decode(errors="replace").split()
+    version = words[1] if len(words) > 1 and words[0] == "uv" else ""
+    if not version or not uv_version_matches(spec, version):
+        raise InstallerFailed(
+            f"{label}: uv.uv_version {echo(spec.uv_version)} asks for another uv than the "
+            f"agent's ({echo(version or 'unknown')}, {echo(uv)}): this agent builds every venv "
+            "with its own uv and installs no other; leave uv_version out, or match it"
+        )
 
 
 def relocate(venv: Path, final: Path) -> None:
@@ -194,10 +242,19 @@ def relocate(venv: Path, final: Path) -> None:
             continue
         data = path.read_bytes()
         if (data.startswith(b"#!") or path.name.startswith("activate")) and old in data:
-            path.write_bytes(data.replace(old, new))
+            _replace(path, data.replace(old, new))
     cfg = venv / "pyvenv.cfg"
     if cfg.exists():
         cfg.write_bytes(cfg.read_bytes().replace(old, new))
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write ``data`` as a new file in ``path``'s place (its mode kept): never through the old
+    inode, which uv may have hardlinked to its cache and to other venvs."""
+    fresh = path.with_name(f".{path.name}.relocated")
+    fresh.write_bytes(data)
+    os.chmod(fresh, stat.S_IMODE(os.lstat(path).st_mode))
+    os.replace(fresh, path)
 
 
 def kill_orphaned_installers(tmp: Path) -> int:

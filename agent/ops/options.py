@@ -197,7 +197,9 @@ OPTIONS: tuple[Option, ...] = (
            "the python workers are started with, and pip venvs are made from",
            "one that does not exist or does not run: refused at start"),
     Option("pip-installer", "pip_installer", _one_of("pip", "uv"),
-           "what installs a pip env: pip, or uv when it is on PATH",
+           "what installs a pip env: pip (each venv a copy), or uv (hardlinked from the root's "
+           "wheel cache) when there is one beside the agent's python or on PATH; `uv` envs "
+           "always use uv",
            "an install that fails: FAILED_PRECONDITION with pip's own last lines, cut short"),
     Option("state-db", "persist", parse_bool,
            "keep the cache index in ROOT/state.db (false: a restart forgets the cache)"),

@@ -46,6 +46,7 @@ from agent.install.gcs_source import GcsConfig
 from agent.install.installers import InstallTools, build_installers
 from agent.install.staging import through
 from agent.install.unpack_pool import UnpackPool, auto_workers
+from agent.install.wheel_cache import WheelCache, find_uv
 from agent.ops.startup import (
     check_address,
     check_python,
@@ -172,10 +173,13 @@ class Agent:
                 gcs=GcsConfig(ray.gcs_address, ray.cluster_id_hex, ray.token)
                 if ray is not None and ray.gcs_address else None,
             )  # fmt: skip
+            uv = await asyncio.to_thread(find_uv)
+            wheel_cache = WheelCache(root, uv)
             installers = build_installers(
                 InstallTools(
                     fetcher, settings.archive, settings.py_executable, settings.pip_installer,
-                    root / "logs", self._unpack, settings.overlap_downloads,
+                    root / "logs", self._unpack, settings.overlap_downloads, uv,
+                    wheel_cache.path,
                 )
             )  # fmt: skip
             store = UriStore(
@@ -187,6 +191,7 @@ class Agent:
                 disk_floor=settings.min_free_disk,
                 install_slots=settings.max_concurrent_installs,
                 on_install=self.metrics.observe_install,
+                wheel_cache=wheel_cache,
             )
             if self._before_recovery is not None:
                 await self._before_recovery()

@@ -88,8 +88,9 @@ class DiskRoom:
         trashed = await self._evict(floor + needed + others - free)  # [] when it would not do
         if trashed:
             await asyncio.to_thread(remove_all, trashed)  # the room exists once they are gone
-            total, free = disk_space(self._root)
-            others = self._others(claim)
+        # measured again even with nothing trashed: the eviction may have cleared the wheel cache
+        total, free = disk_space(self._root)
+        others = self._others(claim)
         if free - others - needed < floor:
             raise DiskExhausted(_no_room(label, needed, written, floor, free, others, len(trashed)))
         self._reserve(claim, needed, reserve)

@@ -62,6 +62,7 @@ from agent.install.disk import (
 )
 from agent.install.installers import Installer, InstallJob
 from agent.install.staging import place_package, prepare_staging, through
+from agent.install.wheel_cache import WheelCache
 from agent.state.index import Found, RowKey, Swept
 from agent.state.room import Claim, DiskRoom
 from agent.state.state_db import StateDB, UriRow
@@ -144,11 +145,15 @@ class UriStore:
         sleep: Sleep = asyncio.sleep,
         sweep_interval_s: float = 10.0,
         pass_window_s: float = PASS_WINDOW_S,
+        wheel_cache: WheelCache | None = None,
     ) -> None:
         """``installers``: how each kind is made, one per kind (``build_installers``: the
         store only knows that a package is made in a staging folder, never how). ``db``: the
-        root's index, opened (this agent a holder of it)."""
+        root's index, opened (this agent a holder of it). ``wheel_cache``: the cache uv links
+        venvs from, its own bytes counted as unused and cleared after the packages (the rule:
+        ``agent.install.wheel_cache``)."""
         self.root = root
+        self.wheel_cache = wheel_cache
         self._db = db
         self._refcount = refcount
         self._install_slots = asyncio.Semaphore(install_slots)  # more installs wait here
@@ -567,7 +572,11 @@ class UriStore:
                 except Exception:  # a bug: logged with its traceback, the next pass runs
                     log.exception("a pass over the cache index failed (a bug)")
                     return
-                self._apply(swept, resets, delete=True)
+                # with a wheel cache, the evicted are deleted before it is measured
+                cache = self.wheel_cache is not None and self.wheel_cache.path.is_dir()
+                trashed = self._apply(swept, resets, delete=not cache)
+                if cache:
+                    await self._keep_cache_in_budget(trashed, swept.unused_bytes)
                 if not self._sweep_again:
                     return
         finally:
@@ -610,13 +619,33 @@ class UriStore:
                 await asyncio.gather(*self._background, return_exceptions=True)
         raise AssertionError("the store did not settle after 1000 rounds")
 
+    async def _keep_cache_in_budget(self, trashed: list[Path], unused: int) -> None:
+        """After a pass: the evicted packages deleted first (their files the cache shares become
+        its own), then the cache measured, and cleared if the root's unused bytes and its own
+        are over the budget."""
+        cache = self.wheel_cache
+        assert cache is not None
+        if trashed:
+            await asyncio.to_thread(remove_all, trashed)
+        if await cache.measure() and unused + cache.own_bytes > self.budget_bytes:
+            log.info(
+                "the wheel cache's own %d bytes and %d unused bytes are over the budget of %d",
+                cache.own_bytes, unused, self.budget_bytes,
+            )  # fmt: skip
+            await cache.clear()
+
     async def _evict_for(self, needed: int) -> list[Path]:
         """The disk room lacks ``needed`` bytes: a pass that frees them (none if all the
-        unused bytes of the root would not); return the trashed paths, still to be deleted."""
+        unused bytes of the root would not); return the trashed paths, still to be deleted.
+        When the pass can free none, the wheel cache is cleared (its own bytes freed: the room
+        measures again)."""
         self.passes += 1
         resets = self._resets
         swept = await self._db.sweep(self.budget_bytes, needed, since=self._seen_gen)
-        return self._apply(swept, resets, delete=False)
+        trashed = self._apply(swept, resets, delete=False)
+        if not trashed and self.wheel_cache is not None and await self.wheel_cache.measure():
+            await self.wheel_cache.clear()
+        return trashed
 
     def _apply(self, swept: Swept, resets: int, *, delete: bool) -> list[Path]:
         """A pass's result (``resets``: the count of full reads asked for when it started):

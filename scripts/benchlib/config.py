@@ -62,6 +62,9 @@ class Sizes:
     # pip
     pip_jobs: int = 10
     pip_payload_kib: int = 256
+    # shared-wheels: distinct uv sets sharing one large wheel
+    shared_wheel_sets: int = 10
+    shared_wheel_bytes: int = 64 * MiB
     # a bound on any one phase, so nothing can run away
     phase_timeout_s: float = 600.0
 
@@ -81,6 +84,8 @@ SMOKE = Sizes(
     fleet_rounds=1,
     pip_jobs=2,
     pip_payload_kib=4,
+    shared_wheel_sets=2,
+    shared_wheel_bytes=256 * 1024,
     hot_rounds=1,
     hot_pairs_c1=40,
     hot_pairs_c64=150,

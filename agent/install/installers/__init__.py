@@ -29,6 +29,7 @@ INSTALLERS: dict[UriKind, Callable[[InstallTools], Installer]] = {
     UriKind.PY_MODULES: ZipArchiveInstaller.py_modules,
     UriKind.PIP: PipVenvInstaller.of,
     UriKind.JAVA_JARS: JavaJarsInstaller.of,
+    UriKind.UV: PipVenvInstaller.of_uv,
 }
 
 

@@ -29,6 +29,8 @@ class InstallTools:
     logs: Path  # where installers' logs go (made when first needed)
     unpack: UnpackPool | None = None  # worker processes for zips; None: a thread here
     overlap: bool = True  # a large http(s) zip extracted while it downloads (with a pool)
+    uv: str | None = None  # the uv binary (``find_uv``); None: uv envs refused, pip by pip
+    wheel_cache: Path | None = None  # the root's wheel cache uv links venvs from
 
 
 @dataclass(frozen=True)

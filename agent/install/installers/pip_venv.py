@@ -1,4 +1,5 @@
-"""The pip kind: a package is a virtualenv built from a dependency set (``PipSpec``).
+"""The pip and uv kinds: a package is a virtualenv built from a dependency set (``PipSpec``,
+``UvSpec``), by pip or uv.
 
 Build it in the staging folder with the installer as a subprocess (``agent.install.venv``), its
 output in a log under the root's ``logs/``; then rewrite the staging path to the final one in
@@ -9,11 +10,13 @@ measure it, in one thread hop.
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from pathlib import Path
 
 from agent.core.packages import Package
 from agent.core.pip_spec import PipSpec
+from agent.core.uv_spec import UvSpec
 from agent.install.archive import harden_tree, make_dir
 from agent.install.disk import du
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
@@ -22,29 +25,57 @@ from agent.install.venv import build_venv, relocate
 
 
 class PipVenvInstaller:
-    def __init__(self, *, python: str, installer: str, logs: Path) -> None:
+    def __init__(
+        self,
+        *,
+        python: str,
+        installer: str,
+        logs: Path,
+        uv: str | None = None,
+        wheel_cache: Path | None = None,
+    ) -> None:
         self._python = python
-        self._installer = installer  # "pip", or "uv" when it is on PATH
+        self._installer = installer  # of pip envs: "pip", or "uv" when there is one
         self._logs = logs
+        self._uv = uv
+        self._wheel_cache = wheel_cache
 
     @classmethod
     def of(cls, tools: InstallTools) -> PipVenvInstaller:
-        return cls(python=tools.python, installer=tools.pip_installer, logs=tools.logs)
+        """The pip kind's: by pip, or by uv from the wheel cache (pip-installer uv, a uv found)."""
+        by_uv = tools.uv is not None and tools.pip_installer == "uv"
+        return cls(
+            python=tools.python, installer=tools.pip_installer, logs=tools.logs, uv=tools.uv,
+            wheel_cache=tools.wheel_cache if by_uv else None,
+        )  # fmt: skip
+
+    @classmethod
+    def of_uv(cls, tools: InstallTools) -> PipVenvInstaller:
+        """The uv kind's: always by uv, from the wheel cache."""
+        return cls(
+            python=tools.python, installer="uv", logs=tools.logs, uv=tools.uv,
+            wheel_cache=tools.wheel_cache,
+        )  # fmt: skip
 
     def check(self, package: Package, label: str) -> None:
         """Nothing to check again: the places pip reads from were checked when it was parsed."""
 
     def prepare(self, staging: Path) -> None:
-        """The logs folder, made the first time a venv is built."""
+        """The logs folder, made the first time a venv is built; the wheel cache, made private
+        (0700 whatever the umask: nobody else may put a file there that uv would link into a
+        venv; the venvs' own files get their modes from ``harden_tree``)."""
         make_dir(self._logs)
+        if self._wheel_cache is not None:
+            self._wheel_cache.mkdir(mode=0o700, exist_ok=True)
+            os.chmod(self._wheel_cache, 0o700)
 
     async def install(self, package: Package, job: InstallJob) -> Installed:
-        if not isinstance(package.recipe, PipSpec):
-            raise recipe_error(package, "pip")
+        if not isinstance(package.recipe, PipSpec | UvSpec):
+            raise recipe_error(package, "pip or uv")
         log_path = self._logs / f"{job.final.name}-{uuid.uuid4().hex[:8]}.log"
         venv = await build_venv(
             package.recipe, job.staging, python=self._python, installer=self._installer,
-            log_path=log_path, label=job.label,
+            log_path=log_path, label=job.label, uv=self._uv, cache=self._wheel_cache,
         )  # fmt: skip
         job.unpacked()
         # through: a cancelled install lets the venv's rewrite end before its staging goes

@@ -1,0 +1,195 @@
+"""The ``uv`` field: a dependency set installed with uv, normalised and named by its content.
+Pure but for ``realpath`` and ``isdir`` of the local paths it names (as ``pip_spec``).
+
+Ray's two forms are accepted: a list of requirement strings, or ``{"packages": [...],
+"uv_version": ..., "uv_check": ..., "uv_pip_install_options": [...]}``. The two spellings of
+one set are one venv: the list, and the object with the same packages and nothing else (or
+``uv_check: false``, an empty or null ``uv_version``, no options), hash alike into
+``uv://<hash>``. Requirements are normalised as ``pip``'s are (``parse_requirements``).
+
+- ``uv_version``: a version specifier Ray appends to ``uv`` (``"==0.13.9"``, ``">=0.5"``). Ray
+  installs that uv into the venv; this agent builds every venv with its own uv (beside its
+  python, or on PATH) and refuses the install (FAILED_PRECONDITION) when that uv's version does
+  not satisfy the specifier: the check is made by the installer, which knows the uv.
+- ``uv_check: true`` runs ``uv pip check`` in the venv after the install, as Ray does; a
+  conflict fails the install with uv's lines.
+- ``uv_pip_install_options``: options of ``uv pip install``, by an allow-list of full spellings
+  (``_ALLOWED``), each place they read packages from checked as ``pip``'s are. ``--no-cache``
+  (``-n``), which Ray's driver writes into the object form as its default, is dropped: the
+  agent's venvs are all linked from its one wheel cache, counted in its budget (the point of
+  Ray's default is to keep uv's own cache in the home folder from growing unbounded), so Ray's
+  normalised object and the list are one venv. Options that read files
+  (``-r``, ``-c``, ``--overrides``, ``--cert``, ``--config-file``), write elsewhere (``--target``,
+  ``--prefix``, ``--system``, ``--cache-dir``), pick another interpreter (``-p``) or the link
+  mode (``--link-mode``: the agent's) are refused by name.
+
+``uv`` and ``pip`` with the same packages are *not* one venv: a different resolver, and options
+of a different tool; and both fields in one env are refused, as Ray refuses them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+from agent.core.errors import InvalidRuntimeEnv, echo, type_name
+from agent.core.pip_spec import check_items, check_options, parse_requirements
+from agent.core.roots import FileRoots
+
+_FIELDS = ("packages", "uv_version", "uv_check", "uv_pip_install_options")
+_MAX_VERSION_CHARS = 100
+
+# uv pip install options an env may pass, by full spelling, each with whether it takes a value.
+_ALLOWED: dict[str, bool] = {
+    "--index-url": True, "-i": True, "--extra-index-url": True, "--default-index": True,
+    "--index": True, "--no-index": False, "--find-links": True, "-f": True,
+    "--index-strategy": True, "--no-deps": False, "--only-binary": True, "--no-binary": True,
+    "--no-build": False, "--no-build-isolation": False, "--upgrade": False, "-U": False,
+    "--reinstall": False, "--resolution": True, "--prerelease": True, "--exclude-newer": True,
+    "--require-hashes": False, "--no-verify-hashes": False, "--compile-bytecode": False,
+    "--refresh": False, "--offline": False,
+    "--no-sources": False, "--strict": False, "--quiet": False, "-q": False,
+    "--verbose": False, "-v": False, "--no-progress": False, "--editable": True, "-e": True,
+    "--allow-insecure-host": True,
+}  # fmt: skip
+_DROPPED = ("--no-cache", "-n")  # Ray's default: the agent's cache is counted (see above)
+_FILE_LIST = "list the requirements in uv.packages instead"
+_WRITES = "writes outside the env's venv"
+_READS = "reads a file of the agent's node"
+_REFUSED: dict[str, str] = {
+    "-r": f"reads a requirements file; {_FILE_LIST}",
+    "--requirements": f"reads a requirements file; {_FILE_LIST}",
+    "-c": f"reads a constraints file; {_FILE_LIST}",
+    "--constraints": f"reads a constraints file; {_FILE_LIST}",
+    "--overrides": f"reads an overrides file; {_FILE_LIST}",
+    "--excludes": _READS, "-b": _READS, "--build-constraints": _READS, "--cert": _READS,
+    "--config-file": _READS, "--directory": _READS, "--project": _READS,
+    "-C": "passes arguments to a package's build backend, which may take them as paths",
+    "--config-setting": "passes arguments to a package's build backend, which may take them "
+    "as paths",
+    "-t": _WRITES, "--target": _WRITES, "--prefix": _WRITES, "--user": _WRITES,
+    "--system": _WRITES, "--break-system-packages": _WRITES, "--cache-dir": _WRITES,
+    "-p": "picks another interpreter than the env's venv", "--python": "picks another "
+    "interpreter than the env's venv",
+    "--link-mode": "the agent links every venv to its shared wheel cache (hardlinks)",
+    "--keyring-provider": "runs a credential helper of the agent's node",
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class UvSpec:
+    packages: tuple[str, ...]  # normalised, sorted, distinct
+    options: tuple[str, ...]  # as given: their order can matter to uv
+    uv_version: str  # a specifier the agent's uv must satisfy; "" for any
+    uv_check: bool  # run ``uv pip check`` after the install
+    python: str  # "3.11"
+    platform: str  # "linux-x86_64"
+
+    @property
+    def digest(self) -> str:
+        identity: dict[str, object] = {
+            "tool": "uv", "packages": self.packages, "options": self.options,
+            "python": self.python, "platform": self.platform,
+        }  # fmt: skip
+        if self.uv_version:
+            identity["uv_version"] = self.uv_version
+        if self.uv_check:
+            identity["uv_check"] = True
+        canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+    @property
+    def uri(self) -> str:
+        return f"uv://{self.digest}"
+
+    def canonical(self) -> dict[str, object]:
+        """The env's identity: the set, the options, and the keys that change the venv."""
+        out: dict[str, object] = {
+            "packages": list(self.packages), "uv_pip_install_options": list(self.options),
+        }  # fmt: skip
+        if self.uv_version:
+            out["uv_version"] = self.uv_version
+        if self.uv_check:
+            out["uv_check"] = True
+        return out
+
+
+def parse_uv(value: object, *, file_roots: Sequence[str] | FileRoots = ()) -> UvSpec | None:
+    """The ``uv`` field, validated and normalised; None when it names nothing."""
+    if value is None:
+        return None
+    version, check = "", False
+    if isinstance(value, list):
+        packages, options = value, []
+    elif isinstance(value, dict):
+        unknown = sorted(set(value) - set(_FIELDS))
+        if unknown:
+            raise InvalidRuntimeEnv(
+                f"unknown uv field(s) {', '.join(echo(k) for k in unknown[:5])}; supported: "
+                f"{', '.join(_FIELDS)}"
+            )
+        if "packages" not in value:
+            raise InvalidRuntimeEnv("uv must include the field packages (a list of requirements)")
+        packages = value["packages"]
+        options = value.get("uv_pip_install_options", [])
+        check = _check_flag(value.get("uv_check", False))
+        version = _version(value.get("uv_version"))
+    else:
+        raise InvalidRuntimeEnv(
+            f"uv must be a list of requirements or an object with packages, got {type_name(value)}"
+        )
+    check_items("uv.packages", packages)
+    check_items("uv.uv_pip_install_options", options)
+    options = [option for option in options if option not in _DROPPED]
+    roots = file_roots if isinstance(file_roots, FileRoots) else FileRoots.of(file_roots)
+    check_options(options, roots, "uv.uv_pip_install_options", _ALLOWED, _REFUSED)
+    normalised = parse_requirements(packages, "uv.packages", roots)
+    if not normalised:
+        return None
+    return UvSpec(
+        packages=normalised,
+        options=tuple(options),
+        uv_version=version,
+        uv_check=check,
+        python=f"{sys.version_info.major}.{sys.version_info.minor}",
+        platform=f"{sys.platform}-{platform.machine()}",
+    )
+
+
+def _check_flag(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidRuntimeEnv(f"uv.uv_check must be a boolean, got {echo(value)}")
+    return value
+
+
+def _version(value: object) -> str:
+    """Ray's ``uv_version``: a specifier (``==0.13.9``), normalised; "" when unset."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidRuntimeEnv(f"uv.uv_version must be a string, got {type_name(value)}")
+    if not value.strip():
+        return ""
+    if len(value) > _MAX_VERSION_CHARS:
+        raise InvalidRuntimeEnv(
+            f"uv.uv_version {echo(value)} is {len(value)} characters long; the limit is "
+            f"{_MAX_VERSION_CHARS}"
+        )
+    try:
+        return str(SpecifierSet(value))
+    except InvalidSpecifier as exc:
+        raise InvalidRuntimeEnv(
+            f"uv.uv_version {echo(value)} is not a version specifier (such as '==0.13.9' or "
+            "'>=0.5'; Ray appends it to 'uv')"
+        ) from exc
+
+
+def uv_version_matches(spec: UvSpec, version: str) -> bool:
+    """Whether the agent's uv, of ``version`` ("0.13.9"), satisfies the env's ``uv_version``."""
+    return not spec.uv_version or SpecifierSet(spec.uv_version).contains(version, prereleases=True)

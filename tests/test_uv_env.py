@@ -1,0 +1,269 @@
+"""uv envs through a real in-process agent: real venvs built by the real uv, offline, from
+wheels written in the test; one venv per distinct set whatever its spelling; uv's own words on
+a failure; venvs that share one wheel cache by hardlinks; the cache counted in the budget."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from agent.core.uris import UriKey, UriKind
+from agent.core.uv_spec import parse_uv
+from agent.install.wheel_cache import CACHE_DIR, own_bytes
+from rtenv.v1 import agent_pb2
+from tests.helpers import RunningAgent, running_agent
+from tests.pip_wheels import isolate_pip, run
+from tests.test_disk_pressure import floor, free_bytes, tmpfs
+from tests.uv_wheels import BIG, MiB, du_bytes, have_uv, no_network, uv_env, write_wheel
+
+pytestmark = pytest.mark.skipif(not have_uv(), reason="no uv beside the python nor on PATH")
+
+BUILD_S = 60  # deadline for one venv build on a loaded machine
+BIG_BYTES = 20 * MiB
+PROBE = """\
+import importlib, json, sys
+out = {"executable": sys.executable}
+for name in sys.argv[1:]:
+    try:
+        module = importlib.import_module(name)
+        out[name] = [module.VALUE, module.__file__]
+    except ImportError:
+        out[name] = None
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No pip configuration of this machine; any index request fails on loopback."""
+    isolate_pip(monkeypatch)
+    no_network(monkeypatch)
+
+
+async def probe(context: agent_pb2.RuntimeEnvContext, *modules: str) -> dict[str, Any]:
+    """Start the context's python as a worker would be, and report what it imports."""
+    env = {**os.environ, **context.env_vars}
+    code, out, err = await run(context.py_executable, "-c", PROBE, *modules, env=env)
+    assert code == 0, err
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def venv_dirs(ra: RunningAgent, kind: str) -> list[str]:
+    return [name for name in ra.uri_dirs() if name.startswith(f"{kind}-")]
+
+
+def logs(ra: RunningAgent) -> list[Path]:
+    folder = ra.root / "logs"
+    return sorted(folder.iterdir()) if folder.exists() else []
+
+
+async def test_the_list_and_the_object_spelling_of_one_uv_set_are_one_env_and_one_venv(
+    tmp_path: Path,
+) -> None:
+    """Ray's two spellings (a list; an object with uv_check false and an empty uv_version)
+    are one env id and one venv, built once by uv."""
+    wheel = write_wheel(tmp_path / "wheels", "uvone")
+    requirement = f"uvone @ {wheel.as_uri()}"
+    spellings: list[Any] = [
+        [requirement],
+        {"packages": [requirement]},
+        {"packages": [requirement, requirement], "uv_check": False, "uv_version": ""},
+    ]
+    async with running_agent() as ra:
+        replies = [await ra.create(json.dumps({"uv": uv}), timeout_s=BUILD_S) for uv in spellings]
+        assert len({r.runtime_env_id for r in replies}) == 1
+        assert len({r.context.py_executable for r in replies}) == 1
+        spec = parse_uv(spellings[0])
+        assert spec is not None
+        venv = ra.service.store.path_for(UriKey(UriKind.UV, spec.uri))
+        assert replies[0].context.py_executable == str(venv / "bin" / "python")
+        assert venv_dirs(ra, "uv") == [venv.name]
+        assert len(logs(ra)) == 1, "one uv run"
+        info = await ra.info()
+        assert info.cache.extractions == 1
+        seen = await probe(replies[0].context, "uvone")
+        assert seen["uvone"][0] == "uvone 1.0"
+        assert seen["uvone"][1].startswith(f"{venv}/lib/")
+
+
+async def test_a_uv_env_installs_offline_wheels_with_their_dependencies_for_the_worker(
+    tmp_path: Path,
+) -> None:
+    wheels = tmp_path / "wheels"
+    write_wheel(wheels, "uvtop", deps=["uvdep"])
+    write_wheel(wheels, "uvdep")
+    async with running_agent() as ra:
+        reply = await ra.create(uv_env(["UvTop"], wheels), timeout_s=BUILD_S)
+        seen = await probe(reply.context, "uvtop", "uvdep", "grpc")
+        assert (seen["uvtop"][0], seen["uvdep"][0]) == ("uvtop 1.0", "uvdep 1.0")
+        assert seen["grpc"] is None, "the venv sees the agent's own packages"
+        [name] = venv_dirs(ra, "uv")
+        assert reply.context.py_executable == str(ra.root.resolve() / "uris" / name / "bin/python")
+        assert "--link-mode hardlink" in logs(ra)[0].read_text()
+        assert await ra.delete(reply.runtime_env_id) == 0
+
+
+async def test_a_failing_uv_requirement_answers_failed_precondition_with_uvs_own_causes(
+    tmp_path: Path,
+) -> None:
+    wheels = tmp_path / "wheels"
+    write_wheel(wheels, "uvthere")
+    async with running_agent() as ra:
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await ra.create(uv_env(["doesnotexist==1.0"], wheels), timeout_s=BUILD_S)
+        assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        details = failed.value.details() or ""
+        assert "No solution found when resolving dependencies" in details, details
+        assert "cause: Because doesnotexist was not found" in details, details
+        [log] = logs(ra)
+        assert str(log) in details
+        await ra.settle()
+        assert venv_dirs(ra, "uv") == []
+
+
+async def test_uv_check_true_runs_uv_pip_check_whose_incompatibility_fails_the_install(
+    tmp_path: Path,
+) -> None:
+    """The same install (--no-deps: a dependency left out) is a venv without uv_check and
+    FAILED_PRECONDITION with uv's words with it."""
+    wheels = tmp_path / "wheels"
+    write_wheel(wheels, "uvneeds", deps=["uvmissing"])
+    options = ["--no-index", "--find-links", str(wheels), "--no-deps"]
+    unchecked = {"uv": {"packages": ["uvneeds"], "uv_pip_install_options": options}}
+    checked = {"uv": {**unchecked["uv"], "uv_check": True}}
+    async with running_agent() as ra:
+        reply = await ra.create(json.dumps(unchecked), timeout_s=BUILD_S)
+        assert (await probe(reply.context, "uvneeds"))["uvneeds"][0] == "uvneeds 1.0"
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await ra.create(json.dumps(checked), timeout_s=BUILD_S)
+        assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        details = failed.value.details() or ""
+        assert "The package `uvneeds` requires `uvmissing`, but it's not installed" in details
+        assert len(venv_dirs(ra, "uv")) == 1, "the checked venv is not kept"
+
+
+async def test_a_uv_version_the_agents_uv_does_not_satisfy_is_refused_naming_both(
+    tmp_path: Path,
+) -> None:
+    wheel = write_wheel(tmp_path / "wheels", "uvver")
+    env = {"uv": {"packages": [f"uvver @ {wheel.as_uri()}"], "uv_version": "==0.0.1"}}
+    async with running_agent() as ra:
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await ra.create(json.dumps(env), timeout_s=BUILD_S)
+        assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        details = failed.value.details() or ""
+        assert "'==0.0.1'" in details, details
+        assert "installs no other" in details, details
+
+
+async def test_a_pip_env_and_a_uv_env_sharing_a_20_mib_wheel_hold_one_copy_on_disk(
+    tmp_path: Path,
+) -> None:
+    """Two venvs of distinct sets (one pip env built by uv: pip-installer uv; one uv env)
+    install the large wheel from the one wheel cache by hardlinks: the root holds about one
+    copy of it (du counts each inode once)."""
+    wheels = tmp_path / "wheels"
+    write_wheel(wheels, BIG, payload=BIG_BYTES)
+    write_wheel(wheels, "uvsmalla")
+    write_wheel(wheels, "uvsmallb")
+    options = ["--no-index", "--find-links", str(wheels)]
+    pip = json.dumps({"pip": {"packages": [BIG, "uvsmalla"], "pip_install_options": options}})
+    async with running_agent(pip_installer="uv") as ra:
+        first = await ra.create(pip, timeout_s=BUILD_S)
+        second = await ra.create(uv_env([BIG, "uvsmallb"], wheels), timeout_s=BUILD_S)
+        [pip_dir], [uv_dir] = venv_dirs(ra, "pip"), venv_dirs(ra, "uv")
+        payloads = [
+            next((ra.root / "uris" / d).glob(f"lib/python*/site-packages/{BIG}/payload.bin"))
+            for d in (pip_dir, uv_dir)
+        ]
+        a, b = (os.stat(p) for p in payloads)
+        assert (a.st_ino, a.st_size) == (b.st_ino, BIG_BYTES), "one inode, in both venvs"
+        assert a.st_nlink >= 3, "linked from the cache too"
+        assert stat.S_IMODE(os.stat(ra.root / CACHE_DIR).st_mode) == 0o700, "the cache is private"
+        total = du_bytes(ra.root)
+        assert total < 1.5 * BIG_BYTES, f"the root holds {total} bytes for one {BIG_BYTES}"
+        for reply in (first, second):
+            seen = await probe(reply.context, BIG)
+            assert seen[BIG][0] == f"{BIG} 1.0"
+
+
+async def test_the_wheel_caches_own_bytes_count_in_the_budget_and_it_is_cleared_over_it(
+    tmp_path: Path,
+) -> None:
+    """Budget 30 MiB, two unused venvs of 20 MiB each: the older is evicted, which leaves its
+    wheel only in the cache (20 MiB of the cache's own), over the budget with the newer venv:
+    the cache is cleared, and the newer venv still works. With a budget of 100 MiB, all stay."""
+    wheels = tmp_path / "wheels"
+    write_wheel(wheels, "uvbiga", payload=BIG_BYTES, seed=1)
+    write_wheel(wheels, "uvbigb", payload=BIG_BYTES, seed=2)
+    for budget, evicts in ((100 * MiB, False), (30 * MiB, True)):
+        async with running_agent(cache_budget_bytes=budget) as ra:
+            cache = ra.root / CACHE_DIR
+            older = await ra.create(uv_env(["uvbiga"], wheels), timeout_s=BUILD_S)
+            assert await ra.delete(older.runtime_env_id) == 0
+            await ra.settle()
+            newer = await ra.create(uv_env(["uvbigb"], wheels), timeout_s=BUILD_S)
+            assert await ra.delete(newer.runtime_env_id) == 0
+            await ra.settle()
+            wheel_cache = ra.service.store.wheel_cache
+            if not evicts:
+                assert len(venv_dirs(ra, "uv")) == 2
+                assert own_bytes(cache) < MiB, "every wheel is linked from a venv"
+                assert wheel_cache.clears == 0
+                assert du_bytes(ra.root) < 2.5 * BIG_BYTES
+                continue
+            assert len(venv_dirs(ra, "uv")) == 1, "the older venv evicted"
+            assert wheel_cache.clears == 1, "then the cache, over the budget with it"
+            assert not cache.exists() or own_bytes(cache) == 0
+            assert du_bytes(ra.root) < 1.5 * BIG_BYTES
+            again = await ra.create(uv_env(["uvbigb"], wheels), timeout_s=BUILD_S)
+            assert again.context.py_executable == newer.context.py_executable
+            seen = await probe(again.context, "uvbigb")
+            assert seen["uvbigb"][0] == "uvbigb 1.0"
+
+
+async def test_the_disk_floor_clears_the_wheel_cache_when_no_package_can_be_evicted(
+    tmp_path: Path,
+) -> None:
+    """On a 64 MiB tmpfs: a venv deleted by hand leaves its 16 MiB wheel in the cache alone;
+    an install under a floor that only clearing the cache can keep (no package to evict) clears
+    it, and succeeds."""
+    wheels = tmp_path / "wheels"
+    write_wheel(wheels, "uvfloorbig", payload=16 * MiB, seed=3)
+    write_wheel(wheels, "uvfloorsmall")
+    with tmpfs(64 * MiB) as fs:
+        root = fs / "root"
+        async with running_agent(root=root, min_free_disk=floor(0)) as ra:
+            await ra.create(uv_env(["uvfloorbig"], wheels), timeout_s=BUILD_S)
+            [venv] = venv_dirs(replace(ra, root=root), "uv")
+        shutil.rmtree(root / "uris" / venv)  # the venv gone; its wheel stays in the cache
+        assert own_bytes(root / CACHE_DIR) >= 16 * MiB
+        limit = free_bytes(fs) + 8 * MiB  # reachable only once the cache's 16 MiB are freed
+        async with running_agent(root=root, min_free_disk=floor(limit)) as ra:
+            reply = await ra.create(uv_env(["uvfloorsmall"], wheels), timeout_s=BUILD_S)
+            assert ra.service.store.wheel_cache.clears == 1
+            seen = await probe(reply.context, "uvfloorsmall")
+            assert seen["uvfloorsmall"][0] == "uvfloorsmall 1.0"
+
+
+async def test_with_pip_installer_pip_a_pip_venv_is_built_by_pip_without_the_wheel_cache(
+    tmp_path: Path,
+) -> None:
+    wheels = tmp_path / "wheels"
+    write_wheel(wheels, "uvbypip")
+    options = ["--no-index", "--find-links", str(wheels)]
+    pip = json.dumps({"pip": {"packages": ["uvbypip"], "pip_install_options": options}})
+    async with running_agent(pip_installer="pip") as ra:
+        reply = await ra.create(pip, timeout_s=BUILD_S)
+        assert (await probe(reply.context, "uvbypip"))["uvbypip"][0] == "uvbypip 1.0"
+        assert " -m pip " in logs(ra)[0].read_text()
+        assert not (ra.root / CACHE_DIR).exists()
