@@ -259,8 +259,17 @@ def _config_file(land: Land) -> Path:
     return path
 
 
+def _uv_config_file(land: Land) -> Path:
+    path = land.outside / "uv.toml"
+    path.write_text(f'find-links = ["{land.outside / "wheels"}"]\n')
+    return path
+
+
 REDIRECTS: dict[str, Callable[[Land, Path], dict[str, str]]] = {
     "PIP_FIND_LINKS": lambda d, _: {"PIP_FIND_LINKS": str(d.outside / "wheels")},
+    "UV_FIND_LINKS": lambda d, _: {"UV_FIND_LINKS": str(d.outside / "wheels")},
+    "UV_CONSTRAINT": lambda d, _: {"UV_CONSTRAINT": str(d.secret)},
+    "UV_CONFIG_FILE": lambda d, _: {"UV_CONFIG_FILE": str(_uv_config_file(d))},
     "PIP_CONSTRAINT": lambda d, _: {"PIP_CONSTRAINT": str(d.secret)},
     "PIP_TARGET": lambda d, base: {"PIP_TARGET": str(base / "target")},
     "PIP_CONFIG_FILE": lambda d, _: {"PIP_CONFIG_FILE": str(_config_file(d))},
@@ -272,48 +281,64 @@ REDIRECTS: dict[str, Callable[[Land, Path], dict[str, str]]] = {
 }
 
 
+# What each installer says of a requirement nothing offers, and of a build that failed.
+NOT_FOUND_WORDS = {
+    "pip": "No matching distribution found for gamma-pkg",
+    "uv": "gamma-pkg was not found in the provided package locations",
+}
+BUILD_FAILED_WORDS = {"pip": "metadata-generation-failed", "uv": "build_wheel` failed"}
+
+
+@pytest.mark.parametrize("installer", ["pip", "uv"])
 @pytest.mark.parametrize("case", list(REDIRECTS))
-async def test_pip_configuration_in_the_agents_environment_redirects_nothing(
-    land: Land, base: Path, monkeypatch: pytest.MonkeyPatch, case: str
+async def test_installer_configuration_in_the_agents_environment_redirects_nothing(
+    land: Land, base: Path, monkeypatch: pytest.MonkeyPatch, case: str, installer: str
 ) -> None:
     """Before: the installer read the agent's PIP_* variables and pip config files: gamma came
     from outside the roots, the constraint file's line came back in the error, the packages went
-    to PIP_TARGET. Now it sees only the env's options."""
-    home_conf = base / "home" / ".config" / "pip" / "pip.conf"
-    home_conf.parent.mkdir(parents=True)
-    home_conf.write_text(f"[global]\nfind-links = {land.outside / 'wheels'}\n")
+    to PIP_TARGET. Now it sees only the env's options, whichever installer builds the venv
+    (uv's UV_* variables and its user uv.toml likewise)."""
+    for conf, text in [
+        (base / "home" / ".config" / "pip" / "pip.conf", "[global]\nfind-links = {}\n"),
+        (base / "home" / ".config" / "uv" / "uv.toml", 'find-links = ["{}"]\n'),
+    ]:
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        conf.write_text(text.format(land.outside / "wheels"))
     for key, value in REDIRECTS[case](land, base).items():
         if value:
             monkeypatch.setenv(key, value)
         else:
             monkeypatch.delenv(key, raising=False)
     options = [*OFFLINE, "-f", str(land.allowed / "wheels")]
-    async with running_agent(allow_file_roots=(str(land.allowed),)) as ra:
+    roots = (str(land.allowed),)
+    async with running_agent(allow_file_roots=roots, pip_installer=installer) as ra:
         reply = await ra.create(pip_field(["beta-pkg"], options), timeout_s=int(BUILD_S))
         assert (await probe(reply.context, "beta_pkg"))["beta_pkg"][0] == "beta 1.0"
         assert not (base / "target").exists()
         code, details = await outcome(ra, pip_field(["gamma-pkg"], options))
         assert code == FAILED, details
-        assert "No matching distribution found for gamma-pkg" in details
+        assert NOT_FOUND_WORDS[installer] in details, details
         assert SECRET not in details
 
 
 # -- what an installer's failure sends back --------------------------------------------------
 
 
+@pytest.mark.parametrize("installer", ["pip", "uv"])
 async def test_a_failed_build_sends_back_the_installers_lines_not_what_the_build_printed(
-    land: Land,
+    land: Land, installer: str
 ) -> None:
     """Before: the last 20 lines of the log came back, the build's output among them, and it
     quoted the file the build read. Now only the installer's own lines come back; the whole
     output stays in the log on the agent's node."""
     local_project(land.allowed / "bad", "bad_pkg", "x", fail_with=land.secret)
     text = pip_field([f"bad-pkg @ {(land.allowed / 'bad').as_uri()}"], OFFLINE)
-    async with running_agent(allow_file_roots=(str(land.allowed),)) as ra:
+    roots = (str(land.allowed),)
+    async with running_agent(allow_file_roots=roots, pip_installer=installer) as ra:
         code, details = await outcome(ra, text)
         assert code == FAILED, details
         assert SECRET not in details
-        assert "metadata-generation-failed" in details, details
+        assert BUILD_FAILED_WORDS[installer] in details, details
         [log] = logs(ra)
         assert str(log) in details
         assert SECRET in log.read_text(), "the log keeps the whole output for the operator"

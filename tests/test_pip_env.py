@@ -292,12 +292,18 @@ async def test_a_failure_sends_back_the_installers_own_last_lines_cut_short(base
 # -- failures --------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("installer", "words"),
+    [
+        ("pip", "No matching distribution found for doesnotexist==1.0"),  # pip's own
+        ("uv", "doesnotexist was not found in the provided package locations"),  # uv's
+    ],
+)
 async def test_an_unresolvable_requirement_fails_with_the_installers_words_and_leaves_nothing(
-    wheels: Path,
+    wheels: Path, installer: str, words: str
 ) -> None:
     text = pip_env(["doesnotexist==1.0"], wheels)
-    words = "No matching distribution found for doesnotexist==1.0"  # pip's own
-    async with running_agent() as ra:
+    async with running_agent(pip_installer=installer) as ra:
         for attempt in (1, 2):  # a failure is not cached: the next create runs pip again
             with pytest.raises(grpc.aio.AioRpcError) as failed:
                 await ra.create(text, timeout_s=int(BUILD_S))

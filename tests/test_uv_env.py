@@ -15,9 +15,10 @@ from typing import Any
 import grpc
 import pytest
 
+from agent.app.config import Settings
 from agent.core.uris import UriKey, UriKind
 from agent.core.uv_spec import parse_uv
-from agent.install.wheel_cache import CACHE_DIR, own_bytes
+from agent.install.wheel_cache import CACHE_DIR, own_bytes, pip_installer_for
 from rtenv.v1 import agent_pb2
 from tests.helpers import RunningAgent, running_agent
 from tests.pip_wheels import isolate_pip, run
@@ -168,7 +169,8 @@ async def test_a_uv_version_the_agents_uv_does_not_satisfy_is_refused_naming_bot
 async def test_a_pip_env_and_a_uv_env_sharing_a_20_mib_wheel_hold_one_copy_on_disk(
     tmp_path: Path,
 ) -> None:
-    """Two venvs of distinct sets (one pip env built by uv: pip-installer uv; one uv env)
+    """Two venvs of distinct sets (one pip env built by uv: the default pip-installer, auto,
+    with uv beside the agent's python; one uv env)
     install the large wheel from the one wheel cache by hardlinks: the root holds about one
     copy of it (du counts each inode once)."""
     wheels = tmp_path / "wheels"
@@ -177,7 +179,8 @@ async def test_a_pip_env_and_a_uv_env_sharing_a_20_mib_wheel_hold_one_copy_on_di
     write_wheel(wheels, "uvsmallb")
     options = ["--no-index", "--find-links", str(wheels)]
     pip = json.dumps({"pip": {"packages": [BIG, "uvsmalla"], "pip_install_options": options}})
-    async with running_agent(pip_installer="uv") as ra:
+    assert Settings(root=tmp_path).pip_installer == "auto"
+    async with running_agent() as ra:
         first = await ra.create(pip, timeout_s=BUILD_S)
         second = await ra.create(uv_env([BIG, "uvsmallb"], wheels), timeout_s=BUILD_S)
         [pip_dir], [uv_dir] = venv_dirs(ra, "pip"), venv_dirs(ra, "uv")
@@ -267,3 +270,18 @@ async def test_with_pip_installer_pip_a_pip_venv_is_built_by_pip_without_the_whe
         assert (await probe(reply.context, "uvbypip"))["uvbypip"][0] == "uvbypip 1.0"
         assert " -m pip " in logs(ra)[0].read_text()
         assert not (ra.root / CACHE_DIR).exists()
+
+
+@pytest.mark.parametrize(
+    ("setting", "uv", "installer"),
+    [
+        ("auto", "/opt/uv", "uv"),
+        ("auto", None, "pip"),
+        ("pip", "/opt/uv", "pip"),
+        ("uv", "/opt/uv", "uv"),
+    ],
+)
+def test_pip_installer_auto_means_uv_when_there_is_one_else_pip(
+    setting: str, uv: str | None, installer: str
+) -> None:
+    assert pip_installer_for(setting, uv) == installer

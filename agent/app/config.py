@@ -55,7 +55,7 @@ class Settings:
     metrics_address: str = ""  # HOST:PORT for Prometheus; "" = off
     log_format: str = "text"  # or "json"
     log_level: str = "INFO"
-    pip_installer: str = "pip"  # or "uv", when there is one (beside the python, or on PATH)
+    pip_installer: str = "auto"  # "pip", "uv", or auto: uv when there is one, else pip
     env: EnvLimits = field(default_factory=EnvLimits)
     archive: ArchiveLimits = field(default_factory=ArchiveLimits)
     fetch: FetchLimits = field(default_factory=FetchLimits)

@@ -100,3 +100,11 @@ class WheelCache:
         log.info("cleared the wheel cache (%d bytes of its own)", self.own_bytes)
         self.own_bytes = 0
         return True
+
+
+def pip_installer_for(setting: str, uv: str | None) -> str:
+    """What installs a pip env: the ``pip-installer`` setting, with ``auto`` resolved to uv when
+    there is one (the venvs then share the wheel cache) and to pip when there is none."""
+    if setting == "auto":
+        return "uv" if uv is not None else "pip"
+    return setting

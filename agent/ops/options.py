@@ -196,10 +196,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("python", "py_executable", str,
            "the python workers are started with, and pip venvs are made from",
            "one that does not exist or does not run: refused at start"),
-    Option("pip-installer", "pip_installer", _one_of("pip", "uv"),
-           "what installs a pip env: pip (each venv a copy), or uv (hardlinked from the root's "
-           "wheel cache) when there is one beside the agent's python or on PATH; `uv` envs "
-           "always use uv",
+    Option("pip-installer", "pip_installer", _one_of("auto", "pip", "uv"),
+           "what installs a pip env: uv (hardlinked from the root's wheel cache), or pip (each "
+           "venv a copy); auto: uv when there is one beside the agent's python or on PATH, "
+           "else pip; `uv` envs always use uv",
            "an install that fails: FAILED_PRECONDITION with pip's own last lines, cut short"),
     Option("state-db", "persist", parse_bool,
            "keep the cache index in ROOT/state.db (false: a restart forgets the cache)"),

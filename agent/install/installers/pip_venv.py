@@ -22,6 +22,7 @@ from agent.install.disk import du
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
 from agent.install.staging import through
 from agent.install.venv import build_venv, relocate
+from agent.install.wheel_cache import pip_installer_for
 
 
 class PipVenvInstaller:
@@ -42,10 +43,12 @@ class PipVenvInstaller:
 
     @classmethod
     def of(cls, tools: InstallTools) -> PipVenvInstaller:
-        """The pip kind's: by pip, or by uv from the wheel cache (pip-installer uv, a uv found)."""
-        by_uv = tools.uv is not None and tools.pip_installer == "uv"
+        """The pip kind's: by pip, or by uv from the wheel cache (pip-installer uv, or auto with
+        a uv found)."""
+        installer = pip_installer_for(tools.pip_installer, tools.uv)
+        by_uv = tools.uv is not None and installer == "uv"
         return cls(
-            python=tools.python, installer=tools.pip_installer, logs=tools.logs, uv=tools.uv,
+            python=tools.python, installer=installer, logs=tools.logs, uv=tools.uv,
             wheel_cache=tools.wheel_cache if by_uv else None,
         )  # fmt: skip
 
