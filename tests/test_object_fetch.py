@@ -4,8 +4,10 @@ azurite), with the credentials each cloud's tools take from the environment and 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -16,6 +18,7 @@ import grpc
 import pytest
 
 from agent.install.object_source import INSTALL_HINT
+from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.helpers import FAST_FETCH, env_json, make_zip, running_agent
 from tests.object_stores import (
     AZURITE_ACCOUNT,
@@ -27,6 +30,7 @@ from tests.object_stores import (
     gcs_emulator,
     moto_s3,
 )
+from tests.test_process import NO_PROXY, STOP_S, serving
 
 _CLOUD_VARS = ("AWS_", "GOOGLE_", "AZURE_", "AZURITE_", "STORAGE_EMULATOR_HOST")
 SetEnv = Callable[[dict[str, str]], None]
@@ -216,3 +220,26 @@ async def test_without_obstore_an_object_uri_is_failed_precondition_saying_what_
     details = error.details() or ""
     assert "s3://pkgs/jobs/wd.zip" in details
     assert INSTALL_HINT in details
+
+
+async def test_an_agent_process_reads_the_package_with_its_environment_and_exits_cleanly(
+    store: Store, cloud_env: SetEnv, tmp_path: Path, base: Path
+) -> None:
+    """``python -m agent serve`` as a child, the store's settings in its environment only:
+    the package arrives, and SIGTERM ends it with 0 (obstore's runtime lets it exit)."""
+    store.put("jobs/proc.zip", _wd_zip("proc"))
+    cloud_env(store.environment(tmp_path))
+    async with serving(base / "agent.log", "--root", str(base / "root")) as agent:
+        channel = grpc.aio.insecure_channel(agent.address, options=NO_PROXY)
+        try:
+            stub = agent_pb2_grpc.RuntimeEnvAgentStub(channel)  # type: ignore[no-untyped-call]
+            request = agent_pb2.CreateRuntimeEnvRequest(
+                serialized_runtime_env=env_json(store.uri("jobs/proc.zip"))
+            )
+            reply = await stub.CreateRuntimeEnv(request, timeout=30)
+            assert (Path(reply.context.cwd) / "main.py").read_text() == "print('proc')\n"
+        finally:
+            await channel.close()
+        agent.proc.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(agent.proc.wait(), STOP_S)
+        assert code == 0, agent.log_text()
