@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import fcntl
 import hashlib
 import hmac
 import json
@@ -165,11 +166,15 @@ def azurite_blob() -> Path | str:
     if shutil.which("node") is None or npm is None:
         return "azurite (Azure's storage emulator) runs on node.js, and node/npm are not installed"
     _AZURITE_CACHE.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        [npm, "install", "--no-audit", "--no-fund", "--silent", "--prefix", str(_AZURITE_CACHE),
-         f"azurite@{AZURITE_VERSION}"],
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    with open(_AZURITE_CACHE / ".lock", "w") as lock:  # one install at a time, across sessions
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if exe.exists():  # another session installed it meanwhile
+            return exe
+        done = subprocess.run(
+            [npm, "install", "--no-audit", "--no-fund", "--silent", "--prefix",
+             str(_AZURITE_CACHE), f"azurite@{AZURITE_VERSION}"],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
     if done.returncode != 0 or not exe.exists():
         return f"npm install azurite@{AZURITE_VERSION} failed: {done.stderr.strip()[-300:]}"
     return exe

@@ -59,6 +59,7 @@ INSTALL_HINT = "pip install 'runtime-env-agent[objectstore]'"
 MAX_STORES = 16  # clients kept, most recently used
 _WHOLE_REQUEST = timedelta(days=7)  # obstore's default bounds a whole GET to 30 s; the
 # create's setup timeout bounds an install (and cancels the GET), not this
+_CLOUD_VARS = ("AWS_", "GOOGLE_", "AZURE_", "AZURITE_")
 _STATUS = re.compile(r"status code: (\d{3})")
 _CODE = re.compile(  # S3's and Azure's <Code>, GCS's JSON "reason"
     r"<Code>([A-Za-z]+)</Code>|\"reason\":\s*\"([A-Za-z]+)\""
@@ -139,8 +140,12 @@ class ObjectStores:
     def _store(self, where: ObjectLocation, label: str) -> Store:
         """The client for this bucket as today's settings make it. Blocking (a thread): it reads
         the environment and, for S3, the AWS files."""
-        settings = self._settings(where)
-        key = (where.scheme, where.bucket, where.account, settings)
+        env = self._environ()
+        settings = self._settings(where, env)
+        # obstore reads the clouds' variables itself when it makes a client: they are part of
+        # what makes it, and a client made under other values is not reused
+        read_by_obstore = tuple(sorted((k, v) for k, v in env.items() if k.startswith(_CLOUD_VARS)))
+        key = (where.scheme, where.bucket, where.account, settings, read_by_obstore)
         store = self._stores.get(key)
         if store is not None:
             self._stores.move_to_end(key)
@@ -151,8 +156,7 @@ class ObjectStores:
             self._stores.popitem(last=False)
         return store
 
-    def _settings(self, where: ObjectLocation) -> StoreSettings:
-        env = self._environ()
+    def _settings(self, where: ObjectLocation, env: Mapping[str, str]) -> StoreSettings:
         if where.scheme == "s3":
             credentials, config = aws_files(env)
             return s3_settings(env, _read(credentials), _read(config))
