@@ -32,7 +32,9 @@ from tests.object_stores import (
 )
 from tests.test_process import NO_PROXY, STOP_S, serving
 
-_CLOUD_VARS = ("AWS_", "GOOGLE_", "AZURE_", "AZURITE_", "STORAGE_EMULATOR_HOST")
+# the clouds' variables, and the proxies obstore's client would send loopback requests to
+_CLOUD_VARS = ("AWS_", "GOOGLE_", "AZURE_", "AZURITE_", "STORAGE_EMULATOR_HOST", "HTTP_PROXY",
+               "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")  # fmt: skip
 SetEnv = Callable[[dict[str, str]], None]
 BULK = random.Random(18).randbytes(64 * 1024)  # incompressible: a body the proxy can cut
 

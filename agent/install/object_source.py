@@ -19,6 +19,10 @@ or refused connection, a timeout, 408, 429 and 5xx are ``ObjectUnavailable`` (tr
 the fetcher to retry); a client that cannot be made from the settings is ``ObjectStoreSetup``.
 Messages name the package's label and the store's error code (``NoSuchKey``,
 ``SignatureDoesNotMatch``...), never the store's whole answer.
+
+There are no allowed roots for object stores (``allow-file-root`` bounds ``file://``): as for
+http(s), what the agent's credentials may read is the bound. Unlike the agent's http(s) client,
+obstore's follows ``HTTPS_PROXY``, ``HTTP_PROXY`` and ``NO_PROXY``, as each cloud's SDK does.
 """
 
 from __future__ import annotations
