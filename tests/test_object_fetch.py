@@ -27,6 +27,7 @@ from tests.object_stores import (
     GcsServer,
     S3Server,
     azurite,
+    free_port,
     gcs_emulator,
     moto_s3,
 )
@@ -211,6 +212,33 @@ async def test_an_object_over_the_size_limit_is_refused_by_the_bytes_read(
     )
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert f"the limit is {limit} (max_download_bytes)" in (error.details() or "")
+
+
+async def test_no_s3_credentials_anywhere_is_failed_precondition_saying_what_to_set(
+    cloud_env: SetEnv,
+) -> None:
+    """No keys in the environment nor in ~/.aws, and an instance metadata service that does
+    not answer (AWS_METADATA_ENDPOINT: a closed port on 127.0.0.1, so nothing leaves this
+    machine): refused at once, not retried as a store that is down."""
+    closed = f"http://127.0.0.1:{free_port()}"
+    cloud_env({"AWS_METADATA_ENDPOINT": closed, "AWS_ENDPOINT_URL": closed})
+    error = await _refused(env_json("s3://pkgs/jobs/wd.zip"))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    details = error.details() or ""
+    assert "s3://pkgs/jobs/wd.zip: no S3 credentials" in details
+    assert "AWS_ACCESS_KEY_ID" in details
+    assert "AWS_SKIP_SIGNATURE=true" in details
+
+
+async def test_an_aws_profile_no_file_holds_is_failed_precondition_naming_the_package(
+    cloud_env: SetEnv, tmp_path: Path
+) -> None:
+    cloud_env({"AWS_PROFILE": "nope"})
+    error = await _refused(env_json("s3://pkgs/jobs/wd.zip"))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    details = error.details() or ""
+    assert details.startswith("working_dir:s3://pkgs/jobs/wd.zip: AWS_PROFILE names the profile")
+    assert f"{tmp_path}/.aws/credentials" in details
 
 
 async def test_without_obstore_an_object_uri_is_failed_precondition_saying_what_to_install(

@@ -5,7 +5,7 @@ stand-in store."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import pytest
@@ -233,6 +233,9 @@ S3 = ObjectLocation("s3", "pkgs", "jobs/wd.zip")
         (GenericError("Generic S3 error: HTTP error: request or response body error"),
          ObjectUnavailable, "body error"),
         (GenericError("Generic S3 error: Missing bucket name"), PackageRejected, "Missing bucket"),
+        (GenericError("Generic S3 error: Error performing PUT http://169.254.169.254/latest/api/"
+                      "token in 1ms - HTTP error: error sending request"), ObjectStoreSetup,
+         "no S3 credentials"),
     ],
 )  # fmt: skip
 def test_obstores_errors_are_worded_final_or_worth_another_try(
@@ -256,7 +259,7 @@ class _Store(ObjectStores):
     async def open(self, url: str, label: str, chunk_bytes: int) -> ObjectRead:
         self.gets += 1
 
-        async def chunks() -> AsyncIterator[memoryview]:
+        async def chunks() -> AsyncGenerator[memoryview, None]:
             for start in range(0, len(self.body), 4096):
                 yield memoryview(self.body[start : start + 4096])
 

@@ -41,6 +41,7 @@ are injected, so the retry logic can be driven without waiting and without socke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import hashlib
 import logging
@@ -314,12 +315,13 @@ class Fetcher:
                 total = 0
                 try:
                     await space.expect(read.size)
-                    async for chunk in read.chunks:
-                        if total + len(chunk) > limit:  # counted as read, whatever was declared
-                            raise _too_large(label, limit)
-                        await space.take(total, len(chunk))
-                        await _hop(_write_all, out, chunk, digest)
-                        total += len(chunk)
+                    async with contextlib.aclosing(read.chunks) as chunks:
+                        async for chunk in chunks:
+                            if total + len(chunk) > limit:  # as read, whatever was declared
+                                raise _too_large(label, limit)
+                            await space.take(total, len(chunk))
+                            await _hop(_write_all, out, chunk, digest)
+                            total += len(chunk)
                 finally:
                     os.close(out)
             except ObjectUnavailable as exc:

@@ -16,7 +16,9 @@ Outcomes of one GET, mapped from obstore's errors: an object or bucket the store
 have is ``PackageNotFound``; credentials the store refuses (401, 403: a wrong key, a bad
 signature, no access) are ``PermissionDenied``; another 4xx is ``PackageRejected``; a dropped
 or refused connection, a timeout, 408, 429 and 5xx are ``ObjectUnavailable`` (transient, for
-the fetcher to retry); a client that cannot be made from the settings is ``ObjectStoreSetup``.
+the fetcher to retry); a client that cannot be made from the settings, and no credentials at
+all (the instance's metadata service, asked when none are configured, does not answer), are
+``ObjectStoreSetup``.
 Messages name the package's label and the store's error code (``NoSuchKey``,
 ``SignatureDoesNotMatch``...), never the store's whole answer.
 
@@ -31,8 +33,9 @@ import asyncio
 import importlib
 import os
 import re
+import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from types import ModuleType
@@ -64,6 +67,11 @@ MAX_STORES = 16  # clients kept, most recently used
 _WHOLE_REQUEST = timedelta(days=7)  # obstore's default bounds a whole GET to 30 s; the
 # create's setup timeout bounds an install (and cancels the GET), not this
 _CLOUD_VARS = ("AWS_", "GOOGLE_", "AZURE_", "AZURITE_")
+_FAILED_REQUEST = re.compile(r"Error performing [A-Z]+ (\S+)")
+# where a client asks for credentials when none are configured: EC2's and ECS's metadata
+# (IMDSv2's token first), GCE's metadata server, Azure's managed identity
+_CREDENTIAL_PATHS = ("/latest/api/token", "/latest/meta-data/", "/v2/credentials",
+                     "/computeMetadata/", "/metadata/identity/")  # fmt: skip
 _STATUS = re.compile(r"status code: (\d{3})")
 _CODE = re.compile(  # S3's and Azure's <Code>, GCS's JSON "reason"
     r"<Code>([A-Za-z]+)</Code>|\"reason\":\s*\"([A-Za-z]+)\""
@@ -96,7 +104,7 @@ class ObjectRead:
     """One GET's answer: the size the store declares and the body, as it arrives."""
 
     size: int
-    chunks: AsyncIterator[memoryview]
+    chunks: AsyncGenerator[memoryview, None]  # closed by its reader (contextlib.aclosing)
 
 
 class ObjectStores:
@@ -118,6 +126,7 @@ class ObjectStores:
         }
         self._environ = environ
         self._stores: OrderedDict[tuple[object, ...], Store] = OrderedDict()
+        self._lock = threading.Lock()  # the clients are looked up and made in threads
 
     def missing(self, label: str, scheme: str) -> ObjectStoreSetup | None:
         """Why this agent cannot fetch from an object store, or None."""
@@ -145,20 +154,24 @@ class ObjectStores:
         """The client for this bucket as today's settings make it. Blocking (a thread): it reads
         the environment and, for S3, the AWS files."""
         env = self._environ()
-        settings = self._settings(where, env)
+        try:
+            settings = self._settings(where, env)
+        except ObjectStoreSetup as exc:
+            raise ObjectStoreSetup(f"{label}: {exc.message}") from exc
         # obstore reads the clouds' variables itself when it makes a client: they are part of
         # what makes it, and a client made under other values is not reused
         read_by_obstore = tuple(sorted((k, v) for k, v in env.items() if k.startswith(_CLOUD_VARS)))
         key = (where.scheme, where.bucket, where.account, settings, read_by_obstore)
-        store = self._stores.get(key)
-        if store is not None:
-            self._stores.move_to_end(key)
+        with self._lock:
+            store = self._stores.get(key)
+            if store is not None:
+                self._stores.move_to_end(key)
+                return store
+            store = self._make(where, settings, label)
+            self._stores[key] = store
+            while len(self._stores) > MAX_STORES:
+                self._stores.popitem(last=False)
             return store
-        store = self._make(where, settings, label)
-        self._stores[key] = store
-        while len(self._stores) > MAX_STORES:
-            self._stores.popitem(last=False)
-        return store
 
     def _settings(self, where: ObjectLocation, env: Mapping[str, str]) -> StoreSettings:
         if where.scheme == "s3":
@@ -192,7 +205,7 @@ class ObjectStores:
 
 async def _chunks(
     result: Any, chunk_bytes: int, where: ObjectLocation, label: str
-) -> AsyncIterator[memoryview]:
+) -> AsyncGenerator[memoryview, None]:
     try:
         async for chunk in result.stream(min_chunk_size=chunk_bytes):
             yield memoryview(chunk)
@@ -230,6 +243,15 @@ def _outcome(exc: Exception, where: ObjectLocation, label: str) -> Exception:
         return PermissionDenied(
             f"{label}: {where.cloud} refused the agent's credentials for {in_bucket}{said}; "
             f"they come from the agent's environment: {_HINTS.get(where.scheme, _HINTS['azure'])}"
+        )
+    if (asked := _FAILED_REQUEST.search(text)) is not None and any(
+        marker in asked.group(1) for marker in _CREDENTIAL_PATHS
+    ):
+        return ObjectStoreSetup(
+            f"{label}: no {where.cloud} credentials: none in the agent's environment or files, "
+            f"and the instance's metadata service did not give any ({echo(_first_line(exc))}); "
+            f"set {_HINTS.get(where.scheme, _HINTS['azure'])}"
+            + (", or AWS_SKIP_SIGNATURE=true for a public bucket" if where.scheme == "s3" else "")
         )
     status = _STATUS.search(text)
     if status is not None:
