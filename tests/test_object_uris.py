@@ -9,6 +9,8 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from obstore.exceptions import GenericError, PermissionDeniedError, UnauthenticatedError
 
 from agent.core.errors import (
@@ -101,6 +103,27 @@ def test_bad_object_store_uris_are_refused_saying_what_is_wrong(uri: str, needle
         parse_uri("py_modules[0]", uri)
     assert info.value.message.startswith("py_modules[0]")
     assert needle in info.value.message
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["s3://", "gs://", "azure://", "abfss://", "AZURE://"]),
+    st.text(alphabet=st.sampled_from("ab1-_.@/:?#%Z\u00e9"), max_size=40),
+)
+def test_any_object_store_uri_is_accepted_and_located_or_refused_as_invalid(
+    prefix: str, rest: str
+) -> None:
+    """Whatever follows the scheme: an InvalidRuntimeEnv, or a URI whose location's key is the
+    parsed path and whose bucket is non-empty."""
+    try:
+        parsed = parse_uri("working_dir", prefix + rest)
+    except InvalidRuntimeEnv:
+        return
+    where = locate(parsed.url)
+    assert (where.key, where.scheme) == (parsed.path, parsed.scheme)
+    assert where.bucket
+    assert where.key
+    assert not where.key.startswith("/")
 
 
 # -- settings ---------------------------------------------------------------------------------
