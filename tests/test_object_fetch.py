@@ -22,6 +22,7 @@ from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.helpers import FAST_FETCH, env_json, make_zip, running_agent
 from tests.object_stores import (
     AZURITE_ACCOUNT,
+    AZURITE_KEY,
     AzureServer,
     CutProxy,
     GcsServer,
@@ -212,6 +213,27 @@ async def test_an_object_over_the_size_limit_is_refused_by_the_bytes_read(
     )
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert f"the limit is {limit} (max_download_bytes)" in (error.details() or "")
+
+
+@pytest.mark.parametrize("store", ["azure"], indirect=True)
+async def test_azure_in_rays_short_form_with_the_account_and_key_of_a_connection_string(
+    store: Store, cloud_env: SetEnv
+) -> None:
+    """``azure://container/blob``, as Ray's runtime env reads it: the account from Ray's
+    AZURE_STORAGE_ACCOUNT, the key and endpoint from AZURE_STORAGE_CONNECTION_STRING (azurite's
+    own, as its documentation gives it), no emulator switch."""
+    assert isinstance(store.server, AzureServer)
+    store.put("jobs/short.zip", _wd_zip("short"))
+    cloud_env({
+        "AZURE_STORAGE_ACCOUNT": AZURITE_ACCOUNT,
+        "AZURE_STORAGE_CONNECTION_STRING": (
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
+            f"AccountKey={AZURITE_KEY};BlobEndpoint={store.server.url}/{AZURITE_ACCOUNT};"
+        ),
+    })  # fmt: skip
+    async with running_agent() as a:
+        reply = await a.create(env_json("azure://pkgs/jobs/short.zip"))
+        assert (Path(reply.context.cwd) / "main.py").read_text() == "print('short')\n"
 
 
 async def test_no_s3_credentials_anywhere_is_failed_precondition_saying_what_to_set(
