@@ -84,6 +84,7 @@ def test_object_store_uris_parse_to_their_bucket_key_and_account(
         ("s3://bucket/" + "k" * 1025, "the limit is 1024"),
         ("s3://bucket/k.zip#md5=1", "#sha256=<64 hex digits>"),
         ("s3://bucket/k.whl", "wheel"),
+        ("gcs://bucket/k.zip", "a Google Cloud Storage object is gs://<bucket>/<key>"),
         ("gs://UPPER/k.zip", "not a Google Cloud Storage bucket name"),
         ("gs://" + "a" * 64 + "/k.zip", "not a Google Cloud Storage bucket name"),
         ("gs://_lead/k.zip", "not a Google Cloud Storage bucket name"),

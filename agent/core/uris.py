@@ -182,7 +182,8 @@ def _gcs_name(parts: SplitResult, where: str) -> str:
         raise InvalidRuntimeEnv(f"{where}: a gcs URI takes no query (gcs://<name>)")
     if parts.path:
         raise InvalidRuntimeEnv(
-            f"{where}: a gcs URI names a package, gcs://<name>, with no path after the name"
+            f"{where}: a gcs URI names a package, gcs://<name>, with no path after the name "
+            "(a Google Cloud Storage object is gs://<bucket>/<key>)"
         )
     if "@" in name:
         raise InvalidRuntimeEnv(f"{where}: a gcs URI takes no user info (gcs://<name>)")
