@@ -161,10 +161,14 @@ class Fetcher:
         self._rand = rand
         self.file_roots = FileRoots.of(file_roots)
         self.gcs = gcs
-        self._objects = objects or ObjectStores(
-            load_obstore(),  # at the start: an import is no work for the event loop later
-            connect_timeout_s=limits.connect_timeout_s,
-            read_timeout_s=limits.read_timeout_s,
+        self._objects = (
+            objects
+            if objects is not None
+            else ObjectStores(
+                load_obstore(),  # at the start: an import is no work for the event loop later
+                connect_timeout_s=limits.connect_timeout_s,
+                read_timeout_s=limits.read_timeout_s,
+            )
         )
         self._gcs_client = (
             None
