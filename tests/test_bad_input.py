@@ -177,8 +177,9 @@ CASES = [
     case("working_dir-bare-name", create(wd("a.zip")), INVALID, "relative and bare paths"),
     case("working_dir-absolute-path", create(wd("/p/a.zip")), INVALID, "relative and bare paths"),
     case(
-        "working_dir-s3", create(wd("s3://bucket/a.zip")), INVALID, "scheme 's3' is not supported"
+        "working_dir-hdfs", create(wd("hdfs://nn/a.zip")), INVALID, "scheme 'hdfs' is not supported"
     ),
+    case("working_dir-s3-no-key", create(wd("s3://bucket")), INVALID, "names an object's key"),
     case("working_dir-file-host", create(wd("file://host/p/a.zip")), INVALID, "not host 'host'"),
     case("working_dir-file-root", create(wd("file:///")), INVALID, "path must be absolute"),
     case("working_dir-file-query", create(wd("file:///p/a.zip?x=1")), INVALID, "takes no query"),

@@ -109,6 +109,7 @@ def test_every_kind_has_one_grpc_code_and_clients_see_the_codes_they_always_saw(
         "IntegrityError": code.FAILED_PRECONDITION,
         "UnsafeArchive": code.FAILED_PRECONDITION,
         "PackageRejected": code.FAILED_PRECONDITION,
+        "ObjectStoreSetup": code.FAILED_PRECONDITION,
         "InstallerFailed": code.FAILED_PRECONDITION,
         "UnsupportedOnNode": code.FAILED_PRECONDITION,
         "Conflict": code.FAILED_PRECONDITION,

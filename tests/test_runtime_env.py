@@ -231,8 +231,9 @@ def test_parse_uri_accepts_supported_forms(uri: str, scheme: str, path: str) -> 
         ("", "must not be empty"),
         ("pkgs/wd.zip", "relative and bare paths"),
         ("/abs/wd.zip", "relative and bare paths"),
-        ("s3://bucket/wd.zip", "scheme 's3' is not supported"),
-        ("gs://bucket/wd.zip", "scheme 'gs' is not supported"),
+        ("hdfs://nn/wd.zip", "scheme 'hdfs' is not supported"),
+        ("s3://Bucket/wd.zip", "not an S3 bucket name"),
+        ("gs://bucket/", "names an object's key"),
         ("file://host/x.zip", "not host 'host'"),
         ("file:///x.zip?q=1", "takes no query"),
         ("file:///", "must be absolute"),
@@ -255,29 +256,33 @@ def test_parse_uri_rejects_bad_uris_naming_the_field(value: object, needle: str)
 def test_the_supported_schemes_named_in_a_refusal_are_the_registry() -> None:
     with pytest.raises(InvalidRuntimeEnv) as info:
         parse_uri("working_dir", "ftp://h.example/p.zip")
-    assert info.value.message.endswith("supported schemes are file, http, https and gcs")
+    assert info.value.message.endswith(
+        "supported schemes are file, http, https, gcs, s3, gs, azure and abfss"
+    )
 
 
 def test_a_scheme_is_one_registry_entry_and_refusals_then_name_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """s3:// registered with its check: accepted, parsed by that check, listed in refusals."""
+    """hdfs:// registered with its check: accepted, parsed by that check, listed in refusals."""
 
-    def s3_key(parts: SplitResult, where: str) -> str:
+    def hdfs_path(parts: SplitResult, where: str) -> str:
         if not parts.netloc:
-            raise InvalidRuntimeEnv(f"{where}: an s3 URI names a bucket")
+            raise InvalidRuntimeEnv(f"{where}: an hdfs URI names a name node")
         return parts.path
 
-    monkeypatch.setitem(SCHEMES, "s3", s3_key)
-    parsed = parse_uri("working_dir", f"S3://bucket/k.zip#sha256={DIGEST}")
+    monkeypatch.setitem(SCHEMES, "hdfs", hdfs_path)
+    parsed = parse_uri("working_dir", f"HDFS://nn/k.zip#sha256={DIGEST}")
     assert (parsed.scheme, parsed.url, parsed.path, parsed.sha256) == (
-        "s3", "s3://bucket/k.zip", "/k.zip", DIGEST,
+        "hdfs", "hdfs://nn/k.zip", "/k.zip", DIGEST,
     )  # fmt: skip
-    with pytest.raises(InvalidRuntimeEnv, match="s3 URI names a bucket"):
-        parse_uri("working_dir", "s3:///k.zip")
+    with pytest.raises(InvalidRuntimeEnv, match="hdfs URI names a name node"):
+        parse_uri("working_dir", "hdfs:///k.zip")
     with pytest.raises(InvalidRuntimeEnv) as info:
-        parse_uri("working_dir", "gs://bucket/k.zip")
-    assert info.value.message.endswith("supported schemes are file, http, https, gcs and s3")
+        parse_uri("working_dir", "ftp://h/k.zip")
+    assert info.value.message.endswith(
+        "supported schemes are file, http, https, gcs, s3, gs, azure, abfss and hdfs"
+    )
 
 
 # -- rejections of a whole env ------------------------------------------------------------------
@@ -300,12 +305,12 @@ def test_a_scheme_is_one_registry_entry_and_refusals_then_name_it(
         ('{"working_dir": ["file:///x.zip"]}', ["working_dir must be a URI string", "a list"]),
         ('{"working_dir": "rel/dir.zip"}', ["working_dir", "relative and bare paths"]),
         ('{"working_dir": "/abs/dir"}', ["working_dir", "relative and bare paths"]),
-        ('{"working_dir": "s3://b/k.zip"}', ["working_dir", "'s3' is not supported"]),
+        ('{"working_dir": "hdfs://b/k.zip"}', ["working_dir", "'hdfs' is not supported"]),
         ('{"working_dir": "file://host/x.zip"}', ["working_dir", "not host 'host'"]),
         ('{"working_dir": "file:///x.zip#frag"}', ["working_dir", "#sha256="]),
         ('{"py_modules": "file:///x.zip"}', ["py_modules must be a list", "a string"]),
         ('{"py_modules": ["file:///a.zip", 7]}', ["py_modules[1] must be a URI string"]),
-        ('{"py_modules": ["file:///a.zip", "s3://b/k"]}', ["py_modules[1]", "'s3'"]),
+        ('{"py_modules": ["file:///a.zip", "hdfs://b/k"]}', ["py_modules[1]", "'hdfs'"]),
         ('{"env_vars": ["A=1"]}', ["env_vars must be an object", "a list"]),
         ('{"env_vars": {"A": 1}}', ["env_vars['A'] must be a string", "got int"]),
         ('{"env_vars": {"A": null}}', ["env_vars['A'] must be a string", "null"]),

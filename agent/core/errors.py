@@ -37,13 +37,17 @@ kind is set by each branch under ``AgentError`` and inherited by its leaves.
     │   │                                            too large, ratio too high, not a zip
     │   ├── PackageRejected                          the source refused (4xx other than 404),
     │   │                                            or the download is larger than allowed
+    │   ├── ObjectStoreSetup                         an object store cannot be reached as the
+    │   │                                            agent is set up: obstore not installed,
+    │   │                                            an AWS file or profile, no Azure account
     │   ├── InstallerFailed                          pip / uv failed to install a pip or uv spec
     │   └── UnsupportedOnNode                        a field (conda, image_uri, _nsight...)
     │                                                needs what this node's agent does not have
     ├── Conflict                    CONFLICT         the request clashes with another one
     │   ├── EnvBusy                                  delete of an env whose creates are in flight
     │   └── RequestIdReused                          one request_id, two different requests
-    ├── PermissionDenied            DENIED           a file:// package outside the allowed roots
+    ├── PermissionDenied            DENIED           a file:// package outside the allowed roots,
+    │                                                or a store that refused the credentials
     ├── Unauthenticated             UNAUTHENTICATED  the call's token is missing or wrong
     ├── Unavailable                 UNAVAILABLE      try again later
     │   ├── DownloadFailed                           transient failures outlasted the retries
@@ -178,6 +182,11 @@ class UnsafeArchive(FailedPrecondition):
 
 class PackageRejected(FailedPrecondition):
     pass
+
+
+class ObjectStoreSetup(FailedPrecondition):
+    """An s3://, gs://, azure:// or abfss:// package cannot be fetched as the agent is set up
+    (its optional obstore, its credentials files or variables); the message says the way out."""
 
 
 class InstallerFailed(FailedPrecondition):

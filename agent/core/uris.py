@@ -2,8 +2,9 @@
 
 Pure: no I/O. ``parse_uri`` validates one URI a runtime env names (a ``ParsedUri``: scheme,
 what to fetch, the path, the digest the URI pins), each scheme by its entry in the registry
-``SCHEMES`` (``file``, ``http(s)``, and ``gcs``: a package a Ray driver uploaded to its cluster's
-GCS, named ``gcs://_ray_pkg_<hash>.zip``); ``UriKind`` says how a package is installed and put
+``SCHEMES`` (``file``, ``http(s)``, ``gcs``: a package a Ray driver uploaded to its cluster's
+GCS, named ``gcs://_ray_pkg_<hash>.zip``, and the object stores ``s3``, ``gs``, ``azure`` and
+``abfss``, checked in ``object_uris``); ``UriKind`` says how a package is installed and put
 on the worker's path; a ``UriKey`` is one (kind, URI) pair, the unit of the reference tables,
 the store and the index.
 """
@@ -18,6 +19,7 @@ from urllib.parse import SplitResult, unquote, urlsplit
 
 from agent.core.errors import InvalidRuntimeEnv, echo, echo_label, type_name
 from agent.core.hostname import host_problem
+from agent.core.object_uris import check_azure, check_gs, check_s3
 
 MAX_URI_CHARS = 4096
 _SHA256_FRAGMENT = re.compile(r"sha256=([0-9a-fA-F]{64})")
@@ -57,9 +59,10 @@ class UriKey:
 class ParsedUri:
     """A validated package URI. ``url`` is what is fetched (no fragment)."""
 
-    scheme: str  # one of ``SCHEMES``: "file", "http", "https" or "gcs"
+    scheme: str  # one of ``SCHEMES``: "file", "http", "https", "gcs", "s3", "gs", "azure"...
     url: str
-    path: str  # the local path for file://, the package's name for gcs://, else the URL path
+    path: str  # the local path for file://, the package's name for gcs://, the object's key
+    # for an object store (s3://, gs://, azure://, abfss://), else the URL path
     sha256: str | None  # lowercase hex, when the URI carries "#sha256=<hex>"
 
 
@@ -87,7 +90,9 @@ def parse_uri(field_name: str, value: object) -> ParsedUri:
     if not scheme:
         raise InvalidRuntimeEnv(
             f"{field_name} {echo(value)} is not a URI: relative and bare paths are not supported; "
-            "give file:///absolute/path.zip, http(s)://host/path.zip or gcs://name.zip"
+            "give file:///absolute/path.zip, http(s)://host/path.zip, gcs://name.zip or an "
+            "object store's s3://bucket/key.zip, gs://bucket/key.zip, "
+            "azure://container@account.blob.core.windows.net/key.zip"
         )
     check = SCHEMES.get(scheme)
     if check is None:
@@ -179,7 +184,8 @@ def _gcs_name(parts: SplitResult, where: str) -> str:
         raise InvalidRuntimeEnv(f"{where}: a gcs URI takes no query (gcs://<name>)")
     if parts.path:
         raise InvalidRuntimeEnv(
-            f"{where}: a gcs URI names a package, gcs://<name>, with no path after the name"
+            f"{where}: a gcs URI names a package, gcs://<name>, with no path after the name "
+            "(a Google Cloud Storage object is gs://<bucket>/<key>)"
         )
     if "@" in name:
         raise InvalidRuntimeEnv(f"{where}: a gcs URI takes no user info (gcs://<name>)")
@@ -225,9 +231,10 @@ def _wheel_refusal(where: str, scheme: str) -> str:
 
 # The scheme registry: each scheme a package URI may use, with the check of the rest of the URI
 # (its scheme, fragment and length are checked before), which returns the ``ParsedUri.path``.
-# A new scheme (s3://, gs://) is one entry here, its check, and its fetcher; messages listing
+# A new scheme is one entry here, its check, and its fetcher; messages listing
 # the supported schemes come from this table. Order: as messages list them.
 SchemeCheck = Callable[[SplitResult, str], str]  # (the split URI, "field 'value'") -> path
 SCHEMES: dict[str, SchemeCheck] = {
     "file": _file_path, "http": _http_path, "https": _http_path, "gcs": _gcs_name,
+    "s3": check_s3, "gs": check_gs, "azure": check_azure, "abfss": check_azure,
 }  # fmt: skip

@@ -21,6 +21,12 @@ channel, made at the first such fetch and closed by ``close``), retried as a dow
 written chunk by chunk in threads as a file is copied. Without a GCS (``gcs=None``: an agent with
 no Ray node) a gcs:// package is refused by ``check_origin``, before anything is fetched.
 
+``s3://``, ``gs://``, ``azure://`` and ``abfss://`` are streamed through obstore
+(``object_source``: one client per bucket, obstore's own retries off), chunk by chunk as an
+http(s) body is, bounded by the bytes read and retried with the same policy. Without obstore
+installed (an optional extra) such a package is refused by ``check_origin``. Object stores have
+no allowed roots: what a store lets the agent's credentials read is the bound, as for http(s).
+
 Outcomes: 404 or 410 is ``PackageNotFound`` at once. ``PackageRejected``, at once: another
 4xx (but 408 and 429), an answer other than 200, an answer that is not valid HTTP (more bytes
 than its Content-Length, an overlong header), a TLS certificate that fails verification, a
@@ -35,6 +41,7 @@ are injected, so the retry logic can be driven without waiting and without socke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import hashlib
 import logging
@@ -56,10 +63,12 @@ from agent.core.errors import (
     PermissionDenied,
     echo,
 )
+from agent.core.object_uris import OBJECT_SCHEMES
 from agent.core.roots import FileRoots
 from agent.core.uris import ParsedUri
 from agent.install.file_source import open_package
 from agent.install.gcs_source import GcsConfig, GcsKvClient, GcsUnavailable
+from agent.install.object_source import ObjectStores, ObjectUnavailable, load_obstore
 from agent.install.staging import through
 from agent.install.transport import (
     AiohttpTransport,
@@ -141,7 +150,9 @@ class Fetcher:
         rand: Random = random.random,
         file_roots: tuple[str, ...] = (),
         gcs: GcsConfig | None = None,
+        objects: ObjectStores | None = None,
     ) -> None:
+        """``objects``: the object stores' clients (default: obstore if it is installed)."""
         if isinstance(transport, aiohttp.ClientSession):
             transport = AiohttpTransport(transport)
         self._transport: Transport = transport
@@ -150,6 +161,15 @@ class Fetcher:
         self._rand = rand
         self.file_roots = FileRoots.of(file_roots)
         self.gcs = gcs
+        self._objects = (
+            objects
+            if objects is not None
+            else ObjectStores(
+                load_obstore(),  # at the start: an import is no work for the event loop later
+                connect_timeout_s=limits.connect_timeout_s,
+                read_timeout_s=limits.read_timeout_s,
+            )
+        )
         self._gcs_client = (
             None
             if gcs is None
@@ -165,7 +185,9 @@ class Fetcher:
 
     def check_origin(self, uri: ParsedUri, label: str) -> None:
         """Pure: a file:// package must be named under today's roots, installed or not; a
-        gcs:// package needs the Ray node's GCS."""
+        gcs:// package needs the Ray node's GCS; an object store's, obstore."""
+        if uri.scheme in OBJECT_SCHEMES and (problem := self._objects.missing(label, uri.scheme)):
+            raise problem
         if uri.scheme == "file" and not self.file_roots.allow_name(uri.path):
             raise PermissionDenied(
                 f"{label}: {echo(os.path.normpath(uri.path))} is outside the folders file:// "
@@ -204,6 +226,8 @@ class Fetcher:
                 size, digest = await self._copy_file(uri, dest, label, room, hashed)
             elif uri.scheme == "gcs":
                 size, digest = await self._read_gcs(uri, dest, label, room, hashed)
+            elif uri.scheme in OBJECT_SCHEMES:
+                size, digest = await self._read_object(uri, dest, label, room, hashed)
             else:
                 size, digest = await self._download(uri, dest, label, room, hashed, watch)
         except OSError as exc:
@@ -278,6 +302,45 @@ class Fetcher:
         finally:
             os.close(out)
         return len(value), digest.hex()
+
+    # -- s3://, gs://, azure://, abfss:// ---------------------------------------------------
+    async def _read_object(
+        self, uri: ParsedUri, dest: Path, label: str, space: Space, hashed: bool
+    ) -> Fetched:
+        limit = self._limits.max_download_bytes
+
+        async def once() -> Fetched:
+            try:
+                read = await self._objects.open(uri.url, label, self._limits.chunk_bytes)
+                if read.size > limit:
+                    raise _too_large(label, limit, read.size)
+                out = await _opening(lambda: _create(dest), fd=int)
+                digest = _Digest(hashed)  # of this attempt's bytes: a retry starts anew
+                total = 0
+                try:
+                    await space.expect(read.size)
+                    async with contextlib.aclosing(read.chunks) as chunks:
+                        async for chunk in chunks:
+                            if total + len(chunk) > limit:  # as read, whatever was declared
+                                raise _too_large(label, limit)
+                            await space.take(total, len(chunk))
+                            await _hop(_write_all, out, chunk, digest)
+                            total += len(chunk)
+                finally:
+                    os.close(out)
+            except ObjectUnavailable as exc:
+                raise _Transient(str(exc)) from exc
+            if total != read.size:
+                raise _Transient(f"body ended after {total} of {read.size} bytes")
+            return total, digest.hex()
+
+        return await self._retrying(
+            once,
+            lambda attempts, exc: DownloadFailed(
+                f"{label}: download failed after {attempts} attempts: {exc}"
+            ),
+            label,
+        )
 
     # -- http(s):// ------------------------------------------------------------------------
     async def _download(
