@@ -42,6 +42,11 @@ from agent.install.staging import through
 
 log = logging.getLogger(__name__)
 
+# pip and uv run under this umask whatever the agent's: what they make that the agent does not
+# harden afterwards (the wheel cache's own files and folders, uv's lock files) is writable by the
+# agent's user alone (an agent started under umask 000 would leave them world-writable).
+INSTALLER_UMASK = 0o022
+
 _TAIL_LINES = 10  # at most this many of the installer's lines go back to the client
 _TAIL_LINE_CHARS = 200  # each cut to this
 _TAIL_READ_BYTES = 64 * 1024  # of the log's end, read to find them
@@ -96,7 +101,7 @@ async def _run(args: Sequence[str], log_path: Path, label: str, staging: Path) -
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-c", _GROUP_LEADER, str(os.getpid()), *args,
             stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
-            env={**installer_environ(), "TMPDIR": str(temp)}, cwd=staging,
+            env={**installer_environ(), "TMPDIR": str(temp)}, cwd=staging, umask=INSTALLER_UMASK,
         )  # fmt: skip
     finally:
         os.close(out)  # the child has its own copy
