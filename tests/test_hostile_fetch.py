@@ -222,10 +222,18 @@ async def test_a_flipping_symlink_never_gets_an_outside_file_installed(tmp: Path
          str(outside / "evil.zip"), "60"],
     )  # fmt: skip
     outcomes: Counter[str] = Counter()
+    denied = "PERMISSION_DENIED: evil.zip is outside"
+
+    def racing() -> bool:  # at least 200 creates, and on until the flipper has won one
+        done = sum(outcomes.values())
+        return done < 200 or (outcomes[denied] == 0 and done < 2000)
+
     try:
+        # the flipper is flipping (a loaded machine may start it late) before the creates go
+        await wait_until(lambda: os.readlink(link).endswith("evil.zip"), what="link flipped")
         async with agent(allow_file_roots=(str(inside),), cache_budget_bytes=0) as a:
             deadline = time.monotonic() + 40
-            while sum(outcomes.values()) < 200 and time.monotonic() < deadline:
+            while racing() and time.monotonic() < deadline:
                 try:
                     reply = await a.create(env_json(f"file://{link}"))
                 except grpc.aio.AioRpcError as exc:
@@ -244,7 +252,6 @@ async def test_a_flipping_symlink_never_gets_an_outside_file_installed(tmp: Path
         flipper.kill()
         flipper.wait(timeout=10)
     assert outcomes["outside"] == 0, outcomes
-    denied = "PERMISSION_DENIED: evil.zip is outside"
     assert set(outcomes) <= {"inside", denied}, outcomes
     assert outcomes["inside"] >= 1, outcomes
     assert outcomes[denied] >= 1, f"the flipper never won a race: {outcomes}"
