@@ -405,3 +405,18 @@ def test_the_hot_rounds_are_also_given_paired_by_round(monkeypatch: pytest.Monke
     text = paired_text(agent, echo)
     assert text.startswith("agent / echo paired by round at c64: pairs/s 0.88/1.01/1.07, ")
     assert "median 1.01x; CPU per RPC 2.00/1.00/1.50, median 1.50x" in text, text
+
+
+def test_the_table_keeps_a_space_between_figures_of_nine_digits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A figure in bytes (the shared-wheels disk) was wider than its column: the value and the
+    baseline ran together as one number."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    from benchlib.figures import WorkloadResult, fmt, table
+
+    result = WorkloadResult("shared-wheels")
+    result.figure("disk bytes", 68_671_520.0, 671_793_580.0, "10 per-job venvs", "bytes")
+    row = table([result]).splitlines()[2]
+    assert f" {fmt(68_671_520.0)} " in row, row
+    assert f" {fmt(671_793_580.0)} " in row, row

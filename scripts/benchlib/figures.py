@@ -172,7 +172,12 @@ def fmt(x: float | None, digits: int = 3) -> str:
 
 def table(results: list[WorkloadResult]) -> str:
     w = max([14, *(len(r.name) + 1 for r in results)])  # the peer run's names are longer
-    head = f"{'WORKLOAD':<{w}}{'METRIC (unit)':<62}{'VALUE':>11}{'BASELINE':>11}{'RATIO':>8}  GOAL"
+    figures = [f for r in results for f in r.figures]
+    # a figure in bytes (the shared-wheels disk) is wider than 11: the columns grow to fit
+    v = max([11, *(len(fmt(x)) + 2 for f in figures for x in (f.value, f.baseline))])
+    head = (
+        f"{'WORKLOAD':<{w}}{'METRIC (unit)':<62}{'VALUE':>{v}}{'BASELINE':>{v}}{'RATIO':>8}  GOAL"
+    )
     lines = [head, "-" * len(head)]
     for result in results:
         for f in result.figures:
@@ -182,7 +187,7 @@ def table(results: list[WorkloadResult]) -> str:
                 goal = f"{f.goal.describe(f.unit)}: {'met' if f.goal_met else 'MISSED'}"
             metric = f"{f.metric} ({f.unit})"
             lines.append(
-                f"{result.name:<{w}}{metric:<62}{fmt(f.value):>11}{fmt(f.baseline):>11}"
+                f"{result.name:<{w}}{metric:<62}{fmt(f.value):>{v}}{fmt(f.baseline):>{v}}"
                 f"{ratio:>8}  {goal}"
             )
             lines.append(f"{'':<16}baseline: {f.baseline_name}")
