@@ -63,7 +63,8 @@ def test_task_and_actor_see_working_dir_py_modules_env_vars_and_pip(
     node: RayNode, served: ThreadedPackageServer, wheels: Path, tmp_path: Path
 ) -> None:
     """A task and an actor each read their working dir's file, import their py_modules (and the
-    pip env's modules), and see their env vars: file:// and http zips, offline pip."""
+    pip and uv envs' modules), and see their env vars: file:// and http zips, offline pip and
+    uv (the object form, to which Ray's driver adds its --no-cache)."""
     wd = tmp_path / "wd.zip"
     wd.write_bytes(workdir_zip({"data.txt": "file working dir"}))
     mods = tmp_path / "mods.zip"
@@ -114,6 +115,20 @@ def test_task_and_actor_see_working_dir_py_modules_env_vars_and_pip(
                 },
             }
         )
+    if PIP_OK and OURS:  # Ray's own agent would pip-install uv from an index first
+        uv = {"packages": ["gamma_pkg"], "uv_pip_install_options": offline(wheels)}
+        cases.append(
+            {
+                "name": "uv",
+                "runtime_env": {"uv": uv},
+                "spec": {"modules": ["gamma_pkg", "alpha_pkg"]},
+                "expect": {
+                    "files": {},
+                    "modules": {"gamma_pkg": "gamma 1.0", "alpha_pkg": "alpha 1.0"},
+                    "env": {},
+                },
+            }
+        )
     got = drive(node, "probe", {"cases": cases})
     for case in cases:
         for kind in ("task", "actor"):
@@ -132,6 +147,8 @@ def test_task_and_actor_see_working_dir_py_modules_env_vars_and_pip(
                     assert uris[uri].state == "unused", uris[uri]
                     assert uris[uri].references == 0, uris[uri]
         assert any(u.startswith("pip://") for u in uris), sorted(uris)
+        if PIP_OK:
+            assert any(u.startswith("uv://") for u in uris), sorted(uris)
 
 
 def test_rays_worker_runs_under_the_envs_py_executable(node: RayNode, tmp_path: Path) -> None:
