@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -420,3 +421,36 @@ def test_the_table_keeps_a_space_between_figures_of_nine_digits(
     row = table([result]).splitlines()[2]
     assert f" {fmt(68_671_520.0)} " in row, row
     assert f" {fmt(671_793_580.0)} " in row, row
+
+
+def test_the_shared_wheels_goals_fail_on_each_planted_defect(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shared-wheels oracle: a run like the measured one meets every goal; venvs that copy
+    the wheel (no hardlinks), a slow agent, sets merged into one venv, and a root without the
+    wheel each miss the goal that pins them (and only that one)."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    from benchlib.figures import WorkloadResult
+    from benchlib.shared_wheels import WheelsRun, add_figures
+
+    mib = 2**20
+    good = WheelsRun(10, 10, 64 * mib, 66 * mib, 670 * mib, 0.6, 4.6)
+
+    def missed(run: WheelsRun) -> set[str]:
+        result = WorkloadResult("shared-wheels")
+        add_figures(result, run)
+        assert all(f.goal is not None for f in result.figures)
+        return {f.metric.split(",")[0] for f in result.figures if not f.goal_met}
+
+    assert missed(good) == set()
+    cases = {
+        "each venv a copy": (replace(good, agent_bytes=650 * mib), {"disk bytes"}),
+        "slower than per-job venvs": (replace(good, agent_wall_s=3.0), {"wall"}),
+        "one venv for all sets": (replace(good, venvs=1), {"venvs the agent built"}),
+        "the wheel nowhere": (
+            replace(good, agent_bytes=mib),
+            {"the agent's root against one copy of the large wheel"},
+        ),
+    }
+    for case, (run, pinned) in cases.items():
+        assert missed(run) == pinned, case

@@ -8,13 +8,10 @@ every install runs with --no-index --find-links. Figures: wall time and disk byt
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
 import json
 import os
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import grpc
@@ -23,30 +20,10 @@ from benchlib import rpc
 from benchlib.config import Sizes
 from benchlib.figures import Measure, WorkloadResult
 from benchlib.procs import AgentProcess
+from benchlib.wheels import write_wheel
 from rtenv.v1 import agent_pb2
 
 _PACKAGES = ("benchalpha", "benchbeta", "benchgamma")
-
-
-def _wheel(directory: Path, name: str, payload_kib: int) -> None:
-    """A pure-python wheel, version 1.0, whose module holds ``payload_kib`` KiB of data."""
-    info = f"{name}-1.0.dist-info"
-    files = {
-        f"{name}/__init__.py": f"VALUE = {name!r}\n".encode(),
-        f"{name}/data.txt": (name * (payload_kib * 1024 // len(name) + 1)).encode(),
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n".encode(),
-        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: bench\n"
-        b"Root-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    for path, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(data)}")
-    record.append(f"{name}-1.0.dist-info/RECORD,,")
-    files[f"{name}-1.0.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
-    with zipfile.ZipFile(directory / f"{name}-1.0-py3-none-any.whl", "w") as zf:
-        for path, data in files.items():
-            zf.writestr(path, data)
 
 
 def _du(path: Path) -> int:
@@ -81,7 +58,8 @@ async def bench_pip(work: Path, sizes: Sizes) -> WorkloadResult:
     wheelhouse = work / "wheelhouse"
     wheelhouse.mkdir()
     for name in _PACKAGES:
-        _wheel(wheelhouse, name, sizes.pip_payload_kib)
+        data = (name * (sizes.pip_payload_kib * 1024 // len(name) + 1)).encode()
+        write_wheel(wheelhouse, name, {"data.txt": data})
     jobs = sizes.pip_jobs
     options = ["--no-index", "--find-links", str(wheelhouse)]
 
