@@ -98,6 +98,8 @@ async def test_metrics_move_with_creates_hits_failures_deletes_and_evictions() -
         assert value(before, "rtenv_cache_budget_bytes") == int(SIZE * 1.5)
         assert value(before, "rtenv_installs_in_flight") == 0
         assert value(before, "rtenv_evictions_total") == 0
+        assert value(before, "rtenv_wheel_cache_clears_total") == 0
+        assert value(before, "rtenv_wheel_cache_bytes") == 0
 
         first = await a.create(env_json(urls["a"]))  # a miss: installs a
         await a.create(env_json(urls["a"]))  # a hit: same env, no install

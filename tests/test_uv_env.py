@@ -222,10 +222,13 @@ async def test_the_wheel_caches_own_bytes_count_in_the_budget_and_it_is_cleared_
                 assert len(venv_dirs(ra, "uv")) == 2
                 assert own_bytes(cache) < MiB, "every wheel is linked from a venv"
                 assert wheel_cache.clears == 0
+                assert ra.service.levels().wheel_cache_bytes == wheel_cache.own_bytes
                 assert du_bytes(ra.root) < 2.5 * BIG_BYTES
                 continue
             assert len(venv_dirs(ra, "uv")) == 1, "the older venv evicted"
             assert wheel_cache.clears == 1, "then the cache, over the budget with it"
+            levels = ra.service.levels()  # what a metrics scrape shows
+            assert (levels.wheel_cache_clears, levels.wheel_cache_bytes) == (1, 0), levels
             assert not cache.exists() or own_bytes(cache) == 0
             assert du_bytes(ra.root) < 1.5 * BIG_BYTES
             again = await ra.create(uv_env(["uvbigb"], wheels), timeout_s=BUILD_S)

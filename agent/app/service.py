@@ -397,11 +397,14 @@ class AgentService:
     def levels(self) -> Levels:
         """The figures a metrics scrape reads, without the lists of ``snapshot``."""
         stats = self.store.stats()
+        cache = self.store.wheel_cache
         return Levels(
             used_bytes=stats.used_bytes, unused_bytes=stats.unused_bytes,
             budget_bytes=stats.budget_bytes,
             installs_in_flight=self.store.installs_in_flight(), live_envs=len(self.records),
             evictions=stats.evictions, hits=stats.hits,
+            wheel_cache_bytes=0 if cache is None else cache.own_bytes,
+            wheel_cache_clears=0 if cache is None else cache.clears,
         )  # fmt: skip
 
     @property

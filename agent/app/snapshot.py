@@ -100,3 +100,5 @@ class Levels:
     live_envs: int  # envs with references
     evictions: int
     hits: int
+    wheel_cache_bytes: int = 0  # the wheel cache's own bytes, as of its last measure
+    wheel_cache_clears: int = 0

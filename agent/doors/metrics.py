@@ -264,6 +264,15 @@ class _Levels(Collector):
         )
         yield CounterMetricFamily("rtenv_evictions", "packages evicted", value=levels.evictions)
         yield CounterMetricFamily("rtenv_cache_hits", "packages found installed", value=levels.hits)
+        yield GaugeMetricFamily(
+            "rtenv_wheel_cache_bytes",
+            "the wheel cache's own bytes (what no venv links), as of its last measure",
+            value=levels.wheel_cache_bytes,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "rtenv_wheel_cache_clears", "times the wheel cache was cleared",
+            value=levels.wheel_cache_clears,
+        )  # fmt: skip
         disk = os.statvfs(self._service.root)
         yield GaugeMetricFamily(
             "rtenv_free_disk_bytes", "free bytes on the root's file system (for the agent)",
