@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -275,6 +276,33 @@ async def test_with_pip_installer_pip_a_pip_venv_is_built_by_pip_without_the_whe
         assert not (ra.root / CACHE_DIR).exists()
 
 
+async def test_a_pip_env_naming_an_option_uv_lacks_is_built_by_pip_and_no_cache_dir_still_links(
+    tmp_path: Path,
+) -> None:
+    """Under pip-installer auto (uv there): a set whose options uv does not take
+    (--prefer-binary) is built by pip, not failed by uv; a set naming --no-cache-dir, which uv
+    would take as its --no-cache and so copy every file, is built by uv from the wheel cache."""
+    wheels = tmp_path / "wheels"
+    write_wheel(wheels, BIG, payload=BIG_BYTES)
+    write_wheel(wheels, "uvsmalla")
+    offline = ["--no-index", "--find-links", str(wheels)]
+
+    def pip(packages: list[str], *more: str) -> str:
+        options = [*offline, *more]
+        return json.dumps({"pip": {"packages": packages, "pip_install_options": options}})
+
+    async with running_agent() as ra:
+        by_pip = await ra.create(pip(["uvsmalla"], "--prefer-binary"), timeout_s=BUILD_S)
+        assert (await probe(by_pip.context, "uvsmalla"))["uvsmalla"][0] == "uvsmalla 1.0"
+        [log] = logs(ra)
+        assert " -m pip " in log.read_text()
+        first = await ra.create(pip([BIG]), timeout_s=BUILD_S)
+        second = await ra.create(pip([BIG, "uvsmalla"], "--no-cache-dir"), timeout_s=BUILD_S)
+        for reply in (first, second):
+            assert (await probe(reply.context, BIG))[BIG] is not None
+        assert du_bytes(ra.root) < 1.5 * BIG_BYTES, "the two venvs share the wheel's files"
+
+
 @pytest.mark.parametrize(
     ("setting", "uv", "installer"),
     [
@@ -288,3 +316,40 @@ def test_pip_installer_auto_means_uv_when_there_is_one_else_pip(
     setting: str, uv: str | None, installer: str
 ) -> None:
     assert pip_installer_for(setting, uv) == installer
+
+
+_SAMPLE_VALUES = {
+    "--index-url": "http://127.0.0.1:9/simple", "-i": "http://127.0.0.1:9/simple",
+    "--extra-index-url": "http://127.0.0.1:9/simple", "--trusted-host": "localhost",
+    "--only-binary": ":none:", "--no-binary": ":none:", "--upgrade-strategy": "eager",
+    "--timeout": "5", "--retries": "2", "--progress-bar": "off",
+}  # fmt: skip
+
+
+def test_pip_only_lists_exactly_the_allowed_pip_options_the_agents_uv_refuses(
+    tmp_path: Path,
+) -> None:
+    """Each option a pip env may name is tried on the agent's uv (a dry run, offline): those uv
+    refuses as unknown are PIP_ONLY (their sets are built by pip), and uv takes every other."""
+    from agent.core.pip_spec import _ALLOWED, PIP_ONLY
+    from agent.install.wheel_cache import find_uv
+
+    uv = find_uv()
+    assert uv is not None
+    wheels = tmp_path / "wheels"
+    write_wheel(wheels, "uvoptprobe")
+    subprocess.run([uv, "venv", "--quiet", str(tmp_path / "venv")], check=True, timeout=60)
+    refused = set()
+    for option, takes_value in _ALLOWED.items():
+        if option in ("--editable", "-e", "--find-links", "-f", "--no-index"):
+            continue  # a path of a project; the offline options every try names
+        args = [option, _SAMPLE_VALUES[option]] if takes_value else [option]
+        done = subprocess.run(
+            [uv, "pip", "install", "--dry-run", "--quiet", "--python",
+             str(tmp_path / "venv" / "bin" / "python"), "--no-index", "--find-links",
+             str(wheels), *args, "uvoptprobe"],
+            capture_output=True, text=True, timeout=60, env={**os.environ, "UV_NO_CONFIG": "1"},
+        )  # fmt: skip
+        if done.returncode != 0 and "unexpected argument" in done.stderr:
+            refused.add(option)  # any other error is of what the option asks, not its name
+    assert refused == PIP_ONLY

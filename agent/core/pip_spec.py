@@ -108,6 +108,29 @@ class PipSpec:
         """The env's identity keeps the set and the options (the interpreter is the node's)."""
         return {"packages": list(self.packages), "pip_install_options": list(self.options)}
 
+    @property
+    def pip_only(self) -> tuple[str, ...]:
+        """The options ``uv pip install`` does not take (``PIP_ONLY``): such a set is built by
+        pip whatever the ``pip-installer`` setting, so its options mean what pip says."""
+        return tuple(option for option in self.options if option in PIP_ONLY)
+
+    def uv_options(self) -> tuple[str, ...]:
+        """The options as uv is given them: pip's ``--no-cache-dir`` (which uv takes, for its
+        ``--no-cache``) dropped, as a uv env's ``--no-cache`` is: the venvs link from the
+        agent's wheel cache, counted in its budget, and pip's meaning (no download cache) is
+        kept by that cache being the agent's, not the user's."""
+        return tuple(option for option in self.options if option != "--no-cache-dir")
+
+
+# Options of _ALLOWED that ``uv pip install`` refuses as unknown (uv 0.13): a pip env naming one
+# is built by pip. The others uv takes as pip does (--trusted-host, --pre, --force-reinstall,
+# --compile, --no-compile, --no-cache-dir among them).
+PIP_ONLY = frozenset({
+    "--prefer-binary", "--use-pep517", "--no-use-pep517", "--upgrade-strategy",
+    "--ignore-installed", "-I", "--timeout", "--retries", "--progress-bar",
+    "--no-warn-script-location",
+})  # fmt: skip
+
 
 def normalize_requirement(text: str, field: str) -> str:
     """One requirement in a canonical spelling (PEP 508 parsed by ``packaging``): the name per

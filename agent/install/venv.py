@@ -197,18 +197,26 @@ async def build_venv(
         )
     if isinstance(spec, UvSpec) and uv is not None and spec.uv_version:
         await _check_uv_version(spec, uv, label)
-    if uv is not None and (isinstance(spec, UvSpec) or installer == "uv"):
+    by_uv = isinstance(spec, UvSpec) or (installer == "uv" and not spec.pip_only)
+    options = spec.options
+    if uv is not None and by_uv:
         await _run([uv, "venv", "--quiet", "--python", python, str(venv)], log_path, label, staging)
         install = [uv, "pip", "install", "--python", venv_python]
         if cache is not None:
             install += ["--link-mode", "hardlink", "--cache-dir", str(cache)]
+        if isinstance(spec, PipSpec):
+            options = spec.uv_options()
     else:
+        if isinstance(spec, PipSpec) and installer == "uv" and spec.pip_only:
+            log.info(
+                "%s: built by pip, not uv: uv does not take %s", label, ", ".join(spec.pip_only)
+            )
         await _run([python, "-m", "venv", "--without-pip", str(venv)], log_path, label, staging)
         install = [
             python, "-m", "pip", "--python", venv_python, "--isolated",
             "install", "--disable-pip-version-check", "--no-input",
         ]  # fmt: skip
-    await _run([*install, *spec.options, *spec.packages], log_path, label, staging)
+    await _run([*install, *options, *spec.packages], log_path, label, staging)
     if isinstance(spec, UvSpec) and spec.uv_check and uv is not None:
         await _run([uv, "pip", "check", "--python", venv_python], log_path, label, staging)
     return venv
