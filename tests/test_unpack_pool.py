@@ -149,6 +149,33 @@ def test_shares_hold_every_entry_once_in_archive_order_and_are_about_even(tmp_pa
     assert ("data",) in plan.dirs
 
 
+def test_shares_keep_each_folders_small_files_together(tmp_path: Path) -> None:
+    """Two workers creating files in one folder at once wait on each other (the file system
+    serialises a folder's creations): a folder's small files go to one share, and a large
+    entry, alone, balances the rest."""
+    rng = random.Random(7)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for i in range(400):
+            zf.writestr(f"proj/pkg{i % 8}/mod{i}.py", rng.randbytes(2000).hex())
+        zf.writestr("proj/data/big.bin", rng.randbytes(3 * 2**20))
+    archive = tmp_path / "p.zip"
+    archive.write_bytes(buf.getvalue())
+    with opened_zip(archive, LABEL) as zf:
+        plan = plan_zip(zf, archive.stat().st_size, True, LIMITS, LABEL)
+    split = shares(plan, 2)
+    owners: dict[tuple[str, ...], set[int]] = {}
+    for k, share in enumerate(split):
+        for entry in share:
+            owners.setdefault(entry.parts[:-1], set()).add(k)
+    assert len(owners) == 9
+    assert all(len(ks) == 1 for ks in owners.values()), owners
+    assert all(len(share) > 0 for share in split)
+    assert sorted(e.info.header_offset for share in split for e in share) == sorted(
+        e.info.header_offset for e in plan.entries
+    )
+
+
 def test_a_small_entry_read_in_one_call_is_checked_as_zipfile_checks_it(tmp_path: Path) -> None:
     """Small entries skip ``ZipExtFile`` (``_copy_small``): a local header naming another file,
     a flipped byte of a stored or deflated stream, are refused all the same."""

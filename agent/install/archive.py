@@ -196,7 +196,8 @@ def plan_zip(
     return Plan(kept, tuple(links), ordered, declared)
 
 
-_ENTRY_NS = 45_000  # what writing one entry costs beyond its bytes (open, close, mode)
+_ENTRY_NS = 20_000  # what writing one entry costs beyond its bytes (open, close, mode): 4,000
+# small files (16 MB) took one worker 0.12 s on this machine, inflating included
 
 
 def _cost(info: zipfile.ZipInfo) -> float:
@@ -213,18 +214,40 @@ def shares(plan: Plan, n: int) -> list[tuple[_Entry, ...]]:
     """The plan's files and folders in ``n`` shares of about equal work (their bytes, weighted
     by how much inflating them costs, and a fixed part per entry: ``_cost``), each in archive
     order (read sequentially). Pure and deterministic: every worker of one extraction computes
-    the same shares from the same plan. Costliest first, each to the lightest share so far."""
+    the same shares from the same plan.
+
+    Entries go to shares by folder: the entries of one folder (its files, and the folders made
+    in it), in runs of at most ``1 / (2 n)`` of the whole work, each run to one share, so that
+    two workers seldom create entries in the same folder at once (the file system serialises
+    the creations in one folder: interleaved, 4,000 small files took two workers 0.6 s, split
+    by folder 0.37 s). Costliest run first, each to the lightest share so far."""
+    costs = [_cost(e.info) for e in plan.entries]
+    cap = sum(costs) / (2 * n)
+    folders: dict[tuple[str, ...], list[tuple[float, _Entry]]] = {}
+    for cost, entry in zip(costs, plan.entries, strict=True):
+        folders.setdefault(entry.parts[:-1], []).append((cost, entry))
+    runs: list[tuple[float, int, list[_Entry]]] = []
+    for items in folders.values():
+        run: list[_Entry] = []
+        load = 0.0
+        for cost, entry in items:
+            if run and load + cost > cap:
+                runs.append((load, run[0].info.header_offset, run))
+                run, load = [], 0.0
+            run.append(entry)
+            load += cost
+        runs.append((load, run[0].info.header_offset, run))
+    runs.sort(key=_key)
     loads = [0.0] * n
     picked: list[list[_Entry]] = [[] for _ in range(n)]
-    costed = sorted(((_cost(e.info), e.info.header_offset, e) for e in plan.entries), key=_key)
-    for cost, _, entry in costed:
+    for cost, _, entries in runs:
         k = loads.index(min(loads))
-        picked[k].append(entry)
+        picked[k].extend(entries)
         loads[k] += cost
     return [tuple(sorted(p, key=lambda e: e.info.header_offset)) for p in picked]
 
 
-def _key(item: tuple[float, int, _Entry]) -> tuple[float, int]:
+def _key(item: tuple[float, int, list[_Entry]]) -> tuple[float, int]:
     return (-item[0], item[1])
 
 
@@ -316,13 +339,15 @@ def _make_dirs(root: Path, rel: tuple[str, ...], made: set[tuple[str, ...]]) -> 
     made.add(rel)
 
 
-def finish(zf: zipfile.ZipFile, plan: Plan, root: Path, label: str, halted: Halted) -> int:
+def finish(zf: zipfile.ZipFile | None, plan: Plan, root: Path, label: str, halted: Halted) -> int:
     """After every share is written: the links (each checked before and after it is made, then
     all once more), then the final modes, deepest first: the planned folders (the files have
     theirs), or, when links were made, a walk of the whole tree (``harden_tree``). Returns the
-    bytes the links hold."""
+    bytes the links hold. ``zf`` may be None when the plan has no links (the archive is not
+    read again)."""
     written = 0
     for entry in plan.links:
+        assert zf is not None, "a plan with links is finished from its archive"
         _check(halted)
         with _unwritable(entry, label):
             written += _link(zf, entry, root, label)
