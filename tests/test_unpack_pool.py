@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 import zipfile
+import zlib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -22,6 +23,7 @@ import grpc
 import pytest
 
 from agent.core.errors import DiskExhausted, Unavailable, UnsafeArchive
+from agent.install import inflate
 from agent.install.archive import ArchiveLimits, extract_zip, opened_zip, plan_zip, shares
 from agent.install.unpack_pool import UnpackPool, _Gate, _Task
 from tests.helpers import (
@@ -149,6 +151,33 @@ def test_shares_hold_every_entry_once_in_archive_order_and_are_about_even(tmp_pa
     assert ("data",) in plan.dirs
 
 
+def test_shares_keep_each_folders_small_files_together(tmp_path: Path) -> None:
+    """Two workers creating files in one folder at once wait on each other (the file system
+    serialises a folder's creations): a folder's small files go to one share, and a large
+    entry, alone, balances the rest."""
+    rng = random.Random(7)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for i in range(400):
+            zf.writestr(f"proj/pkg{i % 8}/mod{i}.py", rng.randbytes(2000).hex())
+        zf.writestr("proj/data/big.bin", rng.randbytes(3 * 2**20))
+    archive = tmp_path / "p.zip"
+    archive.write_bytes(buf.getvalue())
+    with opened_zip(archive, LABEL) as zf:
+        plan = plan_zip(zf, archive.stat().st_size, True, LIMITS, LABEL)
+    split = shares(plan, 2)
+    owners: dict[tuple[str, ...], set[int]] = {}
+    for k, share in enumerate(split):
+        for entry in share:
+            owners.setdefault(entry.parts[:-1], set()).add(k)
+    assert len(owners) == 9
+    assert all(len(ks) == 1 for ks in owners.values()), owners
+    assert all(len(share) > 0 for share in split)
+    assert sorted(e.info.header_offset for share in split for e in share) == sorted(
+        e.info.header_offset for e in plan.entries
+    )
+
+
 def test_a_small_entry_read_in_one_call_is_checked_as_zipfile_checks_it(tmp_path: Path) -> None:
     """Small entries skip ``ZipExtFile`` (``_copy_small``): a local header naming another file,
     a flipped byte of a stored or deflated stream, are refused all the same."""
@@ -170,6 +199,71 @@ def test_a_small_entry_read_in_one_call_is_checked_as_zipfile_checks_it(tmp_path
                 extract_zip(archive, tmp_path / f"bad{compression}{words}",
                             strip_top_level=False, limits=LIMITS, label=LABEL)  # fmt: skip
             assert words in info.value.message
+
+
+def test_a_large_entry_streamed_is_checked_as_zipfile_checks_it(tmp_path: Path) -> None:
+    """Large entries are inflated a chunk at a time (``_copy_stream``), not by ``ZipExtFile``:
+    a local header naming another file, a flipped byte of a stored or deflated stream, are
+    refused all the same, and a good one comes out byte for byte with its mode."""
+    rng = random.Random(3)
+    big = rng.randbytes(600 * 1024).hex().encode()  # 1.2 MB: past _SMALL, a few chunks
+    for compression in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        body = make_zip({"big.txt": big, "b.txt": "x"}, compression=compression)
+        archive = tmp_path / "p.zip"
+        archive.write_bytes(body)
+        out = tmp_path / f"ok{compression}"
+        extract_zip(archive, out, strip_top_level=False, limits=LIMITS, label=LABEL)
+        assert (out / "big.txt").read_bytes() == big
+        assert stat.S_IMODE((out / "big.txt").stat().st_mode) == 0o644
+        local = body.index(b"PK\x03\x04")
+        renamed = bytearray(body)
+        renamed[local + 30 : local + 37] = b"zig.txt"
+        flipped = bytearray(body)
+        flipped[local + 30 + len("big.txt") + 5000] ^= 0xFF  # a byte of big.txt's stream
+        for bad, words in ((renamed, "differ"), (flipped, "")):
+            archive.write_bytes(bytes(bad))
+            with pytest.raises(UnsafeArchive, match="is not a readable zip archive") as info:
+                extract_zip(archive, tmp_path / f"bad{compression}{words}",
+                            strip_top_level=False, limits=LIMITS, label=LABEL)  # fmt: skip
+            assert words in info.value.message
+
+
+@pytest.mark.parametrize("decoder", ["zlib", "isal"])
+def test_either_decoder_writes_the_same_tree(
+    tmp_path: Path, decoder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ISA-L's inflate (the extra ``fast``) and zlib's, the fallback, unpack the same bytes."""
+    if decoder == "isal":
+        isal_zlib = pytest.importorskip("isal.isal_zlib")
+        monkeypatch.setattr(inflate, "decompressobj", isal_zlib.decompressobj)
+        monkeypatch.setattr(inflate, "crc32", isal_zlib.crc32)
+    else:
+        monkeypatch.setattr(inflate, "decompressobj", zlib.decompressobj)
+        monkeypatch.setattr(inflate, "crc32", zlib.crc32)
+    archive = tmp_path / "p.zip"
+    archive.write_bytes(slow_zip(files=200, text_mb=1))
+    out = tmp_path / "out"
+    extract_zip(archive, out, strip_top_level=False, limits=LIMITS, label=LABEL)
+    with zipfile.ZipFile(archive) as zf:
+        for info in zf.infolist():
+            if not info.is_dir():
+                assert (out / info.filename).read_bytes() == zf.read(info), info.filename
+
+
+async def test_the_workers_inflate_with_isal_when_it_is_installed(tmp_path: Path) -> None:
+    """The workers run ``python -S`` (no site-packages): the pool puts ISA-L's folder on their
+    path, so a worker that extracted an archive has ISA-L's library loaded."""
+    pytest.importorskip("isal.isal_zlib")
+    archive = tmp_path / "p.zip"
+    archive.write_bytes(slow_zip(files=50, text_mb=1))
+    async with pool_of(1) as pool:
+        await pool.extract(
+            archive, tmp_path / "out", archive_bytes=archive.stat().st_size,
+            strip_top_level=True, limits=LIMITS, label=LABEL,
+        )  # fmt: skip
+        (pid,) = pool.pids
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    assert "isal_zlib" in maps
 
 
 # -- the pool --------------------------------------------------------------------------------

@@ -61,6 +61,7 @@ from typing import Any
 
 import agent
 from agent.core.errors import AgentError, FailedPrecondition, Unavailable, UnsafeArchive
+from agent.install import inflate
 from agent.install.archive import ArchiveLimits, Stopped
 from agent.install.growing import Growing
 from agent.install.unpack_worker import receive, send
@@ -71,6 +72,7 @@ NICE = 5  # workers' niceness above the agent's: the event loop preempts them wh
 SPLIT_BYTES = 4 * 1024 * 1024  # archives from this size are written by every worker at once
 MAX_AUTO_WORKERS = 4  # the default pool size: the cores, at most this many
 _NICE_CMD = shutil.which("nice")  # coreutils' nice: it execs the worker, same PID
+_ISAL_ROOT = inflate.root()  # where ISA-L's decoder lives, if installed: the workers' -S skips it
 _CLOSE_GRACE_S = 5.0  # a worker told to stop that has not exited by then is killed
 _ERRORS: dict[str, type[AgentError]] = {
     cls.__name__: cls for cls in (UnsafeArchive, FailedPrecondition)
@@ -182,7 +184,7 @@ class UnpackPool:
         package_root = str(Path(agent.__file__).resolve().parent.parent)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (package_root, env.get("PYTHONPATH", "")) if p
+            p for p in (package_root, _ISAL_ROOT, env.get("PYTHONPATH", "")) if p
         )
         # niced from its first instruction when `nice` is at hand (its imports never slow the
         # agent's own start); else it lowers itself once its imports are done

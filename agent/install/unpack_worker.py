@@ -116,6 +116,12 @@ class _Worker:
         n: int,
         gated: bool,
     ) -> int:
+        if kind == "finish":
+            kept = self._plans.pop(job, None)
+            if kept is not None and not kept.links:  # the modes only: no need of the archive
+                return finish(None, kept, dest.resolve(), label, self.halted)
+            if kept is not None:
+                self._plans[job] = kept
         with contextlib.ExitStack() as stack:
             if growing is None:
                 source: Path | GrowingZip = archive
