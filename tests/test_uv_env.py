@@ -20,27 +20,16 @@ from agent.app.config import Settings
 from agent.core.uris import UriKey, UriKind
 from agent.core.uv_spec import parse_uv
 from agent.install.wheel_cache import CACHE_DIR, own_bytes, pip_installer_for
-from rtenv.v1 import agent_pb2
 from tests.helpers import RunningAgent, running_agent
-from tests.pip_wheels import isolate_pip, run
+from tests.pip_wheels import isolate_pip
 from tests.test_disk_pressure import floor, free_bytes, tmpfs
+from tests.test_pip_env import probe
 from tests.uv_wheels import BIG, MiB, du_bytes, have_uv, no_network, uv_env, write_wheel
 
 pytestmark = pytest.mark.skipif(not have_uv(), reason="no uv beside the python nor on PATH")
 
 BUILD_S = 60  # deadline for one venv build on a loaded machine
 BIG_BYTES = 20 * MiB
-PROBE = """\
-import importlib, json, sys
-out = {"executable": sys.executable}
-for name in sys.argv[1:]:
-    try:
-        module = importlib.import_module(name)
-        out[name] = [module.VALUE, module.__file__]
-    except ImportError:
-        out[name] = None
-print(json.dumps(out))
-"""
 
 
 @pytest.fixture(autouse=True)
@@ -48,15 +37,6 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
     """No pip configuration of this machine; any index request fails on loopback."""
     isolate_pip(monkeypatch)
     no_network(monkeypatch)
-
-
-async def probe(context: agent_pb2.RuntimeEnvContext, *modules: str) -> dict[str, Any]:
-    """Start the context's python as a worker would be, and report what it imports."""
-    env = {**os.environ, **context.env_vars}
-    code, out, err = await run(context.py_executable, "-c", PROBE, *modules, env=env)
-    assert code == 0, err
-    result: dict[str, Any] = json.loads(out)
-    return result
 
 
 def venv_dirs(ra: RunningAgent, kind: str) -> list[str]:
