@@ -561,6 +561,11 @@ class UriStore:
             while True:
                 await self._window()
                 self._sweep_again = False
+                # with a wheel cache, the evicted are deleted before it is measured (looked at
+                # before the sweep: nothing may await between the sweep and its _apply)
+                cache = self.wheel_cache is not None and await asyncio.to_thread(
+                    self.wheel_cache.path.is_dir
+                )
                 try:
                     self.passes += 1
                     resets = self._resets
@@ -572,8 +577,6 @@ class UriStore:
                 except Exception:  # a bug: logged with its traceback, the next pass runs
                     log.exception("a pass over the cache index failed (a bug)")
                     return
-                # with a wheel cache, the evicted are deleted before it is measured
-                cache = self.wheel_cache is not None and self.wheel_cache.path.is_dir()
                 trashed = self._apply(swept, resets, delete=not cache)
                 if cache:
                     await self._keep_cache_in_budget(trashed, swept.unused_bytes)
