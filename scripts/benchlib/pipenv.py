@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from benchlib import rpc
 from benchlib.config import Sizes
 from benchlib.figures import Measure, WorkloadResult
 from benchlib.procs import AgentProcess
-from benchlib.wheels import write_wheel
+from benchlib.wheels import per_job_venv, write_wheel
 from rtenv.v1 import agent_pb2
 
 _PACKAGES = ("benchalpha", "benchbeta", "benchgamma")
@@ -28,29 +27,6 @@ _PACKAGES = ("benchalpha", "benchbeta", "benchgamma")
 
 def _du(path: Path) -> int:
     return sum(os.lstat(os.path.join(d, f)).st_size for d, _, names in os.walk(path) for f in names)
-
-
-def _clean_env() -> dict[str, str]:
-    """No pip configuration of this machine: only the options given."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    env["PIP_CONFIG_FILE"] = os.devnull
-    return env
-
-
-async def _per_job_venv(target: Path, wheelhouse: Path) -> None:
-    for args in (
-        [sys.executable, "-m", "venv", "--without-pip", str(target)],
-        [sys.executable, "-m", "pip", "--python", str(target / "bin" / "python"), "install",
-         "--disable-pip-version-check", "--no-input", "--no-index", "--find-links",
-         str(wheelhouse), *_PACKAGES],
-    ):  # fmt: skip
-        proc = await asyncio.create_subprocess_exec(
-            *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-            env=_clean_env(),
-        )  # fmt: skip
-        _, err = await proc.communicate()
-        if proc.returncode != 0:
-            raise RuntimeError(f"{args[2:5]} failed: {err.decode()[-500:]}")
 
 
 async def bench_pip(work: Path, sizes: Sizes) -> WorkloadResult:
@@ -91,7 +67,8 @@ async def bench_pip(work: Path, sizes: Sizes) -> WorkloadResult:
 
     per_job = Measure("one venv per job (same pip, same wheels)")
     started = time.perf_counter()
-    await asyncio.gather(*(_per_job_venv(work / f"job{i}", wheelhouse) for i in range(jobs)))
+    targets = [work / f"job{i}" for i in range(jobs)]
+    await asyncio.gather(*(per_job_venv(t, wheelhouse, _PACKAGES) for t in targets))
     per_job.wall_s = time.perf_counter() - started
     per_job.requests = jobs
     per_job_bytes = sum(_du(work / f"job{i}") for i in range(jobs))

@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from benchlib import rpc
 from benchlib.config import Sizes
 from benchlib.figures import Goal, Measure, WorkloadResult
 from benchlib.procs import AgentProcess
-from benchlib.wheels import write_wheel
+from benchlib.wheels import per_job_venv, write_wheel
 from rtenv.v1 import agent_pb2
 
 _BIG = "benchbigdep"
@@ -63,23 +62,6 @@ def _offline() -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-async def _per_job_venv(target: Path, wheelhouse: Path, packages: list[str]) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    env["PIP_CONFIG_FILE"] = os.devnull
-    for args in (
-        [sys.executable, "-m", "venv", "--without-pip", str(target)],
-        [sys.executable, "-m", "pip", "--python", str(target / "bin" / "python"), "install",
-         "--disable-pip-version-check", "--no-input", "--no-index", "--find-links",
-         str(wheelhouse), *packages],
-    ):  # fmt: skip
-        proc = await asyncio.create_subprocess_exec(
-            *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=env
-        )
-        _, err = await proc.communicate()
-        if proc.returncode != 0:
-            raise RuntimeError(f"{args[2:5]} failed: {err.decode()[-500:]}")
 
 
 @dataclass(frozen=True)
@@ -160,7 +142,7 @@ async def bench_shared_wheels(work: Path, sizes: Sizes) -> WorkloadResult:
         started = time.perf_counter()
         targets = [work / f"job{i}" for i in range(jobs)]
         await asyncio.gather(
-            *(_per_job_venv(t, wheelhouse, s) for t, s in zip(targets, sets, strict=True))
+            *(per_job_venv(t, wheelhouse, s) for t, s in zip(targets, sets, strict=True))
         )
         per_job.wall_s = time.perf_counter() - started
         per_job.requests = jobs

@@ -1,11 +1,15 @@
-"""Wheels the pip and uv workloads install offline: pure python, version 1.0, made here."""
+"""Wheels the pip and uv workloads install offline (pure python, version 1.0, made here), and the
+baseline both measure against: one venv per job, built as a user without the agent would."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
+import os
+import sys
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
@@ -36,3 +40,22 @@ def write_wheel(
         for path, body in files.items():
             zf.writestr(path, body)
     return wheel
+
+
+async def per_job_venv(target: Path, wheelhouse: Path, packages: Sequence[str]) -> None:
+    """``python -m venv --without-pip`` filled by this python's pip through ``--python``,
+    offline from ``wheelhouse``, with no pip configuration of this machine."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    for args in (
+        [sys.executable, "-m", "venv", "--without-pip", str(target)],
+        [sys.executable, "-m", "pip", "--python", str(target / "bin" / "python"), "install",
+         "--disable-pip-version-check", "--no-input", "--no-index", "--find-links",
+         str(wheelhouse), *packages],
+    ):  # fmt: skip
+        proc = await asyncio.create_subprocess_exec(
+            *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=env
+        )
+        _, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"{args[2:5]} failed: {err.decode()[-500:]}")
