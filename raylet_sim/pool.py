@@ -156,6 +156,11 @@ class WorkerPool:
         worker = self._adopt(env_key, process)  # from here the worker's reaper owns the count
         try:
             await workers.wait_ready(worker)
+        except TaskFailed as exc:
+            self._terminate(worker)
+            if self._closing:  # close() ended it before its ready line: say why it ended
+                raise TaskFailed(SPAWN_FAILED, "the pool is shutting down") from exc
+            raise
         except BaseException:
             self._terminate(worker)
             raise

@@ -113,13 +113,13 @@ async def wait_ready(worker: Worker, timeout_s: float = READY_TIMEOUT_S) -> None
         async with asyncio.timeout(timeout_s):
             line = await stdout.readline()
     except TimeoutError:
-        line = b""
-    if not line or not _ready(line):
-        raise TaskFailed(
-            WORKER_START_FAILED,
-            f"worker {worker.pid} did not report ready within {timeout_s:g}s",
-            pid=worker.pid,
-        )
+        why = f"did not report ready within {timeout_s:g}s"
+    else:
+        if _ready(line):
+            return
+        # EOF: it exited (or closed its stdout) first; else it wrote something else first
+        why = "exited before reporting ready" if not line else f"wrote {line[:80]!r}, not ready"
+    raise TaskFailed(WORKER_START_FAILED, f"worker {worker.pid} {why}", pid=worker.pid)
 
 
 def _ready(line: bytes) -> bool:

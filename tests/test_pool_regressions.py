@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
+import sys
 from pathlib import Path
 
 import grpc
@@ -133,9 +135,66 @@ async def test_a_worker_whose_pool_closes_while_it_starts_is_not_handed_out(
         await wait_until(lambda: len(h.pool.workers) == 1, what="the worker spawned")
         (worker,) = h.pool.workers.values()
         closing = asyncio.create_task(h.pool.close())
-        await wait_until(lambda: worker.state is WorkerState.STOPPING, what="close() stopping it")
+        # One turn of the loop runs close() to its first wait: it has marked the worker
+        # STOPPING and closed its stdin, and the worker's exit cannot have been reaped yet
+        # (that needs another turn). Polling instead let a quick worker exit unseen (CI flake).
+        await asyncio.sleep(0)
+        stopping = worker.state  # a local: mypy would narrow worker.state for good
+        assert stopping is WorkerState.STOPPING, stopping
         ready.set()
         with pytest.raises(TaskFailed, match="shutting down"):
             await asyncio.wait_for(pop, 30)
         assert worker.state is not WorkerState.BUSY
         await asyncio.wait_for(closing, 30)
+
+
+async def test_a_starting_worker_that_exits_on_close_fails_its_pop_as_shutting_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CI flake's other half: close() ends a starting worker before its ready line is
+    read (here the line is taken away, as if it died first). Its pop fails as the pool shutting
+    down, not as a worker that failed to start, and close() ends."""
+    exited = asyncio.Event()
+    real_wait_ready = workers_module.wait_ready
+
+    async def wait_ready_after_exit(worker: Worker) -> None:
+        await exited.wait()
+        assert worker.process.stdout is not None
+        await worker.process.stdout.read()  # its ready line, and EOF: nothing left to read
+        await real_wait_ready(worker)
+
+    monkeypatch.setattr(workers_module, "wait_ready", wait_ready_after_exit)
+    async with harness() as h:
+        pop = asyncio.create_task(h.pool.pop_worker(key("a")))
+        await wait_until(lambda: len(h.pool.workers) == 1, what="the worker spawned")
+        (worker,) = h.pool.workers.values()
+        closing = asyncio.create_task(h.pool.close())
+        await wait_until(lambda: worker.state is WorkerState.EXITED, timeout_s=30, what="its exit")
+        exited.set()
+        with pytest.raises(TaskFailed, match="shutting down"):
+            await asyncio.wait_for(pop, 30)
+        await asyncio.wait_for(closing, 30)
+        assert not h.pool.workers
+        h.pool.check_invariants()
+
+
+@pytest.mark.parametrize(
+    ("script", "why"),
+    [
+        ("pass", "exited before reporting ready"),
+        ("print('hello')", "wrote b'hello\\n', not ready"),
+    ],
+)
+async def test_a_worker_that_fails_to_start_is_told_apart_from_a_slow_one(
+    script: str, why: str
+) -> None:
+    """wait_ready said "did not report ready within 30s" for a worker that had exited at once:
+    its message now says which of exit, a wrong first line or the timeout it was."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        with pytest.raises(TaskFailed, match=f"worker {process.pid} {re.escape(why)}$"):
+            await workers_module.wait_ready(Worker(1, "k", process), timeout_s=30)
+    finally:
+        await asyncio.wait_for(process.wait(), 30)
