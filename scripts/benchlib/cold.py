@@ -9,7 +9,10 @@ the machine: the client's own process, the install's worker processes and anythi
 compete for the cores. Two more things are reported beside them, so that a latency can be told
 from a blocked loop: the same probes against a bare grpc.aio server (``benchlib.echo_server``,
 its handlers registered by method as the agent's are, answering the agent's own reply) in the
-same rounds, the floor of the client, the transport and the machine at that moment; and the
+same rounds, the floor of the client, the transport and the machine at that moment, both on the
+idle machine and during each install (its probes half a period after the agent's, so the two
+never share a slot: the floor the install leaves any server, which the agent's tail is set
+against); and the
 agent's event loop itself, timed from inside its process (``_STEP_TIMER``): each step of the
 loop (one callback: an RPC's handler resuming, an install's coroutine between two awaits, a
 garbage collection it triggers) with its wall time and the loop thread's CPU time, which a
@@ -25,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -40,7 +44,7 @@ from benchlib.procs import (
     uvloop_available,
 )
 from benchlib.shared import BigPackage, Shared
-from rtenv.v1 import agent_pb2
+from rtenv.v1 import agent_pb2, agent_pb2_grpc
 
 
 def _env(url: str, tag: str) -> str:
@@ -368,21 +372,28 @@ async def bench_loop_blocking(work: Path, sizes: Sizes, shared: Shared) -> Workl
     idle_m = Measure("info probes, idle agent")
     busy_m = Measure("info probes, install running")
     echo_m = Measure("info probes, bare grpc echo")
+    echo_busy_m = Measure("echo probes, install running")
     idle_steps, busy_steps = _Steps(), _Steps()
     install_s: list[float] = []
     period = sizes.loop_period_s
     echo: EchoProcess | None = None
+    echo_channel: grpc.aio.Channel | None = None
     try:
         for r in range(sizes.loop_rounds):
             agent = _StepTimedAgent(work / f"agent-{r}", work / f"agent-{r}.steps.json")
             phases: list[tuple[_Steps, float, float]] = []
             async with agent, grpc.aio.insecure_channel(agent.address) as channel:
                 stub = rpc.stub(channel)
+                await _warm(stub)  # connected before the first slot, as the echo's channel is
                 deadline = time.monotonic() + sizes.phase_timeout_s
                 if echo is None:  # answering the agent's own idle reply, registered by method
                     echo = await _echo(work, agent.address)
+                    echo_channel = grpc.aio.insecure_channel(echo.address)
+                    await _warm(rpc.stub(echo_channel))
+                assert echo_channel is not None
+                echo_stub = rpc.stub(echo_channel)
                 if r % 2 == 1:  # the echo's probes before the agent's or after, by turns
-                    echo_m.add(await _probe_echo(echo, sizes, period, deadline))
+                    echo_m.add(await _probe_echo(echo, echo_stub, sizes, period, deadline))
                 watch = agent.watch()
                 watch.start()
                 started = time.monotonic()
@@ -396,7 +407,7 @@ async def bench_loop_blocking(work: Path, sizes: Sizes, shared: Shared) -> Workl
                             usage.peak_rss_bytes, errors=idle.errors)
                 )  # fmt: skip
                 if r % 2 == 0:
-                    echo_m.add(await _probe_echo(echo, sizes, period, deadline))
+                    echo_m.add(await _probe_echo(echo, echo_stub, sizes, period, deadline))
                 await asyncio.to_thread(read_through, big.path)
                 gets = await server.total_gets()
                 watch.start()
@@ -408,10 +419,16 @@ async def bench_loop_blocking(work: Path, sizes: Sizes, shared: Shared) -> Workl
                     stub.CreateRuntimeEnv(request, timeout=sizes.phase_timeout_s)
                 )
                 create.add_done_callback(_timer(install_s, t0))
+                beside = asyncio.ensure_future(  # the floor beside it, in the same moments
+                    _probe_echo(
+                        echo, echo_stub, sizes, period, deadline, until=create, offset_s=period / 2
+                    )
+                )
                 busy = await rpc.probe_info(
                     stub, period, until=create, max_calls=int(sizes.phase_timeout_s / period),
                     deadline_s=deadline,
                 )  # fmt: skip
+                echo_busy_m.add(await beside)
                 errors = busy.errors
                 try:
                     await create
@@ -432,9 +449,12 @@ async def bench_loop_blocking(work: Path, sizes: Sizes, shared: Shared) -> Workl
                     into.add(steps, start, end)
                     into.rounds += 1
     finally:
+        if echo_channel is not None:
+            await echo_channel.close()
         if echo is not None:
             await echo.stop()
     busy_lat, idle_lat = busy_m.latencies_s, idle_m.latencies_s
+    beside_lat = echo_busy_m.latencies_s
     base = f"the same calls on the idle agent, every {period * 1000:g} ms"
     result.figure(
         "GetRuntimeEnvsInfo p99 while an install runs", percentile(busy_lat, 0.99) * 1000,
@@ -448,13 +468,25 @@ async def bench_loop_blocking(work: Path, sizes: Sizes, shared: Shared) -> Workl
         "GetRuntimeEnvsInfo p50 while an install runs", percentile(busy_lat, 0.5) * 1000,
         percentile(idle_lat, 0.5) * 1000, base, "ms",
     )  # fmt: skip
+    floor = (
+        "a bare grpc.aio echo probed in the same moments (its calls between the agent's), "
+        "the floor this machine gives any server during the install"
+    )
+    result.figure(
+        "GetRuntimeEnvsInfo p99 while an install runs, against the echo beside it",
+        percentile(busy_lat, 0.99) * 1000, percentile(beside_lat, 0.99) * 1000, floor, "ms",
+    )  # fmt: skip
+    result.figure(
+        "GetRuntimeEnvsInfo max while an install runs, against the echo beside it",
+        max(busy_lat, default=0) * 1000, max(beside_lat, default=0) * 1000, floor, "ms",
+    )  # fmt: skip
     if busy_steps.rounds:
         result.figure(
             "longest event-loop step while an install runs (CPU)",
             max(busy_steps.cpu_s, default=0) * 1000, max(idle_steps.cpu_s, default=0) * 1000,
             "the same on the idle agent (the loop thread's CPU time of one step)", "ms",
         )  # fmt: skip
-    result.measures = [idle_m, busy_m, echo_m]
+    result.measures = [idle_m, busy_m, echo_m, echo_busy_m]
     result.notes.append(
         f"{sizes.loop_rounds} rounds; installs took {', '.join(f'{s:.2f}s' for s in install_s)}; "
         "CPU per request is the agent's CPU (install included) per probe"
@@ -480,15 +512,32 @@ async def _echo(work: Path, agent_address: str) -> EchoProcess:
     return await EchoProcess(work, "loop-echo", path, route="registered").__aenter__()
 
 
-async def _probe_echo(echo: EchoProcess, sizes: Sizes, period: float, deadline: float) -> Measure:
-    async with grpc.aio.insecure_channel(echo.address) as channel:
-        watch = echo.watch()
-        watch.start()
-        calls = await rpc.probe_info(
-            rpc.stub(channel), period, until=None, max_calls=sizes.loop_idle_calls,
-            deadline_s=deadline,
-        )  # fmt: skip
-        usage = watch.stop()
-    name = "info probes, bare grpc echo"
+async def _warm(stub: agent_pb2_grpc.RuntimeEnvAgentStub) -> None:
+    await stub.GetRuntimeEnvsInfo(agent_pb2.GetRuntimeEnvsInfoRequest(limit=1), timeout=30)
+
+
+async def _probe_echo(
+    echo: EchoProcess,
+    stub: agent_pb2_grpc.RuntimeEnvAgentStub,
+    sizes: Sizes,
+    period: float,
+    deadline: float,
+    *,
+    until: asyncio.Future[Any] | None = None,
+    offset_s: float = 0.0,
+) -> Measure:
+    """The echo's probes: ``loop_idle_calls`` of them, or (``until``) while an install runs,
+    their slots ``offset_s`` after the agent's."""
+    watch = echo.watch()
+    watch.start()
+    if offset_s:
+        await asyncio.sleep(offset_s)
+    calls = await rpc.probe_info(
+        stub, period,
+        until=until, max_calls=sizes.loop_idle_calls if until is None else 1_000_000,
+        deadline_s=deadline,
+    )  # fmt: skip
+    usage = watch.stop()
+    name = "info probes, bare grpc echo" if until is None else "echo probes, install running"
     return Measure(name, calls.wall_s, len(calls.info_s), calls.info_s, usage.cpu_s,
                    usage.peak_rss_bytes, errors=calls.errors)  # fmt: skip
