@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from agent.core.errors import (
     DownloadFailed,
@@ -24,7 +25,7 @@ from agent.core.errors import (
 from agent.core.uris import parse_uri
 from agent.install import fetch as fetch_module
 from agent.install.fetch import Fetcher, FetchLimits
-from agent.install.transport import MockTransport, Request, Response
+from agent.install.transport import AiohttpTransport, MockTransport, Policy, Request, Response
 from tests.helpers import make_zip, package_server, wait_until
 
 BODY = make_zip({"proj/main.py": "print('hi')\n" * 50})
@@ -74,6 +75,64 @@ async def test_http_download_writes_the_body_and_returns_its_size(tmp_path: Path
         assert pkgs.gets["p.zip"] == 1
     assert (tmp_path / "out").read_bytes() == BODY
     assert sleep.delays == []
+
+
+async def test_a_body_sent_a_few_bytes_at_a_time_is_written_whole_in_bounded_writevs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The body's pieces are gathered and written by one ``writev`` per hop, never more pieces
+    than ``_MAX_PIECES`` (a server that trickles makes many small ones; the kernel takes at
+    most IOV_MAX), and a write the kernel takes only part of is finished: the file is the
+    body, byte for byte, and its pinned digest holds."""
+    body = os.urandom(200_000)
+    monkeypatch.setattr(fetch_module, "_MAX_PIECES", 8)
+    calls: list[int] = []
+    real_writev = os.writev
+
+    def partial_writev(fd: int, buffers: list[memoryview]) -> int:
+        calls.append(len(buffers))
+        return real_writev(fd, [b"".join(buffers)[:250]])  # the kernel took 250 bytes at most
+
+    monkeypatch.setattr(os, "writev", partial_writev)
+
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Length": str(len(body))})
+        await response.prepare(request)
+        for start in range(0, len(body), 100):
+            await response.write(body[start : start + 100])
+            await asyncio.sleep(0)  # the client reads between the writes
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/p.zip", trickle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        digest = hashlib.sha256(body).hexdigest()
+        url = f"http://127.0.0.1:{port}/p.zip#sha256={digest}"
+        assert await fetch(url, tmp_path / "out") == len(body)
+    finally:
+        await runner.cleanup()
+    assert (tmp_path / "out").read_bytes() == body
+    assert max(calls) == 8, calls  # pieces gathered, up to the cap and no further
+    assert len(calls) >= len(body) // 250  # each call took 250 bytes at most: all were finished
+
+
+async def test_aiohttp_pieces_are_never_over_the_size_asked_and_make_the_body() -> None:
+    """The aiohttp transport hands on the body in pieces of at most the size asked for (as
+    read from the socket, a piece over it cut), which together are the body."""
+    body = os.urandom(300_000)
+    async with package_server() as pkgs, aiohttp.ClientSession() as session:
+        url = pkgs.add("p.zip", body)
+        policy = Policy(connect_timeout_s=10, read_timeout_s=10, max_redirects=0)
+        async with AiohttpTransport(session).open(Request(url, {}), policy) as incoming:
+            pieces = [piece async for piece in incoming.chunks(4096)]
+    assert b"".join(pieces) == body
+    assert max(len(p) for p in pieces) == 4096
 
 
 async def test_transient_5xx_is_retried_then_succeeds(tmp_path: Path) -> None:

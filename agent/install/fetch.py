@@ -87,6 +87,9 @@ Random = Callable[[], float]  # uniform in [0, 1)
 _T = TypeVar("_T")
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 _RANGE_CHUNK = 64 * 1024  # a ranged GET's body is read in pieces of this size
+# a download's pieces written by one writev at most (the kernel's IOV_MAX is 1024 on Linux):
+# a server that sends its body a few bytes at a time makes many small pieces, not a long list
+_MAX_PIECES = 1024
 
 
 @dataclass(frozen=True)
@@ -408,13 +411,19 @@ class Fetcher:
                     if watch is not None:
                         watch.opened(expected, resp.headers)
                     await space.expect(expected or 0)
-                    total = 0
-                    async for chunk in resp.chunks(limits.chunk_bytes):
-                        if total + len(chunk) > limits.max_download_bytes:
+                    total = 0  # written
+                    pieces: list[bytes] = []  # read, not yet written: one hop writes them all
+                    held = 0
+                    async for piece in resp.chunks(limits.chunk_bytes):
+                        if total + held + len(piece) > limits.max_download_bytes:
                             raise _too_large(label, limits.max_download_bytes)
-                        await space.take(total, len(chunk))
-                        await _hop(_write_all, out, chunk, digest)
-                        total += len(chunk)
+                        pieces.append(piece)
+                        held += len(piece)
+                        if held >= limits.chunk_bytes or len(pieces) == _MAX_PIECES:
+                            total = await _write_held(out, pieces, held, total, space, digest)
+                            pieces, held = [], 0
+                    if pieces:
+                        total = await _write_held(out, pieces, held, total, space, digest)
                 finally:
                     os.close(out)
                 if expected is not None and total != expected:
@@ -569,6 +578,30 @@ def _copy_chunk(src: int, out: int, size: int, label: str, digest: _Digest) -> i
         ) from exc
     _write_all(out, data, digest)
     return len(data)
+
+
+async def _write_held(
+    out: int, pieces: list[bytes], held: int, total: int, space: Space, digest: _Digest
+) -> int:
+    """Room made for the ``held`` bytes of ``pieces``, then they are written after the
+    ``total`` already written, in one thread hop; the new total."""
+    await space.take(total, held)
+    await _hop(_write_pieces, out, pieces, digest)
+    return total + held
+
+
+def _write_pieces(out: int, pieces: list[bytes], digest: _Digest) -> None:
+    """``pieces`` written in order with as few ``writev`` calls as the kernel allows."""
+    for piece in pieces:
+        digest.update(piece)
+    views = [memoryview(p) for p in pieces]
+    while views:
+        done = os.writev(out, views)
+        while views and done >= len(views[0]):
+            done -= len(views[0])
+            views.pop(0)
+        if done:
+            views[0] = views[0][done:]
 
 
 def _write_all(out: int, data: bytes | memoryview, digest: _Digest) -> None:
