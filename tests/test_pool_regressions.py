@@ -116,17 +116,22 @@ async def test_a_task_cancelled_mid_call_does_not_leave_its_reply_to_the_next_ta
         h.pool.check_invariants()
 
 
+@pytest.mark.parametrize("exited_first", [False, True], ids=["stopping", "exited"])
 async def test_a_worker_whose_pool_closes_while_it_starts_is_not_handed_out(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, exited_first: bool
 ) -> None:
     """Found in review: close() stopped a worker still starting (STOPPING, stdin closed), and
     its ready line then made it BUSY and handed it a task that could only die. The pop now
-    fails as the pool shutting down, and the worker is left to stop."""
-    ready = asyncio.Event()
+    fails as the pool shutting down, whether its ready line is read while the worker stops or
+    (``exited``, the CI flake's other half) the worker is gone first, its line never read."""
+    go = asyncio.Event()
     real_wait_ready = workers_module.wait_ready
 
     async def held_wait_ready(worker: Worker) -> None:
-        await ready.wait()
+        await go.wait()
+        if exited_first:
+            assert worker.process.stdout is not None
+            await worker.process.stdout.read()  # its ready line, and EOF: nothing left
         await real_wait_ready(worker)
 
     monkeypatch.setattr(workers_module, "wait_ready", held_wait_ready)
@@ -135,44 +140,19 @@ async def test_a_worker_whose_pool_closes_while_it_starts_is_not_handed_out(
         await wait_until(lambda: len(h.pool.workers) == 1, what="the worker spawned")
         (worker,) = h.pool.workers.values()
         closing = asyncio.create_task(h.pool.close())
-        # One turn of the loop runs close() to its first wait: it has marked the worker
-        # STOPPING and closed its stdin, and the worker's exit cannot have been reaped yet
-        # (that needs another turn). Polling instead let a quick worker exit unseen (CI flake).
-        await asyncio.sleep(0)
-        stopping = worker.state  # a local: mypy would narrow worker.state for good
-        assert stopping is WorkerState.STOPPING, stopping
-        ready.set()
+        if exited_first:
+            await wait_until(lambda: worker.state is WorkerState.EXITED, timeout_s=30, what="exit")
+        else:
+            # One turn of the loop runs close() to its first wait: the worker is STOPPING, its
+            # stdin closed, and its exit cannot be reaped yet (that needs another turn). Polling
+            # for STOPPING let a quick worker exit unseen (the CI flake).
+            await asyncio.sleep(0)
+            stopping = worker.state  # a local: mypy would narrow worker.state for good
+            assert stopping is WorkerState.STOPPING, stopping
+        go.set()
         with pytest.raises(TaskFailed, match="shutting down"):
             await asyncio.wait_for(pop, 30)
         assert worker.state is not WorkerState.BUSY
-        await asyncio.wait_for(closing, 30)
-
-
-async def test_a_starting_worker_that_exits_on_close_fails_its_pop_as_shutting_down(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The CI flake's other half: close() ends a starting worker before its ready line is
-    read (here the line is taken away, as if it died first). Its pop fails as the pool shutting
-    down, not as a worker that failed to start, and close() ends."""
-    exited = asyncio.Event()
-    real_wait_ready = workers_module.wait_ready
-
-    async def wait_ready_after_exit(worker: Worker) -> None:
-        await exited.wait()
-        assert worker.process.stdout is not None
-        await worker.process.stdout.read()  # its ready line, and EOF: nothing left to read
-        await real_wait_ready(worker)
-
-    monkeypatch.setattr(workers_module, "wait_ready", wait_ready_after_exit)
-    async with harness() as h:
-        pop = asyncio.create_task(h.pool.pop_worker(key("a")))
-        await wait_until(lambda: len(h.pool.workers) == 1, what="the worker spawned")
-        (worker,) = h.pool.workers.values()
-        closing = asyncio.create_task(h.pool.close())
-        await wait_until(lambda: worker.state is WorkerState.EXITED, timeout_s=30, what="its exit")
-        exited.set()
-        with pytest.raises(TaskFailed, match="shutting down"):
-            await asyncio.wait_for(pop, 30)
         await asyncio.wait_for(closing, 30)
         assert not h.pool.workers
         h.pool.check_invariants()
