@@ -135,6 +135,25 @@ async def test_aiohttp_pieces_are_never_over_the_size_asked_and_make_the_body() 
     assert max(len(p) for p in pieces) == 4096
 
 
+async def test_what_has_arrived_is_on_disk_while_the_server_stalls(tmp_path: Path) -> None:
+    """Pieces are gathered only while more are already there: a body that stops short of its
+    end has all it sent written (an extraction that overlaps the download reads it), not held
+    back until a chunk's worth has come."""
+    body = os.urandom(300_000)
+    out = tmp_path / "out"
+    async with package_server() as pkgs:
+        url = pkgs.add("p.zip", body)
+        gate = pkgs.hold_last("p.zip", 1000)
+        task = asyncio.create_task(fetch(url, out))
+        await wait_until(
+            lambda: out.exists() and out.stat().st_size == len(body) - 1000,
+            what="all but the held-back bytes on disk",
+        )
+        gate.set()
+        assert await asyncio.wait_for(task, 30) == len(body)
+    assert out.read_bytes() == body
+
+
 async def test_transient_5xx_is_retried_then_succeeds(tmp_path: Path) -> None:
     sleep = RecordingSleep()
     async with package_server() as pkgs:

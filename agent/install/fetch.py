@@ -411,19 +411,15 @@ class Fetcher:
                     if watch is not None:
                         watch.opened(expected, resp.headers)
                     await space.expect(expected or 0)
-                    total = 0  # written
-                    pieces: list[bytes] = []  # read, not yet written: one hop writes them all
-                    held = 0
-                    async for piece in resp.chunks(limits.chunk_bytes):
-                        if total + held + len(piece) > limits.max_download_bytes:
+                    total = 0
+                    # what has arrived is written at once, in one hop (one writev), unjoined
+                    async for batch in resp.batches(limits.chunk_bytes, _MAX_PIECES):
+                        size = sum(map(len, batch))
+                        if total + size > limits.max_download_bytes:
                             raise _too_large(label, limits.max_download_bytes)
-                        pieces.append(piece)
-                        held += len(piece)
-                        if held >= limits.chunk_bytes or len(pieces) == _MAX_PIECES:
-                            total = await _write_held(out, pieces, held, total, space, digest)
-                            pieces, held = [], 0
-                    if pieces:
-                        total = await _write_held(out, pieces, held, total, space, digest)
+                        await space.take(total, size)
+                        await _hop(_write_pieces, out, batch, digest)
+                        total += size
                 finally:
                     os.close(out)
                 if expected is not None and total != expected:
@@ -578,16 +574,6 @@ def _copy_chunk(src: int, out: int, size: int, label: str, digest: _Digest) -> i
         ) from exc
     _write_all(out, data, digest)
     return len(data)
-
-
-async def _write_held(
-    out: int, pieces: list[bytes], held: int, total: int, space: Space, digest: _Digest
-) -> int:
-    """Room made for the ``held`` bytes of ``pieces``, then they are written after the
-    ``total`` already written, in one thread hop; the new total."""
-    await space.take(total, held)
-    await _hop(_write_pieces, out, pieces, digest)
-    return total + held
 
 
 def _write_pieces(out: int, pieces: list[bytes], digest: _Digest) -> None:

@@ -22,6 +22,7 @@ words the message. No foreign exception leaves a transport.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from collections.abc import (
     AsyncGenerator,
@@ -34,11 +35,13 @@ from collections.abc import (
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Protocol
+from typing import Protocol, TypeVar
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
+
+_B = TypeVar("_B")  # what a body is read as: chunks or batches of them
 
 
 @dataclass(frozen=True)
@@ -94,8 +97,13 @@ class Incoming(Protocol):
         bound (the fetcher counts the bytes that arrive)."""
 
     def chunks(self, size: int) -> AsyncIterator[bytes]:
-        """The body, in chunks of at most ``size`` bytes; raises ``TransportError``. Read once;
-        closed with the answer, read to its end or not."""
+        """The body, in chunks of at most ``size`` bytes; raises ``TransportError``. Read once
+        (by this or ``batches``); closed with the answer, read to its end or not."""
+
+    def batches(self, size: int, max_pieces: int) -> AsyncIterator[list[bytes]]:
+        """The body as ``chunks`` gives it, its chunks gathered: a batch is what has arrived
+        when it is taken (never waiting for more once one chunk is in), at most ``max_pieces``
+        chunks, ended at the first chunk that brings it to ``size`` bytes or more."""
 
 
 class Transport(Protocol):
@@ -145,7 +153,7 @@ class AiohttpTransport:
 class _AiohttpIncoming:
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self._resp = resp
-        self._chunks: AsyncGenerator[bytes, None] | None = None
+        self._chunks: AsyncGenerator[object, None] | None = None
 
     @property
     def status(self) -> int:
@@ -160,15 +168,37 @@ class _AiohttpIncoming:
         return self._resp.content_length
 
     def chunks(self, size: int) -> AsyncIterator[bytes]:
+        return self._start(self._read(size))
+
+    def batches(self, size: int, max_pieces: int) -> AsyncIterator[list[bytes]]:
+        return self._start(self._batched(size, max_pieces))
+
+    def _start(self, body: AsyncGenerator[_B, None]) -> AsyncGenerator[_B, None]:
         assert self._chunks is None, "the body is read once"
-        self._chunks = self._read(size)
-        return self._chunks
+        self._chunks = body
+        return body
+
+    async def _batched(self, size: int, max_pieces: int) -> AsyncGenerator[list[bytes], None]:
+        content = self._resp.content
+        taken = 0  # bytes of the body handed on; ``total_bytes``: the bytes aiohttp was fed
+        batch: list[bytes] = []
+        held = 0
+        async with contextlib.aclosing(self._read(size)) as pieces:
+            async for piece in pieces:
+                batch.append(piece)
+                held += len(piece)
+                taken += len(piece)
+                if held >= size or len(batch) >= max_pieces or content.total_bytes <= taken:
+                    yield batch  # the next piece would be waited for: what is here goes now
+                    batch, held = [], 0
+        if batch:
+            yield batch
 
     async def _read(self, size: int) -> AsyncGenerator[bytes, None]:
         # The pieces as aiohttp buffered them (one per read of the socket), cut only when over
         # ``size``: ``iter_chunked`` joined the buffered pieces into each chunk, a copy into
         # fresh memory on the event loop (0.3-0.6 ms per MiB here, the loop's longest step
-        # during a download). The caller gathers pieces into one write (``os.writev``).
+        # during a download). ``batches`` gathers them for one write (``os.writev``).
         try:
             async for piece, _ in self._resp.content.iter_chunks():
                 if not piece:  # the end of an http chunk, no data
@@ -293,7 +323,7 @@ class _MockIncoming:
         self._declared = int(declared) if declared is not None else None
         body = response.body
         self._body = _one(body) if isinstance(body, bytes) else aiter(body)
-        self._chunks: AsyncGenerator[bytes, None] | None = None
+        self._chunks: AsyncGenerator[object, None] | None = None
 
     @property
     def status(self) -> int:
@@ -308,9 +338,20 @@ class _MockIncoming:
         return self._declared
 
     def chunks(self, size: int) -> AsyncIterator[bytes]:
+        return self._start(self._read(size))
+
+    def batches(self, size: int, max_pieces: int) -> AsyncIterator[list[bytes]]:
+        return self._start(self._batched(size))
+
+    def _start(self, body: AsyncGenerator[_B, None]) -> AsyncGenerator[_B, None]:
         assert self._chunks is None, "the body is read once"
-        self._chunks = self._read(size)
-        return self._chunks
+        self._chunks = body
+        return body
+
+    async def _batched(self, size: int) -> AsyncGenerator[list[bytes], None]:
+        async with contextlib.aclosing(self._read(size)) as chunks:
+            async for chunk in chunks:  # each is all that has arrived when it is taken
+                yield [chunk]
 
     async def _read(self, size: int) -> AsyncGenerator[bytes, None]:
         sent = 0
