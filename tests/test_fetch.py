@@ -24,6 +24,7 @@ from agent.core.errors import (
 )
 from agent.core.uris import parse_uri
 from agent.install import fetch as fetch_module
+from agent.install import landing as landing_module
 from agent.install.fetch import Fetcher, FetchLimits
 from agent.install.transport import AiohttpTransport, MockTransport, Policy, Request, Response
 from tests.helpers import make_zip, package_server, wait_until
@@ -81,11 +82,11 @@ async def test_a_body_sent_a_few_bytes_at_a_time_is_written_whole_in_bounded_wri
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The body's pieces are gathered and written by one ``writev`` per hop, never more pieces
-    than ``_MAX_PIECES`` (a server that trickles makes many small ones; the kernel takes at
+    than ``MAX_PIECES`` (a server that trickles makes many small ones; the kernel takes at
     most IOV_MAX), and a write the kernel takes only part of is finished: the file is the
     body, byte for byte, and its pinned digest holds."""
     body = os.urandom(200_000)
-    monkeypatch.setattr(fetch_module, "_MAX_PIECES", 8)
+    monkeypatch.setattr(fetch_module, "MAX_PIECES", 8)
     calls: list[int] = []
     real_writev = os.writev
 
@@ -273,7 +274,8 @@ async def test_the_digest_is_taken_as_the_chunks_are_written_never_by_reading_th
         opened.append(str(path))
         raise AssertionError(f"the fetcher opened {path} ({mode})")
 
-    monkeypatch.setattr(fetch_module, "open", no_read_back, raising=False)
+    for module in (fetch_module, landing_module):  # where a download is written
+        monkeypatch.setattr(module, "open", no_read_back, raising=False)
     good = hashlib.sha256(BODY).hexdigest()
     attempts: list[int] = []
 
@@ -356,7 +358,7 @@ async def test_file_over_max_download_bytes_is_package_rejected(tmp_path: Path) 
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("step", ["open_package", "_create"])
+@pytest.mark.parametrize("step", ["open_package", "create_landing"])
 async def test_a_fetch_cancelled_while_a_file_is_being_opened_closes_what_was_opened(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
 ) -> None:

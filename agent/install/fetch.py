@@ -43,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import hashlib
 import logging
 import os
 import random
@@ -68,8 +67,17 @@ from agent.core.roots import FileRoots
 from agent.core.uris import ParsedUri
 from agent.install.file_source import open_package
 from agent.install.gcs_source import GcsConfig, GcsKvClient, GcsUnavailable
+from agent.install.landing import (
+    MAX_PIECES,
+    Digest,
+    copy_chunk,
+    create_landing,
+    hop,
+    opening,
+    write_all,
+    write_pieces,
+)
 from agent.install.object_source import ObjectStores, ObjectUnavailable, load_obstore
-from agent.install.staging import through
 from agent.install.transport import (
     AiohttpTransport,
     Failure,
@@ -87,9 +95,6 @@ Random = Callable[[], float]  # uniform in [0, 1)
 _T = TypeVar("_T")
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 _RANGE_CHUNK = 64 * 1024  # a ranged GET's body is read in pieces of this size
-# a download's pieces written by one writev at most (the kernel's IOV_MAX is 1024 on Linux):
-# a server that sends its body a few bytes at a time makes many small pieces, not a long list
-_MAX_PIECES = 1024
 
 
 @dataclass(frozen=True)
@@ -249,21 +254,21 @@ class Fetcher:
         self, uri: ParsedUri, dest: Path, label: str, space: Space, hashed: bool
     ) -> Fetched:
         limit = self._limits.max_download_bytes
-        digest = _Digest(hashed)
-        src, declared = await _opening(
+        digest = Digest(hashed)
+        src, declared = await opening(
             lambda: open_package(uri.path, self.file_roots, label), fd=lambda opened: opened[0]
         )
         try:
             if declared > limit:
                 raise _too_large(label, limit, declared)
-            out = await _opening(lambda: _create(dest), fd=int)
+            out = await opening(lambda: create_landing(dest), fd=int)
             try:
                 await space.expect(declared)
                 total = 0
                 while True:
                     want = min(self._limits.chunk_bytes, limit + 1 - total)  # 1 over: too large
                     await space.take(total, want if total >= declared else 0)  # past its size
-                    read = await _hop(_copy_chunk, src, out, want, label, digest)
+                    read = await hop(copy_chunk, src, out, want, label, digest)
                     if read == 0:
                         return total, digest.hex()
                     total += read
@@ -293,15 +298,15 @@ class Fetcher:
             lambda attempts, exc: DownloadFailed(_gcs_failed(label, client, attempts, exc)),
             label,
         )
-        out = await _opening(lambda: _create(dest), fd=int)
-        digest = _Digest(hashed)
+        out = await opening(lambda: create_landing(dest), fd=int)
+        digest = Digest(hashed)
         try:
             await space.expect(len(value))
             view = memoryview(value)
             for start in range(0, len(view), self._limits.chunk_bytes):
                 chunk = view[start : start + self._limits.chunk_bytes]
                 await space.take(start, len(chunk))
-                await _hop(_write_all, out, chunk, digest)
+                await hop(write_all, out, chunk, digest)
         finally:
             os.close(out)
         return len(value), digest.hex()
@@ -317,8 +322,8 @@ class Fetcher:
                 read = await self._objects.open(uri.url, label, self._limits.chunk_bytes)
                 if read.size > limit:
                     raise _too_large(label, limit, read.size)
-                out = await _opening(lambda: _create(dest), fd=int)
-                digest = _Digest(hashed)  # of this attempt's bytes: a retry starts anew
+                out = await opening(lambda: create_landing(dest), fd=int)
+                digest = Digest(hashed)  # of this attempt's bytes: a retry starts anew
                 total = 0
                 try:
                     await space.expect(read.size)
@@ -327,7 +332,7 @@ class Fetcher:
                             if total + len(chunk) > limit:  # as read, whatever was declared
                                 raise _too_large(label, limit)
                             await space.take(total, len(chunk))
-                            await _hop(_write_all, out, chunk, digest)
+                            await hop(write_all, out, chunk, digest)
                             total += len(chunk)
                 finally:
                     os.close(out)
@@ -405,20 +410,20 @@ class Fetcher:
                 expected = resp.content_length
                 if expected is not None and expected > limits.max_download_bytes:
                     raise _too_large(label, limits.max_download_bytes, expected)
-                out = await _opening(lambda: _create(dest), fd=int)
-                digest = _Digest(hashed)  # of this attempt's bytes: a retry starts anew
+                out = await opening(lambda: create_landing(dest), fd=int)
+                digest = Digest(hashed)  # of this attempt's bytes: a retry starts anew
                 try:
                     if watch is not None:
                         watch.opened(expected, resp.headers)
                     await space.expect(expected or 0)
                     total = 0
                     # what has arrived is written at once, in one hop (one writev), unjoined
-                    async for batch in resp.batches(limits.chunk_bytes, _MAX_PIECES):
+                    async for batch in resp.batches(limits.chunk_bytes, MAX_PIECES):
                         size = sum(map(len, batch))
                         if total + size > limits.max_download_bytes:
                             raise _too_large(label, limits.max_download_bytes)
                         await space.take(total, size)
-                        await _hop(_write_pieces, out, batch, digest)
+                        await hop(write_pieces, out, batch, digest)
                         total += size
                 finally:
                     os.close(out)
@@ -513,88 +518,6 @@ def _check_status(status: int, label: str) -> None:
 def _too_large(label: str, limit: int, declared: int | None = None) -> PackageRejected:
     size = f"is {declared} bytes" if declared is not None else f"is larger than {limit} bytes"
     return PackageRejected(f"{label} {size}; the limit is {limit} (max_download_bytes)")
-
-
-async def _hop(fn: Callable[..., _T], *args: object) -> _T:
-    """Run one short blocking step in a thread. If the caller is cancelled meanwhile, the step
-    still ends (it is one chunk) before the cancellation goes on (``through``): the descriptors
-    it uses are closed only after it, and nothing is written once the install is gone."""
-    return await through(asyncio.ensure_future(asyncio.to_thread(fn, *args)))
-
-
-async def _opening(open_: Callable[[], _T], *, fd: Callable[[_T], int]) -> _T:
-    """``_hop`` for a step that opens a descriptor (``fd`` finds it in the result): if the
-    caller is cancelled meanwhile, the step ends and what it opened is closed, not leaked."""
-    step = asyncio.ensure_future(asyncio.to_thread(open_))
-    try:
-        return await through(step)
-    except asyncio.CancelledError:
-        if not step.cancelled() and step.exception() is None:
-            os.close(fd(step.result()))
-        raise
-
-
-def _create(dest: Path) -> int:
-    """The download's file, empty, open for writing. Blocking (one hop). Truncated only if it
-    holds bytes (a retry): ext4 forces out the blocks of a file truncated and rewritten when it
-    is closed (``auto_da_alloc``), and that close, on the event loop, took 2-21 ms for 61 MB;
-    the file the installer made empty is opened as it is, and its close is 0.01 ms."""
-    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        if os.fstat(fd).st_size:
-            os.ftruncate(fd, 0)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-class _Digest:
-    """The SHA-256 of what was written so far, when the URI pins one: updated in the thread
-    hop that writes each chunk (hashlib lets the GIL go on large buffers), so the file is
-    never read back to be checked."""
-
-    def __init__(self, wanted: bool) -> None:
-        self._sha = hashlib.sha256() if wanted else None
-
-    def update(self, data: bytes | memoryview) -> None:
-        if self._sha is not None:
-            self._sha.update(data)
-
-    def hex(self) -> str | None:
-        return None if self._sha is None else self._sha.hexdigest()
-
-
-def _copy_chunk(src: int, out: int, size: int, label: str, digest: _Digest) -> int:
-    try:
-        data = os.read(src, size)
-    except OSError as exc:
-        raise PackageRejected(
-            f"{label}: reading it failed: {exc.strerror or echo(str(exc))}"
-        ) from exc
-    _write_all(out, data, digest)
-    return len(data)
-
-
-def _write_pieces(out: int, pieces: list[bytes], digest: _Digest) -> None:
-    """``pieces`` written in order with as few ``writev`` calls as the kernel allows."""
-    for piece in pieces:
-        digest.update(piece)
-    views = [memoryview(p) for p in pieces]
-    while views:
-        done = os.writev(out, views)
-        while views and done >= len(views[0]):
-            done -= len(views[0])
-            views.pop(0)
-        if done:
-            views[0] = views[0][done:]
-
-
-def _write_all(out: int, data: bytes | memoryview, digest: _Digest) -> None:
-    digest.update(data)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(out, view) :]
 
 
 def _gcs_failed(label: str, client: GcsKvClient, attempts: int, exc: _Transient) -> str:
