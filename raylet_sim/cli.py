@@ -10,12 +10,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from agent.ops.usage import OneLineParser
 from raylet_sim.demo import run_demo
 from raylet_sim.interrupt import EXIT_INTERRUPTED, Interrupt
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="raylet-sim", description=__doc__)
+    parser = OneLineParser(prog="raylet-sim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run a whole node with a workload and check it")
     demo.add_argument("--tasks", type=int, default=400, help="tasks to run (400)")

@@ -106,6 +106,8 @@ from benchlib.shared_root import bench_shared_root
 from benchlib.shared_wheels import bench_shared_wheels
 from benchlib.workers import bench_worker_starts
 
+from agent.ops.usage import OneLineParser
+
 Workload = Callable[[Path, Sizes, Shared], Awaitable[WorkloadResult]]
 
 WORKLOADS: dict[str, Workload] = {
@@ -235,9 +237,7 @@ def _machine() -> dict[str, object]:
 
 def _parser() -> argparse.ArgumentParser:
     d = Sizes()
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", action="append", choices=list(ALL_WORKLOADS), help="run this workload")
     p.add_argument(
         "--peer",

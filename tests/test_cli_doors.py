@@ -43,6 +43,46 @@ def one_line(err: str) -> str:
     return lines[0]
 
 
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["serve"], "rtenv-agent serve: the following arguments are required: --root (see "
+         "rtenv-agent serve --help)"),
+        (["serve", "--root", "ROOT", "--bogus"],
+         "rtenv-agent: unrecognized arguments: --bogus (see rtenv-agent --help)"),
+        (["serve", "--root", "ROOT", "--cache-budget"],
+         "rtenv-agent serve: argument --cache-budget: expected one argument (see rtenv-agent "
+         "serve --help)"),
+        ([], "rtenv-agent: the following arguments are required: command (see rtenv-agent "
+         "--help)"),
+    ],
+)  # fmt: skip
+async def test_a_usage_mistake_is_one_line_not_the_whole_usage(
+    base: Path, args: list[str], line: str
+) -> None:
+    """argparse printed the whole usage (26 lines for serve) above its error; the error alone
+    now, with where the usage is, exit 2, and nothing made."""
+    root = base / "root"
+    code, out, err = await run_cli(*(str(root) if a == "ROOT" else a for a in args))
+    assert code == 2, err
+    assert out == ""
+    assert one_line(err) == line
+    assert not root.exists()
+
+
+async def test_a_mistaken_argument_is_echoed_on_one_line_and_cut(base: Path) -> None:
+    """argparse echoes a mistaken argument whole: a newline in it, or a megabyte of it, would
+    print as it is. Control characters are escaped and the echo is cut, saying its length."""
+    bogus = "--bogus\n" + "x" * 5000
+    code, out, err = await run_cli("serve", "--root", str(base / "root"), bogus)
+    assert out == ""
+    assert code == 2, err
+    line = one_line(err)
+    assert line.startswith("rtenv-agent: unrecognized arguments: --bogus\\nxxx"), line
+    assert line.endswith("... (5032 characters) (see rtenv-agent --help)"), line
+    assert len(line) < 400
+
+
 # -- info ------------------------------------------------------------------------------------
 
 

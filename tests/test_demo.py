@@ -125,6 +125,7 @@ def test_a_demo_whose_socket_needed_the_short_fallback_folder_removes_that_folde
         (["--idle-timeout", "0"], "--idle-timeout must be a number of seconds above 0, got 0.0"),
         (["--idle-timeout", "nan"], "--idle-timeout must be a number of seconds above 0"),
         (["--package-kib", "-1"], "--package-kib must be at least 0, got -1"),
+        (["--bogus"], r"unrecognized arguments: --bogus \(see raylet-sim --help\)$"),
     ],
 )
 def test_a_command_line_mistake_gets_one_line_and_exit_2(args: list[str], message: str) -> None:

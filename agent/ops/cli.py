@@ -26,6 +26,7 @@ from agent.core.units import human_bytes, parse_duration, plural
 from agent.ops import logs, options, ray_agent, root_view
 from agent.ops.entry import serve
 from agent.ops.startup import check_address
+from agent.ops.usage import OneLineParser
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 
 CONNECT_TIMEOUT_S = 2.0  # info: an agent that is running accepts a connection at once
@@ -61,9 +62,7 @@ def _version() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="rtenv-agent", description=__doc__, formatter_class=_HelpFormatter
-    )
+    parser = OneLineParser(prog="rtenv-agent", description=__doc__, formatter_class=_HelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     options.add_arguments(
