@@ -592,3 +592,82 @@ async def test_a_drop_a_failed_transaction_was_to_defer_is_noted_again_with_its_
         db.note_ref_dropped(X.kind, X.uri)
         await db.flush()
         assert query(path, "SELECT uri FROM refs") == []
+
+
+# -- many agents opening one fresh shared root ---------------------------------------------------
+
+
+async def test_eight_agents_opening_one_fresh_root_at_once_all_open_it(tmp_path: Path) -> None:
+    """Found by the shared-root bench under load: an opener read the schema version (0) and
+    then the tables another opener's migration had just made, apart, and refused the file as
+    "an SQLite database this agent did not write"; another had the switch to WAL answered
+    BUSY at once by a peer's switch. Each of 20 rounds: eight openers, all open it."""
+    for r in range(20):
+        path = tmp_path / f"root-{r}" / "state.db"
+        path.parent.mkdir()
+        dbs = [StateDB(path) for _ in range(8)]
+        outcomes = await asyncio.gather(*(db.open() for db in dbs), return_exceptions=True)
+        for db, outcome in zip(dbs, outcomes, strict=True):
+            if not isinstance(outcome, BaseException):
+                await db.close()
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        assert not failed, f"round {r}: {failed[0]!r}"
+
+
+async def test_a_root_locked_past_the_busy_timeout_is_not_called_unreadable(
+    tmp_path: Path,
+) -> None:
+    """A file another agent keeps locked is not damaged: the refusal says so and to start
+    again, never to --reset-state (which would throw away every holder's index)."""
+    path = tmp_path / "root" / "state.db"
+    path.parent.mkdir()
+    async with opened(path):
+        pass  # the file made, in WAL mode
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN EXCLUSIVE")  # WAL mode: readers wait only on an exclusive lock
+        db = StateDB(path, busy_timeout_s=0.2)
+        with pytest.raises(StateDBError) as info:
+            await db.open()
+    finally:
+        other.close()
+    message = info.value.message
+    assert "stayed locked by another agent of the root for 0.2s" in message, message
+    assert "--reset-state" not in message
+
+
+class _BusySwitch:
+    """Answers ``PRAGMA journal_mode=WAL`` with BUSY ``busy`` times (as SQLite does at once
+    while a peer switches the same fresh file), or with ``error``, then switches."""
+
+    def __init__(self, busy: int, error: sqlite3.Error | None = None) -> None:
+        self.busy, self.error, self.mode, self.tries = busy, error, "delete", 0
+
+    def execute(self, sql: str) -> Any:
+        if sql == "PRAGMA journal_mode=WAL":
+            self.tries += 1
+            if self.error is not None:
+                raise self.error
+            if self.tries <= self.busy:
+                exc = sqlite3.OperationalError("database is locked")
+                exc.sqlite_errorcode = 5
+                raise exc
+            self.mode = "wal"
+        return self
+
+    def fetchone(self) -> tuple[str]:
+        return (self.mode,)
+
+
+def test_the_switch_to_wal_is_retried_on_busy_only_and_only_until_the_busy_timeout() -> None:
+    switch = _BusySwitch(busy=3)
+    state_db._set_wal(switch, 5.0)  # type: ignore[arg-type]
+    assert (switch.mode, switch.tries) == ("wal", 4)
+    damaged = _BusySwitch(busy=0, error=sqlite3.DatabaseError("file is not a database"))
+    with pytest.raises(sqlite3.DatabaseError, match="not a database"):
+        state_db._set_wal(damaged, 5.0)  # type: ignore[arg-type]
+    assert damaged.tries == 1
+    stuck = _BusySwitch(busy=10**9)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        state_db._set_wal(stuck, 0.05)  # type: ignore[arg-type]
+    assert 2 <= stuck.tries < 1000

@@ -346,7 +346,7 @@ class StateDB:
         )  # fmt: skip
         try:
             self._check(conn)
-            conn.execute("PRAGMA journal_mode=WAL")
+            _set_wal(conn, self._busy_timeout_s)
             conn.execute("PRAGMA synchronous=NORMAL")
             # a REPLACE that removes a ready row logs it gone (``changes``), as a DELETE does
             conn.execute("PRAGMA recursive_triggers=ON")
@@ -366,22 +366,35 @@ class StateDB:
             conn.close()
             self._holder.release()
             self._holder = None
+            if _busy(exc):  # not damaged: --reset-state would throw away every holder's index
+                raise StateDBError(
+                    f"{self.path} stayed locked by another agent of the root for "
+                    f"{self._busy_timeout_s:g}s (the busy timeout) while this agent opened it; "
+                    "start it again"
+                ) from exc
             if isinstance(exc, sqlite3.Error):
                 raise StateDBError(f"{self.path} is unreadable ({exc}); {_WAY_OUT}") from exc
             raise
         self._conn = conn
 
     def _check(self, conn: sqlite3.Connection) -> None:
-        check = conn.execute("PRAGMA quick_check").fetchone()[0]
+        # One read transaction, one snapshot: read apart, the version and the tables could
+        # straddle another agent's migration step (version 0 read, then its tables), and a
+        # fresh shared root looked like a database this agent did not write.
+        conn.execute("BEGIN")
+        try:
+            check = conn.execute("PRAGMA quick_check").fetchone()[0]
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        finally:
+            conn.execute("COMMIT")
         if check != "ok":
             raise sqlite3.DatabaseError(f"quick_check: {check}")
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise StateDBError(
                 f"{self.path} has schema version {version}, newer than this agent's "
                 f"{SCHEMA_VERSION}; run a newer agent, or {_WAY_OUT}"
             )
-        tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
         if version == 0 and tables:
             raise StateDBError(
                 f"{self.path} is an SQLite database this agent did not write (schema version 0 "
@@ -871,6 +884,27 @@ class StateDB:
                 "with installs and at close, which raises this", self.path, exc_info=True,
             )  # fmt: skip
             raise
+
+
+def _busy(exc: BaseException) -> bool:
+    """SQLITE_BUSY, of any flavour: another connection holds the lock ("database is locked")."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.OperationalError) and code is not None and code & 0xFF == 5
+
+
+def _set_wal(conn: sqlite3.Connection, busy_timeout_s: float) -> None:
+    """The file in WAL mode (kept in the file: a later opener finds it so and changes nothing).
+    Switching takes the file's exclusive lock, and SQLite answers BUSY at once, not after the
+    busy timeout, while another opener of a fresh shared root reads it: retried until then."""
+    deadline = time.monotonic() + busy_timeout_s
+    while conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return  # a file system without WAL keeps its mode, as SQLite decides
+        except sqlite3.OperationalError as exc:
+            if not _busy(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(0.005)  # on the database's own thread, never the event loop
 
 
 @contextlib.contextmanager
