@@ -9,14 +9,25 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
-from agent.ops.usage import OneLineParser
 from raylet_sim.demo import run_demo
 from raylet_sim.interrupt import EXIT_INTERRUPTED, Interrupt
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose mistakes are one line, not the usage above them (the agent's own
+    command line does the same; the scheduler imports nothing of the agent): an echoed
+    argument has its control characters escaped and is cut at 300 characters."""
+
+    def error(self, message: str) -> NoReturn:
+        text = message.encode("unicode_escape").decode("ascii")
+        cut = text if len(text) <= 300 else f"{text[:300]}... ({len(text)} characters)"
+        self.exit(2, f"{self.prog}: {cut} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="raylet-sim", description=__doc__)
+    parser = _Parser(prog="raylet-sim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run a whole node with a workload and check it")
     demo.add_argument("--tasks", type=int, default=400, help="tasks to run (400)")

@@ -1,9 +1,10 @@
 """Command lines' usage mistakes as one line: what is wrong and where the usage is, exit 2.
 
 argparse prints its whole usage above the error (26 lines for ``rtenv-agent serve``) and
-echoes a mistaken argument whole, newlines and all. Every command line of the project
-(``rtenv-agent``, ``raylet-sim``, ``scripts/bench.py``) parses with ``OneLineParser``: the error
-alone, the argument it echoes cut to ``ECHO_CHARS`` with control characters escaped.
+echoes a mistaken argument whole, newlines and all. ``rtenv-agent`` and ``scripts/bench.py``
+parse with ``OneLineParser``: the error alone, the argument it echoes cut to ``ECHO_CHARS``
+with control characters escaped. (``raylet-sim`` has its own, as it imports nothing of the
+agent.)
 """
 
 from __future__ import annotations
