@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
-ECHO_CHARS = 300  # of an argparse message: a mistaken argument may be any size
+ECHO_CHARS = 600  # of an argparse message (a mistaken argument may be any size; the
+# longest list of choices, bench.py --only, is 317 characters)
 
 
 def one_line(message: str) -> str:
