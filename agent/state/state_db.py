@@ -386,8 +386,9 @@ class StateDB:
             check = conn.execute("PRAGMA quick_check").fetchone()[0]
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-        finally:
-            conn.execute("COMMIT")
+        finally:  # a read: nothing to keep, and an error above is not hidden by a COMMIT's
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
         if check != "ok":
             raise sqlite3.DatabaseError(f"quick_check: {check}")
         if version > SCHEMA_VERSION:
@@ -897,10 +898,11 @@ def _set_wal(conn: sqlite3.Connection, busy_timeout_s: float) -> None:
     Switching takes the file's exclusive lock, and SQLite answers BUSY at once, not after the
     busy timeout, while another opener of a fresh shared root reads it: retried until then."""
     deadline = time.monotonic() + busy_timeout_s
-    while conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+    while True:
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            return  # a file system without WAL keeps its mode, as SQLite decides
+            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")  # a file system without WAL keeps
+            return  # its mode, as SQLite decides
         except sqlite3.OperationalError as exc:
             if not _busy(exc) or time.monotonic() > deadline:
                 raise
