@@ -14,8 +14,9 @@ import pytest
 
 import agent.install.archive as archive_module
 from agent.core.errors import FailedPrecondition, UnsafeArchive
-from agent.install.archive import ArchiveLimits, extract_zip, harden_tree, make_dir
+from agent.install.archive import ArchiveLimits, extract_zip
 from agent.install.disk import remove_tree
+from agent.install.modes import harden_tree, make_dir
 from tests.helpers import make_zip, zip_with_infos
 
 LABEL = "file:///pkgs/p.zip"

@@ -18,11 +18,9 @@ known from the central directory, and while writing where it cannot:
 ``strip_top_level`` (working_dir): when every entry lies under one top-level folder, that folder
 is dropped, as Ray does, so ``proj/main.py`` lands at ``<dest>/main.py``.
 
-Modes are the agent's, not the archive's nor the umask's (packages are shared between jobs, so a
-package others may write to is one job rewriting another's code): a file is 0644, or 0755 if the
-entry has any execute bit; a folder is 0755; setuid, setgid and sticky bits are dropped. The tree
-is built private (0700 at its top, files created 0600) and opened up deepest first once complete.
-``harden_tree`` does the same to a tree someone else built (a pip venv).
+Modes are the agent's, not the archive's nor the umask's (``modes.py``: a file 0644, or 0755 if
+the entry has any execute bit; a folder 0755). The tree is built private (0700 at its top, files
+created 0600) and opened up deepest first once complete.
 """
 
 from __future__ import annotations
@@ -40,14 +38,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from agent.core.errors import FailedPrecondition, UnsafeArchive, echo
+from agent.core.errors import UnsafeArchive, echo
 from agent.install import inflate
+from agent.install.modes import DIR_MODE, file_mode, harden_tree, modes_settable
 
 _CHUNK = 1024 * 1024
-DIR_MODE = 0o755
-FILE_MODE = 0o644
-EXEC_MODE = 0o755
-_LOOSE = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | 0o022  # never on anything the agent keeps
 _MAX_SYMLINK_TARGET = 4096
 _DRIVE = re.compile(r"^[A-Za-z]:")
 
@@ -365,7 +360,7 @@ def finish(zf: zipfile.ZipFile | None, plan: Plan, root: Path, label: str, halte
     if plan.links:
         harden_tree(root, label)
         return written
-    with _modes_settable(label):
+    with modes_settable(label):
         for folder in reversed(plan.dirs):  # no link in the tree: each path is the folder
             os.chmod(os.path.join(root, *folder), DIR_MODE)
         os.chmod(root, DIR_MODE)
@@ -541,13 +536,6 @@ def _private(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
-def file_mode(mode: int) -> int:
-    """The mode a package's regular file gets, from the mode it came with: 0755 if it had any
-    execute bit, else 0644. Nothing else of the original survives (no group or other write, no
-    setuid, setgid or sticky bit)."""
-    return EXEC_MODE if mode & 0o111 else FILE_MODE
-
-
 def _link(zf: zipfile.ZipFile, entry: _Entry, root: Path, label: str) -> int:
     name = entry.info.filename
     if entry.info.file_size > _MAX_SYMLINK_TARGET:
@@ -591,69 +579,6 @@ def _unlink_all(root: Path, links: tuple[_Entry, ...]) -> None:
 
 def _inside(root: Path, path: Path) -> bool:
     return path == root or root in path.parents
-
-
-def harden_tree(top: Path, label: str) -> None:
-    """Give every folder under ``top`` (``top`` too) mode 0755 and every other non-link entry
-    ``file_mode`` of its own, whatever made them and under whatever umask. Deepest first: no
-    folder opens up before what it holds has its final mode. Links are never followed, nor their
-    own modes touched (Linux ignores them). Blocking: call it in a thread.
-
-    The caller makes sure nobody else can write under ``top`` meanwhile (it lies in a 0700
-    staging folder). A mode that cannot be set (a file owned by another user) is a
-    FailedPrecondition: the tree must not be kept."""
-    with _modes_settable(label):
-        for dirpath, dirnames, filenames in os.walk(top, topdown=False):
-            for name in (*filenames, *dirnames):
-                _harden(os.path.join(dirpath, name))
-        _harden(str(top))
-
-
-@contextlib.contextmanager
-def _modes_settable(label: str) -> Iterator[None]:
-    """A mode that cannot be set (a file owned by another user) is a FailedPrecondition: the
-    tree must not be kept. A full disk passes through to the store."""
-    try:
-        yield
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        raise FailedPrecondition(
-            f"{label}: cannot give {echo(exc.filename)} its mode ({exc.strerror}); the package is "
-            "not kept"
-        ) from exc
-
-
-def _harden(path: str) -> None:
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        return
-    mode = DIR_MODE if stat.S_ISDIR(st.st_mode) else file_mode(st.st_mode)
-    if stat.S_IMODE(st.st_mode) != mode:
-        os.chmod(path, mode)
-
-
-def make_dir(path: Path) -> None:
-    """Make one of the agent's own folders (its parent exists) with mode 0755 whatever the umask;
-    one that exists loses group and other write, setuid, setgid and sticky bits (a root left by
-    an agent started under ``umask 000``). One or two metadata calls."""
-    try:
-        os.mkdir(path, 0o700)  # never looser than 0700 before the chmod, whatever the umask
-        mode = DIR_MODE
-    except FileExistsError:
-        if not path.is_dir():
-            raise
-        mode = stat.S_IMODE(path.stat().st_mode)
-        if not mode & _LOOSE:
-            return
-        mode &= ~_LOOSE
-    os.chmod(path, mode)
-
-
-def is_loose(st: os.stat_result) -> bool:
-    """An entry the agent did not make, or that others may have written to: another user's,
-    group or other writable, or with a setuid, setgid or sticky bit."""
-    return st.st_uid != os.getuid() or bool(st.st_mode & _LOOSE)
 
 
 def declared_size(archive: Path) -> int:

@@ -42,7 +42,7 @@ from enum import Enum
 from pathlib import Path
 
 from agent.core.errors import echo_label
-from agent.install.archive import make_dir
+from agent.install.modes import make_dir
 from agent.install.venv import kill_orphaned_installers
 from agent.state.holders import (
     Reaping,

@@ -52,7 +52,6 @@ from agent.core.errors import AgentError, DiskExhausted, IndexUnavailable, echo_
 from agent.core.packages import Package
 from agent.core.uris import UriKey, UriKind
 from agent.crash import crash_point
-from agent.install.archive import make_dir
 from agent.install.disk import (
     DiskFloor,
     move_to_trash,
@@ -61,6 +60,7 @@ from agent.install.disk import (
     remove_tree,
 )
 from agent.install.installers import Installer, InstallJob
+from agent.install.modes import make_dir
 from agent.install.staging import place_package, prepare_staging, through
 from agent.install.wheel_cache import WheelCache
 from agent.state.index import Found, RowKey, Swept

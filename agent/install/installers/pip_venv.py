@@ -17,9 +17,9 @@ from pathlib import Path
 from agent.core.packages import Package
 from agent.core.pip_spec import PipSpec
 from agent.core.uv_spec import UvSpec
-from agent.install.archive import harden_tree, make_dir
 from agent.install.disk import du
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
+from agent.install.modes import harden_tree, make_dir
 from agent.install.staging import through
 from agent.install.venv import build_venv, relocate
 from agent.install.wheel_cache import pip_installer_for
