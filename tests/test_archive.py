@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import threading
@@ -16,7 +17,7 @@ import agent.install.archive as archive_module
 from agent.core.errors import FailedPrecondition, UnsafeArchive
 from agent.install.archive import ArchiveLimits, extract_zip
 from agent.install.disk import remove_tree
-from agent.install.modes import harden_tree, make_dir
+from agent.install.modes import harden_tree, make_dir, refused_unless_disk_full
 from tests.helpers import make_zip, zip_with_infos
 
 LABEL = "file:///pkgs/p.zip"
@@ -492,3 +493,30 @@ def test_an_extraction_told_to_stop_ends_at_its_next_chunk_and_writes_no_more(
                     stop=stop)  # fmt: skip
     assert copied == ["f0.txt"]
     assert sorted(p.name for p in dest.iterdir()) == ["f0.txt"]
+
+
+def test_an_entry_the_file_system_refuses_is_the_archives_fault(tmp_path: Path) -> None:
+    """A file "a" and a file "a/b": the second cannot be written, an UnsafeArchive naming it."""
+    message = refused(tmp_path, make_zip({"a": "x", "a/b": "y"}), strip=False)
+    assert message.endswith(
+        "entry 'a/b' cannot be written: File exists (it collides with another entry, or its "
+        "name is not allowed here)"
+    ), message
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_a_full_disk_passes_through_as_the_disks_fault(code: int) -> None:
+    """The store frees room and says the disk is full; the package is not blamed."""
+    with (
+        pytest.raises(OSError, match=os.strerror(code)) as info,
+        refused_unless_disk_full(ValueError),
+    ):
+        raise OSError(code, os.strerror(code))
+    assert info.value.errno == code
+
+
+def test_another_os_error_is_the_refusal_raised_from_it() -> None:
+    refusal = refused_unless_disk_full(lambda e: ValueError(f"refused: {e.errno}"))
+    with pytest.raises(ValueError, match=f"^refused: {errno.EACCES}$") as info, refusal:
+        raise OSError(errno.EACCES, "denied")
+    assert isinstance(info.value.__cause__, OSError)

@@ -26,7 +26,6 @@ created 0600) and opened up deepest first once complete.
 from __future__ import annotations
 
 import contextlib
-import errno
 import io
 import os
 import re
@@ -40,7 +39,13 @@ from pathlib import Path, PurePosixPath
 
 from agent.core.errors import UnsafeArchive, echo
 from agent.install import inflate
-from agent.install.modes import DIR_MODE, file_mode, harden_tree, modes_settable
+from agent.install.modes import (
+    DIR_MODE,
+    file_mode,
+    harden_tree,
+    modes_settable,
+    refused_unless_disk_full,
+)
 
 _CHUNK = 1024 * 1024
 _MAX_SYMLINK_TARGET = 4096
@@ -367,19 +372,15 @@ def finish(zf: zipfile.ZipFile | None, plan: Plan, root: Path, label: str, halte
     return written
 
 
-@contextlib.contextmanager
-def _unwritable(entry: _Entry, label: str) -> Iterator[None]:
+def _unwritable(entry: _Entry, label: str) -> contextlib.AbstractContextManager[None]:
     """An entry the file system refuses (it collides with another, its name is too long) is the
     archive's fault: UnsafeArchive. A full disk is not: it passes through to the store."""
-    try:
-        yield
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        raise UnsafeArchive(
+    return refused_unless_disk_full(
+        lambda exc: UnsafeArchive(
             f"{label}: entry {echo(entry.info.filename)} cannot be written: {exc.strerror} (it "
             "collides with another entry, or its name is not allowed here)"
-        ) from exc
+        )
+    )
 
 
 def _copy(

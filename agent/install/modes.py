@@ -13,7 +13,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from agent.core.errors import FailedPrecondition, echo
@@ -48,18 +48,27 @@ def harden_tree(top: Path, label: str) -> None:
 
 
 @contextlib.contextmanager
-def modes_settable(label: str) -> Iterator[None]:
-    """A mode that cannot be set (a file owned by another user) is a FailedPrecondition: the
-    tree must not be kept. A full disk passes through to the store."""
+def refused_unless_disk_full(refusal: Callable[[OSError], Exception]) -> Iterator[None]:
+    """An ``OSError`` inside is ``refusal(exc)``, raised from it, unless it is a full disk
+    (ENOSPC, EDQUOT), which passes through to the store: that is the disk's fault, not the
+    package's, and the store frees room and says so."""
     try:
         yield
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise
-        raise FailedPrecondition(
-            f"{label}: cannot give {echo(exc.filename)} its mode ({exc.strerror}); the package is "
-            "not kept"
-        ) from exc
+        raise refusal(exc) from exc
+
+
+def modes_settable(label: str) -> contextlib.AbstractContextManager[None]:
+    """A mode that cannot be set (a file owned by another user) is a FailedPrecondition: the
+    tree must not be kept."""
+    return refused_unless_disk_full(
+        lambda exc: FailedPrecondition(
+            f"{label}: cannot give {echo(exc.filename)} its mode ({exc.strerror}); the package "
+            "is not kept"
+        )
+    )
 
 
 def _harden(path: str) -> None:
