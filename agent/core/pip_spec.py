@@ -33,7 +33,7 @@ import platform
 import sys
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -182,23 +182,47 @@ def parse_pip(value: object, *, file_roots: Sequence[str] | FileRoots = ()) -> P
         options = value.get("pip_install_options", [])
     else:
         raise InvalidRuntimeEnv("pip must be a list of requirements or an object with packages")
-    check_items("pip.packages", packages)
-    check_items("pip.pip_install_options", options)
-    roots = file_roots if isinstance(file_roots, FileRoots) else FileRoots.of(file_roots)
-    check_options(options, roots, "pip.pip_install_options", _ALLOWED, _REFUSED)
-    normalised = parse_requirements(packages, "pip.packages", roots)
+    normalised, kept = checked_set(
+        "pip", packages, "pip_install_options", options, file_roots, _ALLOWED, _REFUSED
+    )
     if not normalised:
         return None
-    return PipSpec(
-        packages=normalised,
-        options=tuple(options),
-        python=f"{sys.version_info.major}.{sys.version_info.minor}",
-        platform=f"{sys.platform}-{platform.machine()}",
+    python, machine = interpreter()
+    return PipSpec(packages=normalised, options=kept, python=python, platform=machine)
+
+
+def checked_set(
+    field: str,
+    packages: object,
+    options_field: str,
+    options: object,
+    file_roots: Sequence[str] | FileRoots,
+    allowed: Mapping[str, bool],
+    refused: Mapping[str, str],
+    dropped: Collection[str] = (),
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A pip or uv set's requirements (parsed, normalised, sorted; () when it names none) and
+    install options (``dropped`` ones left out), each checked against its allow-list and the
+    file roots. ``file_roots``: resolved once (``FileRoots.of``), or folder names."""
+    requirements = check_items(f"{field}.packages", packages)
+    given = check_items(f"{field}.{options_field}", options)
+    kept = tuple(option for option in given if option not in dropped)
+    roots = file_roots if isinstance(file_roots, FileRoots) else FileRoots.of(file_roots)
+    check_options(kept, roots, f"{field}.{options_field}", allowed, refused)
+    return parse_requirements(requirements, f"{field}.packages", roots), kept
+
+
+def interpreter() -> tuple[str, str]:
+    """The python (major.minor) and platform a venv built here is for: part of its identity."""
+    return (
+        f"{sys.version_info.major}.{sys.version_info.minor}",
+        f"{sys.platform}-{platform.machine()}",
     )
 
 
-def check_items(field: str, items: object) -> None:
-    """A list of strings, bounded in count and in each one's length, no NUL nor newline."""
+def check_items(field: str, items: object) -> list[str]:
+    """``items``, which must be a list of strings, bounded in count and in each one's length,
+    no NUL nor newline."""
     if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
         raise InvalidRuntimeEnv(f"{field} must be a list of strings")
     if len(items) > MAX_REQUIREMENTS:
@@ -209,6 +233,7 @@ def check_items(field: str, items: object) -> None:
                 f"{field}: {echo(item)} is not a valid item (at most {_MAX_ITEM_CHARS} "
                 "characters, no NUL, no newline)"
             )
+    return items
 
 
 def parse_requirements(packages: Sequence[str], field: str, roots: FileRoots) -> tuple[str, ...]:

@@ -31,15 +31,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from agent.core.errors import InvalidRuntimeEnv, echo, type_name
-from agent.core.pip_spec import check_items, check_options, parse_requirements
+from agent.core.pip_spec import checked_set, interpreter
 from agent.core.roots import FileRoots
 
 _FIELDS = ("packages", "uv_version", "uv_check", "uv_pip_install_options")
@@ -144,22 +142,17 @@ def parse_uv(value: object, *, file_roots: Sequence[str] | FileRoots = ()) -> Uv
         raise InvalidRuntimeEnv(
             f"uv must be a list of requirements or an object with packages, got {type_name(value)}"
         )
-    check_items("uv.packages", packages)
-    check_items("uv.uv_pip_install_options", options)
-    options = [option for option in options if option not in _DROPPED]
-    roots = file_roots if isinstance(file_roots, FileRoots) else FileRoots.of(file_roots)
-    check_options(options, roots, "uv.uv_pip_install_options", _ALLOWED, _REFUSED)
-    normalised = parse_requirements(packages, "uv.packages", roots)
+    normalised, kept = checked_set(
+        "uv", packages, "uv_pip_install_options", options, file_roots, _ALLOWED, _REFUSED,
+        dropped=_DROPPED,
+    )  # fmt: skip
     if not normalised:
         return None
+    python, machine = interpreter()
     return UvSpec(
-        packages=normalised,
-        options=tuple(options),
-        uv_version=version,
-        uv_check=check,
-        python=f"{sys.version_info.major}.{sys.version_info.minor}",
-        platform=f"{sys.platform}-{platform.machine()}",
-    )
+        packages=normalised, options=kept, uv_version=version, uv_check=check, python=python,
+        platform=machine,
+    )  # fmt: skip
 
 
 def _check_flag(value: object) -> bool:
