@@ -178,54 +178,39 @@ def test_shares_keep_each_folders_small_files_together(tmp_path: Path) -> None:
     )
 
 
-def test_a_small_entry_read_in_one_call_is_checked_as_zipfile_checks_it(tmp_path: Path) -> None:
-    """Small entries skip ``ZipExtFile`` (``_copy_small``): a local header naming another file,
-    a flipped byte of a stored or deflated stream, are refused all the same."""
-    for compression in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-        body = make_zip({"a.txt": "hello " * 100, "b.txt": "x"}, compression=compression)
-        out = tmp_path / f"ok{compression}"
-        archive = tmp_path / "p.zip"
-        archive.write_bytes(body)
-        extract_zip(archive, out, strip_top_level=False, limits=LIMITS, label=LABEL)
-        assert (out / "a.txt").read_text() == "hello " * 100
-        renamed = bytearray(body)
-        local = renamed.index(b"PK\x03\x04")
-        renamed[local + 30 : local + 35] = b"z.txt"  # the local header names another file
-        flipped = bytearray(body)
-        flipped[local + 30 + len("a.txt") + 3] ^= 0xFF  # a byte of a.txt's stream
-        for bad, words in ((renamed, "differ"), (flipped, "")):
-            archive.write_bytes(bytes(bad))
-            with pytest.raises(UnsafeArchive, match="is not a readable zip archive") as info:
-                extract_zip(archive, tmp_path / f"bad{compression}{words}",
-                            strip_top_level=False, limits=LIMITS, label=LABEL)  # fmt: skip
-            assert words in info.value.message
-
-
-def test_a_large_entry_streamed_is_checked_as_zipfile_checks_it(tmp_path: Path) -> None:
-    """Large entries are inflated a chunk at a time (``_copy_stream``), not by ``ZipExtFile``:
-    a local header naming another file, a flipped byte of a stored or deflated stream, are
-    refused all the same, and a good one comes out byte for byte with its mode."""
-    rng = random.Random(3)
-    big = rng.randbytes(600 * 1024).hex().encode()  # 1.2 MB: past _SMALL, a few chunks
-    for compression in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-        body = make_zip({"big.txt": big, "b.txt": "x"}, compression=compression)
-        archive = tmp_path / "p.zip"
-        archive.write_bytes(body)
-        out = tmp_path / f"ok{compression}"
-        extract_zip(archive, out, strip_top_level=False, limits=LIMITS, label=LABEL)
-        assert (out / "big.txt").read_bytes() == big
-        assert stat.S_IMODE((out / "big.txt").stat().st_mode) == 0o644
-        local = body.index(b"PK\x03\x04")
-        renamed = bytearray(body)
-        renamed[local + 30 : local + 37] = b"zig.txt"
-        flipped = bytearray(body)
-        flipped[local + 30 + len("big.txt") + 5000] ^= 0xFF  # a byte of big.txt's stream
-        for bad, words in ((renamed, "differ"), (flipped, "")):
-            archive.write_bytes(bytes(bad))
-            with pytest.raises(UnsafeArchive, match="is not a readable zip archive") as info:
-                extract_zip(archive, tmp_path / f"bad{compression}{words}",
-                            strip_top_level=False, limits=LIMITS, label=LABEL)  # fmt: skip
-            assert words in info.value.message
+@pytest.mark.parametrize("compression", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED])
+@pytest.mark.parametrize(
+    ("name", "other", "body", "flip_at"),
+    [
+        ("a.txt", "z.txt", b"hello " * 100, 3),  # small: read in one call (``_copy_small``)
+        # large: past _SMALL, inflated a chunk at a time (``_copy_stream``)
+        ("big.txt", "zig.txt", random.Random(3).randbytes(600 * 1024).hex().encode(), 5000),
+    ],
+    ids=["small", "streamed"],
+)
+def test_an_entry_not_read_by_zipextfile_is_checked_as_zipfile_checks_it(
+    tmp_path: Path, compression: int, name: str, other: str, body: bytes, flip_at: int
+) -> None:
+    """Entries skip ``ZipExtFile``: a local header naming another file, a flipped byte of a
+    stored or deflated stream, are refused all the same, and a good one comes out byte for byte
+    with its mode."""
+    data = make_zip({name: body, "b.txt": "x"}, compression=compression)
+    archive = tmp_path / "p.zip"
+    archive.write_bytes(data)
+    extract_zip(archive, tmp_path / "ok", strip_top_level=False, limits=LIMITS, label=LABEL)
+    assert (tmp_path / "ok" / name).read_bytes() == body
+    assert stat.S_IMODE((tmp_path / "ok" / name).stat().st_mode) == 0o644
+    local = data.index(b"PK\x03\x04")
+    renamed = bytearray(data)
+    renamed[local + 30 : local + 30 + len(name)] = other.encode()  # the header names another
+    flipped = bytearray(data)
+    flipped[local + 30 + len(name) + flip_at] ^= 0xFF  # a byte of the entry's stream
+    for bad, words in ((renamed, "differ"), (flipped, "")):
+        archive.write_bytes(bytes(bad))
+        with pytest.raises(UnsafeArchive, match="is not a readable zip archive") as info:
+            extract_zip(archive, tmp_path / f"bad{words}",
+                        strip_top_level=False, limits=LIMITS, label=LABEL)  # fmt: skip
+        assert words in info.value.message
 
 
 @pytest.mark.parametrize("decoder", ["zlib", "isal"])
