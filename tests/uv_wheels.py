@@ -9,14 +9,12 @@ port of 127.0.0.1, so an installer that tried the network would fail at once, no
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import random
 import shutil
 import subprocess
-import zipfile
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,37 +24,21 @@ import pytest
 BIG = "bigdep"  # the large dependency the sets share
 MiB = 1024 * 1024
 _CLOSED = "http://127.0.0.1:9"  # the discard port: nothing listens there
+_SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+if str(_SCRIPTS) not in sys.path:  # the benchmark's parts, as test_chaos reaches the runner's
+    sys.path.append(str(_SCRIPTS))
+from benchlib.wheels import write_wheel as bench_wheel  # noqa: E402
 
 
 def write_wheel(
     directory: Path, name: str, *, payload: int = 0, deps: Sequence[str] = (), seed: int = 0
 ) -> Path:
-    """``directory/<name>-1.0-py3-none-any.whl``: module ``name`` (its VALUE ``'<name> 1.0'``),
-    with ``payload`` bytes of random data beside it (stored, so the wheel is as large), and
-    ``deps`` as its requirements."""
+    """``directory/<name>-1.0-py3-none-any.whl`` (the benchmark's wheel writer): module
+    ``name`` (its VALUE ``'<name> 1.0'``), with ``payload`` bytes of random data beside it
+    (stored, so the wheel is as large), and ``deps`` as its requirements."""
     directory.mkdir(parents=True, exist_ok=True)
-    info = f"{name}-1.0.dist-info"
-    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"
-    meta += "".join(f"Requires-Dist: {dep}\n" for dep in deps)
-    files = {
-        f"{name}/__init__.py": f"VALUE = {name + ' 1.0'!r}\n".encode(),
-        f"{info}/METADATA": meta.encode(),
-        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-        b"Tag: py3-none-any\n",
-    }
-    if payload:
-        files[f"{name}/payload.bin"] = _random(payload, seed)
-    record = []
-    for path, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(data)}")
-    record.append(f"{info}/RECORD,,")
-    files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
-    wheel = directory / f"{name}-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as zf:
-        for path, data in files.items():
-            zf.writestr(path, data)
-    return wheel
+    data = {"payload.bin": _random(payload, seed)} if payload else {}
+    return bench_wheel(directory, name, data, deps, value=f"{name} 1.0")
 
 
 def _random(size: int, seed: int) -> bytes:

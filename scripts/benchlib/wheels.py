@@ -14,16 +14,22 @@ from pathlib import Path
 
 
 def write_wheel(
-    directory: Path, name: str, data: Mapping[str, bytes], deps: tuple[str, ...] = ()
+    directory: Path,
+    name: str,
+    data: Mapping[str, bytes],
+    deps: Sequence[str] = (),
+    *,
+    value: str | None = None,
 ) -> Path:
-    """``<name>-1.0-py3-none-any.whl`` in ``directory``: the module ``name`` (its VALUE is its
-    name), the files ``data`` beside its ``__init__.py`` (stored as is), ``Requires-Dist`` each
-    of ``deps``, and a RECORD that pip and uv verify."""
+    """``<name>-1.0-py3-none-any.whl`` in ``directory``: the module ``name`` (its VALUE
+    ``value``, or its name), the files ``data`` beside its ``__init__.py`` (stored as is),
+    ``Requires-Dist`` each of ``deps``, and a RECORD that pip and uv verify. The uv tests write
+    their wheels with it too (``tests/uv_wheels.py``)."""
     info = f"{name}-1.0.dist-info"
     meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"
     meta += "".join(f"Requires-Dist: {dep}\n" for dep in deps)
     files = {
-        f"{name}/__init__.py": f"VALUE = {name!r}\n".encode(),
+        f"{name}/__init__.py": f"VALUE = {name if value is None else value!r}\n".encode(),
         **{f"{name}/{file}": body for file, body in data.items()},
         f"{info}/METADATA": meta.encode(),
         f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: bench\n"
