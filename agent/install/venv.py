@@ -55,12 +55,14 @@ _PGID_BYTES = 20  # of an installer.pgid: a pid's digits
 _VERSION_TIMEOUT_S = 30.0  # for ``uv --version``
 
 
-# The installer's group leader, between the agent and the installer: it runs the installer as
-# its child, in its group, and when the agent dies (PDEATHSIG sends it SIGTERM) it kills the whole
-# group, installer children included. (Not a preexec_fn: Python code between fork and exec in a
-# process serving gRPC crashes now and then.)
+# The installer's group leader, between the agent and the installer: it sets the installer's
+# umask and runs the installer as its child, in its group, and when the agent dies (PDEATHSIG
+# sends it SIGTERM) it kills the whole group, installer children included. (Not a preexec_fn:
+# Python code between fork and exec in a process serving gRPC crashes now and then; and not
+# create_subprocess_exec's umask=, which uvloop's loop refuses as an unexpected keyword.)
 _GROUP_LEADER = (
     "import ctypes, os, signal, subprocess, sys\n"
+    f"os.umask({INSTALLER_UMASK:#o})\n"
     "def die(*_):\n"
     "    os.killpg(0, signal.SIGKILL)\n"
     "signal.signal(signal.SIGTERM, die)\n"
@@ -101,7 +103,7 @@ async def _run(args: Sequence[str], log_path: Path, label: str, staging: Path) -
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-c", _GROUP_LEADER, str(os.getpid()), *args,
             stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
-            env={**installer_environ(), "TMPDIR": str(temp)}, cwd=staging, umask=INSTALLER_UMASK,
+            env={**installer_environ(), "TMPDIR": str(temp)}, cwd=staging,
         )  # fmt: skip
     finally:
         os.close(out)  # the child has its own copy
