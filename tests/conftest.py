@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
+from agent.ops import loops
 from tests.helpers import short_tempdir
 from tests.pip_wheels import build_wheelhouse
 
@@ -31,3 +34,27 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The pip tests' offline wheelhouse, built once per session in pytest's own tmp_path
     folders (an atexit removal came after the temp-dir guard's check)."""
     return build_wheelhouse(tmp_path_factory.mktemp("wheelhouse"))
+
+
+def _session_loop() -> tuple[str, loops.LoopFactory]:
+    """The loop the agent would run on in this environment (``agent.ops.loops``: uvloop when
+    installed, unless RTENV_EVENT_LOOP says), its name and factory. The in-process tests run on
+    it, and the agent processes the tests start inherit RTENV_EVENT_LOOP: with uvloop installed
+    the whole session runs on uvloop, as the agent of a user who installed the extra 'fast'."""
+    factory = loops.loop_factory(os.environ)
+    if factory is None:
+        return "asyncio", asyncio.new_event_loop
+    return factory.__module__.split(".")[0], factory
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    name, _ = _session_loop()
+    return f"event loop: {name} ({loops.ENV}: {os.environ.get(loops.ENV) or 'unset'})"
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, loops.LoopFactory]:
+    """pytest-asyncio's loops are the agent's loop (see ``_session_loop``)."""
+    name, factory = _session_loop()
+    return {name: factory}

@@ -23,7 +23,7 @@ from agent.app.config import Settings
 from agent.app.token import read_token
 from agent.core.errors import AgentError, echo_label
 from agent.core.units import human_bytes, parse_duration, plural
-from agent.ops import logs, options, ray_agent, root_view
+from agent.ops import logs, loops, options, ray_agent, root_view
 from agent.ops.entry import serve
 from agent.ops.startup import check_address
 from agent.ops.usage import OneLineParser
@@ -227,22 +227,14 @@ def _info_root(args: argparse.Namespace) -> int:
     return 0
 
 
-def _use_uvloop_if_installed() -> None:
-    """uvloop (the optional extra 'fast') runs the same code with less overhead per RPC (the
-    start-up log says which loop runs)."""
-    try:
-        import uvloop  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return
-    uvloop.install()
-
-
 def _run(settings: Settings) -> int:
     # The loop hands the GIL to the unzip and hash threads every 5 ms by default, which is
     # what an RPC then waits; 1 ms keeps the loop answering while an install runs.
     sys.setswitchinterval(0.001)
-    _use_uvloop_if_installed()
-    return asyncio.run(serve(settings, freeze_heap=True))
+    # uvloop (the extra 'fast') when installed, unless RTENV_EVENT_LOOP says (agent.ops.loops);
+    # chosen before anything touches the root. The start-up log says which loop runs.
+    with asyncio.Runner(loop_factory=loops.loop_factory(os.environ)) as runner:
+        return runner.run(serve(settings, freeze_heap=True))
 
 
 def _ray_agent(argv: Sequence[str]) -> int:
@@ -282,6 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings, sources = options.resolve(args, os.environ, lambda p: p.read_text())
         if args.command == "config":
+            loops.loop_factory(os.environ)  # a mistaken RTENV_EVENT_LOOP is serve's mistake too
             print(options.effective(settings, sources))
             return 0
         logs.configure(settings.log_level, settings.log_format)

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Awaitable, Callable
 
 from agent.app.config import Settings
+from agent.ops import loops
 from agent.ops.sdnotify import Notifier
 from agent.ops.server import Agent
 from agent.ops.startup import check_parent
@@ -117,11 +118,13 @@ async def _end(task: asyncio.Task[None]) -> None:
 
 
 def describe_loop(loop: asyncio.AbstractEventLoop) -> str:
-    """'uvloop 0.21.0', or 'asyncio' and how to get uvloop."""
+    """'uvloop 0.21.0', or 'asyncio' and why: chosen by RTENV_EVENT_LOOP, or how to get uvloop."""
     module = type(loop).__module__
     if module.startswith("uvloop"):
         version = getattr(sys.modules.get("uvloop"), "__version__", "")
         return f"uvloop {version}".strip()
+    if os.environ.get(loops.ENV, "").strip().lower() == loops.LoopChoice.ASYNCIO.value:
+        return f"asyncio (chosen by {loops.ENV})"
     return "asyncio (uvloop not in use; pip install uvloop for less overhead per RPC)"
 
 
