@@ -30,6 +30,7 @@ from agent.ray import (
     swap_agent_command,
     uninstall,
 )
+from agent.ray.launcher import announcement
 from tests.helpers import wait_until
 from tests.test_process import REPO, stop
 from tests.test_ray_agent_cli import DOOR_MERGED
@@ -216,6 +217,42 @@ def test_install_swaps_the_agent_of_raylets_only_and_uninstall_restores_ray(
     assert recorded[2] == ("raylet", argv)
 
 
+def test_install_tells_on_swap_each_raylet_command_it_swapped_and_no_other(
+    recorded: list[tuple[str, list[str]]],
+) -> None:
+    from ray._private import services
+
+    told: list[list[str]] = []
+    ours = raylet_argv([sys.executable, "-u", RAY_MAIN, *ray_agent_flags()])
+    other = raylet_argv(["/opt/other/agent.py", "--x=1"])
+    install(on_swap=told.append)
+    services.start_ray_process(ours, "raylet", fate_share=False)
+    services.start_ray_process(ours, "gcs_server", fate_share=False)
+    services.start_ray_process(other, "raylet", fate_share=False)
+    assert told == [swap_agent_command(ours)]
+    assert recorded[0] == ("raylet", told[0])  # told before it started
+    uninstall()
+    install()
+    services.start_ray_process(ours, "raylet", fate_share=False)
+    assert len(told) == 1, "uninstall() forgets on_swap"
+
+
+def test_the_announcement_names_this_agent_and_its_root_in_rays_session_or_rtenv_root() -> None:
+    session = "/tmp/r/session_2026-12-01_06-20-47_190192_20069"
+    swapped = swap_agent_command(raylet_argv([sys.executable, "-u", RAY_MAIN, *ray_agent_flags()]))
+    said = announcement(swapped, {})
+    assert said.startswith(
+        "rtenv-agent ray: this node's runtime env agent is runtime-env-agent's (rtenv-agent "
+        f"ray-agent), not Ray's; its root: '{session}/runtime_resources/rtenv', in Ray's session"
+    ), said
+    assert "set RTENV_ROOT to keep one" in said
+    kept = announcement(swapped, {"RTENV_ROOT": "/data/rtenv\n" + "x" * 1000})
+    assert kept.endswith("(RTENV_ROOT)"), kept
+    assert "'/data/rtenv\\nxxx" in kept, "quoted, control characters escaped"
+    assert "(1012 characters)" in kept, "cut"
+    assert "\n" not in kept, "one line"
+
+
 # -- rtenv-agent ray -------------------------------------------------------------------------
 
 
@@ -230,6 +267,7 @@ def test_rtenv_agent_ray_is_rays_cli_with_its_exit_code() -> None:
     helped = _cli("stop", "--help")
     assert helped.returncode == 0, helped.stderr
     assert "--grace-period" in helped.stdout
+    assert "runtime env agent" not in helped.stderr, "said only as a raylet starts"
     wrong = _cli("no-such-command")
     assert wrong.returncode == 2
     assert "no-such-command" in wrong.stderr
@@ -294,17 +332,23 @@ def _kill_all_naming(text: str) -> None:
             time.sleep(0.1)
 
 
-async def test_rtenv_agent_ray_start_gives_the_raylet_this_agent_as_its_child() -> None:
+async def test_rtenv_agent_ray_start_gives_the_raylet_this_agent_as_its_child(
+    tmp_path: Path,
+) -> None:
+    """The raylet runs this agent as its child; the launcher says so on stderr, in one line
+    naming the root the agent then serves, in Ray's session."""
     temp = tempfile.mkdtemp(prefix="r-launch-", dir="/tmp")
+    said = tmp_path / "launcher.err"
     ports = [str(_free_port()) for _ in range(4)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RTENV_", "RAY_ADDRESS"))}
-    launcher = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agent", "ray", "start", "--head", "--temp-dir", temp,
-        "--node-ip-address", "127.0.0.1", "--port", ports[0], "--ray-client-server-port",
-        ports[1], "--dashboard-port", ports[2], "--dashboard-agent-listen-port", ports[3],
-        "--include-dashboard=false", "--num-cpus", "1", "--disable-usage-stats",
-        cwd=REPO, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+    with said.open("wb") as err:  # the child holds its own copy
+        launcher = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agent", "ray", "start", "--head", "--temp-dir", temp,
+            "--node-ip-address", "127.0.0.1", "--port", ports[0], "--ray-client-server-port",
+            ports[1], "--dashboard-port", ports[2], "--dashboard-agent-listen-port", ports[3],
+            "--include-dashboard=false", "--num-cpus", "1", "--disable-usage-stats",
+            cwd=REPO, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
     found: dict[str, int] = {}
 
     def raylet_with_our_agent() -> bool:
@@ -324,9 +368,19 @@ async def test_rtenv_agent_ray_start_gives_the_raylet_this_agent_as_its_child() 
         assert f"--temp-dir={temp}" in agent_command
         assert _ppid(found["agent"]) == found["raylet"]
         assert _cmdline(found["agent"]) == agent_command
+        (line,) = [x for x in said.read_text().splitlines() if "runtime env agent" in x]
+        flags = agent_command[agent_command.index("ray-agent") + 1 :]
+        (flag,) = [f for f in flags if f.startswith("--runtime-env-dir=")]
+        root = Path(flag.partition("=")[2]) / "rtenv"
+        assert line.startswith(
+            "rtenv-agent ray: this node's runtime env agent is runtime-env-agent's (rtenv-agent "
+            f"ray-agent), not Ray's; its root: '{root}', in Ray's session"
+        ), line
+        assert str(root).startswith(f"{temp}/session_"), root
         if DOOR_MERGED:  # the raylet then reads the port file and the node comes up
             code = await asyncio.wait_for(launcher.wait(), 90)
             assert code == 0, "rtenv-agent ray start failed"
+            assert root.is_dir(), "the root said is the one the agent serves"
     finally:
         await stop(launcher)
         await asyncio.to_thread(_kill_all_naming, temp)

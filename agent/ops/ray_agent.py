@@ -300,6 +300,13 @@ def raylet_pid_note(environ: Mapping[str, str], parent: int) -> str | None:
     )
 
 
+def agent_root(runtime_env_dir: Path, environ: Mapping[str, str]) -> Path:
+    """The root of the agent a raylet starts: ``$RTENV_ROOT``, else ``<runtime-env-dir>/rtenv``
+    (a config file's root does not apply: the node names the place)."""
+    named = environ.get("RTENV_ROOT")
+    return Path(named) if named else runtime_env_dir / "rtenv"
+
+
 def settings_for(
     flags: RayFlags,
     environ: Mapping[str, str],
@@ -314,9 +321,7 @@ def settings_for(
             "RAY_USE_TLS is on: Ray's TLS mode is not supported by this agent (it reads gcs:// "
             "packages over a plain channel); run Ray's own agent (plain ray start)"
         )
-    root = Path(environ["RTENV_ROOT"]) if environ.get("RTENV_ROOT") else flags.runtime_env_dir
-    if not environ.get("RTENV_ROOT"):
-        root = root / "rtenv"
+    root = agent_root(flags.runtime_env_dir, environ)
     namespace = argparse.Namespace(root=root, parent_pid=None, config=flags.config)
     settings, _ = options.resolve(namespace, environ, read)
     ray = RaySettings(

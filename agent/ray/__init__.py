@@ -6,7 +6,8 @@ CLI run by ``rtenv-agent ray start ...``) gets ``--runtime_env_agent_command=`` 
 ``<this python> -u -I -m agent ray-agent <Ray's flags>`` instead of Ray's ``agent/main.py``.
 Ray's installed files are not changed; ``uninstall()`` restores Ray's function (Ray's own agent for
 the raylets started next), ``installed()`` tells. A raylet command with no agent command this
-swap knows (a later Ray's, say) is started as it is, with a warning naming what it holds.
+swap knows (a later Ray's, say) is started as it is, with a warning naming what it holds;
+``install(on_swap)`` is told each raylet command it swapped, before that raylet starts.
 
 This package may import ``ray`` (lazily: ``swap_agent_command`` is pure and needs no ray); the
 agent's server never imports this package (tests/test_layers.py).
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 _lock = threading.Lock()
 # The function install() replaced, while installed; None otherwise.
 _original: Callable[..., Any] | None = None
+# install()'s on_swap, told each raylet command swapped while installed.
+_on_swap: Callable[[list[str]], None] | None = None
 
 
 def _agent_flags(command: Sequence[str]) -> list[str] | None:
@@ -98,12 +101,16 @@ def swap_agent_command(raylet_argv: Sequence[str]) -> list[str]:
     return out
 
 
-def install() -> None:
-    """Make raylets started from this process run this agent. Idempotent; needs ray."""
-    global _original
+def install(on_swap: Callable[[list[str]], None] | None = None) -> None:
+    """Make raylets started from this process run this agent. Idempotent; needs ray.
+    ``on_swap`` (if given: the latest call's) is called with each raylet command whose agent
+    was swapped for this one, before that raylet starts."""
+    global _original, _on_swap
     from ray._private import services  # the launcher's one way into Ray
 
     with _lock:
+        if on_swap is not None:
+            _on_swap = on_swap
         if _original is not None:
             return
         original = services.start_ray_process
@@ -115,7 +122,10 @@ def install() -> None:
                         "agent.ray: this raylet runs its own runtime env agent, not this one: "
                         "%s (a Ray this launcher does not know?)", problem,
                     )  # fmt: skip
-                command = swap_agent_command(command)
+                swapped = swap_agent_command(command)
+                if problem is None and _on_swap is not None:
+                    _on_swap(swapped)
+                command = swapped
             return original(command, process_type, *a, **kw)
 
         start_ray_process.__wrapped__ = original  # type: ignore[attr-defined]
@@ -125,8 +135,9 @@ def install() -> None:
 
 def uninstall() -> None:
     """Restore Ray's own ``start_ray_process``: raylets started next run Ray's agent."""
-    global _original
+    global _original, _on_swap
     with _lock:
+        _on_swap = None
         if _original is None:
             return
         from ray._private import services
