@@ -89,6 +89,8 @@ async def test_a_mistaken_argument_is_echoed_on_one_line_and_cut(base: Path) -> 
 async def test_info_on_a_socket_nobody_serves_fails_fast_saying_cannot_connect(base: Path) -> None:
     """Within the 2 s connect wait, whatever --timeout allows the answer (60 s here)."""
     address = f"unix:{base / 'nobody.sock'}"
+    with socket.socket(socket.AF_UNIX) as stale:  # a killed agent's file: bound, nobody listens
+        stale.bind(str(base / "nobody.sock"))
     started = time.monotonic()
     code, out, err = await run_cli("info", "--address", address, "--timeout", "60")
     elapsed = time.monotonic() - started
@@ -97,6 +99,31 @@ async def test_info_on_a_socket_nobody_serves_fails_fast_saying_cannot_connect(b
     assert line.startswith(f"rtenv-agent info: cannot connect to {address} within 2s"), line
     assert "(is the agent running?" in line
     assert elapsed < 30, f"took {elapsed:.1f}s: it waited for the answer's timeout"
+
+
+@pytest.mark.parametrize(
+    ("where", "said"),
+    [
+        ("no-such.sock", "the socket file does not exist (is the agent running? it prints its "
+         "address when it starts)"),
+        ("no-such-folder/agent.sock", "the socket file does not exist (is the agent running? "
+         "it prints its address when it starts)"),
+        ("a-file", "the file there is not a socket (the agent prints its address when it "
+         "starts)"),
+        ("a-file/agent.sock", "the socket file does not exist (is the agent running? it prints "
+         "its address when it starts)"),
+    ],
+)  # fmt: skip
+async def test_info_on_a_unix_path_with_no_socket_file_says_so_at_once(
+    base: Path, where: str, said: str
+) -> None:
+    """A missing file is known at once: not after the 2 s connect wait, which could say only
+    that it cannot connect."""
+    (base / "a-file").write_text("not a socket\n")
+    address = f"unix:{base / where}"
+    code, out, err = await run_cli("info", "--address", address)
+    assert (code, out) == (1, ""), err
+    assert one_line(err) == f"rtenv-agent info: cannot connect to {address}: {said}"
 
 
 async def test_info_root_reads_the_roots_index_and_info_address_asks_one_agent(base: Path) -> None:

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import importlib
 import os
+import stat
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -172,6 +173,9 @@ def _info(args: argparse.Namespace) -> int:
     except AgentError as exc:
         print(f"rtenv-agent info: {exc.message}", file=sys.stderr)
         return 2
+    if (problem := _socket_file_problem(address)) is not None:  # known at once: no 2 s wait
+        print(f"rtenv-agent info: cannot connect to {address}: {problem}", file=sys.stderr)
+        return 1
     metadata = [("authorization", f"Bearer {token.decode()}")] if token else []
     channel_options = [
         ("grpc.enable_http_proxy", 0),
@@ -205,6 +209,25 @@ def _info(args: argparse.Namespace) -> int:
     else:
         print(format_info(reply))
     return 0
+
+
+def _socket_file_problem(address: str) -> str | None:
+    """What a look at a unix address's file tells at once (gRPC would retry for the connect
+    wait and say only that it cannot connect): no file there, or a file that is no socket."""
+    if not address.startswith("unix:"):
+        return None
+    try:
+        mode = os.stat(address.removeprefix("unix:")).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return (
+            "the socket file does not exist (is the agent running? it prints its address when "
+            "it starts)"
+        )
+    except OSError:
+        return None  # not ours to tell (a folder we may not search): the connect says
+    if not stat.S_ISSOCK(mode):
+        return "the file there is not a socket (the agent prints its address when it starts)"
+    return None
 
 
 def _info_root(args: argparse.Namespace) -> int:
