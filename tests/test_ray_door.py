@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import shlex
@@ -333,6 +334,23 @@ async def test_the_ray_port_in_use_is_a_clear_startup_error() -> None:
             assert agent.state is AgentState.STOPPED
         finally:
             shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize("port_file", [False, True])
+async def test_the_ray_doors_start_line_names_its_port_file_or_says_why_there_is_none(
+    caplog: pytest.LogCaptureFixture, base: Path, port_file: bool
+) -> None:
+    """A door with no port file (``serve --ray-address``) was logged as '(port file None)'."""
+    path = base / "port" if port_file else None
+    with caplog.at_level(logging.INFO, logger="agent.ops.server"):
+        async with ray_agent(port_file=path) as (ra, _):
+            address = ra.agent.ray_address
+    (said,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Ray door")]
+    told = (
+        f"port file {path}" if port_file
+        else "no port file: no raylet started this agent, so none waits for one"
+    )  # fmt: skip
+    assert said == f"Ray door on http://{address} ({told})"
 
 
 async def test_serve_ray_address_opens_the_door_and_non_loopback_needs_allow_remote(

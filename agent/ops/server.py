@@ -289,8 +289,12 @@ class Agent:
                 asyncio.to_thread(_write_port_file, ray.port_file, port)
             )
             await asyncio.shield(self._port_write)
+        told = (
+            f"port file {ray.port_file}" if ray.port_file is not None
+            else "no port file: no raylet started this agent, so none waits for one"
+        )  # fmt: skip
         log.info(
-            "Ray door on http://%s (port file %s)", self.ray_address, ray.port_file,
+            "Ray door on http://%s (%s)", self.ray_address, told,
             extra={"ray_address": self.ray_address},
         )  # fmt: skip
 
