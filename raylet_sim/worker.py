@@ -3,8 +3,9 @@
 Started by the pool with the runtime env's context already applied: its variables (PYTHONPATH
 included), its cwd and its command (``py_executable``). It announces itself with a ``ready``
 line, then answers each task ``{"task_id", "call": "module:function", "args"}`` with
-``{"task_id", "ok", "result" or "error"}``. It exits when its stdin closes. What a task prints
-goes to stderr, so stdout stays the protocol.
+``{"task_id", "ok", "result" or "error"}``. It exits when its stdin closes, and, quietly (exit
+1), when its stdout's reader is gone. What a task prints goes to stderr, so stdout stays the
+protocol.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import os
 import sys
 import traceback
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from raylet_sim.watch import Watcher, from_environment
 
@@ -56,7 +57,20 @@ def serve(requests: TextIO, replies: TextIO, watcher: Watcher | None = None) -> 
 def main() -> None:
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # a task's prints, and its children's, must not corrupt the protocol
-    serve(sys.stdin, replies, from_environment())
+    try:
+        serve(sys.stdin, replies, from_environment())
+    except BrokenPipeError:  # nobody reads the replies any more: the pool is gone
+        _exit_unread(replies)
+
+
+def _exit_unread(replies: TextIO) -> NoReturn:
+    """Exit 1, quietly: the replies' pipe is closed, so what is left of them goes to /dev/null
+    as they close (else their last flush says the pipe broke, on stderr, in Python's dev mode)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, replies.fileno())
+    os.close(devnull)
+    replies.close()
+    sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Ctrl-C (issue 12): SIGINT to the whole process group, as a terminal sends it, while the demo
 or the chaos runner is under way: one line on stderr, no traceback, exit 130, the node stopped
-(no agent, no worker left) and the temp folder it made removed."""
+(no agent, no worker left) and the temp folder it made removed. A worker whose pool is gone
+exits quietly."""
 
 from __future__ import annotations
 
@@ -98,3 +99,24 @@ def test_ctrl_c_during_the_chaos_runner_stops_the_node_cleanly_says_one_line_and
     code, _, err, tmp = interrupt_when(args, r"round 1\b")
     assert time.monotonic() - started < 170
     check_clean_interrupt(code, err, tmp, "chaos")
+
+
+def test_a_worker_whose_replies_pipe_is_closed_exits_1_quietly() -> None:
+    """Its pool is gone (killed, say): the ready line it writes finds no reader. In Python's dev
+    mode, which shows what a closing file fails to flush."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-X", "dev", "-m", "raylet_sim.worker"],
+            stdin=subprocess.DEVNULL, stdout=write, stderr=subprocess.PIPE, cwd=REPO,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    try:
+        _, err = proc.communicate(timeout=STOP_S)
+    finally:
+        with suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(timeout=STOP_S)
+    assert (proc.returncode, err.decode(errors="replace")) == (1, "")
