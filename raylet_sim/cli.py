@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import math
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from raylet_sim.demo import run_demo
-from raylet_sim.interrupt import EXIT_INTERRUPTED, Interrupt
+from raylet_sim.interrupt import STOP_SIGNALS, Interrupt
 
 
 class _Parser(argparse.ArgumentParser):
@@ -84,14 +85,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if mistake is not None:
         print(f"raylet-sim: {mistake}", file=sys.stderr)
         return 2
-    interrupt = Interrupt()
+    # Ctrl-C, SIGTERM (kill, timeout) and SIGHUP (a closing terminal) stop the run alike
+    interrupt = Interrupt(STOP_SIGNALS)
     try:
-        code = asyncio.run(interrupt.run(run_demo(args, interrupt=interrupt)))
+        with interrupt.raising():
+            code = asyncio.run(interrupt.run(run_demo(args, interrupt=interrupt)))
     except KeyboardInterrupt:  # before the run began, or as asyncio shut down after it
         code = None
     if code is None:
-        print("raylet-sim: interrupted; the node stopped, its temp files removed", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        with contextlib.suppress(OSError):  # a closed terminal takes no line
+            print(
+                f"raylet-sim: {interrupt.said}; the node stopped, its temp files removed",
+                file=sys.stderr,
+            )
+        return interrupt.exit_code
     return code
 
 

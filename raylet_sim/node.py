@@ -91,9 +91,9 @@ class Node:
         self._died.set()
 
     def interrupt(self) -> None:
-        """Ctrl-C: the agent, in the terminal's process group, got the SIGINT too and is exiting.
-        Its exit is not a death to report, and nothing is deleted at an agent on its way out;
-        ``stop`` then stops the workers and waits for the agent."""
+        """Ctrl-C, SIGTERM or SIGHUP: the agent, in the run's process group, may have got the
+        signal too and be exiting. Its exit is not a death to report, and nothing is deleted at
+        an agent on its way out; ``stop`` then stops the workers and the agent."""
         self._stopping = True
         if self.pool is not None:
             self.pool.abandon_agent()

@@ -1,7 +1,8 @@
 """Ctrl-C (issue 12): SIGINT to the whole process group, as a terminal sends it, while the demo
 or the chaos runner is under way: one line on stderr, no traceback, exit 130, the node stopped
-(no agent, no worker left) and the temp folder it made removed. A worker whose pool is gone
-exits quietly."""
+(no agent, no worker left) and the temp folder it made removed. SIGTERM and SIGHUP (kill,
+timeout, a closing terminal), to the demo or to its group, are treated alike (exit 128 + the
+signal); a worker whose pool is gone exits quietly."""
 
 from __future__ import annotations
 
@@ -26,10 +27,13 @@ UNDER_WAY_S = 90.0  # deadline for the run to be under way (tasks finishing)
 STOP_S = 30.0  # deadline for the run to stop after the SIGINT
 
 
-def interrupt_when(args: list[str], under_way: str) -> tuple[int, str, str, Path]:
+def interrupt_when(
+    args: list[str], under_way: str, sig: signal.Signals = signal.SIGINT, *, group: bool = True
+) -> tuple[int, str, str, Path]:
     """Start ``args`` in a session of its own with a private TMPDIR; once its stdout matches
-    ``under_way``, SIGINT its process group; return (exit code, stdout, stderr, that TMPDIR's
-    parent). Everything it started is killed by PID if the test fails on the way."""
+    ``under_way``, send ``sig`` to its process group (or, not ``group``, to it alone); return
+    (exit code, stdout, stderr, that TMPDIR). Everything it started is killed by PID if the
+    test fails on the way."""
     base = short_tempdir()
     tmp = base / "tmp"
     tmp.mkdir()
@@ -47,7 +51,10 @@ def interrupt_when(args: list[str], under_way: str) -> tuple[int, str, str, Path
             f"{under_way!r} in the output",
         )
         agent += [int(m) for m in re.findall(r"agent pid (\d+)", out_path.read_text())]
-        os.killpg(proc.pid, signal.SIGINT)
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            os.kill(proc.pid, sig)
         code = proc.wait(timeout=STOP_S)
         for pid in agent:
             poll(exited(pid), STOP_S, f"the agent {pid} to exit")
@@ -99,6 +106,30 @@ def test_ctrl_c_during_the_chaos_runner_stops_the_node_cleanly_says_one_line_and
     code, _, err, tmp = interrupt_when(args, r"round 1\b")
     assert time.monotonic() - started < 170
     check_clean_interrupt(code, err, tmp, "chaos")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("group", [False, True], ids=["process", "group"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_or_sighup_during_the_demo_stops_the_node_as_ctrl_c_does_exiting_128_plus_it(
+    sig: signal.Signals, group: bool
+) -> None:
+    """As ``kill``, ``timeout`` or a closing terminal send them: one line, no traceback (from a
+    worker's broken pipe either), the node stopped, the temp folder removed, exit 143 or 129."""
+    args = [
+        sys.executable, "-m", "raylet_sim", "demo", "--tasks", "100000", "--envs", "200",
+        "--package-kib", "16",
+    ]  # fmt: skip
+    started = time.monotonic()
+    code, _, err, tmp = interrupt_when(args, r"\d+/100000 tasks", sig, group=group)
+    assert time.monotonic() - started < 30
+    assert code == 128 + sig, f"exit {code}; stderr:\n{err[-4000:]}"
+    assert "Traceback" not in err, err[-4000:]
+    assert "BrokenPipeError" not in err, err[-4000:]
+    assert err.splitlines() == [
+        f"raylet-sim: interrupted by {sig.name}; the node stopped, its temp files removed"
+    ], err[-4000:]
+    assert not tmp.exists() or list(tmp.iterdir()) == [], "the stopped run left files"
 
 
 def test_a_worker_whose_replies_pipe_is_closed_exits_1_quietly() -> None:
