@@ -38,6 +38,7 @@ from pathlib import Path
 from agent.core.errors import InstallerFailed, echo
 from agent.core.pip_spec import PipSpec
 from agent.core.uv_spec import UvSpec, uv_version_matches
+from agent.install.spawn import run, spawn
 from agent.install.staging import through
 
 log = logging.getLogger(__name__)
@@ -58,8 +59,8 @@ _VERSION_TIMEOUT_S = 30.0  # for ``uv --version``
 # The installer's group leader, between the agent and the installer: it sets the installer's
 # umask and runs the installer as its child, in its group, and when the agent dies (PDEATHSIG
 # sends it SIGTERM) it kills the whole group, installer children included. (Not a preexec_fn:
-# Python code between fork and exec in a process serving gRPC crashes now and then; and not
-# create_subprocess_exec's umask=, which uvloop's loop refuses as an unexpected keyword.)
+# Python code between fork and exec in a process serving gRPC crashes now and then; see
+# agent.install.spawn, which starts it, for why not the loop's own subprocess either.)
 _GROUP_LEADER = (
     "import ctypes, os, signal, subprocess, sys\n"
     f"os.umask({INSTALLER_UMASK:#o})\n"
@@ -100,20 +101,19 @@ async def _run(args: Sequence[str], log_path: Path, label: str, staging: Path) -
             os.close(opening.result())
         raise
     try:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", _GROUP_LEADER, str(os.getpid()), *args,
-            stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
-            env={**installer_environ(), "TMPDIR": str(temp)}, cwd=staging,
+        child = await spawn(
+            [sys.executable, "-c", _GROUP_LEADER, str(os.getpid()), *args],
+            stdout=out, stderr=out, start_new_session=True, cwd=staging,
+            env={**installer_environ(), "TMPDIR": str(temp)},
         )  # fmt: skip
     finally:
         os.close(out)  # the child has its own copy
     try:
-        await through(asyncio.ensure_future(asyncio.to_thread(_write_pgid, staging, proc.pid)))
-        code = await proc.wait()
+        await through(asyncio.ensure_future(asyncio.to_thread(_write_pgid, staging, child.pid)))
+        code = await child.wait()
     except BaseException:  # cancelled: the whole group goes, now, children included
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
+        child.kill(group=True)
+        await asyncio.shield(child.wait())
         raise
     if code != 0:
         tail = await asyncio.to_thread(_tail, log_path)
@@ -226,17 +226,14 @@ async def build_venv(
 
 async def _check_uv_version(spec: UvSpec, uv: str, label: str) -> None:
     """Refuse the env when the agent's uv does not satisfy its ``uv_version``."""
-    proc = await asyncio.create_subprocess_exec(
-        uv, "--version", stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL, env=installer_environ(),
-    )  # fmt: skip
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), _VERSION_TIMEOUT_S)
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        raise
+        done = await run([uv, "--version"], env=installer_environ(), timeout_s=_VERSION_TIMEOUT_S)
+    except TimeoutError:
+        raise InstallerFailed(
+            f"{label}: the agent's uv ({echo(uv)}) did not tell its version within "
+            f"{_VERSION_TIMEOUT_S:g}s, so uv.uv_version cannot be checked"
+        ) from None
+    out = done.output if done.code == 0 else b""
     words = out.decode(errors="replace").split()
     version = words[1] if len(words) > 1 and words[0] == "uv" else ""
     if not version or not uv_version_matches(spec, version):

@@ -27,6 +27,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from agent.install.spawn import run
 from agent.install.venv import installer_environ
 
 log = logging.getLogger(__name__)
@@ -77,23 +78,18 @@ class WheelCache:
         killed); True if it ran to success. Without uv there is no cache to clear."""
         if self.uv is None or not await asyncio.to_thread(self.path.is_dir):
             return False
-        proc = await asyncio.create_subprocess_exec(
-            self.uv, "cache", "clean", "--quiet", "--cache-dir", str(self.path),
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE, env=installer_environ(),
-        )  # fmt: skip
         try:
-            _, err = await asyncio.wait_for(proc.communicate(), _CLEAN_TIMEOUT_S)
-        except BaseException:  # timed out or cancelled: the uv goes
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+            done = await run(
+                [self.uv, "cache", "clean", "--quiet", "--cache-dir", str(self.path)],
+                env=installer_environ(), timeout_s=_CLEAN_TIMEOUT_S,
+            )  # fmt: skip
+        except TimeoutError:  # the uv that overstayed was killed
             log.warning("uv cache clean of %s did not finish; the cache is kept", self.path)
             return False
-        if proc.returncode != 0:
+        if done.code != 0:
             log.warning(
-                "uv cache clean of %s exited with %s: %s", self.path, proc.returncode,
-                err.decode(errors="replace")[-500:],
+                "uv cache clean of %s exited with %s: %s", self.path, done.code,
+                done.output.decode(errors="replace")[-500:],
             )  # fmt: skip
             return False
         self.clears += 1
