@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +68,7 @@ from raylet_sim.sidecar import MAX_UNIX_PATH_BYTES
 from rtenv.v1 import agent_pb2
 
 MAX_NODES = 16  # agents on one root: more would only measure the machine
+FAULT_WORDS = {"500": "HTTP 500"}  # a fault's name in the summary, where its key is no word
 
 # -- the package server ---------------------------------------------------------------------
 
@@ -138,22 +139,32 @@ class Tally:
     killed_pids: set[int] = field(default_factory=set)  # every worker the monkey SIGKILLed
 
     def summary(self, faults: Counter[str]) -> str:
+        failed = sum(self.tasks_failed.values())
+        injected = {FAULT_WORDS.get(k, k): n for k, n in faults.items() if k != "none"}
         return "\n".join(
             [
                 f"seed {self.seed}: {self.rounds} rounds in {self.seconds:.1f}s",
                 f"nodes        {self.nodes} on one agent root",
-                f"tasks        {self.tasks_ok} ok, failed by status {dict(self.tasks_failed)}",
+                f"tasks        {self.tasks_ok} ok, {failed} failed{_listed(self.tasks_failed)}",
                 f"workers      {self.workers_started} started, {self.workers_killed} killed",
                 f"pops         {self.pops_cancelled} cancelled mid-create",
                 f"agent        {self.agent_kills} SIGKILLs, {self.restarts} restarts",
                 f"packages     {self.downloads} installs, {self.evictions} evictions",
-                f"faults       {dict(faults)}",
+                f"faults       {sum(injected.values())} injected in {sum(faults.values())} requests"
+                f"{_listed(injected)}",
                 f"checks       {self.checks} invariant checks, {self.settling_s:.1f}s waiting "
                 "for the root to settle",
                 f"violations   {len(self.violations)}",
                 *(f"  - {v}" for v in self.violations[:20]),
             ]
         )
+
+
+def _listed(counts: Mapping[str, int]) -> str:
+    """``: 3 WORKER_DIED, 1 ENV_SETUP_FAILED`` (most first, then by name; none counted 0), or
+    nothing when nothing is counted: words for the summary, not a dict's repr."""
+    counted = sorted((-n, name) for name, n in counts.items() if n)
+    return (": " + ", ".join(f"{-n} {name}" for n, name in counted)) if counted else ""
 
 
 # -- the oracle -----------------------------------------------------------------------------
