@@ -228,6 +228,18 @@ async def test_port_in_use_is_one_line_and_the_root_is_never_made(base: Path) ->
     assert not (base / "root").exists(), "the root was made (and state.db with it)"
 
 
+async def test_no_state_db_logs_nothing_about_state_db(base: Path) -> None:
+    """Its index is in memory: the log said 'state.db migrated to schema version N' three
+    times, as if it made a state.db."""
+    root = base / "root"
+    async with serving(base / "agent.log", "--root", str(root), "--no-state-db") as agent:
+        await wait_health_serving(agent.address)
+    log = agent.log_text()
+    assert "serving on" in log, log
+    assert "state.db" not in log, log
+    assert not (root / "state.db").exists()
+
+
 async def test_tcp_scheme_is_called_malformed_not_non_loopback(base: Path) -> None:
     code, err = await refused(base / "refused.log", "--root", str(base / "root"),
                               "--address", "tcp://127.0.0.1:5000")  # fmt: skip

@@ -357,7 +357,8 @@ class StateDB:
                         break
                     _script(conn, _MIGRATIONS[version + 1])
                     conn.execute(f"PRAGMA user_version={version + 1}")
-                log.info("state.db migrated to schema version %d", version + 1)
+                if not self.in_memory:  # --no-state-db: an index in memory, no state.db
+                    log.info("state.db migrated to schema version %d", version + 1)
             conn.execute("PRAGMA temp_store=MEMORY")
             index.create_released(conn)
             with _transaction(conn):
