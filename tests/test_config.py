@@ -89,6 +89,12 @@ def resolve(
     return options.resolve(args, environ or {}, read)
 
 
+def toml_literal(opt: Option, text: str) -> str:
+    """A sample as TOML of a type its key takes: a string if it takes one, else bare (true, 3,
+    50)."""
+    return json.dumps(text) if str in opt.toml else text
+
+
 def test_every_option_has_a_sample_value() -> None:
     assert set(SAMPLES) == set(BY_NAME), "give each option a sample value in SAMPLES"
 
@@ -108,7 +114,7 @@ def test_every_option_is_set_by_its_flag_env_var_and_toml_key(name: str, channel
         settings, sources = resolve(environ={opt.env_var: text})
         source = opt.env_var
     else:
-        settings, sources = resolve(toml=f"{opt.toml_key} = {json.dumps(text)}\n")
+        settings, sources = resolve(toml=f"{opt.toml_key} = {toml_literal(opt, text)}\n")
         source = "/etc/rtenv.toml"
     assert field_value(settings, opt) == expected
     assert sources[name] == source
@@ -199,6 +205,46 @@ def test_bad_value_is_a_config_error_naming_the_setting_and_its_source(
         assert word in caught.value.message, caught.value.message
 
 
+@pytest.mark.parametrize(
+    ("toml", "said"),
+    [
+        ("allow_file_root = 5", "allow_file_root takes a string or an array of strings, not an "
+         "integer (5)"),
+        ('allow_file_root = ["/a", 5]', "allow_file_root takes a string or an array of strings, "
+         "not an array holding an integer (5)"),
+        ('allow_remote = "yes"', "allow_remote takes a boolean (true or false), not a string "
+         "('yes')"),
+        ("allow_remote = 1", "allow_remote takes a boolean (true or false), not an integer (1)"),
+        ('state_db = "false"', "state_db takes a boolean (true or false), not a string "
+         "('false')"),
+        ('max_uris = "9"', "max_uris takes an integer, not a string ('9')"),
+        ("max_uris = true", "max_uris takes an integer, not a boolean (true)"),
+        ("max_uris = 9.0", "max_uris takes an integer, not a float (9.0)"),
+        ("cache_budget = 1.5", "cache_budget takes a string or an integer, not a float (1.5)"),
+        ('log_level = ["DEBUG"]', "log_level takes a string, not an array"),
+        ("python = { path = '/x' }", "python takes a string, not a table"),
+        ("max_setup_timeout = 1979-05-27", "max_setup_timeout takes a string or an integer or "
+         "a float, not a date"),
+        ("max_compression_ratio = '50'", "max_compression_ratio takes an integer or a float, "
+         "not a string ('50')"),
+        (f"token_file = {5 * 10**60}", "token_file takes a string, not an integer "
+         f"({str(5 * 10**60)[:40]}... (61 characters))"),
+    ],
+)  # fmt: skip
+def test_a_toml_value_of_a_type_its_key_does_not_take_is_refused_naming_both_types(
+    toml: str, said: str
+) -> None:
+    """Each was taken as its text: allow_file_root = 5 a folder '5', allow_remote = "yes" or
+    1 true. Refused whichever channel sets the option (the file is wrong as it is)."""
+    key = toml.split(" ", 1)[0]
+    option = next(o for o in OPTIONS if o.toml_key == key)
+    flag = (f"--{option.name}",) if option.flag else (f"--{option.name}", SAMPLES[option.name])
+    for argv in ((), flag):
+        with pytest.raises(ConfigError) as caught:
+            resolve(argv, toml=toml + "\n")
+        assert caught.value.message == f"config file /etc/rtenv.toml: {said}"
+
+
 # -- the command line ------------------------------------------------------------------------
 
 
@@ -251,8 +297,14 @@ def test_config_command_prints_each_effective_value_with_its_source(tmp_path: Pa
         ((), {}, "max_urls = 3\n", ["unknown setting 'max_urls'", "agent.toml"]),
         ((), {}, "max_uris = [\n", ["config file", "agent.toml"]),
         ((), {}, 'max_setup_timeout = "soon"\n', ["max-setup-timeout from", "agent.toml"]),
+        (
+            (),
+            {},
+            'allow_remote = "yes"\n',
+            ["agent.toml: allow_remote takes a boolean (true or false), not a string ('yes')"],
+        ),
     ],
-    ids=["flag", "env", "toml-unknown-key", "toml-syntax", "toml-value"],
+    ids=["flag", "env", "toml-unknown-key", "toml-syntax", "toml-value", "toml-type"],
 )
 def test_config_command_exits_2_on_a_bad_value_naming_setting_and_source_without_traceback(
     tmp_path: Path, argv: tuple[str, ...], env: dict[str, str], toml: str, words: list[str]

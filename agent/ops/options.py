@@ -11,6 +11,7 @@ Pure: parsing and resolving take their inputs (argv namespace, environ, TOML tex
 from __future__ import annotations
 
 import argparse
+import datetime
 import difflib
 import sys
 import textwrap
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.app.config import RaySettings, Settings
-from agent.core.errors import ConfigError, StartupError
+from agent.core.errors import ConfigError, StartupError, echo
 from agent.core.units import (
     exact_bytes,
     human_duration,
@@ -118,6 +119,7 @@ class Option:
     repeat: bool = False  # a list: the flag repeats, the env var is ':'-separated
     metavar: str | None = None
     unit: str = ""  # "bytes" or "seconds": shown as 10.0 GiB or 10m
+    toml: tuple[type, ...] = (str,)  # the TOML types its key takes (a repeat: each item's)
 
     @property
     def env_var(self) -> str:
@@ -128,13 +130,27 @@ class Option:
         return self.name.replace("-", "_")
 
 
+# The TOML types a key takes: what its option parses, and nothing that parse would read
+# otherwise (allow_remote = "yes" or 1 is no boolean; allow_file_root = 5 no folder).
+_BOOL: tuple[type, ...] = (bool,)
+_COUNT: tuple[type, ...] = (int,)
+_SIZE: tuple[type, ...] = (str, int)  # "500M", or bytes
+_AUTO_OR_COUNT: tuple[type, ...] = (str, int)  # "auto", or a count
+_TIME: tuple[type, ...] = (str, int, float)  # "90s", or seconds
+_NUMBER: tuple[type, ...] = (int, float)
+_TOML_NAMES: tuple[tuple[type, str], ...] = (
+    (bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"),
+    (list, "an array"), (dict, "a table"), (datetime.datetime, "a date-time"),
+    (datetime.date, "a date"), (datetime.time, "a time"),
+)  # fmt: skip
+
 OPTIONS: tuple[Option, ...] = (
     Option("address", "address", str,
            "unix:PATH, HOST:PORT or [IPv6]:PORT",
            "a malformed address, a path over 107 bytes, a port in use, or a non-loopback host "
            "without allow-remote: refused at start, before the root is touched"),
     Option("allow-remote", "allow_remote", parse_bool, "allow a non-loopback TCP address",
-           flag=True),
+           flag=True, toml=_BOOL),
     Option("token-file", "token_file", str,
            "a file holding a token every RPC must carry (metadata 'authorization: Bearer T')",
            "a call without the token, or with another: UNAUTHENTICATED saying which "
@@ -145,54 +161,58 @@ OPTIONS: tuple[Option, ...] = (
            repeat=True, metavar="DIR"),
     Option("cache-budget", "cache_budget_bytes", parse_bytes,
            "size of the unused packages kept cached", "least recently used evicted until it fits",
-           unit="bytes"),
+           unit="bytes", toml=_SIZE),
     Option("min-free-disk", "min_free_disk", parse_floor,
            "free space an install must leave: a size, a percentage, or auto (min of 1GiB, 5%)",
-           "unused packages evicted, then RESOURCE_EXHAUSTED naming needed and free bytes"),
+           "unused packages evicted, then RESOURCE_EXHAUSTED naming needed and free bytes",
+           toml=_SIZE),
     Option("max-concurrent-installs", "max_concurrent_installs", _positive(parse_int),
-           "installs (download and unpack) at once", "further installs wait in a queue"),
+           "installs (download and unpack) at once", "further installs wait in a queue",
+           toml=_COUNT),
     Option("extract-workers", "extract_workers", parse_workers,
            "processes zips are unpacked in (a large zip is split between them), auto (one per "
            "core, at most 4), or 0: a thread of the agent's process",
-           "more unpacks wait for a free process"),
+           "more unpacks wait for a free process", toml=_AUTO_OR_COUNT),
     Option("overlap-downloads", "overlap_downloads", parse_bool,
            "extract a large http(s) zip while it downloads, planned from its tail read first "
            "with a ranged GET (false: download, then extract)",
            "a server that refuses ranges, or answers another object: the whole file is "
-           "extracted after its download"),
+           "extracted after its download", toml=_BOOL),
     Option("default-setup-timeout", "default_setup_timeout_s", _positive(parse_duration),
            "time an env's setup may take when the request names none",
            "DEADLINE_EXCEEDED; an install nobody else waits for is cancelled, its files removed",
-           unit="seconds"),
+           unit="seconds", toml=_TIME),
     Option("max-setup-timeout", "max_setup_timeout_s", _positive(parse_duration),
            "the most a request may ask for (setup_timeout_seconds -1 means this)",
-           "larger requests are capped to it", unit="seconds"),
+           "larger requests are capped to it", unit="seconds", toml=_TIME),
     Option("max-message-bytes", "max_message_bytes", _positive(parse_bytes),
-           "largest gRPC request", "RESOURCE_EXHAUSTED from gRPC", unit="bytes"),
+           "largest gRPC request", "RESOURCE_EXHAUSTED from gRPC", unit="bytes", toml=_SIZE),
     Option("max-env-json-bytes", "env.max_json_bytes", _positive(parse_bytes),
            "largest serialized runtime env", "INVALID_ARGUMENT naming size and limit",
-           unit="bytes"),
+           unit="bytes", toml=_SIZE),
     Option("max-uris", "env.max_uris", _positive(parse_int), "distinct URIs per env",
-           "INVALID_ARGUMENT naming count and limit"),
+           "INVALID_ARGUMENT naming count and limit", toml=_COUNT),
     Option("max-env-var-bytes", "env.max_env_var_bytes", _positive(parse_bytes),
            "size of a worker's env vars, PYTHONPATH included (kept well under ARG_MAX)",
            "INVALID_ARGUMENT naming size and limit; one variable over 128KiB likewise",
-           unit="bytes"),
+           unit="bytes", toml=_SIZE),
     Option("max-download-bytes", "fetch.max_download_bytes", _positive(parse_bytes),
-           "largest package download", "FAILED_PRECONDITION naming size and limit", unit="bytes"),
+           "largest package download", "FAILED_PRECONDITION naming size and limit", unit="bytes",
+           toml=_SIZE),
     Option("download-attempts", "fetch.attempts", _positive(parse_int),
            "tries of a download that fails transiently (5xx, reset, timeout)",
-           "UNAVAILABLE after the last try"),
+           "UNAVAILABLE after the last try", toml=_COUNT),
     Option("max-archive-entries", "archive.max_entries", _positive(parse_int), "entries per zip",
-           "FAILED_PRECONDITION naming count and limit"),
+           "FAILED_PRECONDITION naming count and limit", toml=_COUNT),
     Option("max-uncompressed-bytes", "archive.max_uncompressed_bytes", _positive(parse_bytes),
            "size one zip may unpack to", "FAILED_PRECONDITION naming size and limit",
-           unit="bytes"),
+           unit="bytes", toml=_SIZE),
     Option("max-compression-ratio", "archive.max_ratio", _positive(parse_float),
-           "unpacked bytes per zip byte, past 16MiB unpacked", "FAILED_PRECONDITION (zip bomb)"),
+           "unpacked bytes per zip byte, past 16MiB unpacked", "FAILED_PRECONDITION (zip bomb)",
+           toml=_NUMBER),
     Option("request-log-capacity", "request_log_capacity", _positive(parse_int),
            "request ids remembered for idempotent retries",
-           "the oldest answered ids are forgotten (never one in flight)"),
+           "the oldest answered ids are forgotten (never one in flight)", toml=_COUNT),
     Option("python", "py_executable", str,
            "the python workers are started with, and pip venvs are made from",
            "one that does not exist or does not run: refused at start"),
@@ -202,10 +222,11 @@ OPTIONS: tuple[Option, ...] = (
            "else pip; `uv` envs always use uv",
            "an install that fails: FAILED_PRECONDITION with pip's own last lines, cut short"),
     Option("state-db", "persist", parse_bool,
-           "keep the cache index in ROOT/state.db (false: a restart forgets the cache)"),
+           "keep the cache index in ROOT/state.db (false: a restart forgets the cache)",
+           toml=_BOOL),
     Option("reset-state", "reset_state", parse_bool,
            "move an unusable ROOT/state.db aside (kept, renamed) and start from an empty cache",
-           flag=True),
+           flag=True, toml=_BOOL),
     Option("metrics-address", "metrics_address", str,
            "HOST:PORT to serve Prometheus metrics on (off by default; loopback unless "
            "allow-remote)"),
@@ -269,6 +290,7 @@ def resolve(
         unknown = sorted(set(table) - {o.toml_key for o in OPTIONS})
         if unknown:
             raise ConfigError(f"config file {config_path}: {_unknown_keys(unknown)}")
+        _check_types(table, config_path)
     settings = Settings(root=args.root, parent_pid=args.parent_pid)
     sources: dict[str, str] = {}
     for opt in OPTIONS:
@@ -283,6 +305,42 @@ def resolve(
         settings = _set(settings, opt.field, tuple(values) if opt.repeat else values)
         sources[opt.name] = source
     return settings, sources
+
+
+def _check_types(table: Mapping[str, Any], config_path: Path) -> None:
+    """Each key holds a TOML type its option takes (``Option.toml``), else a ConfigError naming
+    the key, the types it takes and the one it holds, its value echoed cut."""
+    for opt in OPTIONS:
+        if opt.toml_key not in table:
+            continue
+        value = table[opt.toml_key]
+        items = value if opt.repeat and type(value) is list else [value]
+        for item in items:
+            if type(item) in opt.toml:
+                continue
+            given = _toml_name(type(item))
+            if item is not value:
+                given = f"an array holding {given}"
+            if isinstance(item, bool):
+                given = f"{given} ({str(item).lower()})"
+            elif isinstance(item, str | int | float):
+                given = f"{given} ({echo(item, 40)})"
+            raise ConfigError(
+                f"config file {config_path}: {opt.toml_key} takes {_toml_takes(opt)}, not {given}"
+            )
+
+
+def _toml_name(kind: type) -> str:
+    return next((name for base, name in _TOML_NAMES if issubclass(kind, base)), kind.__name__)
+
+
+def _toml_takes(opt: Option) -> str:
+    """'a boolean (true or false)', 'a string or an integer', 'a string or an array of strings'."""
+    names = [_toml_name(kind) for kind in opt.toml]
+    said = " or ".join(names) + (" (true or false)" if opt.toml == _BOOL else "")
+    if opt.repeat:
+        said += " or an array of " + " or ".join(f"{n.split(' ', 1)[1]}s" for n in names)
+    return said
 
 
 def _unknown_keys(keys: Sequence[str]) -> str:
