@@ -228,6 +228,18 @@ async def test_port_in_use_is_one_line_and_the_root_is_never_made(base: Path) ->
     assert not (base / "root").exists(), "the root was made (and state.db with it)"
 
 
+async def test_state_db_and_no_state_db_together_are_refused_in_one_line(base: Path) -> None:
+    """``--state-db true --no-state-db`` was resolved silently, the later flag winning."""
+    for command in ("serve", "config"):
+        for both in (("--state-db", "true", "--no-state-db"), ("--no-state-db", "--state-db", "1")):
+            code, out, err = await run_cli(command, "--root", str(base / "root"), *both)
+            assert (code, out) == (2, ""), err
+            line = one_line(err)
+            assert line.startswith(f"rtenv-agent {command}: argument --"), line
+            assert "not allowed with argument --" in line, line
+            assert not (base / "root").exists()
+
+
 async def test_no_state_db_logs_nothing_about_state_db(base: Path) -> None:
     """Its index is in memory: the log said 'state.db migrated to schema version N' three
     times, as if it made a state.db."""

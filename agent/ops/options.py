@@ -256,18 +256,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root", type=Path, required=True, help="the agent's directory")
     parser.add_argument("--parent-pid", type=int, help="shut down when this process exits")
     parser.add_argument("--config", type=Path, help="a TOML file of settings (or RTENV_CONFIG)")
+    # --state-db and --no-state-db set one setting: given both, argparse refuses them in one
+    # line (a later one silently won); every other option has one flag
+    state_db = parser.add_mutually_exclusive_group()
     defaults = Settings(root=Path("ROOT"))
     for opt in OPTIONS:
         default = _value_text(defaults, opt)
         text = f"{opt.help} (default {default}; env {opt.env_var})".replace("%", "%%")
+        group = state_db if opt.name == "state-db" else parser
         if opt.flag:
-            parser.add_argument(f"--{opt.name}", action="store_const", const="true", help=text)
+            group.add_argument(f"--{opt.name}", action="store_const", const="true", help=text)
         elif opt.repeat:
-            parser.add_argument(f"--{opt.name}", action="append", metavar=opt.metavar, help=text)
+            group.add_argument(f"--{opt.name}", action="append", metavar=opt.metavar, help=text)
         else:
-            parser.add_argument(f"--{opt.name}", metavar=opt.metavar, help=text)
-    parser.add_argument("--no-state-db", action="store_const", const="false", dest="state_db",
-                        help="the same as --state-db false")  # fmt: skip
+            group.add_argument(f"--{opt.name}", metavar=opt.metavar, help=text)
+    state_db.add_argument("--no-state-db", action="store_const", const="false", dest="state_db",
+                          help="the same as --state-db false")  # fmt: skip
 
 
 def resolve(
