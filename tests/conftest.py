@@ -7,6 +7,7 @@ import os
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -55,6 +56,20 @@ def pytest_report_header(config: pytest.Config) -> str:
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, loops.LoopFactory]:
-    """pytest-asyncio's loops are the agent's loop (see ``_session_loop``)."""
+    """pytest-asyncio's loops are the agent's loop (see ``_session_loop``), but for the tests
+    of the simulated scheduler, which runs on asyncio's own loop (``asyncio.run`` in its CLI):
+    its agents are its sidecar processes, which still choose theirs."""
+    module = getattr(item, "module", None)
+    if module is not None and _uses_the_scheduler(module):
+        return {"asyncio": asyncio.new_event_loop}
     name, factory = _session_loop()
     return {name: factory}
+
+
+def _uses_the_scheduler(module: ModuleType) -> bool:
+    """Whether a test module imported anything of ``raylet_sim``."""
+    for value in vars(module).values():
+        name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", "")
+        if isinstance(name, str) and name.split(".")[0] == "raylet_sim":
+            return True
+    return False

@@ -130,3 +130,13 @@ async def test_config_refuses_a_loop_serve_would_refuse(
     assert proc.returncode == 2, (out, err)
     assert err.decode().count("\n") == 1, err
     assert b"names no event loop" in err, err
+
+
+def test_the_schedulers_tests_run_on_asyncio_as_raylet_sim_does_and_the_agents_on_its_loop() -> (
+    None
+):
+    import tests.test_pool_unit
+    from tests import conftest
+
+    assert conftest._uses_the_scheduler(tests.test_pool_unit)
+    assert not conftest._uses_the_scheduler(sys.modules[__name__])
