@@ -228,6 +228,42 @@ async def test_port_in_use_is_one_line_and_the_root_is_never_made(base: Path) ->
     assert not (base / "root").exists(), "the root was made (and state.db with it)"
 
 
+@pytest.mark.parametrize("flag", ["--metrics-address", "--ray-address"])
+async def test_a_busy_metrics_or_ray_port_is_one_line_naming_flag_and_address_and_no_root(
+    base: Path, flag: str
+) -> None:
+    """asyncio's bind error showed the address as a tuple (``('127.0.0.1', 18765)``), and the
+    metrics port was bound only after recovery had made the root and its state.db."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        address = f"127.0.0.1:{holder.getsockname()[1]}"
+        code, err = await refused(base / "refused.log", "--root", str(base / "root"),
+                                  flag, address)  # fmt: skip
+    assert code == 2, err
+    assert one_line(err) == (
+        f"rtenv-agent: cannot listen on {address} ({flag}): Address already in use; another "
+        "process listens there; choose another port (0 picks a free one)"
+    )
+    assert not (base / "root").exists(), "the root was made (and state.db with it)"
+
+
+async def test_two_doors_on_one_port_are_refused_before_the_root_is_made(base: Path) -> None:
+    """The second door's bind failed only after recovery, the first one bound. Refused before
+    any port is tried: whoever holds the port by then does not matter."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{free.getsockname()[1]}"
+    code, err = await refused(base / "refused.log", "--root", str(base / "root"),
+                              "--address", address, "--metrics-address", address)  # fmt: skip
+    assert code == 2, err
+    assert one_line(err) == (
+        f"rtenv-agent: --metrics-address {address} and --address {address} are one port for "
+        "two doors; give each its own port (0 picks a free one)"
+    )
+    assert not (base / "root").exists()
+
+
 async def test_state_db_and_no_state_db_together_are_refused_in_one_line(base: Path) -> None:
     """``--state-db true --no-state-db`` was resolved silently, the later flag winning."""
     for command in ("serve", "config"):

@@ -263,11 +263,12 @@ async def test_a_step_of_stop_that_fails_still_releases_the_root_lock_and_raises
 
 
 async def test_a_start_refused_after_binding_lets_the_port_go(base: Path) -> None:
-    """A start that fails after the gRPC port is bound (here: the metrics port is taken) stops
-    the server it made: the same port can be bound again at once."""
+    """A start that fails after the gRPC port is bound (here: the metrics port is taken during
+    recovery, after the start found it free) stops the server it made: the same port can be
+    bound again at once."""
     with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         taken.bind(("127.0.0.1", 0))
-        taken.listen()
         metrics_port = taken.getsockname()[1]
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -276,8 +277,13 @@ async def test_a_start_refused_after_binding_lets_the_port_go(base: Path) -> Non
             Settings(root=base / "root"), fetch=FAST_FETCH, address=f"127.0.0.1:{grpc_port}",
             metrics_address=f"127.0.0.1:{metrics_port}",
         )  # fmt: skip
-        agent = Agent(settings)
-        with pytest.raises(StartupError, match="cannot serve metrics"):
+
+        async def take_the_metrics_port() -> None:
+            taken.listen()
+
+        agent = Agent(settings, before_recovery=take_the_metrics_port)
+        said = rf"^cannot listen on 127.0.0.1:{metrics_port} \(--metrics-address\): Address"
+        with pytest.raises(StartupError, match=said):
             await agent.start()
     with socket.socket() as again:  # nobody listens there: the failed start's server let it go
         again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -10,6 +10,7 @@ import logging
 import logging.handlers
 import os
 import signal
+import socket
 import sys
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -449,6 +450,25 @@ async def test_token_auth_on_and_no_token_is_one_line_and_exit_2(base: Path) -> 
     assert err.strip().count("\n") == 0, err
     assert "no-such-token" in err, err
     assert not (base / "s" / "runtime_resources").exists()  # refused before the root is made
+
+
+async def test_a_busy_agent_port_is_one_line_in_words_and_the_root_is_never_made(
+    base: Path,
+) -> None:
+    """asyncio's bind error showed the address as a tuple (``('127.0.0.1', 18765)``)."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        code, err = await _run(ray_flags(base, port=port), _environ())
+    assert code == 2, err
+    assert err == (
+        f"rtenv-agent ray-agent: cannot listen on 127.0.0.1:{port} (--runtime-env-agent-port): "
+        "Address already in use; another process listens there; choose another port (0 picks "
+        "a free one)\n"
+    )
+    assert not (base / "s" / "runtime_resources").exists()
+    assert not (base / "s" / f"runtime_env_agent_port_{NODE}").exists()
 
 
 async def _fake_raylet() -> asyncio.subprocess.Process:

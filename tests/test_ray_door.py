@@ -327,11 +327,11 @@ async def test_the_ray_port_in_use_is_a_clear_startup_error() -> None:
         base = short_tempdir()
         try:
             agent = Agent(Settings(root=base / "root", ray=RaySettings(port=port)))
-            with pytest.raises(
-                StartupError, match=f"cannot serve the Ray door on 127.0.0.1:{port}"
-            ):
+            said = rf"^cannot listen on 127.0.0.1:{port} \(--ray-address\): Address already in use"
+            with pytest.raises(StartupError, match=said):
                 await agent.start()
             assert agent.state is AgentState.STOPPED
+            assert not (base / "root").exists(), "refused after the root was made"
         finally:
             shutil.rmtree(base, ignore_errors=True)
 

@@ -27,6 +27,7 @@ class RaySettings:
     gcs_address: str = ""  # HOST:PORT of the node's GCS, for gcs:// packages ("" = none)
     cluster_id_hex: str = ""  # sent to the GCS as ray_cluster_id
     node_id: str = ""  # Ray's --node-id, for logs and the port file
+    named_by: str = "--ray-address"  # the flag that gives host and port, named in refusals
 
 
 @dataclass(frozen=True)

@@ -147,8 +147,8 @@ _TOML_NAMES: tuple[tuple[type, str], ...] = (
 OPTIONS: tuple[Option, ...] = (
     Option("address", "address", str,
            "unix:PATH, HOST:PORT or [IPv6]:PORT",
-           "a malformed address, a path over 107 bytes, a port in use, or a non-loopback host "
-           "without allow-remote: refused at start, before the root is touched"),
+           "a malformed address, a path over 107 bytes, a port in use or another door's, or a "
+           "non-loopback host without allow-remote: refused at start, before the root is touched"),
     Option("allow-remote", "allow_remote", parse_bool, "allow a non-loopback TCP address",
            flag=True, toml=_BOOL),
     Option("token-file", "token_file", str,
@@ -229,13 +229,15 @@ OPTIONS: tuple[Option, ...] = (
            flag=True, toml=_BOOL),
     Option("metrics-address", "metrics_address", str,
            "HOST:PORT to serve Prometheus metrics on (off by default; loopback unless "
-           "allow-remote)"),
+           "allow-remote)",
+           "a malformed address, a port in use or another door's, or a non-loopback host "
+           "without allow-remote: refused at start, before the root is touched"),
     Option("ray-address", "ray", parse_ray_address,
            "HOST:PORT to serve Ray's runtime env agent protocol on, for clients of it other than "
            "a raylet (off by default; loopback unless allow-remote; with --token-file, it "
            "requires that token too)",
-           "a malformed address, a port in use, or a non-loopback host without allow-remote: "
-           "refused at start"),
+           "a malformed address, a port in use or another door's, or a non-loopback host "
+           "without allow-remote: refused at start, before the root is touched"),
     Option("log-format", "log_format", _one_of("text", "json"), "text or json"),
     Option("log-level", "log_level", _one_of("DEBUG", "INFO", "WARNING", "ERROR"),
            "DEBUG, INFO, WARNING or ERROR (any case)"),

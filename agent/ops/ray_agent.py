@@ -332,6 +332,7 @@ def settings_for(
         gcs_address=flags.gcs_address,
         cluster_id_hex=flags.cluster_id_hex,
         node_id=flags.node_id,
+        named_by="--runtime-env-agent-port",
     )
     GcsConfig(ray.gcs_address, ray.cluster_id_hex, ray.token)  # a token gRPC cannot send
     address = settings.address or grpc_address(settings.root, flags.temp_dir, flags.node_id)

@@ -48,7 +48,10 @@ from agent.install.staging import through
 from agent.install.unpack_pool import UnpackPool, auto_workers
 from agent.install.wheel_cache import WheelCache, find_uv
 from agent.ops.startup import (
+    bind_failure,
     check_address,
+    check_distinct_ports,
+    check_door_address,
     check_python,
     check_root_dirs,
     check_root_free,
@@ -66,6 +69,7 @@ from rtenv.v1 import agent_pb2
 
 log = logging.getLogger(__name__)
 
+METRICS_FLAG = "--metrics-address"
 SERVICE_NAME: str = agent_pb2.DESCRIPTOR.services_by_name["RuntimeEnvAgent"].full_name
 
 
@@ -123,12 +127,14 @@ class Agent:
         try:
             # What needs no root first: a refused start leaves the root untouched.
             address = check_address(settings.resolved_address(), settings.allow_remote)
+            doors = [("--address", address), *_other_doors(settings)]
+            check_distinct_ports(doors)
             root = settings.root.resolve()
             # --no-state-db cannot share the root; --reset-state may not pull the index from
             # under other agents: both need the root alone
             alone = not settings.persist or settings.reset_state
             check_root_free(root, alone=alone)
-            probe_address(address)
+            await asyncio.to_thread(_probe_doors, doors)  # a name may take a DNS look-up
             workers = settings.extract_workers
             if workers != 0:  # spawned now, in the background: ready by the time it serves
                 self._unpack = UnpackPool(auto_workers() if workers is None else workers)
@@ -258,8 +264,7 @@ class Agent:
         """Bind the Ray door (requests wait for ``_ray_ready``) and write its port file. Its
         token: Ray's (``ray.token``) when set, else the other doors' (``secret``)."""
         host = ray.host.strip("[]")
-        shown = f"[{host}]" if ":" in host else host
-        check_address(f"{shown}:{ray.port}", settings.allow_remote)
+        shown = f"[{host}]" if ":" in host else host  # checked by start, as the other doors
         if ray.token is not None and not ray.token.strip():
             raise StartupError("the Ray token is empty: Ray's token auth needs a token to check")
         self._ray_ready = asyncio.get_running_loop().create_future()
@@ -275,10 +280,8 @@ class Agent:
         await self._ray_runner.setup()
         try:
             await web.TCPSite(self._ray_runner, host, ray.port).start()
-        except OSError as exc:
-            raise StartupError(
-                f"cannot serve the Ray door on {shown}:{ray.port}: {exc.strerror or exc}"
-            ) from exc
+        except OSError as exc:  # another process took the port since start probed it
+            raise bind_failure(f"{shown}:{ray.port}", ray.named_by, exc) from exc
         port = self._ray_runner.addresses[0][1]
         self.ray_address = f"{shown}:{port}"
         if ray.port_file is not None:
@@ -299,16 +302,14 @@ class Agent:
         )  # fmt: skip
 
     async def _serve_metrics(self, settings: Settings, token: Token | None) -> None:
-        checked = check_address(settings.metrics_address, settings.allow_remote)
+        checked = check_door_address(METRICS_FLAG, settings.metrics_address, settings.allow_remote)
         host, _, port = checked.rpartition(":")
-        if checked.startswith("unix:") or not port.isdigit():
-            raise StartupError(f"metrics-address {checked!r} must be HOST:PORT")
         try:
             self._metrics_runner, bound = await start_metrics_server(
                 self.metrics, host.strip("[]"), int(port), token=token
             )
-        except OSError as exc:
-            raise StartupError(f"cannot serve metrics on {checked}: {exc.strerror}") from exc
+        except OSError as exc:  # another process took the port since start probed it
+            raise bind_failure(checked, METRICS_FLAG, exc) from exc
         self.metrics_address = f"{host}:{bound}"
         log.info(
             "metrics on http://%s/metrics", self.metrics_address,
@@ -411,6 +412,27 @@ class Agent:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
+
+
+def _other_doors(settings: Settings) -> list[tuple[str, str]]:
+    """The doors beside the gRPC one, as (the flag that names it, its checked HOST:PORT)."""
+    doors = []
+    if settings.metrics_address:
+        doors.append((METRICS_FLAG, check_door_address(
+            METRICS_FLAG, settings.metrics_address, settings.allow_remote)))  # fmt: skip
+    if settings.ray is not None:
+        host = settings.ray.host.strip("[]")
+        shown = f"[{host}]" if ":" in host else host
+        flag = settings.ray.named_by
+        doors.append((flag, check_door_address(
+            flag, f"{shown}:{settings.ray.port}", settings.allow_remote)))  # fmt: skip
+    return doors
+
+
+def _probe_doors(doors: list[tuple[str, str]]) -> None:
+    """Every door's address free, before the root is touched (blocking: call in a thread)."""
+    for flag, address in doors:
+        probe_address(address, flag)
 
 
 def freeze_start_heap() -> int:

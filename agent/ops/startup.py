@@ -19,7 +19,7 @@ import stat
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -96,10 +96,40 @@ def _is_ipv6(text: str) -> bool:
         return False
 
 
-def probe_address(address: str) -> None:
+def check_door_address(flag: str, address: str, allow_remote: bool) -> str:
+    """The HOST:PORT of a door beside the gRPC one (``--metrics-address``, the Ray door), checked
+    as ``check_address`` checks ``--address``; a refusal names ``flag``."""
+    try:
+        if address.startswith("unix:"):
+            raise StartupError(f"address {quoted(address)} is a unix socket; this door takes "
+                               "HOST:PORT or [IPv6]:PORT")  # fmt: skip
+        return check_address(address, allow_remote)
+    except StartupError as exc:
+        raise StartupError(f"{flag}: {exc.message}") from None
+
+
+def check_distinct_ports(doors: Sequence[tuple[str, str]]) -> None:
+    """Two doors (flag, checked address) never share a TCP port (0 picks a free one each): the
+    second would be refused only after recovery."""
+    seen: dict[int, tuple[str, str]] = {}
+    for flag, address in doors:
+        if address.startswith("unix:"):
+            continue
+        port = split_host_port(address)[1]
+        if port in seen:
+            first_flag, first = seen[port]
+            raise StartupError(
+                f"{flag} {address} and {first_flag} {first} are one port for two doors; give "
+                "each its own port (0 picks a free one)"
+            )
+        if port:
+            seen[port] = (flag, address)
+
+
+def probe_address(address: str, flag: str = "--address") -> None:
     """Before the root is touched: refuse an address another process listens on (a checked
-    address: unix:ABSPATH or HOST:PORT). The bind itself may still lose a race; it is checked
-    again then."""
+    address: unix:ABSPATH or HOST:PORT, given by ``flag``). The bind itself may still lose a
+    race; it is checked again then (``bind_failure`` says it)."""
     if address.startswith("unix:"):
         path = Path(address.removeprefix("unix:"))
         if path.is_socket() and _unix_listener(path):
@@ -115,19 +145,27 @@ def probe_address(address: str) -> None:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
-        raise StartupError(f"cannot resolve {quoted(host)} of --address: {exc.strerror}") from exc
+        raise StartupError(f"cannot resolve {quoted(host)} of {flag}: {exc.strerror}") from exc
     for family, kind, proto, _, sockaddr in infos:
         with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC and aiohttp
             try:
                 probe.bind(sockaddr)
             except OSError as exc:
-                hint = (
-                    "another process listens there; choose another port (0 picks a free one)"
-                    if exc.errno == errno.EADDRINUSE
-                    else "choose another --address"
-                )
-                raise StartupError(f"cannot listen on {address}: {exc.strerror}; {hint}") from exc
+                raise bind_failure(address, flag, exc) from exc
+
+
+def bind_failure(address: str, flag: str, exc: OSError) -> StartupError:
+    """A bind of ``address`` (given by ``flag``) refused: the address and the reason in words.
+    asyncio's own message would show the address as a tuple, ``('127.0.0.1', 18765)``."""
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    hint = (
+        "another process listens there; choose another port (0 picks a free one)"
+        if exc.errno == errno.EADDRINUSE
+        else f"choose another {flag}"
+    )
+    named = "" if flag == "--address" else f" ({flag})"
+    return StartupError(f"cannot listen on {address}{named}: {reason}; {hint}")
 
 
 def _unix_listener(path: Path) -> bool:
