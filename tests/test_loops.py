@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.ops import loops
-from tests.test_process import REPO, START_S, refused, serving, stop, wait_health_serving
+from tests.test_process import refused, run_cli, serving, wait_health_serving
 
 UVLOOP = importlib.util.find_spec("uvloop") is not None
 needs_uvloop = pytest.mark.skipif(not UVLOOP, reason="uvloop is not installed (the extra 'fast')")
@@ -119,22 +119,13 @@ async def test_config_refuses_a_loop_serve_would_refuse(
     base: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(loops.ENV, "tokio")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agent", "config", "--root", str(base / "root"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO,
-    )  # fmt: skip
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), START_S)
-    finally:
-        await stop(proc)
-    assert proc.returncode == 2, (out, err)
-    assert err.decode().count("\n") == 1, err
-    assert b"names no event loop" in err, err
+    code, out, err = await run_cli("config", "--root", str(base / "root"))
+    assert code == 2, (out, err)
+    assert err.count("\n") == 1, err
+    assert "names no event loop" in err, err
 
 
-def test_the_schedulers_tests_run_on_asyncio_as_raylet_sim_does_and_the_agents_on_its_loop() -> (
-    None
-):
+def test_the_schedulers_tests_run_on_asyncio_as_raylet_sim_itself_does() -> None:
     import tests.test_pool_unit
     from tests import conftest
 
