@@ -23,6 +23,7 @@ from agent.core.errors import StartupError
 from agent.ops.cli import format_info
 from agent.ops.startup import check_root_free, lock_root
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
+from tests.helpers import env_json, workdir_zip
 from tests.test_process import (
     NO_PROXY,
     STOP_S,
@@ -286,6 +287,34 @@ async def test_no_state_db_logs_nothing_about_state_db(base: Path) -> None:
     assert "serving on" in log, log
     assert "state.db" not in log, log
     assert not (root / "state.db").exists()
+
+
+async def test_an_allow_file_root_that_does_not_exist_is_kept_with_one_warning(base: Path) -> None:
+    """serve and config each say it in one line, and accept it: once the folder is there (a
+    file system mounted later), a package under it is served."""
+    later, there = base / "mounted-later", base / "pkgs"
+    there.mkdir()
+    roots = ("--allow-file-root", str(later), "--allow-file-root", str(there))
+    warning = f"allow-file-root {str(later)!r} is not a folder (yet): kept"
+    code, out, err = await run_cli("config", "--root", str(base / "root"), *roots)
+    assert code == 0, err
+    assert one_line(err).startswith(f"rtenv-agent: warning: {warning}"), err
+    assert f"{later}:{there}" in out, out
+    async with serving(base / "agent.log", "--root", str(base / "root"), *roots) as agent:
+        await wait_health_serving(agent.address)
+        said = [line for line in agent.log_text().splitlines() if "allow-file-root" in line]
+        assert len(said) == 1, said
+        assert f"WARNING agent.ops.server: {warning}" in said[0], said
+        later.mkdir()
+        package = later / "wd.zip"
+        package.write_bytes(workdir_zip({"main.py": "print('hi')\n"}))
+        async with grpc.aio.insecure_channel(agent.address, options=NO_PROXY) as channel:
+            stub = agent_pb2_grpc.RuntimeEnvAgentStub(channel)  # type: ignore[no-untyped-call]
+            request = agent_pb2.CreateRuntimeEnvRequest(
+                serialized_runtime_env=env_json(f"file://{package}")
+            )
+            reply = await stub.CreateRuntimeEnv(request, timeout=30)
+        assert reply.runtime_env_id
 
 
 async def test_tcp_scheme_is_called_malformed_not_non_loopback(base: Path) -> None:

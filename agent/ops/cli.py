@@ -26,7 +26,7 @@ from agent.core.errors import AgentError, echo_label
 from agent.core.units import human_bytes, parse_duration, plural
 from agent.ops import logs, loops, options, ray_agent, root_view
 from agent.ops.entry import serve
-from agent.ops.startup import check_address
+from agent.ops.startup import check_address, file_root_warning, missing_folders
 from agent.ops.usage import OneLineParser
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 
@@ -299,6 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "config":
             loops.loop_factory(os.environ)  # a mistaken RTENV_EVENT_LOOP is serve's mistake too
             print(options.effective(settings, sources))
+            for missing in missing_folders(settings.allow_file_roots):  # as serve warns
+                print(f"rtenv-agent: warning: {file_root_warning(missing)}", file=sys.stderr)
             return 0
         logs.configure(settings.log_level, settings.log_format)
         return _run(settings)

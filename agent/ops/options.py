@@ -157,7 +157,8 @@ OPTIONS: tuple[Option, ...] = (
            "(health checks are exempt)"),
     Option("allow-file-root", "allow_file_roots", str,
            "a folder file:// packages and pip's local paths may come from (repeat it); none: any",
-           "a file:// URI or a local path for pip outside them: PERMISSION_DENIED",
+           "a file:// URI or a local path for pip outside them: PERMISSION_DENIED; a folder "
+           "that does not exist: kept (it may be mounted later), with a warning",
            repeat=True, metavar="DIR"),
     Option("cache-budget", "cache_budget_bytes", parse_bytes,
            "size of the unused packages kept cached", "least recently used evicted until it fits",

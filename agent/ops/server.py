@@ -55,8 +55,10 @@ from agent.ops.startup import (
     check_python,
     check_root_dirs,
     check_root_free,
+    file_root_warning,
     lock_root,
     make_folders,
+    missing_folders,
     move_aside,
     prepare_socket_path,
     probe_address,
@@ -135,6 +137,8 @@ class Agent:
             alone = not settings.persist or settings.reset_state
             check_root_free(root, alone=alone)
             await asyncio.to_thread(_probe_doors, doors)  # a name may take a DNS look-up
+            for missing in await asyncio.to_thread(missing_folders, settings.allow_file_roots):
+                log.warning("%s", file_root_warning(missing))
             workers = settings.extract_workers
             if workers != 0:  # spawned now, in the background: ready by the time it serves
                 self._unpack = UnpackPool(auto_workers() if workers is None else workers)

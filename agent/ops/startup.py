@@ -226,6 +226,21 @@ def check_python(python: str) -> tuple[int, int]:
     return 3, int(version[1])
 
 
+def missing_folders(folders: Sequence[str]) -> list[str]:
+    """Those of ``folders`` (the allow-file-root setting) that are not folders now (blocking:
+    call in a thread)."""
+    return [folder for folder in folders if folder and not os.path.isdir(folder)]
+
+
+def file_root_warning(folder: str) -> str:
+    """The one line said of an allow-file-root folder that does not exist: kept (a file system
+    may be mounted there later), but nothing comes from it until then."""
+    return (
+        f"allow-file-root {quoted(folder, PATH_SHOWN)} is not a folder (yet): kept, as a file "
+        "system may be mounted there later; no file:// package comes from it until then"
+    )
+
+
 def check_root_dirs(root: Path) -> None:
     """Make uris/, tmp/ and trash/ and prove the agent can use them as an install does: make a
     folder in tmp/, write in it, rename it into uris/, then into trash/, remove it. A failure
