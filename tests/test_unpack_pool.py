@@ -555,3 +555,39 @@ async def test_workers_of_an_agent_killed_outright_exit_on_their_own() -> None:
         for pid in children_of(proc.pid):
             os.kill(pid, signal.SIGKILL)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+async def test_a_signal_to_the_agents_whole_group_stops_it_with_no_worker_replaced(
+    sig: signal.Signals,
+) -> None:
+    """systemd's stop (SIGTERM to every process of the unit), a closed terminal (SIGHUP) or ^C
+    reach the workers too: they leave it to the agent, which ends them; none dies of it and is
+    replaced while the agent stops."""
+    base = short_tempdir()
+    log = base / "agent.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(  # noqa: ASYNC220 - its pid is what the test needs
+            [sys.executable, "-m", "agent", "serve", "--root", str(base / "root"),
+             "--extract-workers", "2"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        await wait_until(lambda: len(children_of(proc.pid)) == 2, timeout_s=60, what="workers")
+        await wait_until(lambda: "serving on" in log.read_text(), timeout_s=60, what="serving")
+        pids = children_of(proc.pid)
+        os.killpg(proc.pid, sig)
+        code = await asyncio.wait_for(asyncio.to_thread(proc.wait), 30)
+        text = log.read_text()
+        assert code == 0, text
+        assert "starting another" not in text, text
+        assert "unpack worker" not in text, text
+        await wait_until(lambda: not any(alive(p) for p in pids), what="the workers to exit")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in children_of(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(base, ignore_errors=True)

@@ -64,7 +64,7 @@ from agent.core.errors import AgentError, FailedPrecondition, Unavailable, Unsaf
 from agent.install import inflate
 from agent.install.archive import ArchiveLimits, Stopped
 from agent.install.growing import Growing
-from agent.install.unpack_worker import receive, send
+from agent.install.unpack_worker import AGENTS_SIGNALS, receive, send
 
 log = logging.getLogger(__name__)
 
@@ -193,9 +193,14 @@ class UnpackPool:
             *nice, sys.executable, "-S", "-m", "agent.install.unpack_worker", str(sock_fd),
             str(self._stops_fd), str(index), str(os.getpid()), "0" if nice else str(self._nice),
         ]  # fmt: skip
-        return subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, pass_fds=(sock_fd, self._stops_fd), env=env
-        )
+        # blocked in this (spawning) thread alone, so the worker starts with them blocked
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, AGENTS_SIGNALS)
+        try:
+            return subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, pass_fds=(sock_fd, self._stops_fd), env=env
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     @property
     def pids(self) -> list[int]:

@@ -64,6 +64,14 @@ from agent.install.archive import (
 )
 from agent.install.growing import Growing, GrowingZip
 
+# A signal to the agent's whole group (a terminal's ^C or hang-up; systemd's stop, which sends
+# SIGTERM to every process of the unit) is the agent's to handle: it ends its workers itself
+# (their sockets closed, then their PIDs killed past a grace). A worker that died of it was
+# replaced while the agent began to stop. The pool starts each worker with these blocked (a
+# blocked signal stays pending across exec), and the worker ignores them before it unblocks
+# them, so even one sent while the worker still imports is ignored.
+AGENTS_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
 Answer = tuple[Any, ...]
 
 
@@ -156,7 +164,9 @@ class _Worker:
 
 def main(argv: list[str]) -> None:
     sock_fd, stops_fd, index, parent, nice = (int(a) for a in argv)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is the agent's to handle
+    for sig in AGENTS_SIGNALS:  # ignored before they are unblocked: none is lost nor fatal
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, AGENTS_SIGNALS)
     os.nice(nice)
     stops = mmap.mmap(stops_fd, 0)
     os.close(stops_fd)
