@@ -52,7 +52,7 @@ from chaoslib_root import (
 
 from raylet_sim.cli import shown
 from raylet_sim.client import AgentClient
-from raylet_sim.interrupt import EXIT_INTERRUPTED, Interrupt
+from raylet_sim.interrupt import STOP_SIGNALS, Interrupt
 from raylet_sim.node import AgentDied, Node
 from raylet_sim.pool import (
     ENV_SETUP_FAILED,
@@ -679,14 +679,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 31)
     print(f"chaos seed {args.seed} (replay with --seed {args.seed})", flush=True)
-    interrupt = Interrupt()
+    # Ctrl-C, SIGTERM (kill, timeout) and SIGHUP (a closing terminal) stop the run alike
+    interrupt = Interrupt(STOP_SIGNALS)
     try:
-        tally = asyncio.run(interrupt.run(run(args, interrupt)))
+        with interrupt.raising():
+            tally = asyncio.run(interrupt.run(run(args, interrupt)))
     except KeyboardInterrupt:  # before the run began, or as asyncio shut down after it
         tally = None
     if tally is None:
-        print("chaos: interrupted; the nodes stopped, their temp files removed", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        with contextlib.suppress(OSError):  # a closed terminal takes no line
+            print(
+                f"chaos: {interrupt.said}; the nodes stopped, their temp files removed",
+                file=sys.stderr,
+            )
+        return interrupt.exit_code
     return 1 if tally.violations else 0
 
 

@@ -75,12 +75,15 @@ def exited(pid: int) -> Callable[[], bool | None]:
     return lambda: gone(pid) or None
 
 
-def check_clean_interrupt(code: int, err: str, tmp: Path, prog: str) -> None:
-    assert code == 130, f"exit {code}; stderr:\n{err[-4000:]}"
+def check_clean_interrupt(
+    code: int, err: str, tmp: Path, prog: str, sig: signal.Signals = signal.SIGINT
+) -> None:
+    assert code == 128 + sig, f"exit {code}; stderr:\n{err[-4000:]}"
     assert "Traceback" not in err, err[-4000:]
     lines = err.splitlines()
     assert len(lines) <= 2, f"{len(lines)} lines on stderr:\n{err[-4000:]}"
-    assert lines[-1].startswith(f"{prog}: interrupted"), err
+    said = "interrupted" if sig == signal.SIGINT else f"interrupted by {sig.name}"
+    assert lines[-1].startswith(f"{prog}: {said};"), err
     assert not tmp.exists() or list(tmp.iterdir()) == [], "the interrupted run left files"
 
 
@@ -95,17 +98,19 @@ def test_ctrl_c_during_the_demo_stops_the_node_cleanly_says_one_line_and_exits_1
 
 
 @pytest.mark.timeout(180)
-def test_ctrl_c_during_the_chaos_runner_stops_the_node_cleanly_says_one_line_and_exits_130() -> (
-    None
-):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "SIGTERM"])
+def test_a_stop_signal_during_the_chaos_runner_stops_the_nodes_cleanly_in_one_line(
+    sig: signal.Signals,
+) -> None:
+    """Ctrl-C exits 130; SIGTERM (kill, timeout), which killed it outright, 143."""
     args = [
         sys.executable, str(REPO / "scripts" / "chaos.py"), "--seed", "3", "--rounds", "50",
         "--agent-kills", "10", "--tasks", "60",
     ]  # fmt: skip
     started = time.monotonic()
-    code, _, err, tmp = interrupt_when(args, r"round 1\b")
+    code, _, err, tmp = interrupt_when(args, r"round 1\b", sig)
     assert time.monotonic() - started < 170
-    check_clean_interrupt(code, err, tmp, "chaos")
+    check_clean_interrupt(code, err, tmp, "chaos", sig)
 
 
 @pytest.mark.timeout(60)
