@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import shlex
 import signal
 import sys
 import time
@@ -103,7 +104,8 @@ class StubAgent(agent_pb2_grpc.RuntimeEnvAgentServicer):
             context=agent_pb2.RuntimeEnvContext(
                 env_vars=env_vars,
                 cwd=str(self.workdir),
-                py_executable=env.get("py_executable", sys.executable),
+                # shell words, as the agent sends it: a path with a space is quoted
+                py_executable=env.get("py_executable", shlex.quote(sys.executable)),
             ),
         )
 

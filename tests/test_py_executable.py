@@ -63,7 +63,7 @@ async def test_a_create_returns_the_envs_py_executable_and_another_command_is_an
         assert (hit.runtime_env_id, hit.context.py_executable) == (first.runtime_env_id, command)
         plain = await a.create(_env(wd, None))
         assert plain.runtime_env_id != first.runtime_env_id
-        assert plain.context.py_executable == a.agent.settings.py_executable
+        assert plain.context.py_executable == shlex.quote(a.agent.settings.py_executable)
         assert plain.context.cwd == first.context.cwd, "one working dir package for both"
         assert len((await a.info()).uris) == 1
 

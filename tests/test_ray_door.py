@@ -437,7 +437,7 @@ async def test_a_pip_env_runs_as_rays_worker_would_start_it(
         reply = await ray.create(text, timeout_s=180)
         assert reply.status == OK, reply.error_message
         context = json.loads(reply.serialized_runtime_env_context)
-        assert context["py_executable"] == sys.executable
+        assert context["py_executable"] == shlex.quote(sys.executable)  # one shell word
         env = dict(os.environ)
         for key, value in context["env_vars"].items():  # as Ray's update_envs
             env[key] = re.sub(r"\$\{[A-Z0-9_]+\}", "", os.path.expandvars(value))
