@@ -87,19 +87,43 @@ async def test_a_mistaken_argument_is_echoed_on_one_line_and_cut(base: Path) -> 
 # -- info ------------------------------------------------------------------------------------
 
 
-async def test_info_on_a_socket_nobody_serves_fails_fast_saying_cannot_connect(base: Path) -> None:
-    """Within the 2 s connect wait, whatever --timeout allows the answer (60 s here)."""
-    address = f"unix:{base / 'nobody.sock'}"
-    with socket.socket(socket.AF_UNIX) as stale:  # a killed agent's file: bound, nobody listens
-        stale.bind(str(base / "nobody.sock"))
-    started = time.monotonic()
-    code, out, err = await run_cli("info", "--address", address, "--timeout", "60")
-    elapsed = time.monotonic() - started
+async def test_info_on_a_listener_that_never_answers_gives_up_after_the_connect_wait(
+    base: Path,
+) -> None:
+    """Within the 2 s connect wait, whatever --timeout allows the answer (60 s here): a socket
+    that takes connections (the kernel's backlog) but never speaks gRPC."""
+    address = f"unix:{base / 'mute.sock'}"
+    with socket.socket(socket.AF_UNIX) as mute:
+        mute.bind(str(base / "mute.sock"))
+        mute.listen(8)
+        started = time.monotonic()
+        code, out, err = await run_cli("info", "--address", address, "--timeout", "60")
+        elapsed = time.monotonic() - started
     assert code == 1, out
     line = one_line(err)
     assert line.startswith(f"rtenv-agent info: cannot connect to {address} within 2s"), line
     assert "(is the agent running?" in line
     assert elapsed < 30, f"took {elapsed:.1f}s: it waited for the answer's timeout"
+
+
+@pytest.mark.parametrize("family", ["unix", "tcp"])
+async def test_info_where_nothing_listens_says_so_at_once(base: Path, family: str) -> None:
+    """A killed agent's leftover socket file (bound, nobody listening), and a TCP port nobody
+    listens on: the connect is refused at once, so info says so without the 2 s wait (only
+    that path can say "nothing listens there")."""
+    with socket.socket(socket.AF_UNIX if family == "unix" else socket.AF_INET) as stale:
+        if family == "unix":
+            stale.bind(str(base / "stale.sock"))
+            address = f"unix:{base / 'stale.sock'}"
+        else:
+            stale.bind(("127.0.0.1", 0))  # held, never listening: a port nobody serves
+            address = f"127.0.0.1:{stale.getsockname()[1]}"
+        code, out, err = await run_cli("info", "--address", address, "--timeout", "60")
+    assert (code, out) == (1, ""), err
+    assert one_line(err) == (
+        f"rtenv-agent info: cannot connect to {address}: nothing listens there (is the agent "
+        "running? it prints its address when it starts; a killed agent leaves its socket file)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import importlib
 import os
+import socket
 import stat
 import sys
 import textwrap
@@ -26,7 +27,7 @@ from agent.core.errors import AgentError, echo_label
 from agent.core.units import human_bytes, parse_duration, plural
 from agent.ops import logs, loops, options, ray_agent, root_view
 from agent.ops.entry import serve
-from agent.ops.startup import check_address, file_root_warning, missing_folders
+from agent.ops.startup import check_address, file_root_warning, missing_folders, split_host_port
 from agent.ops.usage import OneLineParser
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 
@@ -173,7 +174,7 @@ def _info(args: argparse.Namespace) -> int:
     except AgentError as exc:
         print(f"rtenv-agent info: {exc.message}", file=sys.stderr)
         return 2
-    if (problem := _socket_file_problem(address)) is not None:  # known at once: no 2 s wait
+    if (problem := _connect_problem(address)) is not None:  # known at once: no 2 s wait
         print(f"rtenv-agent info: cannot connect to {address}: {problem}", file=sys.stderr)
         return 1
     metadata = [("authorization", f"Bearer {token.decode()}")] if token else []
@@ -211,22 +212,35 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _socket_file_problem(address: str) -> str | None:
-    """What a look at a unix address's file tells at once (gRPC would retry for the connect
-    wait and say only that it cannot connect): no file there, or a file that is no socket."""
-    if not address.startswith("unix:"):
-        return None
+def _connect_problem(address: str) -> str | None:
+    """What one plain connect tells at once, where gRPC would retry for the whole connect wait
+    and then say only that it cannot connect: no socket file there, a file that is no socket,
+    or nothing listening (a killed agent's leftover socket file; a TCP port refused). None: it
+    connected, or took longer than the wait (gRPC's wait then says so)."""
+    running = "is the agent running? it prints its address when it starts"
+    target: str | tuple[str, int]
+    if address.startswith("unix:"):
+        path = address.removeprefix("unix:")
+        try:
+            mode = os.stat(path).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            return f"the socket file does not exist ({running})"
+        except OSError:
+            return None  # not ours to tell (a folder we may not search): the connect says
+        if not stat.S_ISSOCK(mode):
+            return "the file there is not a socket (the agent prints its address when it starts)"
+        family, target = socket.AF_UNIX, path
+    else:
+        target = split_host_port(address)
+        family = socket.AF_INET6 if ":" in target[0] else socket.AF_INET
     try:
-        mode = os.stat(address.removeprefix("unix:")).st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        return (
-            "the socket file does not exist (is the agent running? it prints its address when "
-            "it starts)"
-        )
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.settimeout(CONNECT_TIMEOUT_S)
+            probe.connect(target)
+    except ConnectionRefusedError:
+        return f"nothing listens there ({running}; a killed agent leaves its socket file)"
     except OSError:
-        return None  # not ours to tell (a folder we may not search): the connect says
-    if not stat.S_ISSOCK(mode):
-        return "the file there is not a socket (the agent prints its address when it starts)"
+        return None  # a timeout, a name to resolve, a route: gRPC's own wait says
     return None
 
 
