@@ -8,7 +8,9 @@ context points the worker's cwd and PYTHONPATH at a temp dir of files.
 from __future__ import annotations
 
 import asyncio
+import shlex
 import shutil
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -126,7 +128,8 @@ async def test_watcher_thread_finds_a_deletion_without_an_explicit_check(tmp_pat
 
 @dataclass
 class StubAgent(agent_pb2_grpc.RuntimeEnvAgentServicer):
-    """A fake agent whose every env runs in ``workdir`` (cwd and PYTHONPATH)."""
+    """A fake agent whose every env runs in ``workdir`` (cwd and PYTHONPATH), under this python
+    (as the agent sends it: shell words, the path quoted)."""
 
     workdir: Path
     refs: dict[str, int] = field(default_factory=dict)
@@ -140,7 +143,9 @@ class StubAgent(agent_pb2_grpc.RuntimeEnvAgentServicer):
         return agent_pb2.CreateRuntimeEnvReply(
             runtime_env_id="env-watched",
             context=agent_pb2.RuntimeEnvContext(
-                env_vars={"PYTHONPATH": str(self.workdir)}, cwd=str(self.workdir)
+                env_vars={"PYTHONPATH": str(self.workdir)},
+                cwd=str(self.workdir),
+                py_executable=shlex.quote(sys.executable),
             ),
         )
 
