@@ -15,8 +15,9 @@ from agent.ops import loops
 from tests.helpers import short_tempdir
 from tests.pip_wheels import build_wheelhouse
 
-# Each session gets a private temp dir that must be empty at its end (see tests/tmpguard.py).
-pytest_plugins = ["tests.tmpguard"]
+# Each session gets a private temp dir that must be empty at its end (see tests/tmpguard.py);
+# no garbage collection runs inside an AST parse (it crashed pytest on 3.11.7: tests/gc_pause.py).
+pytest_plugins = ["tests.tmpguard", "tests.gc_pause"]
 
 
 @pytest.fixture
