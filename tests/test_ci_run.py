@@ -1,6 +1,7 @@
 """.ci/run, on a small git repository of its own whose README's second code block is the "test
-command": it runs the committed command in a fresh clone under a path with hyphens, with a
-temp dir of its own that must be left empty, and removes everything afterwards."""
+command": it runs the committed command in a fresh clone under a path with a space and
+hyphens, with a temp dir of its own that must be left empty, and removes everything
+afterwards. The repo's own path has a space too."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def _repo(base: Path, command: str) -> Path:
     """A git repo holding .ci/run and a README whose second code block is ``command``."""
     if shutil.which("git") is None:
         pytest.skip("git is not on PATH")
-    repo = base / "repo"
+    repo = base / "the repo"
     (repo / ".ci").mkdir(parents=True)
     shutil.copy2(REPO / ".ci" / "run", repo / ".ci" / "run")
     (repo / "README.md").write_text(
@@ -52,13 +53,14 @@ def _where(out: str, key: str) -> Path:
     return Path(match[1])
 
 
-def test_the_committed_command_runs_in_a_fresh_clone_under_a_hyphenated_path(base: Path) -> None:
+def test_the_committed_command_runs_in_a_fresh_clone_under_a_path_with_a_space(base: Path) -> None:
     repo = _repo(base, 'echo "cwd=$PWD"; echo "tmp=$TMPDIR"; echo "head=$(git rev-parse HEAD)"')
     readme = repo / "README.md"
     readme.write_text(readme.read_text().replace("echo ", "echo uncommitted "))  # not used
     done = _ci(repo)
     assert done.returncode == 0, done.stdout + done.stderr
     cwd, tmp = _where(done.stdout, "cwd"), _where(done.stdout, "tmp")
+    assert " " in cwd.parent.name, cwd
     assert "-" in cwd.parent.name, cwd
     assert cwd != repo
     assert "uncommitted" not in done.stdout
