@@ -42,6 +42,7 @@ from typing import IO, Any, TypeVar
 import grpc
 import pytest
 
+from agent.ops import loops
 from agent.ops.ray_agent import grpc_address
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
@@ -105,8 +106,13 @@ def free_ports(count: int) -> list[int]:
 
 def base_environ(**extra: str) -> dict[str, str]:
     """This process's environment for a node or a driver: no Ray or pip settings of the
-    machine's, no usage stats; then ``extra``."""
-    env = {k: v for k, v in hermetic_pip_environ().items() if not k.startswith(("RAY_", "RTENV_"))}
+    machine's, no usage stats, no agent settings but the session's event loop (RTENV_EVENT_LOOP:
+    the raylets' agents run on the loop the rest of the tests run on); then ``extra``."""
+    env = {
+        k: v
+        for k, v in hermetic_pip_environ().items()
+        if not k.startswith(("RAY_", "RTENV_")) or k == loops.ENV
+    }
     env.update(
         RAY_USAGE_STATS_ENABLED="0",
         # explicit: unset, Ray turns token auth on when ~/.ray/auth_token exists

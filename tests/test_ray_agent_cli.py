@@ -20,7 +20,7 @@ import pytest
 
 from agent.app.config import Settings
 from agent.core.errors import ConfigError
-from agent.ops import logs, ray_agent
+from agent.ops import logs, loops, ray_agent
 from agent.ops.ray_agent import RayFlags, Refused, parse_flags, ray_token, settings_for
 from rtenv.ray.v1 import runtime_env_agent_pb2
 from tests.helpers import wait_until
@@ -414,9 +414,12 @@ def test_a_bad_logging_format_is_refused_at_configure(restore_logging: None) -> 
 
 
 def _environ(**extra: str) -> dict[str, str]:
-    """Our environment without settings of ours or Ray's that would change what is tested."""
+    """Our environment without settings of ours or Ray's that would change what is tested (the
+    session's event loop kept: RTENV_EVENT_LOOP)."""
     env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("RTENV_", "RAY_AUTH", "RAY_RAY"))
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RTENV_", "RAY_AUTH", "RAY_RAY")) or k == loops.ENV
     }
     return {**env, **extra}
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from agent.ops import loops
 from agent.ray import (
     AGENT_FLAG,
     agent_command_problem,
@@ -340,7 +341,11 @@ async def test_rtenv_agent_ray_start_gives_the_raylet_this_agent_as_its_child(
     temp = tempfile.mkdtemp(prefix="r-launch-", dir="/tmp")
     said = tmp_path / "launcher.err"
     ports = [str(_free_port()) for _ in range(4)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RTENV_", "RAY_ADDRESS"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RTENV_", "RAY_ADDRESS")) or k == loops.ENV  # the session's loop
+    }
     with said.open("wb") as err:  # the child holds its own copy
         launcher = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "agent", "ray", "start", "--head", "--temp-dir", temp,

@@ -7,6 +7,7 @@ and the agent's info shows what Ray created. One node serves the whole module.""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from agent.ops import loops
 from agent.ops.ray_agent import grpc_address
 from tests.helpers import workdir_zip
 from tests.pip_wheels import offline
@@ -50,6 +52,16 @@ def node() -> Iterator[RayNode]:
 def served() -> Iterator[ThreadedPackageServer]:
     with package_server() as server:
         yield server
+
+
+@needs_ours
+def test_the_raylets_agent_runs_on_the_loop_its_environment_chooses(node: RayNode) -> None:
+    """RTENV_EVENT_LOOP and an installed uvloop reach the agent through ray start and the
+    raylet, as they reach serve: CI's uvloop pass runs these Ray tests on uvloop (its log says)."""
+    log = (node.session_dir / "logs" / "runtime_env_agent.log").read_text(errors="replace")
+    found = re.search(r"event loop: (\w+)", log)
+    assert found, node.logs()
+    assert found[1] == ("asyncio" if loops.loop_factory() is None else "uvloop"), node.logs()
 
 
 def _assert_saw(seen: Json, *, files: dict[str, str], modules: dict[str, str], env: Json) -> None:
