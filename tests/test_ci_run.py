@@ -24,13 +24,17 @@ def _git(repo: Path, *args: str) -> None:
     )  # fmt: skip
 
 
-def _repo(base: Path, command: str) -> Path:
-    """A git repo holding .ci/run and a README whose second code block is ``command``."""
+def _repo(base: Path, command: str, second_pass: str | None = None) -> Path:
+    """A git repo holding .ci/run and a README whose second code block is ``command``; with
+    ``second_pass``, a .ci/uvloop-pass of that body too."""
     if shutil.which("git") is None:
         pytest.skip("git is not on PATH")
     repo = base / "the repo"
     (repo / ".ci").mkdir(parents=True)
     shutil.copy2(REPO / ".ci" / "run", repo / ".ci" / "run")
+    if second_pass is not None:
+        (repo / ".ci" / "uvloop-pass").write_text(f"#!/usr/bin/env bash\n{second_pass}\n")
+        (repo / ".ci" / "uvloop-pass").chmod(0o755)
     (repo / "README.md").write_text(
         f"# t\n\n{FENCE}\necho the demo\n{FENCE}\n\ntests:\n\n{FENCE}\n{command}\n{FENCE}\n"
     )
@@ -84,3 +88,21 @@ def test_a_failing_command_fails_the_run(base: Path) -> None:
     done = _ci(_repo(base, 'echo "cwd=$PWD"; exit 3'))
     assert done.returncode == 3
     assert not _where(done.stdout, "cwd").exists()
+
+
+def test_the_second_pass_runs_in_the_same_clone_after_the_command_and_its_failures_count(
+    base: Path,
+) -> None:
+    """.ci/uvloop-pass (the uvloop pass) runs after the README's command, in the same clone and
+    temp dir; its failure fails the run, and so do files it leaves in the temp dir."""
+    command = 'echo "cwd=$PWD"; touch first-pass-was-here'
+    done = _ci(_repo(base / "ok", command, 'echo "second=$PWD"; test -e first-pass-was-here'))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _where(done.stdout, "second") == _where(done.stdout, "cwd")
+    assert done.stdout.index("cwd=") < done.stdout.index("second=")
+    failed = _ci(_repo(base / "fails", command, "exit 4"))
+    assert failed.returncode == 4, failed.stdout + failed.stderr
+    leaks = _ci(_repo(base / "leaks", command, 'touch "$TMPDIR/pass-two-leaked"'))
+    assert leaks.returncode == 1
+    assert "the uvloop pass left files in its temp dir" in leaks.stderr
+    assert "pass-two-leaked" in leaks.stderr
