@@ -12,8 +12,8 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import shlex
+import shutil
 import signal
 import sys
 import time
