@@ -533,21 +533,20 @@ async def test_a_worker_killed_during_a_create_fails_it_unavailable_and_the_agen
         assert victim not in children_of(os.getpid())
 
 
-async def test_workers_of_an_agent_killed_outright_exit_on_their_own() -> None:
-    """kill -9 of the agent: nobody closes the pool; its workers see their parent gone (their
-    socket ends) and exit: no orphans."""
+@contextmanager
+def _agent_process(log: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """``python -m agent serve`` with two unpack workers, in a session of its own (its stderr to
+    ``log``, if given); it and its workers killed by PID at the end, its root removed."""
     base = short_tempdir()
-    proc = subprocess.Popen(  # noqa: ASYNC220 - its pid is what the test needs
-        [sys.executable, "-m", "agent", "serve", "--root", str(base / "root"),
-         "--extract-workers", "2", "--log-level", "WARNING"],
-        stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    with open(log or os.devnull, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agent", "serve", "--root", str(base / "root"),
+             "--extract-workers", "2"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+            start_new_session=True,
+        )  # fmt: skip
     try:
-        await wait_until(lambda: len(children_of(proc.pid)) == 2, timeout_s=60, what="workers")
-        pids = children_of(proc.pid)
-        proc.kill()
-        proc.wait()
-        await wait_until(lambda: not any(alive(p) for p in pids), what="the workers to exit")
+        yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -557,23 +556,26 @@ async def test_workers_of_an_agent_killed_outright_exit_on_their_own() -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
+async def test_workers_of_an_agent_killed_outright_exit_on_their_own() -> None:
+    """kill -9 of the agent: nobody closes the pool; its workers see their parent gone (their
+    socket ends) and exit: no orphans."""
+    with _agent_process() as proc:
+        await wait_until(lambda: len(children_of(proc.pid)) == 2, timeout_s=60, what="workers")
+        pids = children_of(proc.pid)
+        proc.kill()
+        proc.wait()
+        await wait_until(lambda: not any(alive(p) for p in pids), what="the workers to exit")
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 async def test_a_signal_to_the_agents_whole_group_stops_it_with_no_worker_replaced(
-    sig: signal.Signals,
+    sig: signal.Signals, tmp_path: Path
 ) -> None:
     """systemd's stop (SIGTERM to every process of the unit), a closed terminal (SIGHUP) or ^C
     reach the workers too: they leave it to the agent, which ends them; none dies of it and is
     replaced while the agent stops."""
-    base = short_tempdir()
-    log = base / "agent.log"
-    with log.open("wb") as err:
-        proc = subprocess.Popen(  # noqa: ASYNC220 - its pid is what the test needs
-            [sys.executable, "-m", "agent", "serve", "--root", str(base / "root"),
-             "--extract-workers", "2"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-            start_new_session=True,
-        )  # fmt: skip
-    try:
+    log = tmp_path / "agent.log"
+    with _agent_process(log) as proc:
         await wait_until(lambda: len(children_of(proc.pid)) == 2, timeout_s=60, what="workers")
         await wait_until(lambda: "serving on" in log.read_text(), timeout_s=60, what="serving")
         pids = children_of(proc.pid)
@@ -584,10 +586,3 @@ async def test_a_signal_to_the_agents_whole_group_stops_it_with_no_worker_replac
         assert "starting another" not in text, text
         assert "unpack worker" not in text, text
         await wait_until(lambda: not any(alive(p) for p in pids), what="the workers to exit")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in children_of(proc.pid):
-            os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(base, ignore_errors=True)
