@@ -71,7 +71,7 @@ async def spawn(
     """A worker process with the context applied: its command (``py_executable``, shell words:
     a python, or a program and its arguments, the worker's appended), variables and cwd, in a
     session (a process group) of its own. Fails with ARGUMENT_LIST_TOO_LONG or SPAWN_FAILED."""
-    python = context.py_executable or sys.executable
+    python = context.py_executable or shlex.quote(sys.executable)  # shell words, as sent
     try:
         command = shlex.split(python)
     except ValueError as exc:

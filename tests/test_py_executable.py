@@ -5,7 +5,10 @@ runs it (``bash -c "exec <py_executable> ..."``)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import os
 import shlex
 import shutil
 import sys
@@ -134,3 +137,23 @@ async def test_a_worker_command_that_cannot_start_fails_its_spawn_saying_why(
     assert caught.value.status == SPAWN_FAILED
     assert words in str(caught.value)
     assert repr(command) in str(caught.value)
+
+
+async def test_a_context_without_py_executable_runs_this_python_even_from_a_path_with_a_space(
+    base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler's own python is the fallback, quoted as shell words like any command: split
+    unquoted, a python under a folder with a space was two words and no worker started."""
+    spaced = base / "a python here"
+    spaced.mkdir()
+    (spaced / "python").symlink_to(os.path.realpath(sys.executable))  # stdlib is enough
+    monkeypatch.setattr(sys, "executable", str(spaced / "python"))
+    proc = await workers.spawn(agent_pb2.RuntimeEnvContext(cwd=str(base)))
+    try:
+        assert proc.stdout is not None
+        ready = await asyncio.wait_for(proc.stdout.readline(), 30)
+        assert ready, "the worker wrote no ready line"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
