@@ -416,16 +416,20 @@ async def _phase(
         cold = [e for e in plan.envs if e.serialized not in pool.slots]  # a pop that creates
         env = rng.choice(cold or plan.envs)
         pop = asyncio.create_task(pool.pop_worker(env.serialized))
-        await asyncio.sleep(rng.uniform(0, 0.02))
-        slot = pool.slots.get(env.serialized)
-        if slot is not None and slot.creating is not None and not slot.creating.done():
-            pop.cancel()
-            tally.pops_cancelled += 1
         try:
-            worker = await pop
-        except (asyncio.CancelledError, TaskFailed, AgentDied):
+            await asyncio.sleep(rng.uniform(0, 0.02))
+            slot = pool.slots.get(env.serialized)
+            if slot is not None and slot.creating is not None and not slot.creating.done():
+                pop.cancel()
+                tally.pops_cancelled += 1
+            await asyncio.wait([pop])
+        except BaseException:  # this canceller cancelled (the run interrupted): its pop goes
+            pop.cancel()  # too, awaited: its failure is never left unread for the GC to log
+            await asyncio.gather(pop, return_exceptions=True)
+            raise
+        if pop.cancelled() or isinstance(pop.exception(), TaskFailed | AgentDied):
             return
-        pool.push_worker(worker)
+        pool.push_worker(pop.result())
 
     async def monkey() -> None:
         nonlocal agent_killed
