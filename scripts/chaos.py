@@ -50,6 +50,7 @@ from chaoslib_root import (
     stopped_problems,
 )
 
+from agent.ops.usage import OneLineParser
 from raylet_sim.cli import shown
 from raylet_sim.client import AgentClient
 from raylet_sim.interrupt import STOP_SIGNALS, Interrupt
@@ -648,7 +649,7 @@ def _mistake(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = OneLineParser(prog="chaos", description=__doc__)  # a mistake: one line, exit 2
     parser.add_argument("--seed", type=int, default=None, help="replay a run (default: random)")
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--tasks", type=int, default=150, help="tasks per round and node")

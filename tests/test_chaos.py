@@ -196,6 +196,8 @@ def test_the_summary_says_failures_and_faults_in_words_not_dicts() -> None:
         (["--agent-kills", "5", "--rounds", "2"], "--agent-kills must be between 0 and --rounds"),
         (["--idle-timeout", "-1"], "--idle-timeout must be a number of seconds above 0"),
         (["--workdir", "FILE"], "--workdir '.*FILE' cannot be a folder: File exists"),
+        (["--bogus"], r"unrecognized arguments: --bogus \(see chaos --help\)"),
+        (["--rounds", "x"], "argument --rounds: invalid int value: 'x'"),
     ],
 )
 def test_a_command_line_mistake_gets_one_line_and_exit_2(args: list[str], message: str) -> None:
