@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
