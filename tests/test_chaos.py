@@ -591,4 +591,7 @@ async def test_a_shared_root_run_fails_naming_a_package_evicted_under_a_live_env
     assert tally.violations, "the oracle did not see the planted eviction"
     seen_by_workers = [v for v in tally.violations if f"/uris/{directory}/" in v]
     assert seen_by_workers, f"no worker named {directory}: {tally.violations[:10]}"
-    assert all(v.endswith(" is missing") for v in seen_by_workers), seen_by_workers
+    # the watcher's words for the damage: gone, or (after a node reinstalled the evicted URI at
+    # the same path, which the run's timing sometimes allows) not the bytes the worker began on
+    damage = re.compile(r"pid \d+: .* is (missing|changed)")
+    assert all(damage.fullmatch(v) for v in seen_by_workers), seen_by_workers
