@@ -18,8 +18,9 @@ from agent.app.token import MISSING, WRONG, Token
 from agent.core.errors import ErrorKind, TokenError, Unauthenticated
 from agent.ops.server import Agent
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import RunningAgent, env_json, listed, running_agent, workdir_zip
-from tests.test_process import refused, run_cli
+from tests.harness.agent_process import refused, run_cli
+from tests.harness.in_process import RunningAgent, listed, running_agent
+from tests.harness.packages import env_json, workdir_zip
 
 TOKEN = "s3cret-token-for-tests"
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED

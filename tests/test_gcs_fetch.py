@@ -21,15 +21,9 @@ from agent.core.errors import ConfigError, PackageNotFound
 from agent.install.gcs_source import GcsConfig, GcsKvClient, GcsUnavailable
 from agent.ops.server import Agent, AgentState
 from rtenv.ray.v1 import gcs_kv_pb2
-from tests.helpers import (
-    FAST_FETCH,
-    RunningAgent,
-    env_json,
-    make_zip,
-    module_zip,
-    running_agent,
-    wait_until,
-)
+from tests.harness.in_process import FAST_FETCH, RunningAgent, running_agent
+from tests.harness.packages import env_json, make_zip, module_zip
+from tests.harness.polling import wait_until
 
 CLUSTER = "5c1e7d4a" * 7  # 56 hex digits, as Ray's --cluster-id-hex
 WD = "gcs://_ray_pkg_0ff939fec1755cf2.zip"

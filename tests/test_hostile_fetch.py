@@ -31,17 +31,12 @@ from agent.core.errors import echo
 from agent.install.disk import DiskFloor
 from agent.ops.server import Agent
 from rtenv.v1 import agent_pb2_grpc
-from tests.helpers import (
-    FAST_FETCH,
-    RunningAgent,
-    env_json,
-    listed,
-    make_zip,
-    package_server,
-    short_tempdir,
-    wait_until,
-)
-from tests.test_disk_pressure import free_bytes, noise_zip, tmpfs
+from tests.harness.disk import free_bytes, noise_zip, tmpfs
+from tests.harness.in_process import FAST_FETCH, RunningAgent, listed
+from tests.harness.package_server import package_server
+from tests.harness.packages import env_json, make_zip
+from tests.harness.polling import wait_until
+from tests.harness.tempdirs import short_tempdir
 
 MiB = 1024**2
 INSIDE = make_zip({"proj/who.txt": "inside"})

@@ -26,20 +26,17 @@ from agent.install import archive
 from agent.install.archive import ArchiveLimits
 from agent.install.installers import zip_archive
 from rtenv.v1 import agent_pb2
-from tests.helpers import (
+from tests.harness.in_process import (
     FAST_FETCH,
-    PackageServer,
     RunningAgent,
-    env_json,
     listed,
-    make_zip,
-    package_server,
     running_agent,
     slow_passes,
     stray_cancellation,
-    wait_until,
-    workdir_zip,
 )
+from tests.harness.package_server import PackageServer, package_server
+from tests.harness.packages import env_json, make_zip, workdir_zip
+from tests.harness.polling import wait_until
 
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 WD = "wd.zip"

@@ -13,17 +13,11 @@ import grpc
 import pytest
 
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import (
-    RunningAgent,
-    env_json,
-    listed,
-    make_zip,
-    package_server,
-    running_agent,
-    wait_until,
-    workdir_zip,
-)
-from tests.test_process import serving
+from tests.harness.agent_process import serving
+from tests.harness.in_process import RunningAgent, listed, running_agent
+from tests.harness.package_server import package_server
+from tests.harness.packages import env_json, make_zip, workdir_zip
+from tests.harness.polling import wait_until
 
 LIMIT = 64 * 1024
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.ops import loops
-from tests.test_process import refused, run_cli, serving, wait_health_serving
+from tests.harness.agent_process import refused, run_cli, serving, wait_health_serving
 
 UVLOOP = importlib.util.find_spec("uvloop") is not None
 needs_uvloop = pytest.mark.skipif(not UVLOOP, reason="uvloop is not installed (the extra 'fast')")

@@ -19,8 +19,9 @@ import pytest
 
 from agent.install.object_source import INSTALL_HINT
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import FAST_FETCH, env_json, make_zip, running_agent
-from tests.object_stores import (
+from tests.harness.agent_process import NO_PROXY, STOP_S, serving
+from tests.harness.in_process import FAST_FETCH, running_agent
+from tests.harness.object_stores import (
     AZURITE_ACCOUNT,
     AZURITE_KEY,
     AzureServer,
@@ -32,7 +33,7 @@ from tests.object_stores import (
     gcs_emulator,
     moto_s3,
 )
-from tests.test_process import NO_PROXY, STOP_S, serving
+from tests.harness.packages import env_json, make_zip
 
 # the clouds' variables, and the proxies obstore's client would send loopback requests to
 _CLOUD_VARS = ("AWS_", "GOOGLE_", "AZURE_", "AZURITE_", "STORAGE_EMULATOR_HOST", "HTTP_PROXY",
