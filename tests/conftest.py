@@ -12,12 +12,14 @@ from types import ModuleType
 import pytest
 
 from agent.ops import loops
-from tests.helpers import short_tempdir
-from tests.pip_wheels import build_wheelhouse
+from tests.harness.pip_wheels import build_wheelhouse
+from tests.harness.tempdirs import short_tempdir
 
-# Each session gets a private temp dir that must be empty at its end (see tests/tmpguard.py);
-# no garbage collection runs inside an AST parse (it crashed pytest on 3.11.7: tests/gc_pause.py).
-pytest_plugins = ["tests.tmpguard", "tests.gc_pause"]
+# Each session gets a private temp dir that must be empty at its end (tests/harness/tmpguard.py);
+# no garbage collection runs inside an AST parse (it crashed pytest on 3.11.7:
+# tests/harness/gc_pause.py); every test has one tier, each tier's time is said at the end
+# (tests/harness/tiers.py).
+pytest_plugins = ["tests.harness.tmpguard", "tests.harness.gc_pause", "tests.harness.tiers"]
 
 
 @pytest.fixture

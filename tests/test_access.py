@@ -18,8 +18,10 @@ from agent.app.token import MISSING, WRONG, Token
 from agent.core.errors import ErrorKind, TokenError, Unauthenticated
 from agent.ops.server import Agent
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import RunningAgent, env_json, listed, running_agent, workdir_zip
-from tests.test_process import refused, run_cli
+from tests.harness.agent_process import refused, run_cli
+from tests.harness.in_process import RunningAgent, listed, running_agent
+from tests.harness.packages import env_json, workdir_zip
+from tests.harness.rpc import rpc_refused
 
 TOKEN = "s3cret-token-for-tests"
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
@@ -28,15 +30,6 @@ PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED
 
 def bearer(token: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),)
-
-
-async def refused_rpc(call: Any, code: grpc.StatusCode, *words: str) -> None:
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await call
-    details = caught.value.details() or ""
-    assert caught.value.code() == code, details
-    for word in words:
-        assert word in details, details
 
 
 # -- the token -------------------------------------------------------------------------------
@@ -68,7 +61,7 @@ async def test_rpc_without_the_right_token_is_unauthenticated_saying_how_to_send
                 metadata=metadata,
             ),
         ):
-            await refused_rpc(
+            await rpc_refused(
                 call, UNAUTHENTICATED, "authorization: Bearer <token>", "--token-file"
             )
         assert len(a.service.tables) == 0, "a refused create counted a reference"
@@ -121,7 +114,7 @@ async def test_a_missing_token_and_a_wrong_token_are_told_apart(
         call = a.stub.GetRuntimeEnvsInfo(
             agent_pb2.GetRuntimeEnvsInfoRequest(), timeout=10, metadata=metadata
         )
-        await refused_rpc(call, UNAUTHENTICATED, says, "authorization: Bearer <token>")
+        await rpc_refused(call, UNAUTHENTICATED, says, "authorization: Bearer <token>")
 
 
 async def test_info_command_sends_the_token_from_its_token_file(base: Path) -> None:

@@ -18,7 +18,7 @@ from agent.core.errors import FailedPrecondition, UnsafeArchive
 from agent.install.archive import ArchiveLimits, extract_zip
 from agent.install.disk import remove_tree
 from agent.install.modes import harden_tree, make_dir, refused_unless_disk_full
-from tests.helpers import make_zip, zip_with_infos
+from tests.harness.packages import make_zip, zip_with_infos
 
 LABEL = "file:///pkgs/p.zip"
 LIMITS = ArchiveLimits()

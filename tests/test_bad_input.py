@@ -16,16 +16,10 @@ import pytest_asyncio
 
 from agent.core.runtime_env import MAX_ARG_STRLEN, EnvLimits
 from rtenv.v1 import agent_pb2
-from tests.helpers import (
-    PackageServer,
-    RunningAgent,
-    env_json,
-    listed,
-    package_server,
-    running_agent,
-    short_tempdir,
-    workdir_zip,
-)
+from tests.harness.in_process import RunningAgent, listed, running_agent
+from tests.harness.package_server import PackageServer, package_server
+from tests.harness.packages import env_json, workdir_zip
+from tests.harness.tempdirs import short_tempdir
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

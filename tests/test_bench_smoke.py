@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import short_tempdir
+from tests.harness.tempdirs import short_tempdir
 
 REPO = Path(__file__).resolve().parents[1]
 WORKLOADS = {

@@ -45,14 +45,11 @@ from raylet_sim.pool import (
     WorkerState,
 )
 from rtenv.v1 import agent_pb2
-from tests.helpers import (
-    assert_refused_in_one_line,
-    env_json,
-    running_agent,
-    short_tempdir,
-    wait_until,
-    workdir_zip,
-)
+from tests.harness.command_line import assert_refused_in_one_line
+from tests.harness.in_process import running_agent
+from tests.harness.packages import env_json, workdir_zip
+from tests.harness.polling import wait_until
+from tests.harness.tempdirs import short_tempdir
 
 REPO = Path(__file__).resolve().parents[1]
 CHAOS_PY = REPO / "scripts" / "chaos.py"

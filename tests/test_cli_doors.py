@@ -23,8 +23,7 @@ from agent.core.errors import StartupError
 from agent.ops.cli import format_info
 from agent.ops.startup import check_root_free, lock_root
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import env_json, workdir_zip
-from tests.test_process import (
+from tests.harness.agent_process import (
     NO_PROXY,
     STOP_S,
     refused,
@@ -32,6 +31,7 @@ from tests.test_process import (
     serving,
     wait_health_serving,
 )
+from tests.harness.packages import env_json, workdir_zip
 
 ACCEPTED = "use unix:PATH, HOST:PORT or [IPv6]:PORT"
 

@@ -15,8 +15,9 @@ import grpc
 import pytest
 
 from raylet_sim.client import AgentClient, RetryPolicy
-from tests.helpers import served, short_tempdir
-from tests.test_pool_unit import StubAgent, key
+from tests.harness.in_process import served
+from tests.harness.stub_agent import StubAgent, key
+from tests.harness.tempdirs import short_tempdir
 
 POLICY = RetryPolicy(attempts=4, backoff_initial_s=0.1, backoff_max_s=2.0, jitter=0.5)
 

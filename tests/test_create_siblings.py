@@ -6,7 +6,10 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from tests.helpers import env_json, make_zip, package_server, running_agent, wait_until
+from tests.harness.in_process import running_agent
+from tests.harness.package_server import package_server
+from tests.harness.packages import env_json, make_zip
+from tests.harness.polling import wait_until
 
 
 async def test_a_failed_package_cancels_its_siblings_install() -> None:

@@ -15,7 +15,8 @@ import pytest
 
 from raylet_sim.demo import run_demo
 from raylet_sim.sidecar import MAX_UNIX_PATH_BYTES
-from tests.helpers import assert_refused_in_one_line, short_tempdir
+from tests.harness.command_line import assert_refused_in_one_line
+from tests.harness.tempdirs import short_tempdir
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
-import subprocess
 import zipfile
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,41 +23,12 @@ import pytest
 
 from agent.install.archive import ArchiveLimits
 from agent.install.disk import DiskFloor, unpack_reservation
-from tests.helpers import (
-    PackageServer,
-    RunningAgent,
-    env_json,
-    listed,
-    make_zip,
-    package_server,
-    running_agent,
-    short_tempdir,
-)
+from tests.harness.disk import TMPFS_BYTES, MiB, floor, free_bytes, noise_zip, tmpfs
+from tests.harness.in_process import RunningAgent, listed, running_agent
+from tests.harness.package_server import PackageServer, package_server
+from tests.harness.packages import env_json, make_zip
 
-MiB = 1024**2
-TMPFS_BYTES = 8 * MiB
 RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
-
-
-@contextmanager
-def tmpfs(size_bytes: int = TMPFS_BYTES) -> Iterator[Path]:
-    """A fresh tmpfs of ``size_bytes``, unmounted afterwards; skip the test if none can be had."""
-    mount_point = short_tempdir()
-    try:
-        result = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(mount_point)],
-            capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
-    except FileNotFoundError as exc:
-        result = subprocess.CompletedProcess([], 1, "", str(exc))
-    if result.returncode != 0:
-        shutil.rmtree(mount_point, ignore_errors=True)
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=True, timeout=30)
-        mount_point.rmdir()
 
 
 @asynccontextmanager
@@ -67,20 +36,6 @@ async def agent_on(fs: Path, *, min_free_disk: DiskFloor) -> AsyncIterator[Runni
     """A real agent whose root is on the tmpfs ``fs``."""
     async with running_agent(root=fs / "root", min_free_disk=min_free_disk) as a:
         yield replace(a, root=fs / "root")
-
-
-def free_bytes(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
-def noise_zip(size: int) -> bytes:
-    """A working_dir zip unpacking to ``size`` bytes of incompressible data."""
-    return make_zip({"proj/data.bin": os.urandom(size)}, compression=zipfile.ZIP_STORED)
-
-
-def floor(bytes_: int) -> DiskFloor:
-    return DiskFloor(bytes_=bytes_, percent=None)
 
 
 async def cache_unused(a: RunningAgent, pkgs: PackageServer, names: list[str]) -> list[str]:

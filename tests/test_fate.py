@@ -10,80 +10,28 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
-from tests.helpers import short_tempdir
+from tests.harness.processes import (
+    gone,
+    is_agent,
+    is_worker,
+    live_pids,
+    poll,
+    proc_stat,
+    workers_in,
+)
+from tests.harness.tempdirs import short_tempdir
 
 REPO = Path(__file__).resolve().parents[1]
-T = TypeVar("T")
 START_S = 60.0  # deadline for the demo to be up with its workers
 EXIT_S = 20.0  # deadline for a process to exit once it should
 POOL_EXIT_S = 10.0  # the pool's own deadline: its workers' 3 s grace, then a prompt exit
-
-
-def poll(probe: Callable[[], T | None], timeout_s: float, what: str) -> T:
-    """Call ``probe`` until it returns something other than None, within a deadline."""
-    deadline = time.monotonic() + timeout_s
-    for _ in range(100_000):
-        value = probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
-def proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, ppid) of a process, or None if it does not exist."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()
-    return fields[0], int(fields[1])
-
-
-def gone(pid: int) -> bool:
-    """Exited: no such process, or a zombie nobody has reaped yet."""
-    stat = proc_stat(pid)
-    return stat is None or stat[0] in ("Z", "X")
-
-
-def cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
-
-
-def live_pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit() and not gone(int(name))]
-
-
-def is_agent(pid: int) -> bool:
-    args = cmdline(pid)
-    return "agent" in args and "serve" in args
-
-
-def is_worker(pid: int) -> bool:
-    return any("raylet_sim.worker" in arg for arg in cmdline(pid))  # its bootstrap names it
-
-
-def workers_in(directory: Path) -> list[int]:
-    """Live worker processes whose cwd is under ``directory`` (the demo's packages)."""
-    found = []
-    for pid in live_pids():
-        with suppress(OSError):
-            if is_worker(pid) and os.readlink(f"/proc/{pid}/cwd").startswith(str(directory)):
-                found.append(pid)
-    return found
 
 
 @dataclass

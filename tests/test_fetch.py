@@ -27,7 +27,9 @@ from agent.install import fetch as fetch_module
 from agent.install import landing as landing_module
 from agent.install.fetch import Fetcher, FetchLimits
 from agent.install.transport import AiohttpTransport, MockTransport, Policy, Request, Response
-from tests.helpers import make_zip, package_server, wait_until
+from tests.harness.package_server import package_server
+from tests.harness.packages import make_zip
+from tests.harness.polling import wait_until
 
 BODY = make_zip({"proj/main.py": "print('hi')\n" * 50})
 LIMITS = FetchLimits(attempts=4, backoff_initial_s=0.5, backoff_max_s=1.5)

@@ -1,4 +1,4 @@
-"""tests/gc_pause.py, on a pytest run of its own: a failing test that leaves a future whose
+"""tests/harness/gc_pause.py, on a pytest run of its own: a failing test that leaves a future whose
 exception nobody retrieved, for the cyclic collector to free while pytest parses the test's
 file to report the failure, is reported as one failure, and the run ends with its summary."""
 
@@ -69,7 +69,7 @@ def _pytest(where: Path, *options: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_failure_whose_report_parse_frees_a_logged_future_is_reported(tmp_path: Path) -> None:
-    done = _pytest(tmp_path, "-p", "tests.gc_pause")
+    done = _pytest(tmp_path, "-p", "tests.harness.gc_pause")
     out = done.stdout + done.stderr
     assert "INTERNALERROR" not in out, out
     assert done.returncode == pytest.ExitCode.TESTS_FAILED, out

@@ -21,15 +21,10 @@ from agent.core.errors import ConfigError, PackageNotFound
 from agent.install.gcs_source import GcsConfig, GcsKvClient, GcsUnavailable
 from agent.ops.server import Agent, AgentState
 from rtenv.ray.v1 import gcs_kv_pb2
-from tests.helpers import (
-    FAST_FETCH,
-    RunningAgent,
-    env_json,
-    make_zip,
-    module_zip,
-    running_agent,
-    wait_until,
-)
+from tests.harness.in_process import FAST_FETCH, running_agent
+from tests.harness.packages import env_json, make_zip, module_zip
+from tests.harness.polling import wait_until
+from tests.harness.rpc import rpc_refused
 
 CLUSTER = "5c1e7d4a" * 7  # 56 hex digits, as Ray's --cluster-id-hex
 WD = "gcs://_ray_pkg_0ff939fec1755cf2.zip"
@@ -116,12 +111,6 @@ def ray_settings(
     return RaySettings(gcs_address=address, cluster_id_hex=cluster, token=token)
 
 
-async def refused(a: RunningAgent, text: str) -> grpc.aio.AioRpcError:
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await a.create(text)
-    return caught.value
-
-
 def closed_port() -> int:
     """A port nothing listens on (bound, read back, closed)."""
     with socket.socket() as s:
@@ -194,9 +183,7 @@ async def test_one_channel_per_gcs_is_reused_and_closed_at_stop() -> None:
 
 async def test_a_missing_package_is_not_found_naming_it_and_the_expired_upload() -> None:
     async with kv_gcs() as gcs, running_agent(ray=ray_settings(gcs)) as a:
-        error = await refused(a, env_json(WD))
-        assert error.code() == grpc.StatusCode.NOT_FOUND
-        details = error.details() or ""
+        details = await rpc_refused(a.create(env_json(WD)), grpc.StatusCode.NOT_FOUND)
         assert WD in details
         assert gcs.address in details
         assert "upload may have expired" in details
@@ -248,9 +235,7 @@ async def test_a_call_past_its_own_deadline_says_so_not_that_the_gcs_is_down() -
 async def test_an_unreachable_gcs_is_unavailable_naming_its_address() -> None:
     address = f"127.0.0.1:{closed_port()}"
     async with running_agent(ray=ray_settings(address)) as a:
-        error = await refused(a, env_json(WD))
-        assert error.code() == grpc.StatusCode.UNAVAILABLE
-        details = error.details() or ""
+        details = await rpc_refused(a.create(env_json(WD)), grpc.StatusCode.UNAVAILABLE)
         assert f"the GCS at {address} is unavailable" in details
         assert f"after {FAST_FETCH.attempts} attempts" in details
 
@@ -289,9 +274,8 @@ async def test_a_package_over_the_size_limit_is_refused_naming_the_limit(size: i
     fetch = replace(FAST_FETCH, max_download_bytes=100_000)
     async with kv_gcs() as gcs, running_agent(ray=ray_settings(gcs), fetch=fetch) as a:
         gcs.values[WD.encode()] = os.urandom(size)
-        error = await refused(a, env_json(WD))
-        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "the limit is 100000 (max_download_bytes)" in (error.details() or "")
+        details = await rpc_refused(a.create(env_json(WD)), grpc.StatusCode.FAILED_PRECONDITION)
+        assert "the limit is 100000 (max_download_bytes)" in details
         assert gcs.gets(WD) == 1  # not retried
         assert a.uri_dirs() == []
 
@@ -317,9 +301,7 @@ async def test_a_gcs_that_refuses_the_agent_is_denied_without_retries(
 ) -> None:
     async with kv_gcs() as gcs, running_agent(ray=ray_settings(gcs)) as a:
         gcs.fail_next = [status]
-        error = await refused(a, env_json(WD))
-        assert error.code() == grpc.StatusCode.PERMISSION_DENIED
-        details = error.details() or ""
+        details = await rpc_refused(a.create(env_json(WD)), grpc.StatusCode.PERMISSION_DENIED)
         assert f"the GCS at {gcs.address} refused the agent ({status.name}" in details
         assert "cluster id" in details
         assert gcs.gets(WD) == 1
@@ -328,16 +310,15 @@ async def test_a_gcs_that_refuses_the_agent_is_denied_without_retries(
 async def test_another_cluster_s_id_is_denied() -> None:
     async with kv_gcs() as gcs, running_agent(ray=ray_settings(gcs, cluster="ab" * 28)) as a:
         gcs.values[WD.encode()] = make_zip({"main.py": "x = 1\n"})
-        error = await refused(a, env_json(WD))
-        assert error.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert "WrongClusterID" in (error.details() or "")
+        details = await rpc_refused(a.create(env_json(WD)), grpc.StatusCode.PERMISSION_DENIED)
+        assert "WrongClusterID" in details
 
 
 async def test_gcs_without_a_ray_node_is_refused_before_anything_is_fetched() -> None:
     async with running_agent() as a:
-        error = await refused(a, env_json(WD, [MOD]))
-        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
-        details = error.details() or ""
+        details = await rpc_refused(
+            a.create(env_json(WD, [MOD])), grpc.StatusCode.FAILED_PRECONDITION
+        )
         assert details.startswith(f"working_dir:{WD}: a gcs:// package is read from a Ray node")
         assert "`rtenv-agent ray-agent`" in details
         assert a.service.store.stats().downloads == 0

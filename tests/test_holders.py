@@ -5,7 +5,6 @@ a real SQLite index, with holders really alive (their lock held here) or really 
 from __future__ import annotations
 
 import asyncio
-import errno
 import fcntl
 import logging
 import os
@@ -19,7 +18,7 @@ from agent.state import holders, index
 from agent.state.holders import HolderLock, Reaping, begin_reaping, is_alive, lock_path
 from agent.state.index import Reaped
 from agent.state.state_db import StateDB
-from tests.test_shared_index import KEY, die, holder, install, rows
+from tests.harness.index_holders import KEY, die, holder, install, make_untestable, rows
 
 PASS_S = 10  # a pass is milliseconds: one that takes this long is stuck
 
@@ -63,22 +62,6 @@ async def a_pass(db: StateDB, how: str) -> Reaped:
     scan = index.Scan(frozenset(), frozenset())
     got = await asyncio.wait_for(db.reconcile(lambda: scan, lambda key: None), PASS_S)
     return got.reaped
-
-
-def make_untestable(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
-    """Make a lock file this user cannot open: mode 000, and, as root (whom modes do not stop),
-    holders' open of that path refused as the kernel refuses another user's 0600 file."""
-    path.chmod(0)
-    if os.geteuid() != 0:
-        return
-    real_open = os.open
-
-    def refusing_open(name: object, flags: int, *args: int, **kwargs: object) -> int:
-        if str(name) == str(path):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(name))
-        return real_open(name, flags, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr("agent.state.holders.os.open", refusing_open)
 
 
 @pytest.fixture

@@ -31,17 +31,13 @@ from agent.core.errors import echo
 from agent.install.disk import DiskFloor
 from agent.ops.server import Agent
 from rtenv.v1 import agent_pb2_grpc
-from tests.helpers import (
-    FAST_FETCH,
-    RunningAgent,
-    env_json,
-    listed,
-    make_zip,
-    package_server,
-    short_tempdir,
-    wait_until,
-)
-from tests.test_disk_pressure import free_bytes, noise_zip, tmpfs
+from tests.harness.disk import free_bytes, noise_zip, tmpfs
+from tests.harness.in_process import FAST_FETCH, RunningAgent, listed
+from tests.harness.package_server import package_server
+from tests.harness.packages import env_json, make_zip
+from tests.harness.polling import wait_until
+from tests.harness.rpc import rpc_refused
+from tests.harness.tempdirs import short_tempdir
 
 MiB = 1024**2
 INSIDE = make_zip({"proj/who.txt": "inside"})
@@ -49,14 +45,16 @@ OUTSIDE = make_zip({"proj/who.txt": "outside"})
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 
 
-async def refused(a: RunningAgent, serialized: str, **kw: Any) -> tuple[grpc.StatusCode, str]:
-    """Create, expecting a refusal: its code and details; the agent then holds no reference."""
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await a.create(serialized, **kw)
+async def refused(
+    a: RunningAgent, serialized: str, code: grpc.StatusCode, *words: str, **kw: Any
+) -> str:
+    """Create, expecting a refusal with ``code`` naming ``words``: its details; the agent then
+    holds no reference."""
+    details = await rpc_refused(a.create(serialized, **kw), code, *words)
     await a.settle()
     assert len(a.service.tables) == 0
     a.service.check_invariants()
-    return caught.value.code(), caught.value.details() or ""
+    return details
 
 
 async def assert_serving(a: RunningAgent, tmp: Path) -> None:
@@ -106,8 +104,7 @@ async def test_a_device_is_refused_without_reading_it(device: str, tmp: Path) ->
     """Before: /dev/zero's size 0 passed max-download-bytes and was copied until the disk
     filled, in a thread no timeout could stop."""
     async with agent() as a:
-        code, details = await refused(a, env_json(f"file://{device}"))
-        assert code == FAILED_PRECONDITION, details
+        details = await refused(a, env_json(f"file://{device}"), FAILED_PRECONDITION)
         assert (
             f"file://{device} is a character device; a package must be a zip file, a regular file"
             in details
@@ -123,8 +120,7 @@ async def test_a_fifo_is_refused_at_once_not_waited_on(tmp: Path) -> None:
     os.mkfifo(fifo)
     async with agent() as a:
         started = time.monotonic()
-        code, details = await refused(a, env_json(f"file://{fifo}"))
-        assert code == FAILED_PRECONDITION, details
+        details = await refused(a, env_json(f"file://{fifo}"), FAILED_PRECONDITION)
         assert "is a FIFO (named pipe); a package must be a zip file, a regular file" in details
         assert time.monotonic() - started < 5
         await assert_serving(a, tmp)
@@ -136,8 +132,7 @@ async def test_a_unix_socket_is_refused(tmp: Path) -> None:
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(str(path))
         async with agent() as a:
-            code, details = await refused(a, env_json(f"file://{path}"))
-            assert code == FAILED_PRECONDITION, details
+            details = await refused(a, env_json(f"file://{path}"), FAILED_PRECONDITION)
             assert "is a socket; a package must be a zip file, a regular file" in details
             await assert_serving(a, tmp)
 
@@ -148,8 +143,7 @@ async def test_a_proc_file_of_size_zero_is_bounded_by_the_bytes_read(tmp: Path) 
     fetch = replace(FAST_FETCH, max_download_bytes=1024)
     async with agent(fetch=fetch) as a:
         assert os.stat("/proc/self/maps").st_size == 0
-        code, details = await refused(a, env_json("file:///proc/self/maps"))
-        assert code == FAILED_PRECONDITION, details
+        details = await refused(a, env_json("file:///proc/self/maps"), FAILED_PRECONDITION)
         assert "file:///proc/self/maps is larger than 1024 bytes; the limit is 1024" in details
         await assert_serving(a, tmp)
 
@@ -181,8 +175,9 @@ async def test_a_setup_timeout_stops_the_copy_and_frees_its_space(tmp: Path) -> 
         floor0 = DiskFloor(bytes_=0, percent=None)
         async with agent(root=fs / "root", fetch=fetch, min_free_disk=floor0) as a:
             before = free_bytes(fs)
-            code, details = await refused(a, env_json(f"file://{source}"), timeout_s=1)
-            assert code == grpc.StatusCode.DEADLINE_EXCEEDED, details
+            await refused(
+                a, env_json(f"file://{source}"), grpc.StatusCode.DEADLINE_EXCEEDED, timeout_s=1
+            )
             await wait_until(lambda: not source_open(source), timeout_s=0.5, what="copy stopped")
             await a.settle()
             assert listed(a.root, "tmp") == []
@@ -277,8 +272,7 @@ async def test_a_package_cached_before_the_roots_is_denied_after_a_restart_with_
     async with agent(root=root, allow_file_roots=(str(inside),)) as a:
         assert a.agent.recovery.rows_kept == 1
         for _ in range(2):
-            code, details = await refused(a, evil)
-            assert code == grpc.StatusCode.PERMISSION_DENIED, details
+            details = await refused(a, evil, grpc.StatusCode.PERMISSION_DENIED)
             assert (
                 f"{echo(f'{outside}/pkg.zip')} is outside the folders file:// packages" in details
             )
@@ -301,8 +295,9 @@ async def test_dot_dot_out_of_a_root_is_denied_before_opening(tmp: Path) -> None
     (tmp / "inside").mkdir()
     (tmp / "evil.zip").write_bytes(OUTSIDE)
     async with agent(allow_file_roots=(str(tmp / "inside"),)) as a:
-        code, details = await refused(a, env_json(f"file://{tmp}/inside/../evil.zip"))
-        assert code == grpc.StatusCode.PERMISSION_DENIED, details
+        details = await refused(
+            a, env_json(f"file://{tmp}/inside/../evil.zip"), grpc.StatusCode.PERMISSION_DENIED
+        )
         assert f"{echo(f'{tmp}/evil.zip')} is outside the folders" in details
 
 
@@ -322,8 +317,7 @@ async def test_a_malformed_host_is_invalid_argument_at_parse_time(host: str, why
     """Before: INTERNAL from the idna codec, deep in the connection."""
     url = f"http://{host}/p.zip"
     async with agent() as a:
-        code, details = await refused(a, env_json(url))
-        assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+        details = await refused(a, env_json(url), grpc.StatusCode.INVALID_ARGUMENT)
         assert f"working_dir {url!r}: host" in details
         assert why in details
 
@@ -432,8 +426,7 @@ async def test_a_body_gzipped_regardless_is_stored_as_bytes_and_refused_once() -
     """The body is the package byte for byte: a gzip stream is no zip, a permanent
     FAILED_PRECONDITION after one GET. Before: UNAVAILABLE after every retry."""
     async with hostile_server() as srv, agent() as a:
-        code, details = await refused(a, env_json(srv.url("gzip-always.zip")))
-        assert code == FAILED_PRECONDITION, details
+        details = await refused(a, env_json(srv.url("gzip-always.zip")), FAILED_PRECONDITION)
         assert "is not a readable zip archive" in details
         assert srv.gets["gzip-always.zip"] == 1
 
@@ -450,8 +443,7 @@ async def test_a_bad_redirect_is_a_permanent_failure(name: str, why: str) -> Non
     """Before: a redirect to file: and a redirect loop were retried until UNAVAILABLE (a retry
     that can never succeed); a redirect to a malformed host was INTERNAL from idna."""
     async with hostile_server() as srv, agent() as a:
-        code, details = await refused(a, env_json(srv.url(name)))
-        assert code == FAILED_PRECONDITION, details
+        details = await refused(a, env_json(srv.url(name)), FAILED_PRECONDITION)
         assert why in details
         assert srv.gets[name] == (10 if name == "loop.zip" else 1)
 
@@ -467,8 +459,7 @@ async def test_408_is_retried_and_other_non_200_answers_are_refused_at_once() ->
         assert await a.delete(reply.runtime_env_id) == 0
         for status in (204, 300):
             name = f"status-{status}.zip"
-            code, details = await refused(a, env_json(srv.url(name)))
-            assert code == FAILED_PRECONDITION, details
+            details = await refused(a, env_json(srv.url(name)), FAILED_PRECONDITION)
             assert f"the server answered {status}; a package is served with 200" in details
             assert srv.gets[name] == 1
 
@@ -483,12 +474,10 @@ async def test_a_content_length_that_lies_is_never_retried_into_unavailable_wron
         "short.zip": _http(INSIDE[:100], len(INSIDE)),
     }
     async with lying_server(answers) as (base, gets), agent() as a:
-        code, details = await refused(a, env_json(f"{base}/long.zip"))
-        assert code == FAILED_PRECONDITION, details
+        details = await refused(a, env_json(f"{base}/long.zip"), FAILED_PRECONDITION)
         assert "the server's answer is not valid HTTP" in details
         assert gets["long.zip"] == 1
-        code, details = await refused(a, env_json(f"{base}/short.zip"))
-        assert code == grpc.StatusCode.UNAVAILABLE, details
+        details = await refused(a, env_json(f"{base}/short.zip"), grpc.StatusCode.UNAVAILABLE)
         assert gets["short.zip"] == FAST_FETCH.attempts
         assert listed(a.root, "tmp") == []
 
@@ -531,8 +520,7 @@ async def test_a_download_with_a_known_length_is_refused_before_crossing_the_flo
             body = noise_zip(20 * MiB)
             url = pkgs.add("big.zip", body)
             with low_watermark(fs) as seen:
-                code, details = await refused(a, env_json(url))
-            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+                details = await refused(a, env_json(url), grpc.StatusCode.RESOURCE_EXHAUSTED)
             assert f"installing needs {len(body)} bytes and keeps {8 * MiB} free" in details
             assert seen[0] >= 8 * MiB, f"free space fell to {seen[0]}"
             await a.settle()
@@ -565,10 +553,13 @@ async def test_a_download_of_unknown_length_stops_at_the_floor() -> None:
             port = site._server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
             try:
                 with low_watermark(fs) as seen:
-                    code, details = await refused(a, env_json(f"http://127.0.0.1:{port}/big.zip"))
+                    details = await refused(
+                        a,
+                        env_json(f"http://127.0.0.1:{port}/big.zip"),
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    )
             finally:
                 await runner.cleanup()
-            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
             assert "the download has written" in details
             assert f"keeps {8 * MiB} free" in details
             assert seen[0] >= 8 * MiB, f"free space fell to {seen[0]}"
@@ -590,20 +581,14 @@ async def test_a_download_in_flight_keeps_its_reservation_against_a_second_one()
             await wait_until(
                 lambda: any((a.root / "tmp").glob("*/*/package.zip")), what="first download"
             )
-            code, details = await refused_while(a, env_json(second))
-            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+            details = await rpc_refused(
+                a.create(env_json(second)), grpc.StatusCode.RESOURCE_EXHAUSTED
+            )
             assert "of them expected by other installs in flight" in details
             assert pkgs.gets["second.zip"] == 1
             reply = await asyncio.wait_for(creating, 60)
             assert (Path(reply.context.cwd) / "data.bin").stat().st_size == 6 * MiB
             assert await a.delete(reply.runtime_env_id) == 0
-
-
-async def refused_while(a: RunningAgent, serialized: str) -> tuple[grpc.StatusCode, str]:
-    """Create, expecting a refusal, while other creates may be in flight."""
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await a.create(serialized)
-    return caught.value.code(), caught.value.details() or ""
 
 
 async def test_a_tls_certificate_that_fails_verification_is_final(tmp: Path) -> None:
@@ -635,8 +620,9 @@ async def test_a_tls_certificate_that_fails_verification_is_final(tmp: Path) -> 
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
     try:
         async with agent() as a:
-            code, details = await refused(a, env_json(f"https://127.0.0.1:{port}/p.zip"))
-            assert code == FAILED_PRECONDITION, details
+            details = await refused(
+                a, env_json(f"https://127.0.0.1:{port}/p.zip"), FAILED_PRECONDITION
+            )
             assert "the server's TLS certificate failed verification" in details
     finally:
         await runner.cleanup()

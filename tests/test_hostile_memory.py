@@ -26,8 +26,8 @@ from agent.core.errors import (
     echo,
 )
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import AgentCalls
-from tests.test_process import Served, serving
+from tests.harness.agent_process import Served, serving
+from tests.harness.in_process import AgentCalls
 
 MiB = 1024 * 1024
 BIG_MESSAGES = [("grpc.max_send_message_length", 8 * MiB)]
@@ -255,7 +255,7 @@ async def test_info_over_four_mib_is_capped_by_size_and_says_how_many_were_left_
 
 async def test_info_cli_reads_a_reply_over_four_mib(base: Path) -> None:
     """``rtenv-agent info`` prints what the agent sends: it accepts replies over 4 MiB."""
-    from tests.test_process import run_cli
+    from tests.harness.agent_process import run_cli
 
     async with agent_process(base) as client:
         for i in range(6):

@@ -18,9 +18,12 @@ import pytest
 
 from agent.ops.startup import prepare_socket_path
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import env_json, listed, package_server, wait_until, zip_with_infos
-from tests.pip_wheels import hermetic_pip_environ, isolate_pip, pip_env
-from tests.test_process import REPO, START_S, stop
+from tests.harness.agent_process import REPO, START_S, stop
+from tests.harness.in_process import listed
+from tests.harness.package_server import package_server
+from tests.harness.packages import env_json, zip_with_infos
+from tests.harness.pip_wheels import hermetic_pip_environ, isolate_pip, pip_env
+from tests.harness.polling import wait_until
 
 # "$0" is the python to run, "$@" serve's arguments: no quoting of paths in a shell string
 UMASK_000 = 'umask 000; exec "$0" -m agent serve "$@"'

@@ -19,9 +19,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.helpers import RunningAgent, running_agent
-from tests.pip_wheels import git_repo, isolate_pip, local_project
-from tests.test_pip_env import BUILD_S, logs, nothing_left, probe, status_of, still_serves
+from tests.harness.in_process import RunningAgent, running_agent
+from tests.harness.pip_wheels import git_repo, isolate_pip, local_project
+from tests.harness.venvs import BUILD_S, logs, nothing_left, probe, status_of, still_serves
 
 SECRET = "root:x:0:0:SECRET-FROM-OUTSIDE"
 DENIED = grpc.StatusCode.PERMISSION_DENIED

@@ -26,7 +26,9 @@ from agent.app.service import AgentService
 from agent.doors.servicer import SERVICE, RuntimeEnvAgentServicer, _HotRequests
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
 from rtenv.v1 import agent_pb2
-from tests.helpers import RayClient, RunningAgent, env_json, module_zip, running_agent
+from tests.harness.in_process import RunningAgent, running_agent
+from tests.harness.packages import env_json, module_zip
+from tests.harness.ray_door import RayClient
 
 RPCS = ("CreateRuntimeEnv", "DeleteRuntimeEnv", "GetRuntimeEnvsInfo")
 

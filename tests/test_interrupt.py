@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import short_tempdir
-from tests.test_fate import gone, is_agent, is_worker, poll, workers_in
+from tests.harness.processes import gone, is_agent, is_worker, poll, workers_in
+from tests.harness.tempdirs import short_tempdir
 
 REPO = Path(__file__).resolve().parents[1]
 UNDER_WAY_S = 90.0  # deadline for the run to be under way (tasks finishing)

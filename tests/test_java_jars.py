@@ -16,8 +16,12 @@ import pytest
 
 from agent.app.config import RaySettings
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
-from tests.helpers import RayClient, make_zip, package_server, running_agent, short_tempdir
-from tests.pip_wheels import run
+from tests.harness.in_process import running_agent
+from tests.harness.package_server import package_server
+from tests.harness.packages import make_zip
+from tests.harness.pip_wheels import run
+from tests.harness.ray_door import RayClient
+from tests.harness.tempdirs import short_tempdir
 
 JAR = make_zip({"META-INF/MANIFEST.MF": "Manifest-Version: 1.0\n", "rtenv/A.class": b"\xca\xfe"})
 LIBS = make_zip({"libs/b.jar": JAR, "libs/notes.txt": "two jars' worth\n"})  # one top folder

@@ -36,7 +36,9 @@ from agent.install.installers.base import recipe_error
 from agent.install.staging import place_package
 from agent.state.state_db import StateDB
 from agent.state.store import UriStore
-from tests.helpers import listed, module_zip, wait_until
+from tests.harness.in_process import listed
+from tests.harness.packages import module_zip
+from tests.harness.polling import wait_until
 
 
 @asynccontextmanager

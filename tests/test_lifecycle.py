@@ -14,7 +14,6 @@ import threading
 import time
 import uuid
 import zipfile
-from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -26,20 +25,18 @@ from agent.install import archive
 from agent.install.archive import ArchiveLimits
 from agent.install.installers import zip_archive
 from rtenv.v1 import agent_pb2
-from tests.helpers import (
+from tests.harness.in_process import (
     FAST_FETCH,
-    PackageServer,
     RunningAgent,
-    env_json,
     listed,
-    make_zip,
-    package_server,
     running_agent,
     slow_passes,
     stray_cancellation,
-    wait_until,
-    workdir_zip,
 )
+from tests.harness.package_server import PackageServer, package_server
+from tests.harness.packages import env_json, make_zip, workdir_zip
+from tests.harness.polling import wait_until
+from tests.harness.rpc import rpc_refused
 
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 WD = "wd.zip"
@@ -54,17 +51,6 @@ def listing(a: RunningAgent, sub: str) -> list[str]:
 def on_disk(path: str | Path) -> bool:
     """Whether anything (a dangling symlink included) exists at ``path``; a direct, quick stat."""
     return os.path.lexists(path)
-
-
-async def rpc_error(call: Awaitable[object], code: grpc.StatusCode, *words: str) -> str:
-    """Await ``call``; it must fail with ``code`` and a message naming each of ``words``."""
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await call
-    details = caught.value.details() or ""
-    assert caught.value.code() == code, details
-    for word in words:
-        assert word in details, f"{word!r} not in {details!r}"
-    return details
 
 
 async def settled(a: RunningAgent, *, cached: int) -> agent_pb2.GetRuntimeEnvsInfoReply:
@@ -100,7 +86,7 @@ async def test_delete_during_create_is_refused_until_the_create_returns() -> Non
         create = asyncio.create_task(a.create(env_json(wd)))
         await asyncio.wait_for(pkgs.requested(WD).wait(), timeout=10)
         env_id = next(env_id for env_id, _ in a.service.tables.envs())
-        await rpc_error(a.delete(env_id), FAILED_PRECONDITION, "in flight")
+        await rpc_refused(a.delete(env_id), FAILED_PRECONDITION, "in flight")
         info = await a.info()
         assert [(e.references, e.state) for e in info.envs] == [(1, "creating")]
         assert [u.references for u in info.uris] == [1]
@@ -124,7 +110,7 @@ async def test_create_whose_client_deadline_passes_leaves_nothing() -> None:
         call = a.stub.CreateRuntimeEnv(request, timeout=1.0)
         await asyncio.wait_for(pkgs.requested(WD).wait(), timeout=1.0)
         assert len(a.service.tables) == 1
-        await rpc_error(call, grpc.StatusCode.DEADLINE_EXCEEDED)
+        await rpc_refused(call, grpc.StatusCode.DEADLINE_EXCEEDED)
         await wait_until(lambda: len(a.service.tables) == 0, what="the create to give back")
         await wait_until(lambda: not list(a.service.store.entries()), what="the install to stop")
         a.service.check_invariants()
@@ -221,7 +207,7 @@ async def test_a_cancellation_nobody_asked_for_is_answered_internal_not_left_han
         create = a.service.create
         monkeypatch.setattr(a.service, "create", stray_cancellation)
         wd = pkgs.add(WD, workdir_zip({"main.py": "M = 1\n"}))
-        await rpc_error(
+        await rpc_refused(
             a.create(env_json(wd), timeout_s=20),
             grpc.StatusCode.INTERNAL,
             "CreateRuntimeEnv",
@@ -244,7 +230,7 @@ async def test_failed_download_answers_its_status_and_keeps_nothing(
 ) -> None:
     async with package_server() as pkgs, running_agent() as a:
         wd = pkgs.add(WD, workdir_zip({"main.py": "M = 1\n"}), statuses=statuses)
-        await rpc_error(a.create(env_json(wd)), code, *words)
+        await rpc_refused(a.create(env_json(wd)), code, *words)
         assert pkgs.gets[WD] == len(statuses)
         info = await settled(a, cached=0)
         assert [(e.state, e.references) for e in info.envs] == [("failed", 0)]
@@ -262,7 +248,7 @@ async def test_checksum_mismatch_is_refused_before_extraction_and_the_right_dige
         body = workdir_zip({"main.py": "M = 1\n"})
         wd = pkgs.add(WD, body)
         wrong = "0" * 64
-        await rpc_error(a.create(env_json(f"{wd}#sha256={wrong}")), FAILED_PRECONDITION, "sha256")
+        await rpc_refused(a.create(env_json(f"{wd}#sha256={wrong}")), FAILED_PRECONDITION, "sha256")
         info = await settled(a, cached=0)
         assert info.cache.downloads == 0
         assert "sha256" in info.envs[0].error
@@ -309,7 +295,7 @@ async def test_unsafe_archive_is_refused_and_writes_nothing_outside_its_root(cas
     body, words = _unsafe_archives(token)[case]
     async with package_server() as pkgs, running_agent() as a:
         mod = pkgs.add("mod.zip", body)
-        await rpc_error(a.create(env_json(py_modules=[mod])), FAILED_PRECONDITION, words)
+        await rpc_refused(a.create(env_json(py_modules=[mod])), FAILED_PRECONDITION, words)
         info = await settled(a, cached=0)
         assert info.cache.downloads == 1
         assert listing(a, "uris") == []
@@ -336,7 +322,7 @@ async def test_archive_whose_entry_cannot_be_written_is_refused_not_an_internal_
     """Entries that collide or whose name the filesystem refuses: FAILED_PRECONDITION."""
     async with package_server() as pkgs, running_agent() as a:
         mod = pkgs.add("mod.zip", make_zip(files))
-        details = await rpc_error(
+        details = await rpc_refused(
             a.create(env_json(py_modules=[mod])), FAILED_PRECONDITION, echo(entry)
         )
         assert "internal error" not in details
@@ -370,7 +356,7 @@ async def test_archive_over_a_limit_is_refused_naming_the_limit(
 ) -> None:
     async with package_server() as pkgs, running_agent(archive=limits) as a:
         wd = pkgs.add(WD, body)
-        await rpc_error(a.create(env_json(wd)), FAILED_PRECONDITION, limit_name)
+        await rpc_refused(a.create(env_json(wd)), FAILED_PRECONDITION, limit_name)
         info = await settled(a, cached=0)
         assert limit_name in info.envs[0].error
         assert info.cache.unused_bytes == 0
@@ -391,7 +377,7 @@ async def test_duplicate_request_ids_count_once_and_a_reused_id_is_refused() -> 
         again = await a.create(env_json(wd), request_id="c1")  # a retry after the answer
         assert again == replies[0]
         assert a.service.tables.env_count(env_id) == 1
-        await rpc_error(
+        await rpc_refused(
             a.create(env_json(wd, env_vars={"OTHER": "1"}), request_id="c1"),
             FAILED_PRECONDITION,
             "request_id",
@@ -410,7 +396,7 @@ async def test_duplicate_request_ids_count_once_and_a_reused_id_is_refused() -> 
         a.service.check_invariants()
         assert await a.delete(env_id, request_id="d2") == 0
         assert await a.delete(env_id, request_id="d2") == 0  # the remembered answer
-        await rpc_error(a.delete(env_id, request_id="d3"), grpc.StatusCode.NOT_FOUND, env_id)
+        await rpc_refused(a.delete(env_id, request_id="d3"), grpc.StatusCode.NOT_FOUND, env_id)
         await settled(a, cached=1)
         await still_serves(a, pkgs)
 
@@ -420,18 +406,18 @@ async def test_delete_of_an_unknown_env_or_past_the_last_reference_is_not_found(
         wd = pkgs.add(WD, workdir_zip({"main.py": "M = 1\n"}))
         reply = await a.create(env_json(wd))
         before = await a.info()
-        await rpc_error(a.delete("f" * 32), grpc.StatusCode.NOT_FOUND, "f" * 32)
+        await rpc_refused(a.delete("f" * 32), grpc.StatusCode.NOT_FOUND, "f" * 32)
         never_created = a.stub.DeleteRuntimeEnv(
             agent_pb2.DeleteRuntimeEnvRequest(serialized_runtime_env=env_json(env_vars={"X": "1"})),
             timeout=30,
         )
-        await rpc_error(never_created, grpc.StatusCode.NOT_FOUND, "unknown")
+        await rpc_refused(never_created, grpc.StatusCode.NOT_FOUND, "unknown")
         after = await a.info()
         assert (after.envs, after.uris, after.cache) == (before.envs, before.uris, before.cache)
         a.service.check_invariants()
 
         assert await a.delete(reply.runtime_env_id) == 0
-        await rpc_error(a.delete(reply.runtime_env_id), grpc.StatusCode.NOT_FOUND, "unknown")
+        await rpc_refused(a.delete(reply.runtime_env_id), grpc.StatusCode.NOT_FOUND, "unknown")
         await settled(a, cached=1)
         await still_serves(a, pkgs)
 
@@ -494,7 +480,7 @@ async def test_setup_timeout_answers_deadline_exceeded_and_gives_back_references
     async with package_server() as pkgs, running_agent() as a:
         wd = pkgs.add(WD, workdir_zip({"main.py": "M = 1\n"}))
         gate = pkgs.hold(WD)
-        await rpc_error(
+        await rpc_refused(
             a.create(env_json(wd), timeout_s=1),
             grpc.StatusCode.DEADLINE_EXCEEDED,
             "setup_timeout_seconds",

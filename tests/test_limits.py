@@ -13,28 +13,14 @@ import grpc
 import pytest
 
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import (
-    RunningAgent,
-    env_json,
-    listed,
-    make_zip,
-    package_server,
-    running_agent,
-    wait_until,
-    workdir_zip,
-)
-from tests.test_process import serving
+from tests.harness.agent_process import serving
+from tests.harness.in_process import RunningAgent, listed, running_agent
+from tests.harness.package_server import package_server
+from tests.harness.packages import env_json, make_zip, workdir_zip
+from tests.harness.polling import wait_until
+from tests.harness.rpc import rpc_refused
 
 LIMIT = 64 * 1024
-
-
-async def refused(call: Awaitable[object], code: grpc.StatusCode, *words: str) -> None:
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await call
-    details = caught.value.details() or ""
-    assert caught.value.code() == code, details
-    for word in words:
-        assert word in details, details
 
 
 async def still_serves(a: RunningAgent, url: str) -> None:
@@ -70,7 +56,7 @@ async def test_download_over_max_download_bytes_is_refused_naming_size_and_limit
             return reply
 
         for url in (pkgs.add("big.zip", big), f"file://{base}/big.zip"):
-            await refused(
+            await rpc_refused(
                 create(url),
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"is {len(big)} bytes; the limit is {LIMIT} (max_download_bytes)",
@@ -87,7 +73,7 @@ async def test_request_over_a_lowered_max_message_bytes_is_resource_exhausted() 
         reply = await a.create(small)
         assert await a.delete(reply.runtime_env_id) == 0
         large = env_json(env_vars={"V": "x" * LIMIT})
-        await refused(a.create(large), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        await rpc_refused(a.create(large), grpc.StatusCode.RESOURCE_EXHAUSTED)
         await still_serves(a, pkgs.add("ok.zip", workdir_zip({"ok.txt": "ok"})))
 
 
@@ -98,7 +84,7 @@ async def test_setup_timeout_over_max_setup_timeout_is_capped_to_it(asked: int) 
         url = pkgs.add("held.zip", workdir_zip({"ok.txt": "ok"}))
         gate = pkgs.hold("held.zip")
         try:
-            await refused(
+            await rpc_refused(
                 a.create(env_json(url), timeout_s=asked),
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 "was not set up within 1s (setup_timeout_seconds)",

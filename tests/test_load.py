@@ -10,15 +10,10 @@ from collections import Counter
 from pathlib import Path
 
 from agent.app.config import Settings
-from tests.helpers import (
-    env_json,
-    listed,
-    module_zip,
-    package_server,
-    running_agent,
-    wait_until,
-    workdir_zip,
-)
+from tests.harness.in_process import listed, running_agent
+from tests.harness.package_server import package_server
+from tests.harness.packages import env_json, module_zip, workdir_zip
+from tests.harness.polling import wait_until
 
 ENVS = 100
 CREATES_PER_ENV = 10  # 1,000 creates in all

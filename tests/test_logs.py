@@ -24,8 +24,8 @@ import pytest
 from agent.core import logfields
 from agent.ops.logs import BoundFields, iso_time
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import env_json, workdir_zip
-from tests.test_process import STOP_S, serving
+from tests.harness.agent_process import STOP_S, serving
+from tests.harness.packages import env_json, workdir_zip
 
 Line = dict[str, Any]
 ISO_MS_ZONE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00")

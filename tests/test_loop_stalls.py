@@ -8,9 +8,10 @@ import re
 from pathlib import Path
 
 from agent.ops.server import freeze_start_heap
-from tests.helpers import running_agent, wait_until
-from tests.test_metrics import scrape, value
-from tests.test_process import serving, wait_health_serving
+from tests.harness.agent_process import serving, wait_health_serving
+from tests.harness.in_process import running_agent
+from tests.harness.metrics import scrape, value
+from tests.harness.polling import wait_until
 
 
 async def test_the_cli_process_freezes_its_start_up_heap_before_it_serves(base: Path) -> None:

@@ -8,11 +8,12 @@ import importlib.util
 import re
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from agent.ops import loops
-from tests.test_process import refused, run_cli, serving, wait_health_serving
+from tests.harness.agent_process import refused, run_cli, serving, wait_health_serving
 
 UVLOOP = importlib.util.find_spec("uvloop") is not None
 needs_uvloop = pytest.mark.skipif(not UVLOOP, reason="uvloop is not installed (the extra 'fast')")
@@ -126,8 +127,10 @@ async def test_config_refuses_a_loop_serve_would_refuse(
 
 
 def test_the_schedulers_tests_run_on_asyncio_as_raylet_sim_itself_does() -> None:
-    import tests.test_pool_unit
+    from raylet_sim.pool import WorkerPool
     from tests import conftest
 
-    assert conftest._uses_the_scheduler(tests.test_pool_unit)
+    scheduler_tests = ModuleType("scheduler_tests")  # as test_pool_unit: it imports the pool
+    vars(scheduler_tests)["WorkerPool"] = WorkerPool
+    assert conftest._uses_the_scheduler(scheduler_tests)
     assert not conftest._uses_the_scheduler(sys.modules[__name__])

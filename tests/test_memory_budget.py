@@ -15,8 +15,8 @@ import gc
 import tracemalloc
 from pathlib import Path
 
-from tests.helpers import env_json
-from tests.test_service_unit import service_rig
+from tests.harness.packages import env_json
+from tests.harness.service_rig import service_rig
 
 WARM = 4_200  # creates before the measure: past every bounded cache's 4,096 entries
 ENVS = 6_000  # creates measured (the two tables grow through one resize each meanwhile)

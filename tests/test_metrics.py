@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
 
 import aiohttp
@@ -20,43 +19,13 @@ from agent.core.errors import ErrorKind, StartupError
 from agent.doors.http_errors import STATUS as HTTP_STATUS
 from agent.doors.metrics import BUG, CANCELLED, OK, Metrics, Outcome
 from agent.ops.server import Agent
-from tests.helpers import (
-    env_json,
-    package_server,
-    running_agent,
-    short_tempdir,
-    slow_passes,
-    workdir_zip,
-)
+from tests.harness.in_process import running_agent, slow_passes
+from tests.harness.metrics import Samples, scrape, value
+from tests.harness.package_server import package_server
+from tests.harness.packages import env_json, workdir_zip
+from tests.harness.tempdirs import short_tempdir
 
-Labels = frozenset[tuple[str, str]]
-Samples = dict[tuple[str, Labels], float]
 SIZE = 1000  # bytes unpacked per package
-
-
-async def scrape(address: str) -> Samples:
-    """GET /metrics and parse it: {(sample name, labels): value}."""
-    async with (
-        aiohttp.ClientSession(trust_env=False) as session,
-        session.get(f"http://{address}/metrics", timeout=aiohttp.ClientTimeout(10)) as resp,
-    ):
-        assert resp.status == 200
-        assert resp.headers["Content-Type"].startswith("text/plain")
-        text = await resp.text()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(samples: Samples, name: str, labels: Mapping[str, str] | None = None) -> float:
-    """A sample's value; 0 for a labelled series not yet seen (a counter that never moved)."""
-    key = (name, frozenset((labels or {}).items()))
-    if key not in samples:
-        assert labels, f"{name} missing from the scrape"
-        return 0.0
-    return samples[key]
 
 
 def requests(samples: Samples, rpc: str, outcome: str) -> float:

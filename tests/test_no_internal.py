@@ -35,7 +35,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import short_tempdir
+from tests.harness.tempdirs import short_tempdir
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = int(os.environ.get("RTENV_HYPOTHESIS_EXAMPLES", "25"))

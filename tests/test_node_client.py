@@ -11,14 +11,9 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import (
-    env_json,
-    make_zip,
-    module_zip,
-    package_server,
-    running_agent,
-    workdir_zip,
-)
+from tests.harness.in_process import running_agent
+from tests.harness.package_server import package_server
+from tests.harness.packages import env_json, make_zip, module_zip, workdir_zip
 
 CLIENT = Path(__file__).resolve().parent.parent / "clients" / "node"
 

@@ -23,7 +23,8 @@ from raylet_sim.pool import TaskSpec
 from raylet_sim.samples import EnvSpec, PackageServer, Samples, build_samples
 from raylet_sim.sidecar import MAX_UNIX_PATH_BYTES, AgentSidecar, SidecarError, socket_address
 from rtenv.v1 import agent_pb2
-from tests.helpers import short_tempdir, wait_until
+from tests.harness.polling import wait_until
+from tests.harness.tempdirs import short_tempdir
 
 QUIET = ("--log-level", "WARNING")
 

@@ -19,8 +19,9 @@ import pytest
 
 from agent.install.object_source import INSTALL_HINT
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import FAST_FETCH, env_json, make_zip, running_agent
-from tests.object_stores import (
+from tests.harness.agent_process import NO_PROXY, STOP_S, serving
+from tests.harness.in_process import FAST_FETCH, running_agent
+from tests.harness.object_stores import (
     AZURITE_ACCOUNT,
     AZURITE_KEY,
     AzureServer,
@@ -32,7 +33,8 @@ from tests.object_stores import (
     gcs_emulator,
     moto_s3,
 )
-from tests.test_process import NO_PROXY, STOP_S, serving
+from tests.harness.packages import env_json, make_zip
+from tests.harness.rpc import rpc_refused
 
 # the clouds' variables, and the proxies obstore's client would send loopback requests to
 _CLOUD_VARS = ("AWS_", "GOOGLE_", "AZURE_", "AZURITE_", "STORAGE_EMULATOR_HOST", "HTTP_PROXY",
@@ -123,11 +125,10 @@ def _wd_zip(tag: str) -> bytes:
     return make_zip({"proj/main.py": f"print({tag!r})\n", "proj/bulk.bin": BULK})
 
 
-async def _refused(serialized: str, **overrides: Any) -> grpc.aio.AioRpcError:
+async def _refused(serialized: str, code: grpc.StatusCode, **overrides: Any) -> str:
+    """Create on a new agent, expecting a refusal with ``code``: its details."""
     async with running_agent(**overrides) as a:
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await a.create(serialized)
-        return caught.value
+        return await rpc_refused(a.create(serialized), code)
 
 
 async def test_a_working_dir_and_py_modules_from_the_store_arrive_in_the_env(
@@ -152,9 +153,9 @@ async def test_a_wrong_sha256_fragment_is_failed_precondition_naming_both_digest
     store.put("jobs/pinned.zip", _wd_zip("pinned"))
     cloud_env(store.environment(tmp_path))
     wrong = "0" * 64
-    error = await _refused(env_json(store.uri(f"jobs/pinned.zip#sha256={wrong}")))
-    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
-    details = error.details() or ""
+    details = await _refused(
+        env_json(store.uri(f"jobs/pinned.zip#sha256={wrong}")), grpc.StatusCode.FAILED_PRECONDITION
+    )
     assert "jobs/pinned.zip" in details
     assert f"the URI expects {wrong}" in details
 
@@ -163,9 +164,9 @@ async def test_a_missing_object_is_not_found_naming_the_key_and_bucket(
     store: Store, cloud_env: SetEnv, tmp_path: Path
 ) -> None:
     cloud_env(store.environment(tmp_path))
-    error = await _refused(env_json(store.uri("jobs/never-uploaded.zip")))
-    assert error.code() == grpc.StatusCode.NOT_FOUND
-    details = error.details() or ""
+    details = await _refused(
+        env_json(store.uri("jobs/never-uploaded.zip")), grpc.StatusCode.NOT_FOUND
+    )
     assert "has no object 'jobs/never-uploaded.zip'" in details
     assert "'pkgs'" in details
 
@@ -175,9 +176,9 @@ async def test_credentials_the_store_refuses_are_permission_denied_saying_where_
 ) -> None:
     store.put("jobs/guarded.zip", _wd_zip("guarded"))
     cloud_env(store.environment(tmp_path, good=False))
-    error = await _refused(env_json(store.uri("jobs/guarded.zip")))
-    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
-    details = error.details() or ""
+    details = await _refused(
+        env_json(store.uri("jobs/guarded.zip")), grpc.StatusCode.PERMISSION_DENIED
+    )
     assert "refused the agent's credentials" in details
     assert "jobs/guarded.zip" in details
     assert "agent's environment" in details
@@ -207,12 +208,12 @@ async def test_an_object_over_the_size_limit_is_refused_by_the_bytes_read(
     store.put("jobs/big.zip", _wd_zip("big"))
     cloud_env(store.environment(tmp_path))
     limit = 4096
-    error = await _refused(
+    details = await _refused(
         env_json(store.uri("jobs/big.zip")),
+        grpc.StatusCode.FAILED_PRECONDITION,
         fetch=replace(FAST_FETCH, max_download_bytes=limit),
     )
-    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert f"the limit is {limit} (max_download_bytes)" in (error.details() or "")
+    assert f"the limit is {limit} (max_download_bytes)" in details
 
 
 @pytest.mark.parametrize("store", ["azure"], indirect=True)
@@ -244,9 +245,7 @@ async def test_no_s3_credentials_anywhere_is_failed_precondition_saying_what_to_
     machine): refused at once, not retried as a store that is down."""
     closed = f"http://127.0.0.1:{free_port()}"
     cloud_env({"AWS_METADATA_ENDPOINT": closed, "AWS_ENDPOINT_URL": closed})
-    error = await _refused(env_json("s3://pkgs/jobs/wd.zip"))
-    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
-    details = error.details() or ""
+    details = await _refused(env_json("s3://pkgs/jobs/wd.zip"), grpc.StatusCode.FAILED_PRECONDITION)
     assert "s3://pkgs/jobs/wd.zip: no S3 credentials" in details
     assert "AWS_ACCESS_KEY_ID" in details
     assert "AWS_SKIP_SIGNATURE=true" in details
@@ -256,9 +255,7 @@ async def test_an_aws_profile_no_file_holds_is_failed_precondition_naming_the_pa
     cloud_env: SetEnv, tmp_path: Path
 ) -> None:
     cloud_env({"AWS_PROFILE": "nope"})
-    error = await _refused(env_json("s3://pkgs/jobs/wd.zip"))
-    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
-    details = error.details() or ""
+    details = await _refused(env_json("s3://pkgs/jobs/wd.zip"), grpc.StatusCode.FAILED_PRECONDITION)
     assert details.startswith("working_dir:s3://pkgs/jobs/wd.zip: AWS_PROFILE names the profile")
     assert f"{tmp_path}/.aws/credentials" in details
 
@@ -267,9 +264,7 @@ async def test_without_obstore_an_object_uri_is_failed_precondition_saying_what_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "obstore", None)  # import obstore: ImportError
-    error = await _refused(env_json("s3://pkgs/jobs/wd.zip"))
-    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
-    details = error.details() or ""
+    details = await _refused(env_json("s3://pkgs/jobs/wd.zip"), grpc.StatusCode.FAILED_PRECONDITION)
     assert "s3://pkgs/jobs/wd.zip" in details
     assert INSTALL_HINT in details
 

@@ -21,14 +21,10 @@ import pytest
 from agent.install.archive import ArchiveLimits
 from agent.install.overlap import OVERLAP_MIN_BYTES
 from rtenv.v1 import agent_pb2
-from tests.helpers import (
-    RunningAgent,
-    env_json,
-    package_server,
-    running_agent,
-    wait_until,
-    workdir_zip,
-)
+from tests.harness.in_process import RunningAgent, running_agent
+from tests.harness.package_server import package_server
+from tests.harness.packages import env_json, workdir_zip
+from tests.harness.polling import wait_until
 
 BIG = "big.zip"
 HELD = 1024 * 1024  # the last bytes the server holds back

@@ -31,7 +31,7 @@ from agent.install.fetch import Fetcher, FetchLimits
 from agent.install.growing import GrowingZip
 from agent.install.overlap import _MIN_TAIL, directory_start, if_range, tail_span
 from agent.install.transport import Failure, MockTransport, Request, Response, TransportError
-from tests.test_unpack_pool import slow_zip, snapshot
+from tests.harness.unpacking import slow_zip, snapshot, tail_offset_of
 
 LIMITS = ArchiveLimits()
 
@@ -147,15 +147,6 @@ def extract_growing(view: GrowingZip, dest: Path, size: int) -> None:
         root = dest.resolve()
         write_share(zf, plan.entries, root, LIMITS.max_uncompressed_bytes, "growing", bool)
         finish(zf, plan, root, "growing", bool)
-
-
-def tail_offset_of(data: bytes) -> int:
-    """Where the tail the agent reads ahead of a download of ``data`` begins: its first ranged
-    GET, or the central directory's start if that lies before it."""
-    offset = tail_span(len(data))
-    start = directory_start(data[offset:], offset)
-    assert start is not None
-    return min(offset, start)
 
 
 def test_a_zip_is_extracted_as_it_is_written_and_equals_the_complete_ones(

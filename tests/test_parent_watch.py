@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from agent.ops.entry import _end, _watch_parent
-from tests.helpers import wait_until
+from tests.harness.polling import wait_until
+from tests.harness.processes import parent
 
 
 def pidfds() -> set[int]:
@@ -25,17 +26,6 @@ def pidfds() -> set[int]:
         except FileNotFoundError:  # the listing's own fd, closed since
             continue
     return found
-
-
-@contextmanager
-def parent() -> Iterator[subprocess.Popen[bytes]]:
-    """A stand-in parent process (killed and reaped at the end)."""
-    proc = subprocess.Popen(["sleep", "60"])
-    try:
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait(10)
 
 
 @dataclass

@@ -12,8 +12,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.helpers import listed, wait_until
-from tests.pip_wheels import (
+from tests.harness.crashing_agent import AgentProc, agent_process, leftovers, listing, read_index
+from tests.harness.in_process import listed
+from tests.harness.pip_wheels import (
     isolate_pip,
     pip_env,
     processes_mentioning,
@@ -24,7 +25,7 @@ from tests.pip_wheels import (
     slow_sdist,
     survivors,
 )
-from tests.test_crash_recovery import AgentProc, agent_process, leftovers, listing, read_index
+from tests.harness.polling import wait_until
 
 BUILD_S = 60.0
 

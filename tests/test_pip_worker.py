@@ -12,8 +12,10 @@ import pytest
 
 from raylet_sim.node import Node
 from raylet_sim.pool import TaskSpec
-from tests.helpers import package_server, short_tempdir, workdir_zip
-from tests.pip_wheels import isolate_pip, pip_env
+from tests.harness.package_server import package_server
+from tests.harness.packages import workdir_zip
+from tests.harness.pip_wheels import isolate_pip, pip_env
+from tests.harness.tempdirs import short_tempdir
 
 TASK = """\
 import importlib.util, os, sys

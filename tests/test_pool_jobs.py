@@ -14,14 +14,10 @@ import grpc
 from raylet_sim.client import AgentClient
 from raylet_sim.pool import TaskSpec, WorkerPool
 from rtenv.v1 import agent_pb2
-from tests.helpers import (
-    RunningAgent,
-    env_json,
-    running_agent,
-    short_tempdir,
-    wait_until,
-    workdir_zip,
-)
+from tests.harness.in_process import RunningAgent, running_agent
+from tests.harness.packages import env_json, workdir_zip
+from tests.harness.polling import wait_until
+from tests.harness.tempdirs import short_tempdir
 
 PROBE_PY = "import os\n\ndef pid():\n    return os.getpid()\n"
 

@@ -18,8 +18,8 @@ from raylet_sim import workers as workers_module
 from raylet_sim.client import AgentClient, RetryPolicy
 from raylet_sim.pool import TaskFailed, TaskSpec, WorkerPool, WorkerState
 from raylet_sim.workers import Worker
-from tests.helpers import wait_until
-from tests.test_pool_unit import INFO, absent, harness, key
+from tests.harness.polling import wait_until
+from tests.harness.stub_agent import INFO, absent, harness, key
 
 
 async def test_a_delete_after_the_node_closed_its_channel_is_logged_not_raised(

@@ -27,8 +27,11 @@ from raylet_sim.pool import TaskSpec, WorkerPool
 from raylet_sim.tasks import SPAWN_FAILED, TaskFailed
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
 from rtenv.v1 import agent_pb2
-from tests.helpers import RayClient, running_agent, short_tempdir, workdir_zip
-from tests.pip_wheels import run
+from tests.harness.in_process import running_agent
+from tests.harness.packages import workdir_zip
+from tests.harness.pip_wheels import run
+from tests.harness.ray_door import RayClient
+from tests.harness.tempdirs import short_tempdir
 
 PROBE_PY = """import faulthandler, os, sys
 

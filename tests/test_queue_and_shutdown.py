@@ -23,18 +23,13 @@ from agent.app.config import Settings
 from agent.core.errors import StartupError
 from agent.ops.server import Agent, AgentState
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import (
-    FAST_FETCH,
-    env_json,
-    listed,
-    make_zip,
-    package_server,
-    running_agent,
-    short_tempdir,
-    wait_until,
-)
-from tests.helpers import workdir_zip as wd_zip
-from tests.test_process import STOP_S, Served, serving
+from tests.harness.agent_process import STOP_S, Served, serving
+from tests.harness.in_process import FAST_FETCH, listed, running_agent
+from tests.harness.package_server import package_server
+from tests.harness.packages import env_json, make_zip
+from tests.harness.packages import workdir_zip as wd_zip
+from tests.harness.polling import wait_until
+from tests.harness.tempdirs import short_tempdir
 
 GRACE_S = 2.0  # Agent.stop()'s grace for in-flight RPCs, as serve() uses it
 

@@ -14,16 +14,10 @@ from pathlib import Path
 import grpc
 
 from rtenv.v1 import agent_pb2
-from tests.helpers import (
-    RunningAgent,
-    env_json,
-    listed,
-    module_zip,
-    package_server,
-    running_agent,
-    wait_until,
-    workdir_zip,
-)
+from tests.harness.in_process import RunningAgent, listed, running_agent
+from tests.harness.package_server import package_server
+from tests.harness.packages import env_json, module_zip, workdir_zip
+from tests.harness.polling import wait_until
 
 X_ZIP = "x.zip"
 Y_ZIP = "y.zip"

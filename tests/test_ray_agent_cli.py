@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import importlib.util
 import logging
 import logging.handlers
 import os
@@ -23,11 +22,10 @@ from agent.core.errors import ConfigError
 from agent.ops import logs, loops, ray_agent
 from agent.ops.ray_agent import RayFlags, Refused, parse_flags, ray_token, settings_for
 from rtenv.ray.v1 import runtime_env_agent_pb2
-from tests.helpers import wait_until
-from tests.test_process import REPO, START_S, STOP_S, stop
+from tests.harness.agent_process import REPO, START_S, STOP_S, stop
+from tests.harness.polling import wait_until
 
 NODE = "62ced19539cdea1adcecd63ef7e1c7b82d82375a6651551ce7511777"  # a node id as Ray writes it
-DOOR_MERGED = importlib.util.find_spec("agent.doors.ray_http") is not None
 
 
 def ray_flags(
@@ -613,7 +611,6 @@ async def test_a_bad_logging_flag_is_one_short_line_and_exit_2(
     assert len(err) <= 1024, len(err)
 
 
-@pytest.mark.skipif(not DOOR_MERGED, reason="the Ray door (helper door's branch) is not merged")
 async def test_the_port_file_tells_the_raylet_the_port_of_a_serving_ray_door(base: Path) -> None:
     """Ray's persist_port format: <session>/runtime_env_agent_port_<node id>, the port in
     decimal; the raylet reads it, then posts its requests to NODE_IP:PORT."""

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import workdir_zip
-from tests.ray_harness import (
+from tests.harness.packages import workdir_zip
+from tests.harness.ray_nodes import (
     EXIT_S,
     HTTP_OK,
     OURS,

@@ -31,18 +31,14 @@ from agent.doors import ray_http
 from agent.ops.options import effective, parse_ray_address
 from agent.ops.server import Agent, AgentState
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
-from tests.helpers import (
-    FAST_FETCH,
-    RayClient,
-    RunningAgent,
-    package_server,
-    running_agent,
-    short_tempdir,
-    wait_until,
-    workdir_zip,
-)
-from tests.pip_wheels import isolate_pip, pip_env, run
-from tests.test_process import refused
+from tests.harness.agent_process import refused
+from tests.harness.in_process import FAST_FETCH, RunningAgent, running_agent
+from tests.harness.package_server import package_server
+from tests.harness.packages import workdir_zip
+from tests.harness.pip_wheels import isolate_pip, pip_env, run
+from tests.harness.polling import wait_until
+from tests.harness.ray_door import RayClient
+from tests.harness.tempdirs import short_tempdir
 
 OK = ray_pb2.AGENT_RPC_STATUS_OK
 FAILED = ray_pb2.AGENT_RPC_STATUS_FAILED

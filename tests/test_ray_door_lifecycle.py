@@ -21,16 +21,13 @@ from agent.app.config import RaySettings, Settings
 from agent.ops.entry import serve
 from agent.ops.startup import lock_root
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
-from tests.helpers import (
-    FAST_FETCH,
-    RayClient,
-    package_server,
-    running_agent,
-    short_tempdir,
-    wait_until,
-    workdir_zip,
-)
-from tests.test_parent_watch import parent
+from tests.harness.in_process import FAST_FETCH, running_agent
+from tests.harness.package_server import package_server
+from tests.harness.packages import workdir_zip
+from tests.harness.polling import wait_until
+from tests.harness.processes import parent
+from tests.harness.ray_door import RayClient
+from tests.harness.tempdirs import short_tempdir
 
 OK = ray_pb2.AGENT_RPC_STATUS_OK
 SPACED = '{"env_vars": {"A": "1"}, "working_dir": "%s"}'

@@ -9,15 +9,7 @@ import signal
 import pytest
 
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
-from tests.ray_harness import (
-    EXIT_S,
-    alive,
-    drive,
-    new_token,
-    poll,
-    ray_nodes,
-    ray_post,
-)
+from tests.harness.ray_nodes import EXIT_S, alive, drive, new_token, poll, ray_nodes, ray_post
 
 pytestmark = pytest.mark.timeout(300)
 

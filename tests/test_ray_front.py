@@ -17,14 +17,10 @@ from agent.app.ray_front import MAX_STRINGS_PER_ENV, RayFront
 from agent.core.errors import EnvNotFound
 from agent.core.ray_context import RAY_CONTEXT_KEYS
 from agent.core.runtime_env import EnvLimits, parse_runtime_env
-from tests.helpers import (
-    RunningAgent,
-    package_server,
-    running_agent,
-    stray_cancellation,
-    wait_until,
-    workdir_zip,
-)
+from tests.harness.in_process import RunningAgent, running_agent, stray_cancellation
+from tests.harness.package_server import package_server
+from tests.harness.packages import workdir_zip
+from tests.harness.polling import wait_until
 
 SPACED = '{"env_vars": {"A": "1"}, "working_dir": "%s"}'
 TIGHT = '{"env_vars":{"A":"1"},"working_dir":"%s"}'

@@ -32,9 +32,8 @@ from agent.ray import (
     uninstall,
 )
 from agent.ray.launcher import announcement
-from tests.helpers import wait_until
-from tests.test_process import REPO, stop
-from tests.test_ray_agent_cli import DOOR_MERGED
+from tests.harness.agent_process import REPO, stop
+from tests.harness.polling import wait_until
 
 RAY = Path("/venv/lib/python3.11/site-packages/ray")
 RAY_MAIN = str(RAY / "_private" / "runtime_env" / "agent" / "main.py")
@@ -382,10 +381,10 @@ async def test_rtenv_agent_ray_start_gives_the_raylet_this_agent_as_its_child(
             f"ray-agent), not Ray's; its root: '{root}', in Ray's session"
         ), line
         assert str(root).startswith(f"{temp}/session_"), root
-        if DOOR_MERGED:  # the raylet then reads the port file and the node comes up
-            code = await asyncio.wait_for(launcher.wait(), 90)
-            assert code == 0, "rtenv-agent ray start failed"
-            assert root.is_dir(), "the root said is the one the agent serves"
+        # the raylet then reads the port file and the node comes up
+        code = await asyncio.wait_for(launcher.wait(), 90)
+        assert code == 0, "rtenv-agent ray start failed"
+        assert root.is_dir(), "the root said is the one the agent serves"
     finally:
         await stop(launcher)
         await asyncio.to_thread(_kill_all_naming, temp)

@@ -19,9 +19,9 @@ import pytest
 
 from agent.ops import loops
 from agent.ops.ray_agent import grpc_address
-from tests.helpers import workdir_zip
-from tests.pip_wheels import offline
-from tests.ray_harness import (
+from tests.harness.packages import workdir_zip
+from tests.harness.pip_wheels import offline
+from tests.harness.ray_nodes import (
     HTTP_OK,
     OURS,
     PIP_OK,

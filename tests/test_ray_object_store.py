@@ -9,9 +9,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.helpers import workdir_zip
-from tests.object_stores import S3Server, moto_s3
-from tests.ray_harness import Json, drive, modules_zip, needs_ours, ray_nodes, wait_counts_zero
+from tests.harness.object_stores import S3Server, moto_s3
+from tests.harness.packages import workdir_zip
+from tests.harness.ray_nodes import (
+    Json,
+    drive,
+    modules_zip,
+    needs_ours,
+    ray_nodes,
+    wait_counts_zero,
+)
 
 pytestmark = [pytest.mark.timeout(300), needs_ours]  # Ray's own agent reads s3 with boto3
 

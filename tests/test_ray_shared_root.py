@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from agent.ops.ray_agent import grpc_address
-from tests.helpers import workdir_zip
-from tests.ray_harness import (
+from tests.harness.packages import workdir_zip
+from tests.harness.ray_nodes import (
     Driver,
     Json,
     RayNode,

@@ -24,10 +24,18 @@ from agent.ops.root_view import HolderView, PackageView, RootView, format_root, 
 from agent.state.holders import lock_path
 from agent.state.state_db import SCHEMA_VERSION, StateDB
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import PackageServer, env_json, package_server, wait_until, workdir_zip
-from tests.test_holders import make_untestable
-from tests.test_process import NO_PROXY, STOP_S, Served, run_cli, serving, wait_health_serving
-from tests.test_shared_index import KEY, holder, install
+from tests.harness.agent_process import (
+    NO_PROXY,
+    STOP_S,
+    Served,
+    run_cli,
+    serving,
+    wait_health_serving,
+)
+from tests.harness.index_holders import KEY, holder, install, make_untestable
+from tests.harness.package_server import PackageServer, package_server
+from tests.harness.packages import env_json, workdir_zip
+from tests.harness.polling import wait_until
 
 Json = dict[str, Any]
 

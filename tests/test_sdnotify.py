@@ -20,7 +20,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agent.ops.sdnotify import Notifier
-from tests.test_process import REPO, START_S, STOP_S, run_cli, serving
+from tests.harness.agent_process import REPO, START_S, STOP_S, run_cli, serving
 
 
 async def _receive(sock: socket.socket, timeout_s: float) -> str:

@@ -47,17 +47,11 @@ from agent.core.runtime_env import EnvLimits, parse_runtime_env
 from agent.install.disk import remove_tree
 from agent.ops.server import Agent
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import (
-    FAST_FETCH,
-    PackageServer,
-    env_json,
-    make_zip,
-    module_zip,
-    running_agent,
-    short_tempdir,
-    wait_until,
-    workdir_zip,
-)
+from tests.harness.in_process import FAST_FETCH, running_agent
+from tests.harness.package_server import PackageServer
+from tests.harness.packages import env_json, make_zip, module_zip, workdir_zip
+from tests.harness.polling import wait_until
+from tests.harness.tempdirs import short_tempdir
 
 T = TypeVar("T")
 EXAMPLES = int(os.environ.get("RTENV_HYPOTHESIS_EXAMPLES", "25"))

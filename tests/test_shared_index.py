@@ -23,20 +23,13 @@ from agent.state import index
 from agent.state.holders import HolderLock, is_alive, lock_path
 from agent.state.index import Found, plan_target
 from agent.state.recovery import recover
-from agent.state.state_db import StateDB, UriRow
+from agent.state.state_db import UriRow
 from agent.state.store import UriStore
-from tests.helpers import env_json, module_zip, package_server, running_agent, wait_until
-
-KEY = ("py_modules", "http://127.0.0.1:1/a.zip")
-OTHER = ("py_modules", "http://127.0.0.1:1/b.zip")
-
-
-async def holder(root: Path) -> StateDB:
-    db = StateDB(root / "state.db", root=root)
-    await db.open()
-    for own in (db.staging, db.trash):
-        own.mkdir(parents=True, exist_ok=True)
-    return db
+from tests.harness.in_process import running_agent
+from tests.harness.index_holders import KEY, die, holder, install, rows
+from tests.harness.package_server import package_server
+from tests.harness.packages import env_json, module_zip
+from tests.harness.polling import wait_until
 
 
 @pytest.fixture
@@ -46,26 +39,7 @@ def root(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def die(db: StateDB) -> None:
-    """kill -9 as the index sees it: the lock goes with the process, the rows stay."""
-    assert db._holder is not None
-    os.close(db._holder.fd)
-    db._holder.fd = -1
-
-
-async def install(db: StateDB, key: tuple[str, str], size: int = 100, used: int = 1) -> Path:
-    """Claim, place a folder, commit: what an install does in the index."""
-    got = await db.obtain(key, f"dir-{key[1][-5]}", take_ref=True)
-    assert got.found is Found.CLAIMED, got
-    folder = db.root / "uris" / f"dir-{key[1][-5]}"
-    folder.mkdir()
-    await db.record_install(UriRow(key[0], key[1], folder.name, size, used))
-    return folder
-
-
-def rows(root: Path, sql: str, *args: object) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(root / "state.db") as conn:
-        return conn.execute(sql, args).fetchall()
+OTHER = ("py_modules", "http://127.0.0.1:1/b.zip")
 
 
 def test_the_target_of_a_pass_is_what_is_over_the_budget_or_what_the_disk_needs() -> None:

@@ -23,7 +23,10 @@ from raylet_sim.node import AgentDied, Node
 from raylet_sim.pool import TaskSpec
 from raylet_sim.samples import EnvSpec, Samples, build_samples
 from raylet_sim.watch import snapshot
-from tests.helpers import PackageServer, env_json, make_zip, short_tempdir, wait_until
+from tests.harness.package_server import PackageServer
+from tests.harness.packages import env_json, make_zip
+from tests.harness.polling import wait_until
+from tests.harness.tempdirs import short_tempdir
 
 AGENTS = 3
 START_S = 60.0  # the three agents to serve

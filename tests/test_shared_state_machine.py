@@ -70,7 +70,11 @@ from agent.state.holders import lock_path
 from agent.state.recovery import recover
 from agent.state.state_db import FILE_NAME, StateDB
 from agent.state.store import UriStore
-from tests.helpers import FAST_FETCH, PackageServer, make_zip, short_tempdir, wait_until
+from tests.harness.in_process import FAST_FETCH
+from tests.harness.package_server import PackageServer
+from tests.harness.packages import make_zip
+from tests.harness.polling import wait_until
+from tests.harness.tempdirs import short_tempdir
 
 T = TypeVar("T")
 EXAMPLES = int(os.environ.get("RTENV_HYPOTHESIS_EXAMPLES", "25"))

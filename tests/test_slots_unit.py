@@ -12,7 +12,7 @@ import pytest
 from raylet_sim.slots import EnvSlots
 from raylet_sim.tasks import ENV_SETUP_FAILED, TaskFailed
 from rtenv.v1 import agent_pb2
-from tests.helpers import wait_until
+from tests.harness.polling import wait_until
 
 
 @dataclass

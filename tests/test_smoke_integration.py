@@ -8,7 +8,9 @@ import grpc
 import pytest
 
 from rtenv.v1 import agent_pb2
-from tests.helpers import env_json, module_zip, package_server, running_agent, workdir_zip
+from tests.harness.in_process import running_agent
+from tests.harness.package_server import package_server
+from tests.harness.packages import env_json, module_zip, workdir_zip
 
 
 async def test_create_returns_a_context_whose_paths_hold_the_packages() -> None:

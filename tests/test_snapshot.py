@@ -22,14 +22,10 @@ from agent.app.snapshot import EnvState, PackageState, Snapshot
 from agent.core.errors import AgentError, InvalidArgument
 from agent.core.runtime_env import EnvLimits, parse_runtime_env
 from agent.ops.server import Agent
-from tests.helpers import (
-    FAST_FETCH,
-    env_json,
-    package_server,
-    running_agent,
-    short_tempdir,
-    workdir_zip,
-)
+from tests.harness.in_process import FAST_FETCH, running_agent
+from tests.harness.package_server import package_server
+from tests.harness.packages import env_json, workdir_zip
+from tests.harness.tempdirs import short_tempdir
 
 REPO = Path(__file__).resolve().parents[1]
 SIZE = 1000  # bytes unpacked per package

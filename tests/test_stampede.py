@@ -10,16 +10,10 @@ import pytest
 from aiohttp import web
 
 from rtenv.v1 import agent_pb2
-from tests.helpers import (
-    PackageServer,
-    RunningAgent,
-    env_json,
-    listed,
-    package_server,
-    running_agent,
-    wait_until,
-    workdir_zip,
-)
+from tests.harness.in_process import RunningAgent, listed, running_agent
+from tests.harness.package_server import PackageServer, package_server
+from tests.harness.packages import env_json, workdir_zip
+from tests.harness.polling import wait_until
 
 WD_ZIP = "wd.zip"
 

@@ -22,7 +22,10 @@ from agent.state import state_db
 from agent.state.holders import is_alive, lock_path
 from agent.state.index import Found
 from agent.state.state_db import SCHEMA_VERSION, Loaded, StateDB, UriRow
-from tests.helpers import env_json, package_server, running_agent, wait_until, workdir_zip
+from tests.harness.in_process import running_agent
+from tests.harness.package_server import package_server
+from tests.harness.packages import env_json, workdir_zip
+from tests.harness.polling import wait_until
 
 X = UriRow("working_dir", "https://h/x.zip", "working_dir-x", 10, 1_000)
 Y = UriRow("py_modules", "https://h/y.zip#sha256=" + "ab" * 32, "py_modules-y", 20, 2_000)

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from agent.state.state_db import SCHEMA_VERSION
-from tests.helpers import PackageServer, package_server, wait_until
-from tests.test_crash_recovery import (
+from tests.harness.agent_process import refused
+from tests.harness.crashing_agent import (
     ZIPS,
     agent_process,
     check_recovered,
@@ -28,7 +28,8 @@ from tests.test_crash_recovery import (
     listing,
     read_index,
 )
-from tests.test_process import refused
+from tests.harness.package_server import PackageServer, package_server
+from tests.harness.polling import wait_until
 
 RESET_NAME = re.compile(r"state\.db\.reset-\d{8}T\d{6}")
 

@@ -1,6 +1,6 @@
-"""The session's temp-dir guard (tests/tmpguard.py), run on small suites in a pytest subprocess:
-a suite that leaves a folder in the temp dir fails, naming it; a clean one passes; and neither
-leaves anything behind, its private temp dir included."""
+"""The session's temp-dir guard (tests/harness/tmpguard.py), run on small suites in a pytest
+subprocess: a suite that leaves a folder in the temp dir fails, naming it; a clean one passes;
+and neither leaves anything behind, its private temp dir included."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def _run_suite(base: Path, source: str) -> subprocess.CompletedProcess[str]:
     temp = base / "temp"
     temp.mkdir()
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "tests.tmpguard", "-p", "no:cacheprovider",
-         "-c", str(suite / "pytest.ini"), str(suite)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "tests.harness.tmpguard",
+         "-p", "no:cacheprovider", "-c", str(suite / "pytest.ini"), str(suite)],
         cwd=REPO, env={"PATH": "/usr/bin:/bin", "TMPDIR": str(temp), "PYTHONPATH": str(REPO)},
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip

@@ -21,8 +21,8 @@ from agent.install.transport import (
     Response,
     TransportError,
 )
-from tests.helpers import make_zip
-from tests.test_store_unit import RecordingSleep
+from tests.harness.packages import make_zip
+from tests.harness.store_rig import RecordingSleep
 
 BODY = make_zip({"proj/main.py": "print('hi')\n" * 50})
 URL = "http://pkgs.test/p.zip"

@@ -15,8 +15,8 @@ import subprocess
 import sys
 import zipfile
 import zlib
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -26,59 +26,16 @@ from agent.core.errors import DiskExhausted, Unavailable, UnsafeArchive
 from agent.install import inflate
 from agent.install.archive import ArchiveLimits, extract_zip, opened_zip, plan_zip, shares
 from agent.install.unpack_pool import UnpackPool, _Gate, _Task
-from tests.helpers import (
-    env_json,
-    make_zip,
-    package_server,
-    running_agent,
-    short_tempdir,
-    wait_until,
-    workdir_zip,
-)
+from tests.harness.in_process import running_agent
+from tests.harness.package_server import package_server
+from tests.harness.packages import env_json, make_zip, workdir_zip
+from tests.harness.polling import wait_until
+from tests.harness.tempdirs import short_tempdir
+from tests.harness.unpacking import pool_of, slow_zip, snapshot
 
 LABEL = "http://pkgs/p.zip"
 LIMITS = ArchiveLimits()
 WD = "wd.zip"
-
-
-def slow_zip(files: int = 3000, text_mb: int = 8) -> bytes:
-    """A zip that takes a worker a good fraction of a second: many small files and a large
-    compressible one, under one top folder."""
-    rng = random.Random(7)
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
-        for n in range(files):
-            zf.writestr(f"proj/p{n // 100}/m{n}.py", f"X = {n}\n".encode() * 40)
-        zf.writestr("proj/data/table.txt", rng.randbytes(text_mb * 2**20).hex().encode())
-        run = zipfile.ZipInfo("proj/bin/run")
-        run.external_attr = (stat.S_IFREG | 0o755) << 16
-        zf.writestr(run, "#!/bin/sh\n")
-        zf.writestr("proj/empty/", "")
-    return buf.getvalue()
-
-
-def snapshot(root: Path) -> dict[str, tuple[int, bytes | str]]:
-    """Every path under ``root``: its mode and its content (a link: its target)."""
-    found: dict[str, tuple[int, bytes | str]] = {}
-    for path in sorted(root.rglob("*")):
-        st = path.lstat()
-        if stat.S_ISLNK(st.st_mode):
-            found[str(path.relative_to(root))] = (0, os.readlink(path))
-        elif stat.S_ISDIR(st.st_mode):
-            found[str(path.relative_to(root))] = (stat.S_IMODE(st.st_mode), b"")
-        else:
-            found[str(path.relative_to(root))] = (stat.S_IMODE(st.st_mode), path.read_bytes())
-    return found
-
-
-@asynccontextmanager
-async def pool_of(size: int, split_bytes: int = 1) -> AsyncIterator[UnpackPool]:
-    pool = UnpackPool(size, split_bytes=split_bytes)
-    pool.start()
-    try:
-        yield pool
-    finally:
-        await pool.close()
 
 
 def alive(pid: int) -> bool:

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.install.archive import ArchiveLimits
-from tests.helpers import wait_until, workdir_zip
-from tests.test_overlap_unit import tail_offset_of
-from tests.test_unpack_pool import pool_of, slow_zip
+from tests.harness.packages import workdir_zip
+from tests.harness.polling import wait_until
+from tests.harness.unpacking import pool_of, slow_zip, tail_offset_of
 
 LIMITS = ArchiveLimits()
 

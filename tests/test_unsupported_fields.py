@@ -14,7 +14,8 @@ import pytest
 from agent.app.config import RaySettings
 from agent.core.runtime_env import NEEDS_ON_NODE
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
-from tests.helpers import RayClient, running_agent
+from tests.harness.in_process import running_agent
+from tests.harness.ray_door import RayClient
 
 VALUES: dict[str, object] = {
     "conda": {"dependencies": ["numpy"]},

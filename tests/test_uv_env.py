@@ -20,11 +20,11 @@ from agent.app.config import Settings
 from agent.core.uris import UriKey, UriKind
 from agent.core.uv_spec import parse_uv
 from agent.install.wheel_cache import CACHE_DIR, own_bytes, pip_installer_for
-from tests.helpers import RunningAgent, running_agent
-from tests.pip_wheels import isolate_pip
-from tests.test_disk_pressure import floor, free_bytes, tmpfs
-from tests.test_pip_env import probe
-from tests.uv_wheels import BIG, MiB, du_bytes, have_uv, no_network, uv_env, write_wheel
+from tests.harness.disk import floor, free_bytes, tmpfs
+from tests.harness.in_process import RunningAgent, running_agent
+from tests.harness.pip_wheels import isolate_pip
+from tests.harness.uv_wheels import BIG, MiB, du_bytes, have_uv, no_network, uv_env, write_wheel
+from tests.harness.venvs import probe
 
 pytestmark = pytest.mark.skipif(not have_uv(), reason="no uv beside the python nor on PATH")
 

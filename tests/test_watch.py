@@ -23,7 +23,9 @@ from raylet_sim.client import AgentClient, RetryPolicy
 from raylet_sim.pool import TaskSpec, WorkerPool
 from raylet_sim.watch import Watcher
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import served, short_tempdir, wait_until
+from tests.harness.in_process import served
+from tests.harness.polling import wait_until
+from tests.harness.tempdirs import short_tempdir
 
 FAST = RetryPolicy(attempts=2, backoff_initial_s=0.01, backoff_max_s=0.05, call_timeout_s=20.0)
 PROBE_PY = "import os\n\ndef pid():\n    return os.getpid()\n"

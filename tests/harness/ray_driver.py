@@ -1,6 +1,6 @@
 """A Ray driver the end-to-end tests run as a process of its own:
-``python tests/ray_driver.py SCENARIO ARGS.json`` with RAY_ADDRESS and RTENV_E2E_NODE_IP (the
-node it runs on) set.
+``python tests/harness/ray_driver.py SCENARIO ARGS.json`` with RAY_ADDRESS and
+RTENV_E2E_NODE_IP (the node it runs on) set.
 
 It connects to the cluster, runs one scenario and prints its result as one line,
 ``RESULT <json>``; an interactive scenario also prints ``STEP <json>`` lines and then waits for a

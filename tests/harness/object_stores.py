@@ -1,7 +1,7 @@
 """Real object stores on 127.0.0.1 for the object-store tests, each a process started here and
 stopped by its PID: moto's S3 server (with IAM auth on, so a wrong key is refused as S3 refuses
-it), gcp-storage-emulator (``tests/gcs_emulator.py``), and azurite (from npm, installed once into
-a cache folder when node is there). ``CutProxy`` sits in front of one and drops the first
+it), gcp-storage-emulator (``tests/harness/gcs_emulator.py``), and azurite (from npm, installed
+once into a cache folder when node is there). ``CutProxy`` sits in front of one and drops the first
 connections, as a store whose connection breaks."""
 
 from __future__ import annotations

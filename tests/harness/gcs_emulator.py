@@ -7,7 +7,7 @@ on 127.0.0.1, with the two things of real GCS its downloads lack and the agent's
   with GCS's JSON error (reason ``authError``), as GCS answers bad credentials; the emulator
   itself checks none.
 
-    python tests/gcs_emulator.py --port PORT --bucket NAME [--bearer TOKEN]
+    python tests/harness/gcs_emulator.py --port PORT --bucket NAME [--bearer TOKEN]
 
 It prints ``ready`` once it serves, and runs until it is killed.
 """

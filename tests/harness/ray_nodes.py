@@ -1,6 +1,7 @@
 """Real Ray nodes for the drop-in's end-to-end tests: nodes started with the stock ``ray start``
 CLI (or ``rtenv-agent ray start``, which makes their raylets launch this agent), drivers as
-processes of their own (``tests/ray_driver.py``), and readers of what each node's agent holds.
+processes of their own (``tests/harness/ray_driver.py``), and readers of what each node's agent
+holds.
 
 The switch: ``RTENV_E2E_AGENT`` is ``ours`` (the default: every node runs this agent) or ``ray``
 (Ray's own agent; tests that read what only this agent has are skipped). The same tests run on
@@ -46,8 +47,9 @@ from agent.ops import loops
 from agent.ops.ray_agent import grpc_address
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import PackageServer, make_zip
-from tests.pip_wheels import hermetic_pip_environ
+from tests.harness.package_server import PackageServer
+from tests.harness.packages import make_zip
+from tests.harness.pip_wheels import hermetic_pip_environ
 
 T = TypeVar("T")
 Json = dict[str, Any]
@@ -355,8 +357,8 @@ class DriverError(AssertionError):
 
 
 class Driver:
-    """``tests/ray_driver.py SCENARIO ARGS`` connected to ``node``'s cluster, in a session of
-    its own (so a timeout kills it and whatever it started)."""
+    """``tests/harness/ray_driver.py SCENARIO ARGS`` connected to ``node``'s cluster, in a session
+    of its own (so a timeout kills it and whatever it started)."""
 
     def __init__(
         self, node: RayNode, scenario: str, args: Json, *, cwd: Path | None = None

@@ -24,7 +24,7 @@ import pytest
 BIG = "bigdep"  # the large dependency the sets share
 MiB = 1024 * 1024
 _CLOSED = "http://127.0.0.1:9"  # the discard port: nothing listens there
-_SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+_SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 if str(_SCRIPTS) not in sys.path:  # the benchmark's parts, as test_chaos reaches the runner's
     sys.path.append(str(_SCRIPTS))
 from benchlib.wheels import write_wheel as bench_wheel  # noqa: E402

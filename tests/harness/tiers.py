@@ -1,0 +1,191 @@
+"""A pytest plugin: the test tiers. Every test is in exactly one, by its file (``FILES`` below):
+
+- ``unit``: pure, in this process: no socket, no child process;
+- ``sockets``: in-process integration over real sockets (an agent on a unix socket, a package
+  server or a store on 127.0.0.1); the processes the in-process agent starts itself (its unpack
+  workers, its installers) and a small tool run on the side (mount, openssl) are part of it;
+- ``process``: starts whole processes: the agent (``python -m agent``), raylet-sim's workers,
+  node or demo, chaos, a benchmark, a pytest or a build of its own;
+- ``ray``: needs Ray (stock Ray nodes, or Ray's own modules).
+
+A file is in the tier of the heaviest thing any of its tests does, so ``pytest -m unit`` starts
+nothing. A test with no tier, or with two (its file in ``FILES`` and a tier mark of its own),
+fails the run at collection. At the end one line sums each tier: its tests and the seconds they
+took (setup, call and teardown), just above pytest's summary line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TIERS = ("unit", "sockets", "process", "ray")
+
+# Each test file's tier; a new test file gets a line here (the run says which are missing).
+FILES: dict[str, str] = {
+    "test_access.py": "process",
+    "test_archive.py": "unit",
+    "test_bad_input.py": "sockets",
+    "test_bench_smoke.py": "process",
+    "test_chaos.py": "process",
+    "test_ci_run.py": "process",
+    "test_cli_doors.py": "process",
+    "test_client_retry.py": "sockets",
+    "test_config.py": "process",
+    "test_context.py": "unit",
+    "test_crash_recovery.py": "process",
+    "test_create_siblings.py": "sockets",
+    "test_demo.py": "process",
+    "test_disk_pressure.py": "sockets",
+    "test_doc_citations.py": "unit",
+    "test_echo_everywhere.py": "sockets",
+    "test_errors.py": "unit",
+    "test_fate.py": "process",
+    "test_fetch.py": "sockets",
+    "test_gc_pause.py": "process",
+    "test_gcs_fetch.py": "sockets",
+    "test_gcs_uri.py": "unit",
+    "test_harness_imports.py": "unit",
+    "test_help_wrap.py": "unit",
+    "test_holders.py": "unit",
+    "test_hostile_fetch.py": "sockets",
+    "test_hostile_memory.py": "process",
+    "test_hostile_modes.py": "process",
+    "test_hostile_pip.py": "sockets",
+    "test_hot_path.py": "sockets",
+    "test_idempotency.py": "unit",
+    "test_installer_tmp.py": "unit",
+    "test_interrupt.py": "process",
+    "test_java_jars.py": "process",
+    "test_kinds.py": "sockets",
+    "test_layers.py": "process",
+    "test_ledger.py": "unit",
+    "test_lifecycle.py": "sockets",
+    "test_limits.py": "process",
+    "test_load.py": "sockets",
+    "test_logs.py": "process",
+    "test_loop_stalls.py": "process",
+    "test_loops.py": "process",
+    "test_memory_budget.py": "unit",
+    "test_metrics.py": "sockets",
+    "test_no_internal.py": "process",
+    "test_node_client.py": "process",
+    "test_node_e2e.py": "process",
+    "test_object_fetch.py": "process",
+    "test_object_uris.py": "unit",
+    "test_orphaned_installers.py": "process",
+    "test_overlap.py": "sockets",
+    "test_overlap_unit.py": "unit",
+    "test_packaging.py": "process",
+    "test_parent_watch.py": "process",
+    "test_pip_crash.py": "process",
+    "test_pip_env.py": "sockets",
+    "test_pip_spec.py": "unit",
+    "test_pip_worker.py": "process",
+    "test_pool_jobs.py": "process",
+    "test_pool_regressions.py": "process",
+    "test_pool_unit.py": "process",
+    "test_process.py": "process",
+    "test_proto_drift.py": "process",
+    "test_py_executable.py": "process",
+    "test_queue_and_shutdown.py": "process",
+    "test_race.py": "sockets",
+    "test_ray_agent_cli.py": "process",
+    "test_ray_cluster.py": "ray",
+    "test_ray_context.py": "ray",
+    "test_ray_door.py": "process",
+    "test_ray_door_lifecycle.py": "process",
+    "test_ray_fate.py": "ray",
+    "test_ray_front.py": "sockets",
+    "test_ray_launcher.py": "ray",
+    "test_ray_node.py": "ray",
+    "test_ray_object_store.py": "ray",
+    "test_ray_parse.py": "unit",
+    "test_ray_proto.py": "ray",
+    "test_ray_shared_root.py": "ray",
+    "test_refs.py": "unit",
+    "test_room.py": "unit",
+    "test_root_info.py": "process",
+    "test_runtime_env.py": "unit",
+    "test_sdnotify.py": "process",
+    "test_service_state_machine.py": "sockets",
+    "test_service_unit.py": "unit",
+    "test_shared_index.py": "sockets",
+    "test_shared_root.py": "process",
+    "test_shared_state_machine.py": "sockets",
+    "test_slots_unit.py": "unit",
+    "test_smoke_integration.py": "sockets",
+    "test_snapshot.py": "sockets",
+    "test_spawn.py": "process",
+    "test_stampede.py": "sockets",
+    "test_state_db.py": "process",
+    "test_state_db_corrupt.py": "process",
+    "test_store_unit.py": "unit",
+    "test_tiers.py": "process",
+    "test_tmpguard.py": "process",
+    "test_transport.py": "sockets",
+    "test_units.py": "unit",
+    "test_unpack_pool.py": "process",
+    "test_unpack_pool_streaming.py": "process",
+    "test_unsupported_fields.py": "sockets",
+    "test_uv_env.py": "sockets",
+    "test_uv_spec.py": "unit",
+    "test_watch.py": "process",
+}
+
+
+def tiers_of(item: pytest.Item) -> list[str]:
+    """The tier marks ``item`` carries, each as often as it is given."""
+    return [mark.name for mark in item.iter_markers() if mark.name in TIERS]
+
+
+def tiers_line(totals: dict[str, tuple[int, float]]) -> str:
+    """``tiers: unit 1,234 tests 12.3 s; sockets ...``, each tier in ``TIERS`` order."""
+    parts = []
+    for tier in TIERS:
+        tests, seconds = totals.get(tier, (0, 0.0))
+        parts.append(f"{tier} {tests:,} tests {seconds:.1f} s")
+    return "tiers: " + "; ".join(parts)
+
+
+class _Tiers:
+    """The marks set and checked at collection, and the time of each tier's tests summed."""
+
+    def __init__(self) -> None:
+        self._tier_of: dict[str, str] = {}  # node id -> tier, for every test collected
+        # tier -> (tests that ran, their seconds): each test counted at its setup report
+        self._totals: dict[str, tuple[int, float]] = {}
+
+    @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by the marks
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        wrong = []
+        for item in items:
+            tier = FILES.get(Path(str(item.path)).name)
+            if tier is not None:
+                item.add_marker(tier)
+            have = tiers_of(item)
+            if len(have) == 1:
+                self._tier_of[item.nodeid] = have[0]
+            else:
+                wrong.append(f"{item.nodeid}: {' and '.join(have) or 'no tier'}")
+        if wrong:
+            raise pytest.UsageError(
+                f"every test needs exactly one tier mark ({', '.join(TIERS)}; "
+                f"tests/harness/tiers.py gives each file its tier); {len(wrong)} have not: "
+                + "; ".join(wrong[:10])
+            )
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        tier = self._tier_of.get(report.nodeid)
+        if tier is not None:
+            tests, seconds = self._totals.get(tier, (0, 0.0))
+            self._totals[tier] = (tests + (report.when == "setup"), seconds + report.duration)
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        """The tiers line; pytest writes its own summary line after this hook."""
+        if self._totals:
+            terminalreporter.write_line(tiers_line(self._totals))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_Tiers(), "rtenv-tiers")
