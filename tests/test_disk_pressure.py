@@ -23,8 +23,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.install.archive import ArchiveLimits
 from agent.install.disk import DiskFloor, unpack_reservation
+from agent.install.zip_plan import ArchiveLimits
 from tests.helpers import (
     PackageServer,
     RunningAgent,

@@ -34,10 +34,10 @@ import pytest
 from agent.core.errors import DownloadFailed, IndexUnavailable, PackageNotFound, PackageRejected
 from agent.core.packages import Package
 from agent.core.uris import UriKey, UriKind, parse_uri
-from agent.install.archive import ArchiveLimits
 from agent.install.fetch import Fetcher, FetchLimits
 from agent.install.installers import InstallTools, build_installers
 from agent.install.transport import Failure, MockTransport, Request, Response, TransportError
+from agent.install.zip_plan import ArchiveLimits
 from agent.state.index import Swept
 from agent.state.state_db import StateDB
 from agent.state.store import PASS_WINDOW_S, UriState, UriStore

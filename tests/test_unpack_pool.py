@@ -24,8 +24,10 @@ import pytest
 
 from agent.core.errors import DiskExhausted, Unavailable, UnsafeArchive
 from agent.install import inflate
-from agent.install.archive import ArchiveLimits, extract_zip, opened_zip, plan_zip, shares
+from agent.install.archive import extract_zip
 from agent.install.unpack_pool import UnpackPool, _Gate, _Task
+from agent.install.zip_plan import ArchiveLimits, opened_zip, plan_zip
+from agent.install.zip_shares import shares
 from tests.helpers import (
     env_json,
     make_zip,

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent.install.archive import ArchiveLimits
+from agent.install.zip_plan import ArchiveLimits
 from tests.helpers import wait_until, workdir_zip
 from tests.test_overlap_unit import tail_offset_of
 from tests.test_unpack_pool import pool_of, slow_zip

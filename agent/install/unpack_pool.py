@@ -15,7 +15,7 @@ CPU when it wakes.
 - **Shares.** An archive of at least ``split_bytes`` is written by every worker at once: each
   plans it (the same plan: it is deterministic), says what it declares, waits for the job's
   disk reservation (``reserve``, made once, from the first plan to arrive: nothing is written
-  before it), and writes its share of the entries, of about equal work (``archive.shares``),
+  before it), and writes its share of the entries, of about equal work (``zip_shares``),
   into the one staging folder; then one of them (the one that wrote share 0, if free) makes
   the links and sets the final modes. A smaller one is one task, to one worker. Tasks wait in
   a queue for a free worker, in order.
@@ -62,9 +62,10 @@ from typing import Any
 import agent
 from agent.core.errors import AgentError, FailedPrecondition, Unavailable, UnsafeArchive
 from agent.install import inflate
-from agent.install.archive import ArchiveLimits, Stopped
 from agent.install.growing import Growing
 from agent.install.unpack_worker import AGENTS_SIGNALS, receive, send
+from agent.install.zip_plan import ArchiveLimits
+from agent.install.zip_stop import Stopped
 
 log = logging.getLogger(__name__)
 

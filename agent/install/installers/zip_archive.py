@@ -26,13 +26,14 @@ from pathlib import Path
 from agent.core.packages import Package
 from agent.core.uris import ParsedUri
 from agent.crash import crash_point
-from agent.install.archive import ArchiveLimits, declared_size, extract_zip
+from agent.install.archive import extract_zip
 from agent.install.disk import unpack_reservation
 from agent.install.fetch import Fetcher
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
 from agent.install.overlap import EarlyExtraction
 from agent.install.staging import through
 from agent.install.unpack_pool import UnpackPool
+from agent.install.zip_plan import ArchiveLimits, declared_size
 
 log = logging.getLogger(__name__)
 
