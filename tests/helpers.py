@@ -23,7 +23,7 @@ import grpc
 from aiohttp import web
 
 from agent.app.config import Settings
-from agent.install.fetch import FetchLimits
+from agent.install.fetch_base import FetchLimits
 from agent.ops.server import Agent
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 

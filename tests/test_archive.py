@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-import agent.install.archive as archive_module
 import agent.install.zip_write as zip_write_module
 from agent.core.errors import FailedPrecondition, UnsafeArchive
 from agent.install.archive import extract_zip
@@ -342,7 +341,7 @@ def test_the_tree_is_private_while_it_is_written(tmp_path: Path) -> None:
     """Under umask 000, a file being written is 0600 and the destination 0700 until the end:
     nobody can open a file for writing, or add one, before the modes are final."""
     seen: list[tuple[int, int]] = []
-    real_write = archive_module.write_share
+    real_write = zip_write_module.write_share
 
     def spy(*args: Any, **kwargs: Any) -> int:
         written = real_write(*args, **kwargs)

@@ -23,7 +23,8 @@ from agent.core.packages import PLACEMENTS, Package, Placement
 from agent.core.ray_context import build_ray_context
 from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
 from agent.core.uris import ParsedUri, UriKey, UriKind, parse_uri
-from agent.install.fetch import Fetcher, FetchLimits
+from agent.install.fetch import Fetcher
+from agent.install.fetch_base import FetchLimits
 from agent.install.installers import (
     INSTALLERS,
     Installed,

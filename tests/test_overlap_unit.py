@@ -19,7 +19,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from agent.install.archive import extract_zip
-from agent.install.fetch import Fetcher, FetchLimits
+from agent.install.fetch import Fetcher
+from agent.install.fetch_base import FetchLimits
 from agent.install.growing import GrowingZip
 from agent.install.overlap import _MIN_TAIL, directory_start, if_range, tail_span
 from agent.install.transport import Failure, MockTransport, Request, Response, TransportError

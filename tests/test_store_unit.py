@@ -34,7 +34,8 @@ import pytest
 from agent.core.errors import DownloadFailed, IndexUnavailable, PackageNotFound, PackageRejected
 from agent.core.packages import Package
 from agent.core.uris import UriKey, UriKind, parse_uri
-from agent.install.fetch import Fetcher, FetchLimits
+from agent.install.fetch import Fetcher
+from agent.install.fetch_base import FetchLimits
 from agent.install.installers import InstallTools, build_installers
 from agent.install.transport import Failure, MockTransport, Request, Response, TransportError
 from agent.install.zip_plan import ArchiveLimits

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from agent.core.runtime_env import EnvLimits
 from agent.install.disk import DiskFloor
-from agent.install.fetch import FetchLimits
+from agent.install.fetch_base import FetchLimits
 from agent.install.zip_plan import ArchiveLimits
 
 GiB = 1024**3
