@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 
-import agent.install.archive as archive_module
+import agent.install.zip_write as zip_write_module
 from agent.core.errors import FailedPrecondition, UnsafeArchive
-from agent.install.archive import ArchiveLimits, extract_zip
+from agent.install.archive import extract_zip
 from agent.install.disk import remove_tree
 from agent.install.modes import harden_tree, make_dir, refused_unless_disk_full
+from agent.install.zip_plan import ArchiveLimits
+from agent.install.zip_stop import Stopped
 from tests.harness.packages import make_zip, zip_with_infos
 
 LABEL = "file:///pkgs/p.zip"
@@ -339,7 +341,7 @@ def test_the_tree_is_private_while_it_is_written(tmp_path: Path) -> None:
     """Under umask 000, a file being written is 0600 and the destination 0700 until the end:
     nobody can open a file for writing, or add one, before the modes are final."""
     seen: list[tuple[int, int]] = []
-    real_write = archive_module.write_share
+    real_write = zip_write_module.write_share
 
     def spy(*args: Any, **kwargs: Any) -> int:
         written = real_write(*args, **kwargs)
@@ -456,7 +458,7 @@ def test_declared_size_of_a_zip_of_an_unsupported_version_is_zero_not_an_excepti
     """A central directory asking for zip version 6.4 made zipfile raise NotImplementedError,
     which reached the client as INTERNAL (found by the property test); the extraction refuses
     such a zip with its own message."""
-    from agent.install.archive import declared_size
+    from agent.install.zip_plan import declared_size
 
     body = bytearray(make_zip({"proj/a.txt": "x"}))
     central = body.index(b"PK\x01\x02")
@@ -477,7 +479,7 @@ def test_an_extraction_told_to_stop_ends_at_its_next_chunk_and_writes_no_more(
     archive = tmp_path / "p.zip"
     archive.write_bytes(make_zip({f"f{n}.txt": "x" * 10 for n in range(5)}))
     stop = threading.Event()
-    copy = archive_module._copy
+    copy = zip_write_module._copy
     copied: list[str] = []
 
     def copy_then_stop(*args: Any) -> int:
@@ -486,9 +488,9 @@ def test_an_extraction_told_to_stop_ends_at_its_next_chunk_and_writes_no_more(
         stop.set()  # the install is cancelled while the first file is written
         return size
 
-    monkeypatch.setattr(archive_module, "_copy", copy_then_stop)
+    monkeypatch.setattr(zip_write_module, "_copy", copy_then_stop)
     dest = tmp_path / "out"
-    with pytest.raises(archive_module.Stopped):
+    with pytest.raises(Stopped):
         extract_zip(archive, dest, strip_top_level=False, limits=ArchiveLimits(), label=LABEL,
                     stop=stop)  # fmt: skip
     assert copied == ["f0.txt"]

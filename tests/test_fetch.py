@@ -22,10 +22,11 @@ from agent.core.errors import (
     PackageNotFound,
     PackageRejected,
 )
-from agent.core.uris import parse_uri
-from agent.install import fetch as fetch_module
+from agent.core.uris import SCHEMES, parse_uri
+from agent.install import fetch_file, fetch_http
 from agent.install import landing as landing_module
-from agent.install.fetch import Fetcher, FetchLimits
+from agent.install.fetch import FETCHERS, Fetcher
+from agent.install.fetch_base import FetchLimits
 from agent.install.transport import AiohttpTransport, MockTransport, Policy, Request, Response
 from tests.harness.package_server import package_server
 from tests.harness.packages import make_zip
@@ -59,6 +60,13 @@ async def fetch(
         return await fetcher.fetch(parse_uri("working_dir", url), dest, label=url)
 
 
+def test_every_scheme_the_core_parses_has_a_fetcher_and_no_other_has_one() -> None:
+    """A scheme is one entry in each table: the core's (how its URIs are checked, its traits)
+    and the install layer's (how its packages are fetched); in one and not the other, a URI
+    would parse and then have no fetcher, or a fetcher would never be reached."""
+    assert list(FETCHERS) == list(SCHEMES)
+
+
 def closed_port() -> int:
     """A loopback port nothing listens on (bound, then released)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -88,7 +96,7 @@ async def test_a_body_sent_a_few_bytes_at_a_time_is_written_whole_in_bounded_wri
     most IOV_MAX), and a write the kernel takes only part of is finished: the file is the
     body, byte for byte, and its pinned digest holds."""
     body = os.urandom(200_000)
-    monkeypatch.setattr(fetch_module, "MAX_PIECES", 8)
+    monkeypatch.setattr(fetch_http, "MAX_PIECES", 8)
     calls: list[int] = []
     real_writev = os.writev
 
@@ -276,7 +284,7 @@ async def test_the_digest_is_taken_as_the_chunks_are_written_never_by_reading_th
         opened.append(str(path))
         raise AssertionError(f"the fetcher opened {path} ({mode})")
 
-    for module in (fetch_module, landing_module):  # where a download is written
+    for module in (fetch_http, landing_module):  # where a download is written
         monkeypatch.setattr(module, "open", no_read_back, raising=False)
     good = hashlib.sha256(BODY).hexdigest()
     attempts: list[int] = []
@@ -369,14 +377,14 @@ async def test_a_fetch_cancelled_while_a_file_is_being_opened_closes_what_was_op
     source = tmp_path / "src.zip"
     source.write_bytes(BODY)
     entered, release = threading.Event(), threading.Event()
-    real = getattr(fetch_module, step)
+    real = getattr(fetch_file, step)
 
     def held(*args: Any) -> Any:
         entered.set()
         release.wait(10)
         return real(*args)
 
-    monkeypatch.setattr(fetch_module, step, held)
+    monkeypatch.setattr(fetch_file, step, held)
     before = set(os.listdir("/proc/self/fd"))
     task = asyncio.ensure_future(fetch(f"file://{source}", tmp_path / "out"))
     await wait_until(entered.is_set, what=f"{step} running in its thread")

@@ -18,6 +18,7 @@ import pytest
 
 from agent.app.config import RaySettings, Settings
 from agent.core.errors import ConfigError, PackageNotFound
+from agent.install.fetch_gcs import GcsFetcher
 from agent.install.gcs_source import GcsConfig, GcsKvClient, GcsUnavailable
 from agent.ops.server import Agent, AgentState
 from rtenv.ray.v1 import gcs_kv_pb2
@@ -171,7 +172,9 @@ async def test_one_channel_per_gcs_is_reused_and_closed_at_stop() -> None:
             assert len({c.peer for c in gcs.calls}) == 1, gcs.calls  # one connection
             fetcher = a.agent._fetcher
             assert fetcher is not None
-            client = fetcher._gcs_client
+            part = fetcher._fetchers["gcs"]
+            assert isinstance(part, GcsFetcher)
+            client = part.client
             assert client is not None
             assert client._channel is not None
             assert client._reconnect_ms == (10, 50)  # FAST_FETCH's backoff: 0.01 s to 0.05 s

@@ -21,9 +21,9 @@ import grpc
 import pytest
 
 from agent.core.errors import echo
-from agent.install import archive
-from agent.install.archive import ArchiveLimits
+from agent.install import archive, zip_write
 from agent.install.installers import zip_archive
+from agent.install.zip_plan import ArchiveLimits
 from rtenv.v1 import agent_pb2
 from tests.harness.in_process import (
     FAST_FETCH,
@@ -161,7 +161,7 @@ async def test_a_cancelled_install_stops_its_extraction_before_its_staging_folde
     """A create cancelled while its package unpacks: the extraction thread stops at its next
     file and is waited for, so nothing is written in the staging folder once it is removed
     (the thread wrote on and left tmp/<agent>/<staging> behind for good: chaos, seed 5)."""
-    copy, extract = archive._copy, archive.extract_zip
+    copy, extract = zip_write._copy, archive.extract_zip
     extracting: list[int] = []  # one item per extraction thread running
     started = threading.Event()
 
@@ -177,7 +177,7 @@ async def test_a_cancelled_install_stops_its_extraction_before_its_staging_folde
         finally:
             extracting.pop()
 
-    monkeypatch.setattr(archive, "_copy", slow_copy)
+    monkeypatch.setattr(zip_write, "_copy", slow_copy)
     monkeypatch.setattr(zip_archive, "extract_zip", counted_extract)
     # the thread of --extract-workers 0 (the pool's workers: tests/test_unpack_pool.py)
     async with package_server() as pkgs, running_agent(extract_workers=0) as a:

@@ -23,7 +23,8 @@ from agent.core.errors import (
 )
 from agent.core.object_uris import ObjectLocation, locate
 from agent.core.uris import parse_uri
-from agent.install.fetch import Fetcher, FetchLimits
+from agent.install.fetch import Fetcher
+from agent.install.fetch_base import FetchLimits
 from agent.install.object_config import (
     aws_files,
     azure_settings,

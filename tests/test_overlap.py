@@ -18,8 +18,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.install.archive import ArchiveLimits
 from agent.install.overlap import OVERLAP_MIN_BYTES
+from agent.install.zip_plan import ArchiveLimits
 from rtenv.v1 import agent_pb2
 from tests.harness.in_process import RunningAgent, running_agent
 from tests.harness.package_server import package_server

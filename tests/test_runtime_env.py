@@ -21,7 +21,7 @@ from agent.core.runtime_env import (
     env_var_bytes,
     parse_runtime_env,
 )
-from agent.core.uris import SCHEMES, UriKey, UriKind, parse_uri
+from agent.core.uris import SCHEMES, Scheme, UriKey, UriKind, parse_uri
 
 LIMITS = EnvLimits()
 WD = "file:///pkgs/wd.zip"
@@ -271,7 +271,7 @@ def test_a_scheme_is_one_registry_entry_and_refusals_then_name_it(
             raise InvalidRuntimeEnv(f"{where}: an hdfs URI names a name node")
         return parts.path
 
-    monkeypatch.setitem(SCHEMES, "hdfs", hdfs_path)
+    monkeypatch.setitem(SCHEMES, "hdfs", Scheme(hdfs_path))
     parsed = parse_uri("working_dir", f"HDFS://nn/k.zip#sha256={DIGEST}")
     assert (parsed.scheme, parsed.url, parsed.path, parsed.sha256) == (
         "hdfs", "hdfs://nn/k.zip", "/k.zip", DIGEST,

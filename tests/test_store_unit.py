@@ -33,7 +33,7 @@ import pytest
 from agent.core.errors import DownloadFailed, IndexUnavailable, PackageNotFound, PackageRejected
 from agent.core.packages import Package
 from agent.core.uris import UriKey, parse_uri
-from agent.install.fetch import FetchLimits
+from agent.install.fetch_base import FetchLimits
 from agent.install.transport import Failure, Request, TransportError
 from agent.state.index import Swept
 from agent.state.state_db import StateDB

@@ -12,7 +12,8 @@ import pytest
 
 from agent.core.errors import DownloadFailed, PackageRejected
 from agent.core.uris import parse_uri
-from agent.install.fetch import Fetcher, FetchLimits
+from agent.install.fetch import Fetcher
+from agent.install.fetch_base import FetchLimits
 from agent.install.transport import (
     Failure,
     Handler,

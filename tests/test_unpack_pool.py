@@ -24,8 +24,11 @@ import pytest
 
 from agent.core.errors import DiskExhausted, Unavailable, UnsafeArchive
 from agent.install import inflate
-from agent.install.archive import ArchiveLimits, extract_zip, opened_zip, plan_zip, shares
-from agent.install.unpack_pool import UnpackPool, _Gate, _Task
+from agent.install.archive import extract_zip
+from agent.install.unpack_jobs import Gate, Task
+from agent.install.unpack_pool import UnpackPool
+from agent.install.zip_plan import ArchiveLimits, opened_zip, plan_zip
+from agent.install.zip_shares import shares
 from tests.harness.in_process import running_agent
 from tests.harness.package_server import package_server
 from tests.harness.packages import env_json, make_zip, workdir_zip
@@ -248,12 +251,11 @@ async def test_a_share_that_plans_as_a_refused_reservation_ends_is_halted() -> N
         async def unused(declared: int) -> None:
             raise AssertionError("the reservation is already made")
 
-        gate = _Gate(unused)
+        replies: list[tuple[str]] = []
+        gate = Gate(unused, lambda _task, message: replies.append(message), lambda: False)
         gate.step = loop.create_future()
         gate.step.set_exception(DiskExhausted("no room for 10 bytes"))  # no callback has run
-        task = _Task(("share",), loop.create_future(), gate=gate)
-        replies: list[tuple[str]] = []
-        pool._reply = lambda _task, message: replies.append(message)  # type: ignore[method-assign, assignment]
+        task = Task(("share",), loop.create_future(), gate=gate)
         pool._planned(task, 10)
         assert replies == [("halt",)]
         assert isinstance(gate.failed, DiskExhausted)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent.install.archive import ArchiveLimits
+from agent.install.zip_plan import ArchiveLimits
 from tests.harness.packages import workdir_zip
 from tests.harness.polling import wait_until
 from tests.harness.unpacking import pool_of, slow_zip, tail_offset_of

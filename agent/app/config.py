@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.core.runtime_env import EnvLimits
-from agent.install.archive import ArchiveLimits
 from agent.install.disk import DiskFloor
-from agent.install.fetch import FetchLimits
+from agent.install.fetch_base import FetchLimits
+from agent.install.zip_plan import ArchiveLimits
 
 GiB = 1024**3
 

@@ -25,7 +25,6 @@ from urllib.parse import SplitResult, urlsplit
 from agent.core.errors import InvalidRuntimeEnv, echo
 
 MAX_KEY_BYTES = 1024  # S3's and GCS's limit on an object's name, Azure's on a blob's
-OBJECT_SCHEMES = frozenset({"s3", "gs", "azure", "abfss"})
 _S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _GS_PART = re.compile(r"[a-z0-9_-]([a-z0-9_-]{0,61}[a-z0-9_-])?")
 _GS_EDGE = re.compile(r"[a-z0-9](.*[a-z0-9])?", re.DOTALL)

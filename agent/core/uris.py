@@ -4,9 +4,10 @@ Pure: no I/O. ``parse_uri`` validates one URI a runtime env names (a ``ParsedUri
 what to fetch, the path, the digest the URI pins), each scheme by its entry in the registry
 ``SCHEMES`` (``file``, ``http(s)``, ``gcs``: a package a Ray driver uploaded to its cluster's
 GCS, named ``gcs://_ray_pkg_<hash>.zip``, and the object stores ``s3``, ``gs``, ``azure`` and
-``abfss``, checked in ``object_uris``); ``UriKind`` says how a package is installed and put
-on the worker's path; a ``UriKey`` is one (kind, URI) pair, the unit of the reference tables,
-the store and the index.
+``abfss``, checked in ``object_uris``), which also holds each scheme's traits (``Scheme``: what
+the install layer decides by scheme); ``UriKind`` says how a package is installed and put on the
+worker's path; a ``UriKey`` is one (kind, URI) pair, the unit of the reference tables, the store
+and the index.
 """
 
 from __future__ import annotations
@@ -94,18 +95,18 @@ def parse_uri(field_name: str, value: object) -> ParsedUri:
             "object store's s3://bucket/key.zip, gs://bucket/key.zip, "
             "azure://container@account.blob.core.windows.net/key.zip"
         )
-    check = SCHEMES.get(scheme)
-    if check is None:
+    entry = SCHEMES.get(scheme)
+    if entry is None:
         raise InvalidRuntimeEnv(
             f"{field_name} {echo(value)}: scheme {echo(scheme)} is not supported; "
             f"supported schemes are {supported_schemes()}"
         )
     where = f"{field_name} {echo(value)}"
-    if scheme == "gcs":  # urlsplit drops an empty "#" or "?": read the text as written
-        _gcs_markers(value, where)
-    path = check(parts, where)  # first: a scheme that takes no fragment says so
+    if entry.check_text is not None:  # urlsplit drops an empty "#" or "?": the text as written
+        entry.check_text(value, where)
+    path = entry.check(parts, where)  # first: a scheme that takes no fragment says so
     if path.lower().endswith(_WHEEL):
-        raise InvalidRuntimeEnv(_wheel_refusal(where, scheme))
+        raise InvalidRuntimeEnv(_wheel_refusal(where, entry))
     sha256 = None
     if parts.fragment:
         match = _SHA256_FRAGMENT.fullmatch(parts.fragment)
@@ -214,12 +215,12 @@ def _gcs_name(parts: SplitResult, where: str) -> str:
     return name
 
 
-def _wheel_refusal(where: str, scheme: str) -> str:
+def _wheel_refusal(where: str, scheme: Scheme) -> str:
     """Why a wheel is refused: Ray pip-installs a wheel named in py_modules; this agent unzips
     py_modules and does not install wheels from them yet."""
     instead = (
         "list it under pip as 'name @ <URL>' instead"
-        if scheme in ("http", "https", "file")
+        if scheme.pip_url
         else "build a folder for py_modules, or serve the wheel over http(s) and list it under "
         "pip as 'name @ <URL>'"
     )
@@ -229,12 +230,39 @@ def _wheel_refusal(where: str, scheme: str) -> str:
     )
 
 
-# The scheme registry: each scheme a package URI may use, with the check of the rest of the URI
-# (its scheme, fragment and length are checked before), which returns the ``ParsedUri.path``.
-# A new scheme is one entry here, its check, and its fetcher; messages listing
-# the supported schemes come from this table. Order: as messages list them.
 SchemeCheck = Callable[[SplitResult, str], str]  # (the split URI, "field 'value'") -> path
-SCHEMES: dict[str, SchemeCheck] = {
-    "file": _file_path, "http": _http_path, "https": _http_path, "gcs": _gcs_name,
-    "s3": check_s3, "gs": check_gs, "azure": check_azure, "abfss": check_azure,
-}  # fmt: skip
+TextCheck = Callable[[str, str], None]  # (the URI as written, "field 'value'")
+
+
+@dataclass(frozen=True, slots=True)
+class Scheme:
+    """What the pure core knows of one scheme a package URI may use: how the rest of such a URI
+    is checked (its scheme, fragment and length are checked before), and its traits, which the
+    install layer reads rather than naming schemes itself."""
+
+    check: SchemeCheck  # returns the ``ParsedUri.path``
+    check_text: TextCheck | None = None  # checks of the URI as written, before ``check``
+    pip_url: bool = False  # pip takes it as a requirement's URL ('name @ <URL>'): a wheel's
+    # refusal says to list it there
+    ranged: bool = False  # a large zip's extraction may overlap its download (ranged reads of
+    # its tail: ``overlap.py``)
+    keeps_top_level: bool = False  # its zips are unpacked as they are, a working dir's single
+    # top folder kept (as Ray unpacks a package its driver uploaded)
+
+
+# The scheme registry: each scheme a package URI may use, with its check and traits. A new scheme
+# is one entry here and one in the install layer's table of fetchers (``install/fetch.py``'s
+# ``FETCHERS``; a test fails when a scheme is in one and not the other); messages listing the
+# supported schemes come from this table. Order: as messages list them.
+_HTTP = Scheme(_http_path, pip_url=True, ranged=True)
+_AZURE = Scheme(check_azure)
+SCHEMES: dict[str, Scheme] = {
+    "file": Scheme(_file_path, pip_url=True),
+    "http": _HTTP,
+    "https": _HTTP,
+    "gcs": Scheme(_gcs_name, check_text=_gcs_markers, keeps_top_level=True),
+    "s3": Scheme(check_s3),
+    "gs": Scheme(check_gs),
+    "azure": _AZURE,
+    "abfss": _AZURE,
+}

@@ -14,7 +14,7 @@ from pathlib import Path
 from agent.core.units import exact_bytes
 from agent.core.uris import UriKey
 from agent.crash import crash_point
-from agent.install.archive import ArchiveLimits
+from agent.install.zip_plan import ArchiveLimits
 
 
 def disk_space(path: Path) -> tuple[int, int]:

@@ -43,11 +43,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agent.install.archive import ArchiveLimits
 from agent.install.disk import unpack_reservation
-from agent.install.fetch import Fetcher, Space
+from agent.install.fetch import Fetcher
+from agent.install.fetch_base import Space
 from agent.install.staging import through
 from agent.install.unpack_pool import UnpackPool
+from agent.install.zip_plan import ArchiveLimits
 
 log = logging.getLogger(__name__)
 

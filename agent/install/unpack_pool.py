@@ -4,7 +4,8 @@ An extraction in a thread of the agent's process held the GIL for most of its ti
 request waited behind it (GetRuntimeEnvsInfo's p99 was 13 ms during a 61 MB install). Here the
 agent's process only sends small tasks and reads small answers; the archive is planned (every
 check), written and finished in ``unpack_worker`` processes, niced so the event loop wins the
-CPU when it wakes.
+CPU when it wakes. How a worker process is started, answers and ends is ``unpack_procs``; a
+job's tasks and the gate of its disk reservation, ``unpack_jobs``.
 
 - **Workers.** ``size`` processes, started once (``start``: spawned from a thread hop, so the
   agent serves meanwhile; an extraction waits for them), each ``python -m
@@ -15,7 +16,7 @@ CPU when it wakes.
 - **Shares.** An archive of at least ``split_bytes`` is written by every worker at once: each
   plans it (the same plan: it is deterministic), says what it declares, waits for the job's
   disk reservation (``reserve``, made once, from the first plan to arrive: nothing is written
-  before it), and writes its share of the entries, of about equal work (``archive.shares``),
+  before it), and writes its share of the entries, of about equal work (``zip_shares``),
   into the one staging folder; then one of them (the one that wrote share 0, if free) makes
   the links and sets the final modes. A smaller one is one task, to one worker. Tasks wait in
   a queue for a free worker, in order.
@@ -43,40 +44,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import itertools
 import logging
 import mmap
 import os
-import shutil
-import signal
 import socket
 import subprocess
-import sys
 from collections import deque
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import agent
-from agent.core.errors import AgentError, FailedPrecondition, Unavailable, UnsafeArchive
-from agent.install import inflate
-from agent.install.archive import ArchiveLimits, Stopped
+from agent.core.errors import Unavailable
 from agent.install.growing import Growing
-from agent.install.unpack_worker import AGENTS_SIGNALS, receive, send
+from agent.install.unpack_jobs import Gate, Reserve, Task
+from agent.install.unpack_procs import (
+    CLOSE_GRACE_S,
+    NICE,
+    WorkerDied,
+    how_it_ended,
+    popen_worker,
+    reap,
+    settle,
+)
+from agent.install.unpack_worker import receive, send
+from agent.install.zip_plan import ArchiveLimits
+from agent.install.zip_stop import Stopped
 
 log = logging.getLogger(__name__)
 
-NICE = 5  # workers' niceness above the agent's: the event loop preempts them when it wakes
 SPLIT_BYTES = 4 * 1024 * 1024  # archives from this size are written by every worker at once
 MAX_AUTO_WORKERS = 4  # the default pool size: the cores, at most this many
-_NICE_CMD = shutil.which("nice")  # coreutils' nice: it execs the worker, same PID
-_ISAL_ROOT = inflate.root()  # where ISA-L's decoder lives, if installed: the workers' -S skips it
-_CLOSE_GRACE_S = 5.0  # a worker told to stop that has not exited by then is killed
-_ERRORS: dict[str, type[AgentError]] = {
-    cls.__name__: cls for cls in (UnsafeArchive, FailedPrecondition)
-}
 
 
 def auto_workers() -> int:
@@ -84,47 +82,12 @@ def auto_workers() -> int:
     return max(1, min(os.cpu_count() or 1, MAX_AUTO_WORKERS))
 
 
-class WorkerDied(Exception):
-    """The worker running a task died before it answered."""
-
-    def __init__(self, pid: int, how: str) -> None:
-        super().__init__(f"pid {pid} {how}")
-        self.pid = pid
-        self.how = how
-
-
-Reserve = Callable[[int], Awaitable[None]]  # room on the disk for this many bytes
-
-
-class _Gate:
-    """One job's reservation: made once, from the first share's plan (every share's plan is
-    the same); each share writes only after it (``go``), or ends (``halt``) if it failed."""
-
-    def __init__(self, reserve: Reserve) -> None:
-        self.reserve = reserve
-        self.step: asyncio.Future[None] | None = None
-        self.failed: BaseException | None = None  # the reservation's error: the job's
-        self.halted = False  # the job stops: no share goes on
-        self.waiting: list[_Task] = []
-
-
-@dataclass(eq=False)
-class _Task:
-    message: tuple[Any, ...]
-    future: asyncio.Future[int]
-    affinity: int | None = None  # the worker to prefer (it holds the job's plan)
-    streaming: bool = False  # it reads an archive still being downloaded (mostly waits)
-    worker: int | None = None  # the worker it was sent to
-    gate: _Gate | None = None
-    waiting: bool = False  # its worker planned and waits for go or halt
-
-
 @dataclass(eq=False)
 class _Worker:
     index: int
     proc: subprocess.Popen[bytes]
     conn: socket.socket
-    task: _Task | None = None  # the one task sent to it and not answered yet
+    task: Task | None = None  # the one task sent to it and not answered yet
     dead: bool = False  # its socket ended; another worker takes its index
 
 
@@ -137,7 +100,7 @@ class UnpackPool:
         self._nice = nice
         self._split_bytes = split_bytes
         self._workers: list[_Worker | None] = [None] * self._capacity  # None: not started
-        self._queue: deque[_Task] = deque()
+        self._queue: deque[Task] = deque()
         self._jobs = itertools.count(1)
         self._stops_fd = os.memfd_create("rtenv-unpack-stops", os.MFD_CLOEXEC)
         os.ftruncate(self._stops_fd, self._capacity)
@@ -164,7 +127,9 @@ class UnpackPool:
     async def _spawn(self, index: int) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            proc = await asyncio.to_thread(self._popen, theirs.fileno(), index)
+            proc = await asyncio.to_thread(
+                popen_worker, theirs.fileno(), self._stops_fd, index, self._nice
+            )
         except BaseException:
             mine.close()
             raise
@@ -173,34 +138,12 @@ class UnpackPool:
         conn = mine
         if self._closed:  # closed while it started: it reads its socket's end and exits
             conn.close()
-            await asyncio.to_thread(_reap, proc)
+            await asyncio.to_thread(reap, proc)
             return
         worker = _Worker(index, proc, conn)
         self._workers[index] = worker
         asyncio.get_running_loop().add_reader(conn.fileno(), self._answered, worker)
         self._dispatch()
-
-    def _popen(self, sock_fd: int, index: int) -> subprocess.Popen[bytes]:
-        package_root = str(Path(agent.__file__).resolve().parent.parent)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (package_root, _ISAL_ROOT, env.get("PYTHONPATH", "")) if p
-        )
-        # niced from its first instruction when `nice` is at hand (its imports never slow the
-        # agent's own start); else it lowers itself once its imports are done
-        nice = [_NICE_CMD, "-n", str(self._nice)] if _NICE_CMD else []
-        argv = [
-            *nice, sys.executable, "-S", "-m", "agent.install.unpack_worker", str(sock_fd),
-            str(self._stops_fd), str(index), str(os.getpid()), "0" if nice else str(self._nice),
-        ]  # fmt: skip
-        # blocked in this (spawning) thread alone, so the worker starts with them blocked
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, AGENTS_SIGNALS)
-        try:
-            return subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, pass_fds=(sock_fd, self._stops_fd), env=env
-            )
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     @property
     def pids(self) -> list[int]:
@@ -221,7 +164,7 @@ class UnpackPool:
 
     async def close(self) -> None:
         """End every worker: queued tasks fail with ``Stopped``, running ones are told to stop
-        and waited for (``_CLOSE_GRACE_S``); then each worker's socket is closed (an idle one
+        and waited for (``CLOSE_GRACE_S``); then each worker's socket is closed (an idle one
         reads its end and exits), and each is waited for, then killed by its PID past the
         grace."""
         if self._closed:
@@ -243,7 +186,7 @@ class UnpackPool:
                 self._reply(worker.task, ("halt",))
         running = [w.task.future for w in workers if w.task is not None]
         if running:
-            await asyncio.wait(running, timeout=_CLOSE_GRACE_S)
+            await asyncio.wait(running, timeout=CLOSE_GRACE_S)
         loop = asyncio.get_running_loop()
         for worker in workers:
             if not worker.dead:
@@ -251,7 +194,7 @@ class UnpackPool:
                 worker.conn.close()
             if worker.task is not None and not worker.task.future.done():
                 worker.task.future.set_exception(Stopped())
-        await asyncio.gather(*(asyncio.to_thread(_reap, w.proc) for w in workers))
+        await asyncio.gather(*(asyncio.to_thread(reap, w.proc) for w in workers))
         self._stops.close()
         os.close(self._stops_fd)
 
@@ -277,7 +220,7 @@ class UnpackPool:
         job = await self._job()
         n = self.size if archive_bytes >= self._split_bytes else 1
         head = (str(archive), str(dest), strip_top_level, limits, label, growing)
-        gate = None if reserve is None else _Gate(reserve)
+        gate = None if reserve is None else Gate(reserve, self._reply, lambda: self._closed)
         gated = gate is not None
         streaming = growing is not None
         if n == 1:
@@ -302,14 +245,14 @@ class UnpackPool:
         label: str,
         affinity: int | None = None,
         *,
-        gate: _Gate | None = None,
+        gate: Gate | None = None,
         streaming: bool = False,
-    ) -> list[_Task]:
+    ) -> list[Task]:
         """Run tasks to their end, all of them; the first failure (a worker's error, a dead
         worker, a failed reservation, the caller's cancellation) stops the others, which are
         waited for."""
         loop = asyncio.get_running_loop()
-        tasks = [_Task(m, loop.create_future(), affinity, streaming, gate=gate) for m in messages]
+        tasks = [Task(m, loop.create_future(), affinity, streaming, gate=gate) for m in messages]
         self._queue.extend(tasks)
         self._dispatch()
         futures = [t.future for t in tasks]
@@ -329,7 +272,7 @@ class UnpackPool:
             raise self._error([e for e in failed if e is not None], label)
         return tasks
 
-    async def _stop(self, tasks: list[_Task]) -> None:
+    async def _stop(self, tasks: list[Task]) -> None:
         """Stop a job's tasks: queued ones dropped, running ones told to stop and waited for
         (a cancellation meanwhile waits on: the staging folder is removed after them)."""
         for task in tasks:
@@ -384,7 +327,7 @@ class UnpackPool:
             with contextlib.suppress(OSError):  # died before it read: its socket's end says so
                 send(worker.conn, task.message)
 
-    def _runnable(self) -> _Task | None:
+    def _runnable(self) -> Task | None:
         """The first queued task whose kind has fewer than ``size`` tasks running."""
         running = [w.task.streaming for w in self._workers if w is not None and w.task is not None]
         room = {kind: self.size - running.count(kind) for kind in (False, True)}
@@ -415,7 +358,10 @@ class UnpackPool:
             self._growing.discard(index)
             if not step.cancelled() and step.exception() is not None:
                 self._grow_failed = True
-                log.error("could not start another unpack worker: %s", step.exception())
+                log.error(
+                    "could not start another unpack worker: %s", step.exception(),
+                    extra={"worker": index},
+                )  # fmt: skip
 
         step.add_done_callback(started)
 
@@ -432,40 +378,19 @@ class UnpackPool:
             return
         task, worker.task = worker.task, None
         if task is not None and not task.future.done():
-            _settle(task.future, answer)
+            settle(task.future, answer)
         self._dispatch()
 
-    def _planned(self, task: _Task, declared: int) -> None:
-        """A share's plan passed: it writes once the job's reservation is made (the first
-        share's plan starts it), or ends if that failed or the job is stopping."""
-        gate = task.gate
+    def _planned(self, task: Task, declared: int) -> None:
+        """A share's plan passed: its job's gate says when it writes (``unpack_jobs.Gate``);
+        a task with no gate (its worker has no reason to ask) is told to halt."""
         task.waiting = True
-        if gate is None or gate.halted or gate.failed is not None or self._closed:
+        if task.gate is None:
             self._reply(task, ("halt",))
-        elif gate.step is not None and gate.step.done():
-            # done, but its callback (``_reserved``) may not have run yet: its outcome is read
-            # here, never taken for a success (a refused reservation must stop every share)
-            self._reply(task, ("go",) if self._may_go(gate, gate.step) else ("halt",))
         else:
-            gate.waiting.append(task)
-            if gate.step is None:
-                gate.step = asyncio.ensure_future(gate.reserve(declared))
-                gate.step.add_done_callback(lambda step: self._reserved(gate, step))
+            task.gate.planned(task, declared)
 
-    def _may_go(self, gate: _Gate, step: asyncio.Future[None]) -> bool:
-        """Whether the job's shares may write, its reservation ``step`` being done (its error,
-        if any, kept as the job's)."""
-        if not step.cancelled() and step.exception() is not None and gate.failed is None:
-            gate.failed = step.exception()
-        return not (step.cancelled() or gate.halted or gate.failed is not None or self._closed)
-
-    def _reserved(self, gate: _Gate, step: asyncio.Future[None]) -> None:
-        go = self._may_go(gate, step)
-        waiting, gate.waiting = gate.waiting, []
-        for task in waiting:
-            self._reply(task, ("go",) if go else ("halt",))
-
-    def _reply(self, task: _Task, message: tuple[str]) -> None:
+    def _reply(self, task: Task, message: tuple[str]) -> None:
         """Answer a worker waiting after its plan (once)."""
         if not task.waiting or task.worker is None:
             return
@@ -487,13 +412,16 @@ class UnpackPool:
         step.add_done_callback(self._replacing.discard)
 
     async def _replace(self, worker: _Worker) -> None:
-        status = await asyncio.to_thread(_reap, worker.proc)
-        how = _how(status)
+        status = await asyncio.to_thread(reap, worker.proc)
+        how = how_it_ended(status)
         task, worker.task = worker.task, None
         log.error(
             "unpack worker %d (pid %d) %s%s; starting another", worker.index, worker.proc.pid,
             how, f" while unpacking {task.message[6]}" if task is not None else "",
-            extra={"pid": worker.proc.pid},
+            extra={
+                "pid": worker.proc.pid, "worker": worker.index, "how": how,
+                **({"uri": task.message[6]} if task is not None else {}),
+            },
         )  # fmt: skip
         if task is not None and not task.future.done():
             task.future.set_exception(WorkerDied(worker.proc.pid, how))
@@ -502,44 +430,11 @@ class UnpackPool:
         try:
             await self._spawn(worker.index)
         except Exception:
-            log.exception("could not start an unpack worker in place of pid %d", worker.proc.pid)
+            log.exception(
+                "could not start an unpack worker in place of pid %d", worker.proc.pid,
+                extra={"pid": worker.proc.pid, "worker": worker.index},
+            )  # fmt: skip
             if not self.pids:  # nobody left to take the queue: it fails, the next call retries
                 while self._queue:
                     queued = self._queue.popleft()
                     queued.future.set_exception(WorkerDied(worker.proc.pid, how))
-
-
-def _settle(future: asyncio.Future[int], answer: tuple[Any, ...]) -> None:
-    match answer:
-        case ("ok", int(written)):
-            future.set_result(written)
-        case ("stopped",):
-            future.set_exception(Stopped())
-        case ("error", "OSError", str(message), code, filename):
-            future.set_exception(OSError(code or errno.EIO, message, filename))
-        case ("error", str(name), str(message), _, str(detail)) if name in _ERRORS:
-            future.set_exception(_ERRORS[name](message))
-        case ("error", str(name), str(message), _, str(detail)):
-            log.error("unpack worker raised %s: %s\n%s", name, message, detail)
-            future.set_exception(RuntimeError(f"the unpack worker raised {name}: {message}"))
-        case _:
-            future.set_exception(RuntimeError(f"the unpack worker answered {answer!r:.200}"))
-
-
-def _how(status: int) -> str:
-    if status < 0:
-        try:
-            return f"was killed by {signal.Signals(-status).name}"
-        except ValueError:
-            return f"was killed by signal {-status}"
-    return f"exited with status {status}"
-
-
-def _reap(proc: subprocess.Popen[bytes]) -> int:
-    """Wait for a worker told to end (or dead); kill it by its PID past the grace; return its
-    exit status. Blocking."""
-    try:
-        return proc.wait(timeout=_CLOSE_GRACE_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()

@@ -10,7 +10,7 @@ time, until the socket ends (the agent closed it, or died):
   every entry, finish (``archive.extract_zip``'s steps);
 - ``("share", job, archive, dest, strip, limits, label, growing, k, n, gated)``: plan (every
   check of the central directory, made again here: the checks run where the extraction runs),
-  then write share ``k`` of ``n`` (``archive.shares``) into ``dest``, made if no other share
+  then write share ``k`` of ``n`` (``zip_shares.shares``) into ``dest``, made if no other share
   made it yet;
 - ``("finish", job, archive, dest, strip, limits, label, growing, 0, n, False)``: the links,
   then the final modes (the plan is kept from this worker's share of the job, or made again).
@@ -31,8 +31,9 @@ traceback in ``detail``.
 Stopping: byte ``INDEX`` of the shared memory ``STOPS_FD`` is set by the agent when this
 worker's task must end (its install was cancelled, or another share failed); it is read before
 every entry and chunk, and so is the parent's pid (an agent killed outright: the worker stops
-writing, then its socket ends). Imports only the archive module and the core's errors: a worker
-starts in a fraction of the agent's time.
+writing, then its socket ends). Imports only the zip modules (``zip_plan``, ``zip_shares``,
+``zip_write``, ``zip_finish``) and the core's errors: a worker starts in a fraction of the
+agent's time.
 """
 
 from __future__ import annotations
@@ -51,18 +52,12 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.errors import AgentError
-from agent.install.archive import (
-    ArchiveLimits,
-    Plan,
-    Stopped,
-    allowance,
-    finish,
-    opened_zip,
-    plan_zip,
-    shares,
-    write_share,
-)
 from agent.install.growing import Growing, GrowingZip
+from agent.install.zip_finish import finish
+from agent.install.zip_plan import ArchiveLimits, Plan, opened_zip, plan_zip
+from agent.install.zip_shares import allowance, shares
+from agent.install.zip_stop import Stopped
+from agent.install.zip_write import write_share
 
 # A signal to the agent's whole group (a terminal's ^C or hang-up; systemd's stop, which sends
 # SIGTERM to every process of the unit) is the agent's to handle: it ends its workers itself

@@ -41,7 +41,8 @@ from agent.doors.access import TokenInterceptor
 from agent.doors.metrics import Metrics, start_metrics_server
 from agent.doors.ray_http import ray_app
 from agent.doors.servicer import RuntimeEnvAgentServicer, add_services
-from agent.install.fetch import Fetcher, Sleep
+from agent.install.fetch import Fetcher
+from agent.install.fetch_base import Sleep
 from agent.install.gcs_source import GcsConfig
 from agent.install.installers import InstallTools, build_installers
 from agent.install.staging import through

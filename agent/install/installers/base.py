@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Protocol
 
 from agent.core.packages import Package
-from agent.install.archive import ArchiveLimits
-from agent.install.fetch import Fetcher, Space
+from agent.install.fetch import Fetcher
+from agent.install.fetch_base import Space
 from agent.install.unpack_pool import UnpackPool
+from agent.install.zip_plan import ArchiveLimits
 
 
 @dataclass(frozen=True)

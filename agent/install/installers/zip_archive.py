@@ -1,17 +1,19 @@
 """The zip kinds (working_dir, py_modules): a package is a zip archive named by a URI.
 
-Fetch it into the staging folder (the fetcher: ``file://`` or ``http(s)://``, the disk floor
+Fetch it into the staging folder (the fetcher, by its scheme: ``fetch.py``; the disk floor
 checked as bytes come, the digest the URI pins verified), reserve the disk its extraction will
 write (what its central directory declares), and extract it safely (``archive.py``'s checks; a
 working dir's single top-level folder dropped): in the agent's unpack pool (``unpack_pool.py``:
 worker processes, a large zip split between them; the reservation is made once their plan
-passed, before they write), or in a thread of the agent's process with no pool. A large http(s)
-zip is extracted while it downloads, from its tail read ahead (``overlap.py``), and kept only
-if the complete file holds that same tail; else it is extracted from the complete file.
+passed, before they write), or in a thread of the agent's process with no pool. A large zip of a
+``ranged`` scheme (http(s): the scheme's traits are ``agent.core.uris.Scheme``) is extracted
+while it downloads, from its tail read ahead (``overlap.py``), and kept only if the complete
+file holds that same tail; else it is extracted from the complete file.
 
-A ``gcs://`` zip is unpacked as it is, its top folder kept, working dir or not: Ray zips an
-uploaded working dir's contents (no top folder of its own) and unpacks GCS packages with
-``remove_top_level_directory=False``, so a working dir holding one folder keeps it.
+A zip of a ``keeps_top_level`` scheme (``gcs://``) is unpacked as it is, its top folder kept,
+working dir or not: Ray zips an uploaded working dir's contents (no top folder of its own) and
+unpacks GCS packages with ``remove_top_level_directory=False``, so a working dir holding one
+folder keeps it.
 """
 
 from __future__ import annotations
@@ -24,25 +26,26 @@ import time
 from pathlib import Path
 
 from agent.core.packages import Package
-from agent.core.uris import ParsedUri
+from agent.core.uris import SCHEMES, ParsedUri
 from agent.crash import crash_point
-from agent.install.archive import ArchiveLimits, declared_size, extract_zip
+from agent.install.archive import extract_zip
 from agent.install.disk import unpack_reservation
 from agent.install.fetch import Fetcher
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
 from agent.install.overlap import EarlyExtraction
 from agent.install.staging import through
 from agent.install.unpack_pool import UnpackPool
+from agent.install.zip_plan import ArchiveLimits, declared_size
 
 log = logging.getLogger(__name__)
 
 _ARCHIVE = "package.zip"  # in the staging folder, next to what it unpacks to
-_KEEP_TOP_LEVEL = frozenset({"gcs"})  # schemes whose zips are unpacked as they are (as Ray does)
-_RANGED = frozenset({"http", "https"})  # schemes whose extraction may overlap the download
+_OVERLAPPED = "while it downloaded"  # how a zip extracted during its download was unpacked
 
 
 class ZipArchiveInstaller:
-    """One zip kind; ``strip_top_level`` for a working dir (as Ray does, but for gcs://)."""
+    """One zip kind; ``strip_top_level`` for a working dir (as Ray does, but for a scheme whose
+    zips keep their top folder: gcs://)."""
 
     def __init__(
         self,
@@ -87,11 +90,13 @@ class ZipArchiveInstaller:
 
     async def install(self, package: Package, job: InstallJob) -> Installed:
         uri = _uri_of(package)
+        scheme = SCHEMES[uri.scheme]  # its traits: whether its zips keep their top folder,
+        # whether their extraction may overlap the download
         archive = job.staging / _ARCHIVE
-        strip = self._strip_top_level and uri.scheme not in _KEEP_TOP_LEVEL
+        strip = self._strip_top_level and not scheme.keeps_top_level
         limits = self._limits
         early = None
-        if self._pool is not None and self._overlap and uri.scheme in _RANGED:
+        if self._pool is not None and self._overlap and scheme.ranged:
             early = EarlyExtraction(
                 self._fetcher, self._pool, uri.url, archive, job.staging / "unpacked",
                 strip_top_level=strip, limits=limits, label=job.label, space=job.space,
@@ -112,7 +117,7 @@ class ZipArchiveInstaller:
             size = await early.outcome()
             if size is not None:
                 job.unpacked()
-                _log_times(job.label, "while it downloaded", started, downloaded)
+                _log_times(job.label, _OVERLAPPED, started, downloaded)
                 return Installed(early.dest, size)
         # an early extraction thrown away may have left a tree: this one is made beside it
         unpacked = job.staging / ("unpacked-again" if early and early.started else "unpacked")
@@ -148,7 +153,11 @@ def _log_times(label: str, how: str, started: float, downloaded: float) -> None:
     now = time.monotonic()
     log.debug(
         "unpacked %s %s: downloaded in %.3fs, unpacked %.3fs after", label, how,
-        downloaded - started, now - downloaded, extra={"uri": label},
+        downloaded - started, now - downloaded,
+        extra={
+            "uri": label, "download_seconds": round(downloaded - started, 3),
+            "unpack_seconds": round(now - downloaded, 3), "overlapped": how == _OVERLAPPED,
+        },
     )  # fmt: skip
 
 
