@@ -24,7 +24,7 @@ def write_wheel(
     """``<name>-1.0-py3-none-any.whl`` in ``directory``: the module ``name`` (its VALUE
     ``value``, or its name), the files ``data`` beside its ``__init__.py`` (stored as is),
     ``Requires-Dist`` each of ``deps``, and a RECORD that pip and uv verify. The uv tests write
-    their wheels with it too (``tests/uv_wheels.py``)."""
+    their wheels with it too (``tests/harness/uv_wheels.py``)."""
     info = f"{name}-1.0.dist-info"
     meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"
     meta += "".join(f"Requires-Dist: {dep}\n" for dep in deps)
