@@ -25,7 +25,8 @@ from typing import Any, TypeVar
 import pytest
 
 from agent.app.config import Settings
-from agent.app.service import AgentService, Created
+from agent.app.created import Created
+from agent.app.service import AgentService
 from agent.core.errors import EnvNotFound, PackageNotFound, SetupTimeout
 from agent.core.refs import RefTables
 from agent.state.state_db import MEMORY, StateDB

@@ -44,7 +44,6 @@ from agent.app.records import MAX_JOB_ID_BYTES
 from agent.app.service import AgentService
 from agent.core.bounded import BoundedCache
 from agent.core.errors import AgentError, ErrorKind, cap_message, echo, stray_cancellation
-from agent.core.ray_context import build_ray_context
 from agent.core.runtime_env import RuntimeEnv
 
 log = logging.getLogger(__name__)
@@ -138,7 +137,7 @@ class RayFront:
         self._failed_bytes = 0
         # env id -> a create's OK reply (its serialized context): built once, kept bounded
         self._answers: BoundedCache[str, RayReply] = BoundedCache(_CONTEXTS_KEPT, _CONTEXT_BYTES)
-        service.held_by_holder = self.refs_on  # the gRPC door cannot drop what Ray holds
+        service.keep_held(self.refs_on)  # the gRPC door cannot drop what Ray holds
 
     # -- create ----------------------------------------------------------------------------
     async def get_or_create(
@@ -284,13 +283,11 @@ class RayFront:
             await self._release(env_id, excess)
 
     def _context(self, env: RuntimeEnv) -> str:
-        settings = self.service.settings
         return json.dumps(
-            build_ray_context(
-                env, self.service.store.path_for, py_executable=settings.py_executable,
-                node_pythonpath=self._node_pythonpath, python_version=self.python_version,
+            self.service.ray_context_of(
+                env, node_pythonpath=self._node_pythonpath, python_version=self.python_version
             )
-        )  # fmt: skip
+        )
 
     # -- delete ----------------------------------------------------------------------------
     async def delete(self, serialized: str, *, source_process: str = "") -> RayReply:
