@@ -277,7 +277,10 @@ async def test_hostile_bodies_are_refused_and_the_agent_keeps_its_state() -> Non
 
         async with session.post(url, data=endless()) as response:
             assert response.status == 413
-        assert (await ray.post("/get_or_create_runtime_env", b"x" * (limit + 1))).status == 413
+        too_large = await ray.post("/get_or_create_runtime_env", b"x" * (limit + 1))
+        assert (too_large.status, too_large.text) == (
+            413, f"Maximum request body size {limit} exceeded."
+        )  # fmt: skip
 
         info = await ray.info()
         assert [(s.runtime_env, s.ref_cnt) for s in info.runtime_env_states] == [(held, 1)]
