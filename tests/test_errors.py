@@ -1,6 +1,7 @@
 """The error tree: every expected error is defined in agent/core/errors.py and drawn in its
-docstring, each has a protocol-neutral kind, the gRPC door maps every kind through one table
-(the codes clients have always seen), and nothing below the doors knows gRPC."""
+docstring, each has a protocol-neutral kind, each door maps every kind through one table (the
+gRPC codes clients have always seen; the HTTP statuses; the Ray door's replies), and nothing
+below the doors knows gRPC."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import asyncio
 import importlib
 import pkgutil
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -17,6 +20,7 @@ import pytest
 import agent
 from agent.core import errors
 from agent.core.errors import AgentError, ErrorKind, stray_cancellation
+from agent.doors import http_errors, ray_errors
 from agent.doors.grpc_errors import STATUS, status_of
 
 AGENT = Path(agent.__file__).parent
@@ -121,6 +125,7 @@ def test_every_kind_has_one_grpc_code_and_clients_see_the_codes_they_always_saw(
         "DownloadFailed": code.UNAVAILABLE,
         "IndexUnavailable": code.UNAVAILABLE,  # the root's shared index stayed locked, or failed
         "DiskExhausted": code.RESOURCE_EXHAUSTED,
+        "RayStringsFull": code.RESOURCE_EXHAUSTED,  # never sent over gRPC: the Ray door's
         "SetupTimeout": code.DEADLINE_EXCEEDED,
         # met at start, never sent: as they were before kinds
         "Misconfigured": code.FAILED_PRECONDITION,
@@ -129,6 +134,31 @@ def test_every_kind_has_one_grpc_code_and_clients_see_the_codes_they_always_saw(
         "StateDBError": code.FAILED_PRECONDITION,
         "TokenError": code.FAILED_PRECONDITION,
     }
+
+
+def test_each_door_maps_every_kind_in_its_one_table() -> None:
+    """The gRPC door's table (kind -> status code), the HTTP doors' (kind -> status) and the
+    Ray door's (kind, and each refusal of its own -> HTTP status and words): each whole."""
+    tables: dict[str, Mapping[Any, object]] = {
+        "grpc": STATUS, "http": http_errors.STATUS, "ray": ray_errors.REPLY,
+    }  # fmt: skip
+    for door, table in tables.items():
+        missing = [kind.name for kind in ErrorKind if kind not in table]
+        assert missing == [], f"{door} door: no answer for {missing}"
+    assert set(ray_errors.REPLY) == set(ErrorKind) | set(ray_errors.Refusal)
+    for kind in ErrorKind:  # a request's failure is Ray's FAILED reply, its message prefixed
+        answer = ray_errors.REPLY[kind]
+        assert (answer.status, answer.failed) == (200, True), kind
+        assert answer.text(prefix="[p] ", message="m") == "[p] m"
+    refusals = {r: (a.status, a.failed) for r, a in ray_errors.REPLY.items() if r not in ErrorKind}
+    Refusal = ray_errors.Refusal
+    assert refusals == {  # what is not a request: an HTTP error with one line
+        Refusal.NOT_A_MESSAGE: (400, False), Refusal.TOO_LARGE: (413, False),
+        Refusal.NO_TOKEN: (401, False), Refusal.WRONG_TOKEN: (403, False),
+        Refusal.STARTING: (503, False), Refusal.START_FAILED: (503, False),
+    }  # fmt: skip
+    starting = ray_errors.REPLY[Refusal.STARTING].text(seconds=30.0)
+    assert starting == "the agent is still starting after 30s; retry later\n"
 
 
 def _imports_grpc(module: ast.Module) -> list[str]:

@@ -28,11 +28,12 @@ from agent.app.config import RaySettings, Settings
 from agent.core.errors import StartupError
 from agent.core.ray_context import RAY_CONTEXT_KEYS
 from agent.doors import ray_http
+from agent.ops.logs import BoundFields
 from agent.ops.options import effective, parse_ray_address
 from agent.ops.server import Agent, AgentState
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
 from tests.harness.agent_process import refused
-from tests.harness.in_process import FAST_FETCH, RunningAgent, running_agent
+from tests.harness.in_process import FAST_FETCH, RunningAgent, running_agent, stray_cancellation
 from tests.harness.package_server import package_server
 from tests.harness.packages import workdir_zip
 from tests.harness.pip_wheels import isolate_pip, pip_env, run
@@ -162,6 +163,84 @@ async def test_with_a_token_missing_is_401_wrong_is_403_right_is_served() -> Non
         assert (await ray.info()).total == 0  # Authorization: Bearer s3cret
 
 
+async def test_refusals_say_their_words_and_every_failure_is_logged_once_with_its_fields(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The door's refusals answer the words Ray clients have always seen; each failure (a
+    refusal, a FAILED reply) is one warning of the funnel with ``code`` and ``kind``, and the
+    request's ``rpc`` and job id bound."""
+    caplog.handler.addFilter(BoundFields())  # the bound fields, as the agent's handler adds
+    async with ray_agent(token="s3cret") as (_, ray):
+        info = "/get_runtime_envs_info"
+        with caplog.at_level(logging.WARNING, logger="agent.doors.ray_errors"):
+            missing = await ray.post(info, b"", headers={})
+            wrong = await ray.post(info, b"", headers={"Authorization": "Bearer nope"})
+            garbage = await ray.post("/get_or_create_runtime_env", b"\xff\xff")
+            gone = await ray.delete('{"env_vars": {"Z": "9"}}')
+            bad = await ray.create('{"conda": "nope"}')
+        assert (missing.status, missing.content_type) == (401, "text/plain")
+        assert missing.text == (
+            "Unauthorized: this agent wants Ray's token: send 'Authorization: Bearer <token>'\n"
+        )
+        assert (wrong.status, wrong.text) == (403, "Forbidden: the token is not this agent's\n")
+        assert (garbage.status, garbage.text) == (
+            400, "the body (2 bytes) is not a GetOrCreateRuntimeEnvRequest protobuf message\n"
+        )  # fmt: skip
+        assert gone.status == FAILED
+        logged = [
+            (r.rpc, r.code, r.kind, r.levelname)  # type: ignore[attr-defined]
+            for r in caplog.records
+            if r.name == "agent.doors.ray_errors"
+        ]
+        assert logged == [
+            ("ray:get_runtime_envs_info", "401", "no_token", "WARNING"),
+            ("ray:get_runtime_envs_info", "403", "wrong_token", "WARNING"),
+            ("ray:get_or_create_runtime_env", "400", "not_a_message", "WARNING"),
+            ("ray:delete_runtime_env_if_possible", "FAILED", "not_found", "WARNING"),
+            ("ray:get_or_create_runtime_env", "FAILED", "refused", "WARNING"),
+        ]
+        assert gone.error_message in caplog.records[-2].getMessage()
+        assert bad.status == FAILED
+        assert caplog.records[-1].job_id == "01000000"  # type: ignore[attr-defined]
+        assert "job_id=01000000" in caplog.records[-1].getMessage()
+
+
+async def test_a_bug_below_the_door_is_a_failed_reply_saying_so_and_logged_with_its_traceback(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug (an exception that is no AgentError, or a cancellation nobody asked for) answers
+    FAILED naming an internal error, instead of leaving Ray's request without an answer; the
+    front gave its count back."""
+    async with ray_agent() as (ra, ray):
+        front = ra.agent.ray_front
+        assert front is not None
+
+        def broken(env_id: str) -> str:
+            raise RuntimeError("injected bug")
+
+        with caplog.at_level(logging.ERROR, logger="agent.doors.ray_errors"):
+            monkeypatch.setattr(front, "_context", broken)
+            first = await ray.create('{"env_vars": {"C": "3"}}')
+            monkeypatch.undo()
+            monkeypatch.setattr(ra.service, "create", stray_cancellation)
+            second = await ray.create('{"env_vars": {"C": "4"}}')
+            third = await ray.create('{"env_vars": {"C": "4"}}', source_process="client_server")
+        for reply in (first, second, third):
+            assert reply.status == FAILED
+            assert reply.error_message == (
+                "[rtenv-agent on node 127.0.0.1] internal error in the agent (see its log)"
+            )
+        bugs = [r for r in caplog.records if r.name == "agent.doors.ray_errors"]
+        assert len(bugs) == 3
+        assert all(r.exc_info is not None for r in bugs)
+        assert front.references() == 0
+        front.check_invariants()
+        counted = generate_latest(ra.agent.metrics.registry).decode()
+        assert 'rtenv_requests_total{outcome="bug",rpc="ray:get_or_create_runtime_env"} 3.0' in (
+            counted
+        )
+
+
 async def test_an_empty_token_is_refused_at_start_not_taken_as_no_auth() -> None:
     base = short_tempdir()
     try:
@@ -193,7 +272,10 @@ async def test_hostile_bodies_are_refused_and_the_agent_keeps_its_state() -> Non
 
         async with session.post(url, data=endless()) as response:
             assert response.status == 413
-        assert (await ray.post("/get_or_create_runtime_env", b"x" * (limit + 1))).status == 413
+        too_large = await ray.post("/get_or_create_runtime_env", b"x" * (limit + 1))
+        assert (too_large.status, too_large.text) == (
+            413, f"Maximum request body size {limit} exceeded."
+        )  # fmt: skip
 
         info = await ray.info()
         assert [(s.runtime_env, s.ref_cnt) for s in info.runtime_env_states] == [(held, 1)]

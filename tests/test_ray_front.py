@@ -1,22 +1,26 @@
 """Ray's request semantics over the real service (``RayFront`` on an in-process agent, packages
 from a real aiohttp server): counts per serialized string, ``client_server`` not counted,
-deletes of strings with no count refused, one env shared with the gRPC door, failures as
-FAILED replies with this agent's prefixed message, the setup timeout, and info per string."""
+deletes of strings with no count refused, one env shared with the gRPC door, failures raised
+(and answered by the door as FAILED replies with this agent's prefixed message: ``Answered``
+words them through the door's table), the setup timeout, and info per string."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import pytest
 
 from agent.app import ray_front
-from agent.app.ray_front import MAX_STRINGS_PER_ENV, RayFront
-from agent.core.errors import EnvNotFound
+from agent.app.ray_front import MAX_STRINGS_PER_ENV, RayFront, RayInfo
+from agent.core.errors import AgentError, EnvNotFound, ErrorKind
 from agent.core.ray_context import RAY_CONTEXT_KEYS
 from agent.core.runtime_env import EnvLimits, parse_runtime_env
+from agent.doors.ray_errors import REPLY
 from tests.harness.in_process import RunningAgent, running_agent, stray_cancellation
 from tests.harness.package_server import package_server
 from tests.harness.packages import workdir_zip
@@ -26,8 +30,59 @@ SPACED = '{"env_vars": {"A": "1"}, "working_dir": "%s"}'
 TIGHT = '{"env_vars":{"A":"1"},"working_dir":"%s"}'
 
 
-def front_of(ra: RunningAgent) -> RayFront:
-    return RayFront(ra.service, node="10.0.0.7")
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A create's or a delete's answer as the Ray door gives it: ``ok`` (a create's
+    ``context``), else ``error`` in the door's words for its ``kind``."""
+
+    ok: bool
+    error: str = ""
+    context: str = ""
+    kind: ErrorKind | None = None
+
+
+class Answered:
+    """A front whose expected failures are answered as the door's table words them
+    (``ray_errors.REPLY``: the kind's FAILED reply, with the front's prefix)."""
+
+    def __init__(self, front: RayFront) -> None:
+        self.front = front
+
+    async def get_or_create(self, serialized: str, **kwargs: Any) -> Reply:
+        try:
+            return Reply(True, context=await self.front.get_or_create(serialized, **kwargs))
+        except AgentError as exc:
+            return self._failed(exc)
+
+    async def delete(self, serialized: str, **kwargs: Any) -> Reply:
+        try:
+            await self.front.delete(serialized, **kwargs)
+        except AgentError as exc:
+            return self._failed(exc)
+        return Reply(True)
+
+    def _failed(self, exc: AgentError) -> Reply:
+        answer = REPLY[exc.kind]
+        assert (answer.status, answer.failed) == (200, True), answer
+        return Reply(
+            False, answer.text(prefix=self.front.prefix, message=exc.message), kind=exc.kind
+        )
+
+    def info(self, limit: int | None = None) -> RayInfo:
+        return self.front.info(limit)
+
+    def references(self) -> int:
+        return self.front.references()
+
+    def in_flight(self) -> int:
+        return self.front.in_flight()
+
+    def check_invariants(self) -> None:
+        self.front.check_invariants()
+
+
+def front_of(ra: RunningAgent) -> Answered:
+    return Answered(RayFront(ra.service, node="10.0.0.7"))
 
 
 def env_id(text: str) -> str:
@@ -326,9 +381,10 @@ async def test_delete_is_by_the_env_id_and_a_service_error_is_a_failed_reply(
         front.check_invariants()
 
 
-async def test_a_context_that_cannot_be_built_is_a_bug_reply_and_leaks_no_reference(
+async def test_a_context_that_cannot_be_built_is_a_bug_raised_and_leaks_no_reference(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """(The door answers a bug FAILED: ``test_ray_door``.)"""
     async with running_agent() as ra:
         front = front_of(ra)
         text = '{"env_vars": {"C": "3"}}'
@@ -336,10 +392,9 @@ async def test_a_context_that_cannot_be_built_is_a_bug_reply_and_leaks_no_refere
         def broken(env_id: str) -> str:
             raise RuntimeError("injected bug")
 
-        monkeypatch.setattr(front, "_context", broken)
-        reply = await front.get_or_create(text)
-        assert not reply.ok
-        assert "internal error in the agent" in reply.error
+        monkeypatch.setattr(front.front, "_context", broken)
+        with pytest.raises(RuntimeError, match="injected bug"):
+            await front.get_or_create(text)
         assert count(ra, text) == 0
         assert front.references() == 0
         front.check_invariants()
@@ -392,11 +447,12 @@ async def test_the_job_id_is_kept_as_the_raylets_text_and_odd_bytes_are_escaped(
         assert "the limit is" in reply.error
 
 
-async def test_a_cancellation_nobody_asked_for_is_a_failed_reply_and_gives_the_count_back(
+async def test_a_cancellation_nobody_asked_for_is_raised_and_gives_the_count_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A create whose service meets a stray CancelledError (a bug below) answers FAILED naming
-    an internal error, as any bug does, instead of leaving Ray's request without an answer."""
+    """A create whose service meets a stray CancelledError (a bug below) gives back its count
+    and raises it (the door answers it FAILED naming an internal error, as any bug:
+    ``test_ray_door``)."""
     async with package_server() as server, running_agent() as ra:
         url = server.add("wd.zip", workdir_zip({"a.py": "A = 1\n"}))
         front = front_of(ra)
@@ -404,9 +460,8 @@ async def test_a_cancellation_nobody_asked_for_is_a_failed_reply_and_gives_the_c
         create = ra.service.create
         monkeypatch.setattr(ra.service, "create", stray_cancellation)
         for source in ("", ray_front.CLIENT_SERVER):
-            reply = await front.get_or_create(SPACED % url, source_process=source)
-            assert not reply.ok
-            assert "internal error in the agent" in reply.error
+            with pytest.raises(asyncio.CancelledError):
+                await front.get_or_create(SPACED % url, source_process=source)
         assert front.info().states == ()
         monkeypatch.setattr(ra.service, "create", create)
         assert (await front.get_or_create(SPACED % url)).ok

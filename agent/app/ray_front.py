@@ -18,10 +18,11 @@ reference back at once, its delete does nothing.
 Bounds (a client chooses what it sends): at most ``MAX_STRINGS_PER_ENV`` spellings of one env id
 and ``MAX_HELD_BYTES`` of held strings; a create past either is FAILED saying the limit.
 
-Failures are replies, not exceptions: status FAILED with this agent's message, prefixed with
-which agent and node answered (Ray shows it to the user in ``RuntimeEnvSetupError``). An
-unexpected exception is a bug: logged with its traceback, answered FAILED saying so (a
-cancellation still propagates, after giving back what it took).
+Failures are exceptions, as the service's are: an expected one is an ``AgentError`` (the
+front's own refusals too), which the Ray door answers through its one table
+(``doors/ray_errors.py``) as status FAILED with the message prefixed by ``prefix`` (which agent
+and node answered: Ray shows it to the user in ``RuntimeEnvSetupError``); anything else is a
+bug there. A create that fails, whatever the exception, gives back what it took first.
 
 Info lists one state per string: each counted string whose env is set up (its count, the time
 its first create took), then the recent failures of strings not held (bounded in number and
@@ -31,7 +32,6 @@ bytes); the reply's strings are capped at ``MAX_INFO_BYTES`` (``total`` still co
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import sys
@@ -42,9 +42,16 @@ from dataclasses import dataclass
 
 from agent.app.records import MAX_JOB_ID_BYTES
 from agent.app.service import AgentService
+from agent.core import logfields
 from agent.core.bounded import BoundedCache
-from agent.core.errors import AgentError, ErrorKind, cap_message, echo, stray_cancellation
-from agent.core.ray_context import build_ray_context
+from agent.core.errors import (
+    AgentError,
+    EnvNotFound,
+    InvalidArgument,
+    RayStringsFull,
+    cap_message,
+    echo,
+)
 from agent.core.runtime_env import RuntimeEnv
 
 log = logging.getLogger(__name__)
@@ -57,19 +64,6 @@ _MAX_FAILED = 100  # recent failures kept for info, per string
 _FAILED_BYTES = 4 * 1024 * 1024  # their strings and messages
 _CONTEXTS_KEPT = 4096  # serialized contexts remembered by env id
 _CONTEXT_BYTES = 16 * 1024 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class RayReply:
-    """A create's or a delete's answer: ``ok``, else ``error`` (this agent's message)."""
-
-    ok: bool
-    error: str = ""
-    context: str = ""  # a create's serialized RuntimeEnvContext (JSON)
-    kind: ErrorKind | None = None  # a failure's kind; None when ok, or for a bug
-
-
-_DELETED = RayReply(True)  # a delete's OK reply (immutable, shared)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +115,7 @@ class RayFront:
         """``python_version``: the version of ``settings.py_executable`` (the venvs' python:
         their site-packages path names it)."""
         self.service = service
+        # of every failure's message, as the door answers it and info shows it
         self.prefix = f"[rtenv-agent on node {node}] " if node else "[rtenv-agent] "
         self.python_version = python_version
         self._node_pythonpath = node_pythonpath
@@ -136,9 +131,9 @@ class RayFront:
         # _FAILED_BYTES of their weight (``_failed_bytes``).
         self._failed: OrderedDict[str, _Failed] = OrderedDict()
         self._failed_bytes = 0
-        # env id -> a create's OK reply (its serialized context): built once, kept bounded
-        self._answers: BoundedCache[str, RayReply] = BoundedCache(_CONTEXTS_KEPT, _CONTEXT_BYTES)
-        service.held_by_holder = self.refs_on  # the gRPC door cannot drop what Ray holds
+        # env id -> its serialized context (a create's answer): built once, kept bounded
+        self._answers: BoundedCache[str, str] = BoundedCache(_CONTEXTS_KEPT, _CONTEXT_BYTES)
+        service.keep_held(self.refs_on)  # the gRPC door cannot drop what Ray holds
 
     # -- create ----------------------------------------------------------------------------
     async def get_or_create(
@@ -149,21 +144,23 @@ class RayFront:
         job_id: bytes = b"",
         source_process: str = "",
         eager_install: bool = False,
-    ) -> RayReply:
+    ) -> str:
         """One more count on ``serialized`` (none for ``client_server``), installing first
-        what is missing. ``setup_timeout_seconds``: 0 = the agent's default, -1 = its max.
-        ``job_id`` (Ray's job id, ASCII hex text as the raylet sends it) and ``eager_install``
-        are kept for the service's info."""
+        what is missing; the env's serialized context (JSON). ``setup_timeout_seconds``: 0 =
+        the agent's default, -1 = its max. ``job_id`` (Ray's job id, ASCII hex text as the
+        raylet sends it) and ``eager_install`` are kept for the service's info. A failure
+        raises, its count given back."""
         job = _job_text(job_id)
+        if job or source_process:  # on this request's log lines from here on
+            logfields.note(job_id=job, source_process=logfields.cut(source_process))
         if source_process == CLIENT_SERVER:
             return await self._uncounted(serialized, setup_timeout_seconds, job, eager_install)
         entry = self._strings.get(serialized)
         if entry is None:
             if self._held_bytes + len(serialized) > MAX_HELD_BYTES:
-                return self._refused(
+                raise RayStringsFull(
                     f"this agent already counts {self._held_bytes} bytes of runtime env strings "
-                    f"from Ray; the limit is {MAX_HELD_BYTES} (delete some first)",
-                    ErrorKind.EXHAUSTED,
+                    f"from Ray; the limit is {MAX_HELD_BYTES} (delete some first)"
                 )
             entry = self._strings[serialized] = _String()
             self._held_bytes += len(serialized)
@@ -174,19 +171,10 @@ class RayFront:
             env_id, answered = await self._take(
                 serialized, setup_timeout_seconds, job, eager_install
             )
-        except AgentError as exc:
+        except BaseException as exc:  # failed, a bug, or cancelled: its count given back
             await self._give_back(serialized, entry)
-            if serialized not in self._strings:
+            if isinstance(exc, AgentError) and serialized not in self._strings:
                 self._remember_failure(serialized, exc.message, self._elapsed_ms(started))
-            return RayReply(False, self._message(exc.message), kind=exc.kind)
-        except Exception:
-            await self._give_back(serialized, entry)
-            log.exception("ray door: create failed unexpectedly")
-            return RayReply(False, self._message("internal error in the agent (see its log)"))
-        except BaseException as exc:  # cancelled (the client went away): its count given back
-            await self._give_back(serialized, entry)
-            if isinstance(exc, asyncio.CancelledError) and stray_cancellation():
-                return self._stray(exc)  # a bug below: answered, not left hanging
             raise
         # No await until the releases: the reference just taken is recorded in this step.
         entry.in_flight -= 1
@@ -196,7 +184,7 @@ class RayFront:
                 entry.count = max(entry.refs, entry.count - 1)
                 self._drop_if_idle(serialized, entry)
                 await self._release(env_id, 1)
-                return self._refused(
+                raise InvalidArgument(
                     f"runtime env {env_id} is already counted under {len(strings)} different "
                     f"serialized strings; the limit is {MAX_STRINGS_PER_ENV} (Ray sends 2-3): "
                     "delete some, or send one of those strings"
@@ -215,35 +203,17 @@ class RayFront:
 
     async def _uncounted(
         self, serialized: str, setup_timeout_seconds: int, job: str, eager_install: bool
-    ) -> RayReply:
+    ) -> str:
         """A create that installs and gives its reference back at once (``client_server``)."""
-        try:
-            env_id, answered = await self._take(
-                serialized, setup_timeout_seconds, job, eager_install
-            )
-        except AgentError as exc:
-            return RayReply(False, self._message(exc.message), kind=exc.kind)
-        except Exception:
-            log.exception("ray door: create failed unexpectedly")
-            return RayReply(False, self._message("internal error in the agent (see its log)"))
-        except asyncio.CancelledError as exc:
-            if stray_cancellation():
-                return self._stray(exc)
-            raise
+        env_id, answered = await self._take(serialized, setup_timeout_seconds, job, eager_install)
         await self._release(env_id, 1)
         return answered
 
-    def _stray(self, exc: asyncio.CancelledError) -> RayReply:
-        log.error("ray door: create failed with a cancellation nobody asked for (a bug)",
-                  exc_info=exc)  # fmt: skip
-        return RayReply(False, self._message("internal error in the agent (see its log)"))
-
     async def _take(
         self, serialized: str, setup_timeout_seconds: int, job: str, eager_install: bool
-    ) -> tuple[str, RayReply]:
-        """One service reference on the env and the OK reply with its serialized context;
-        nothing taken when it raises (a context that cannot be built gives the reference
-        back)."""
+    ) -> tuple[str, str]:
+        """One service reference on the env and its serialized context; nothing taken when it
+        raises (a context that cannot be built gives the reference back)."""
         service = self.service
         key = service.check_create(
             serialized, setup_timeout_seconds, job_id=job, eager_install=eager_install
@@ -259,9 +229,8 @@ class RayFront:
         try:
             answered = self._answers.get(env_id)  # the same for every create of the env
             if answered is None:
-                context = self._context(env)
-                answered = RayReply(True, context=context)
-                self._answers.put(env_id, answered, 2 * len(context) + 200)
+                answered = self._context(env)
+                self._answers.put(env_id, answered, 2 * len(answered) + 200)
             return env_id, answered
         except BaseException:
             await self._release(env_id, 1)
@@ -284,39 +253,34 @@ class RayFront:
             await self._release(env_id, excess)
 
     def _context(self, env: RuntimeEnv) -> str:
-        settings = self.service.settings
         return json.dumps(
-            build_ray_context(
-                env, self.service.store.path_for, py_executable=settings.py_executable,
-                node_pythonpath=self._node_pythonpath, python_version=self.python_version,
+            self.service.ray_context_of(
+                env, node_pythonpath=self._node_pythonpath, python_version=self.python_version
             )
-        )  # fmt: skip
+        )
 
     # -- delete ----------------------------------------------------------------------------
-    async def delete(self, serialized: str, *, source_process: str = "") -> RayReply:
+    async def delete(self, serialized: str, *, source_process: str = "") -> None:
         """Give back one count of ``serialized`` (and a service reference, if it holds more
-        than the count left); FAILED, changing nothing, if the count is 0 or the service
+        than the count left); raises, changing nothing, if the count is 0 or the service
         refuses."""
         if source_process == CLIENT_SERVER:
-            return _DELETED
+            return
         entry = self._strings.get(serialized)
         if entry is None or entry.count == 0:
-            return self._refused(
+            raise EnvNotFound(
                 f"cannot delete runtime env {echo(serialized)}: it has no reference on this "
                 "agent (never created here, or each create of this exact string was already "
-                "deleted; references are counted per serialized string)",
-                ErrorKind.NOT_FOUND,
+                "deleted; references are counted per serialized string)"
             )
         if entry.refs == entry.count:  # one reference more than the count will be
             assert entry.env_id is not None, "a reference held with no env id"
-            try:  # in one step: the service's delete without a request id does not suspend
-                self.service.delete_now(entry.env_id, "", holder=True)
-            except AgentError as exc:  # the service changed nothing; neither does this
-                return RayReply(False, self._message(exc.message), kind=exc.kind)
+            # In one step: the service's delete without a request id does not suspend. When it
+            # refuses, it changed nothing; neither does this.
+            self.service.delete_now(entry.env_id, "", holder=True)
             entry.refs -= 1
         entry.count -= 1
         self._drop_if_idle(serialized, entry)
-        return _DELETED
 
     async def _release(self, env_id: str, n: int) -> None:
         """Give ``n`` references on ``env_id`` back to the service (already taken off the
@@ -325,7 +289,8 @@ class RayFront:
             try:
                 await self.service.delete(env_id, "", "", holder=True)
             except AgentError:
-                log.exception("ray door: giving back a reference on %s failed", env_id)
+                log.exception("ray door: giving back a reference on %s failed (a bug)", env_id,
+                              extra={"env_id": env_id})  # fmt: skip
 
     def _drop_if_idle(self, serialized: str, entry: _String) -> None:
         if entry.count or entry.in_flight:
@@ -411,9 +376,6 @@ class RayFront:
     # -- helpers ---------------------------------------------------------------------------
     def _message(self, message: str) -> str:
         return cap_message(self.prefix + message)
-
-    def _refused(self, message: str, kind: ErrorKind = ErrorKind.INVALID) -> RayReply:
-        return RayReply(False, self._message(message), kind=kind)
 
     def _elapsed_ms(self, started: float) -> int:
         return max(0, round((self._clock() - started) * 1000))

@@ -2,16 +2,19 @@
 
 This is where the reference tables and the store meet. Each operation does its bookkeeping in
 one synchronous step on the event loop (no await between reading and changing the maps), then
-awaits installs. The doors only convert: messages (``doors/servicer.py``) and errors, by
-their kind (``doors/grpc_errors.py``).
+awaits installs. The doors only convert: messages (``doors/servicer.py``; ``RayFront`` and
+``doors/ray_http.py`` for Ray) and errors, by their kind (``doors/grpc_errors.py``,
+``doors/ray_errors.py``). A create's request checked and its answer are values of
+``agent.app.created``.
 
 Create: parse (pure) -> build the context and check it could start a process (pure, before
 anything is counted) -> take the references (tables, store) -> await the installs under the setup
 timeout -> commit. Any failure, timeout or cancellation gives back exactly what was taken.
 
 Info: ``snapshot`` takes what the agent holds as frozen values (``agent.app.snapshot``) in one
-synchronous step, and decides each package's state there; ``levels`` takes the figures alone for
-a metrics scrape. The doors only convert them.
+synchronous step, and decides each package's state there (``agent.app.views``: how each held
+thing reads as a value); ``levels`` takes the figures alone for a metrics scrape. The doors only
+convert them.
 
 A create's ``job_id`` (the scheduler's job that asked) is kept in the env's record for info: the
 latest ``MAX_JOB_IDS`` distinct ones, newest last (an env shared by jobs one after another shows
@@ -32,10 +35,10 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from agent.app.config import Settings
+from agent.app.created import Created, HitKey
 from agent.app.idempotency import RequestLog
 from agent.app.parsing import ParseCache
 from agent.app.records import (
@@ -46,16 +49,8 @@ from agent.app.records import (
     check_job_id,
     failure_weight,
 )
-from agent.app.snapshot import (
-    CacheView,
-    EnvState,
-    EnvView,
-    Levels,
-    PackageState,
-    RecoveryView,
-    Snapshot,
-    UriView,
-)
+from agent.app.snapshot import EnvState, Levels, Snapshot
+from agent.app.views import cache_view, env_view, failed_view, recovery_view, uri_view
 from agent.core import logfields
 from agent.core.context import WorkerContext, build_context
 from agent.core.errors import (
@@ -67,12 +62,13 @@ from agent.core.errors import (
     cap_message,
     echo,
 )
+from agent.core.ray_context import build_ray_context
 from agent.core.refs import RefTables
 from agent.core.runtime_env import RuntimeEnv, env_id_of
 from agent.core.uris import UriKey
 from agent.state.recovery import RecoverySummary
 from agent.state.state_db import StateDB
-from agent.state.store import UriEntry, UriState, UriStore
+from agent.state.store import UriStore
 
 log = logging.getLogger(__name__)
 
@@ -81,48 +77,6 @@ log = logging.getLogger(__name__)
 _MAX_FAILURES_KEPT = 100
 _FAILURE_BYTES = 4 * 1024 * 1024  # bodies of recently failed envs kept for info
 _MAX_ENV_ID_CHARS = 64  # an env id is 32 hex digits; a longer one names no env
-
-
-@dataclass(frozen=True, slots=True)
-class HitKey:
-    """A create request checked (``AgentService.check_create``): its env, job and eagerness."""
-
-    env: RuntimeEnv
-    job_id: str
-    eager: bool
-
-
-class Created:
-    """A create's answer: the env (parsed), whether it was a hit, and on demand its worker
-    context and its URIs ("kind:uri"), each built once when first asked (a door that kept its
-    reply for the env asks for neither)."""
-
-    __slots__ = ("_build", "_context", "_uris", "env", "hit")
-
-    def __init__(
-        self, env: RuntimeEnv, hit: bool, build: Callable[[RuntimeEnv], WorkerContext]
-    ) -> None:
-        self.env = env
-        self.hit = hit  # every package was installed already: no await, no I/O
-        self._build = build
-        self._context: WorkerContext | None = None
-        self._uris: tuple[str, ...] | None = None
-
-    @property
-    def env_id(self) -> str:
-        return self.env.env_id
-
-    @property
-    def context(self) -> WorkerContext:
-        if self._context is None:
-            self._context = self._build(self.env)
-        return self._context
-
-    @property
-    def uris(self) -> tuple[str, ...]:
-        if self._uris is None:
-            self._uris = uris_of(self.env.uri_keys)
-        return self._uris
 
 
 class AgentService:
@@ -142,7 +96,7 @@ class AgentService:
         self.store = store
         self.tables = tables
         self._db = db
-        self._recovery = _recovery_view(recovery or RecoverySummary())
+        self._recovery = recovery_view(recovery or RecoverySummary())
         self._clock = clock
         # env id -> record: what the service keeps per live env (small: see ``records.py``)
         self.records: dict[str, EnvRecord] = {}
@@ -152,10 +106,15 @@ class AgentService:
         self._requests = RequestLog(settings.request_log_capacity)
         self._parses = ParseCache(settings.env, settings.allow_file_roots)
         # References a holder of its own keeps on an env (the Ray door's, counted per string
-        # by ``RayFront``): a delete by anyone else may not drop the count below them, or that
-        # holder's later deletes would find nothing to give back (``delete(holder=True)`` is
-        # the holder's own).
-        self.held_by_holder: Callable[[str], int] = _none_held
+        # by ``RayFront``; set by ``keep_held``): a delete by anyone else may not drop the
+        # count below them, or that holder's later deletes would find nothing to give back
+        # (``delete(holder=True)`` is the holder's own).
+        self._held_by_holder: Callable[[str], int] = _none_held
+
+    def keep_held(self, held: Callable[[str], int]) -> None:
+        """Keep, from now on, the references ``held(env_id)`` counts for the one holder of its
+        own (the Ray door's front): only its own deletes (``holder=True``) drop them."""
+        self._held_by_holder = held
 
     # -- create ----------------------------------------------------------------------------
     async def create(
@@ -222,6 +181,17 @@ class AgentService:
         return build_context(
             env, self.store.path_for, py_executable=self.settings.py_executable,
             limits=self.settings.env,
+        )  # fmt: skip
+
+    def ray_context_of(
+        self, env: RuntimeEnv, *, node_pythonpath: str, python_version: tuple[int, int]
+    ) -> dict[str, object]:
+        """The env's worker context as Ray's worker reads it (``build_ray_context``), for a
+        node whose ``PYTHONPATH`` is ``node_pythonpath`` and whose venvs' python is of
+        ``python_version``: a pure function, as ``context_of``."""
+        return build_ray_context(
+            env, self.store.path_for, py_executable=self.settings.py_executable,
+            node_pythonpath=node_pythonpath, python_version=python_version,
         )  # fmt: skip
 
     async def _create(
@@ -311,7 +281,7 @@ class AgentService:
         self, env_id: str, serialized: str, request_id: str, *, holder: bool = False
     ) -> int:
         """Drop one reference of the env named by id or by its JSON; return what is left.
-        Only the holder (``holder=True``) drops the references ``held_by_holder`` counts."""
+        Only the holder (``holder=True``) drops the references it holds (``keep_held``)."""
         env_id = self._named(env_id, serialized)
 
         async def op() -> int:
@@ -325,7 +295,7 @@ class AgentService:
         same checks, errors and change."""
         if serialized or not env_id or len(env_id) > _MAX_ENV_ID_CHARS:
             env_id = self._named(env_id, serialized)  # by its JSON, or refused there
-        if holder or self.held_by_holder is _none_held:  # no holder's references to keep
+        if holder or self._held_by_holder is _none_held:  # no holder's references to keep
             return self._delete(env_id)
         return self._delete_one(env_id, holder)
 
@@ -343,7 +313,7 @@ class AgentService:
         return env_id
 
     def _delete_one(self, env_id: str, holder: bool) -> int:
-        held = 0 if holder else self.held_by_holder(env_id)
+        held = 0 if holder else self._held_by_holder(env_id)
         if held and self.tables.env_count(env_id) <= held:
             raise Conflict(
                 f"runtime env {env_id}'s {held} remaining reference(s) are held by Ray's "
@@ -370,18 +340,14 @@ class AgentService:
         Every package, whatever the count: a door caps what it sends by its own measure."""
         cap = self.settings.max_info_envs
         limit = cap if limit <= 0 else min(limit, cap)
-        live = (self._env_view(env_id, r) for env_id, r in self.records.items())
+        tables, store = self.tables, self.store
+        live = (env_view(env_id, r, tables) for env_id, r in self.records.items())
         failed = (
-            _failed_view(f) for f in reversed(self.failures) if f.env.env_id not in self.records
+            failed_view(f) for f in reversed(self.failures) if f.env.env_id not in self.records
         )
         envs = tuple(itertools.islice(itertools.chain(live, failed), limit))
-        uris = tuple(self._uri_view(entry) for entry in self.store.entries())
-        stats = self.store.stats()
-        cache = CacheView(
-            used_bytes=stats.used_bytes, unused_bytes=stats.unused_bytes,
-            budget_bytes=stats.budget_bytes, downloads=stats.downloads,
-            extractions=stats.extractions, evictions=stats.evictions, hits=stats.hits,
-        )  # fmt: skip
+        uris = tuple(uri_view(entry, store, tables) for entry in store.entries())
+        cache = cache_view(store.stats())
         return Snapshot(envs, uris, cache, len(self.records), len(uris), self._recovery)
 
     async def caught_up(self) -> None:
@@ -411,42 +377,6 @@ class AgentService:
     def root(self) -> Path:
         """The agent's root (where packages, the index and the socket live)."""
         return self.store.root
-
-    def _env_view(self, env_id: str, record: EnvRecord) -> EnvView:
-        refs = self.tables.env(env_id)
-        assert refs is not None, f"record of env {env_id} without references"
-        return EnvView(
-            env_id=env_id,
-            canonical=record.canonical,
-            references=refs.count,
-            uris=uris_of(refs.keys),
-            state=record.state,
-            error="",
-            created_ms=record.created_ms,
-            job_ids=record.job_ids,
-            eager_install=record.eager_install,
-        )
-
-    def _uri_view(self, entry: UriEntry) -> UriView:
-        """A package as info shows it: installing; ready (referenced); or unused (in the
-        store's LRU: no live env references it, so it may be evicted)."""
-        key = entry.key
-        ready = entry.state is UriState.READY
-        if not ready:
-            state = PackageState.INSTALLING
-        elif self.store.is_unused(key):
-            state = PackageState.UNUSED
-        else:
-            state = PackageState.READY
-        return UriView(
-            kind=key.kind.value,
-            uri=key.uri,
-            state=state,
-            references=self.tables.uri_count(key),
-            size_bytes=entry.size,
-            last_used_ms=entry.last_used_ms,
-            local_path=str(entry.path) if ready else "",
-        )
 
     # -- checks ----------------------------------------------------------------------------
     def check_invariants(self) -> None:
@@ -485,31 +415,3 @@ async def _cancel_all(tasks: Sequence[asyncio.Future[Path]]) -> None:
     for task in tasks:  # retrieved: a sibling's own failure is not logged as never retrieved
         if not task.cancelled():
             task.exception()
-
-
-def uris_of(keys: tuple[UriKey, ...]) -> tuple[str, ...]:
-    """The keys as a reply names them: "kind:uri"."""
-    return tuple(str(key) for key in keys)
-
-
-def _failed_view(failed: FailedEnv) -> EnvView:
-    env = failed.env
-    return EnvView(
-        env_id=env.env_id,
-        canonical=env.canonical,
-        references=0,
-        uris=uris_of(env.uri_keys),
-        state=EnvState.FAILED,
-        error=failed.error,
-        created_ms=failed.failed_ms,
-        job_ids=failed.job_ids,
-        eager_install=failed.eager_install,
-    )
-
-
-def _recovery_view(summary: RecoverySummary) -> RecoveryView:
-    return RecoveryView(
-        rows_kept=summary.rows_kept, rows_dropped=summary.rows_dropped,
-        orphans_deleted=summary.orphans_deleted, bytes_freed=summary.bytes_freed,
-        envs_forgotten=summary.envs_forgotten, seconds=summary.seconds,
-    )  # fmt: skip

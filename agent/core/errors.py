@@ -6,7 +6,8 @@ words any door can map) and a message that says what was wrong and what the limi
 out is, and the agent keeps serving. Anything else that escapes a handler is a bug: it is
 logged with its traceback and answered as an internal error. A door turns a kind into its own
 answer through one table (``agent/doors/grpc_errors.py`` for gRPC, ``agent/doors/http_errors.py``
-for HTTP); nothing below the doors knows a status code.
+for HTTP, ``agent/doors/ray_errors.py`` for Ray's protocol); nothing below the doors knows a
+status code.
 
 A ``CancelledError`` is no error: the caller went away, and it passes through. One that
 reaches a door while nobody cancelled the handler's task (``stray_cancellation``) is a bug
@@ -54,6 +55,8 @@ kind is set by each branch under ``AgentError`` and inherited by its leaves.
     │   └── IndexUnavailable                         the root's shared index stayed locked by
     │                                                another agent, or failed (disk, I/O)
     ├── DiskExhausted               EXHAUSTED        no room to install
+    │   └── RayStringsFull                           the Ray door counts as many bytes of
+    │                                                serialized strings as it may hold
     ├── SetupTimeout                TIMEOUT          the env's setup outlasted its timeout
     └── Misconfigured               MISCONFIGURED    the agent cannot start as configured (met at
         │                                            start, before any client is served)
@@ -232,6 +235,11 @@ class IndexUnavailable(Unavailable):
 
 class DiskExhausted(AgentError):
     kind = ErrorKind.EXHAUSTED
+
+
+class RayStringsFull(DiskExhausted):
+    """The Ray door holds its limit of serialized strings' bytes (``RayFront``): memory of the
+    node used up, of a full disk's kind (EXHAUSTED)."""
 
 
 class SetupTimeout(AgentError):

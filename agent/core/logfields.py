@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from types import MappingProxyType
 
+CUT_CHARS = 128  # of a client's id on a log line (see ``cut``)
 _EMPTY: Mapping[str, object] = MappingProxyType({})
 # Each value is a new mapping, never changed in place once set: a task or thread that copied the
 # context keeps its copy. (Plain dicts, not read-only views: this runs on every RPC.)
@@ -50,3 +51,11 @@ def note(**fields: object) -> None:
 def bound() -> Mapping[str, object]:
     """The fields bound here and now (read-only)."""
     return MappingProxyType(dict(_FIELDS.get()))
+
+
+def cut(text: str, limit: int = CUT_CHARS) -> str:
+    """A client's id as a log line carries it: itself, or its first ``limit`` characters and its
+    length (whatever a client sent, the line stays short)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"

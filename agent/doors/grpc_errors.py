@@ -22,7 +22,6 @@ from agent.doors.metrics import BUG, CANCELLED, OK, Metrics, Outcome
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-_LOGGED_ID_CHARS = 128
 
 # Every kind has its code (a test checks the table is whole). The codes are what clients have
 # always seen: a change here changes the wire.
@@ -65,7 +64,7 @@ async def answer(
     are cut with their length said: whatever a client sent, the trailer and the log line stay
     short.
     """
-    logged_id = _logged(request_id)
+    logged_id = logfields.cut(request_id)
     with logfields.bind(rpc=rpc, request_id=logged_id):
         outcome: Outcome = OK
         try:
@@ -73,7 +72,7 @@ async def answer(
         except AgentError as exc:
             outcome, code = exc.kind, status_of(exc.kind)
             message = cap_message(exc.message)
-            env_id = str(logfields.bound().get("env_id", ""))[:_LOGGED_ID_CHARS]  # maybe a client's
+            env_id = str(logfields.bound().get("env_id", ""))[: logfields.CUT_CHARS]  # a client's?
             log.warning(
                 "%s failed (env_id=%s request_id=%r): %s: %s", rpc, env_id or "-",
                 logged_id, code.name, message,
@@ -101,10 +100,3 @@ async def answer(
     context.set_code(code)
     context.set_details(message)
     return failed()
-
-
-def _logged(request_id: str) -> str:
-    """The request id as logged: itself, or its first characters and its length."""
-    if len(request_id) <= _LOGGED_ID_CHARS:
-        return request_id
-    return f"{request_id[:_LOGGED_ID_CHARS]}... ({len(request_id)} characters)"

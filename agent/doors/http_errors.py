@@ -1,6 +1,7 @@
-"""The one place errors become HTTP responses, for every HTTP door (``/metrics`` today; the
-next HTTP front door too): ``STATUS`` maps each error kind to its status code, as
-``grpc_errors.STATUS`` does for gRPC, and ``error_response`` answers with the capped message.
+"""The one place errors become HTTP responses, for the HTTP doors of the agent's own
+(``/metrics``; the Ray door answers as Ray's protocol does, through ``ray_errors``):
+``STATUS`` maps each error kind to its status code, as ``grpc_errors.STATUS`` does for gRPC,
+and ``error_response`` answers with the capped message.
 """
 
 from __future__ import annotations

@@ -3,10 +3,12 @@ gRPC door (through ``RayFront``, which holds Ray's request semantics).
 
 POST ``/get_or_create_runtime_env``, ``/delete_runtime_env_if_possible`` and
 ``/get_runtime_envs_info``, each with a protobuf body in Ray's message schema (``rtenv.ray.v1``,
-wire-compatible with Ray's) and an ``application/octet-stream`` reply. Failures of the request
-itself are replies with status FAILED (as Ray's agent answers them); only what is not a request
-gets an HTTP error: a body that is not the message is a 400 with one line, a body over
-``max_body_bytes`` a 413 (bounded by what is read: aiohttp stops reading there).
+wire-compatible with Ray's) and an ``application/octet-stream`` reply. Every request passes
+through one funnel (``ray_errors.funnel``), which answers each failure through one table
+(``ray_errors.REPLY``) and logs it: failures of the request itself are replies with status
+FAILED (as Ray's agent answers them); only what is not a request gets an HTTP error: a body
+that is not the message is a 400 with one line, a body over ``max_body_bytes`` a 413 (bounded
+by what is read: aiohttp stops reading there).
 
 The hot path is short: a create's OK reply is serialised once per env (kept by its context,
 within a byte budget), a delete's OK reply once for all, the metrics' children are bound once,
@@ -27,30 +29,26 @@ goes straight on.
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TypeVar
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 from google.protobuf.message import DecodeError, Message
 
-from agent.app.ray_front import RayFront, RayReply
+from agent.app.ray_front import RayFront
 from agent.app.token import Token
 from agent.core.bounded import BoundedCache
-from agent.core.errors import Unauthenticated, cap_message
-from agent.doors.metrics import OK, Metrics, Outcome
+from agent.core.errors import Unauthenticated
+from agent.doors.metrics import OK, Metrics
+from agent.doors.ray_errors import Door, Refusal, Refused, Route, funnel, reply_bytes
 from rtenv.ray.v1 import runtime_env_agent_pb2 as pb
 
-log = logging.getLogger(__name__)
-
 M = TypeVar("M", bound=Message)
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_OCTETS = "application/octet-stream"
 _HEADERS = ("Authorization", "X-Ray-Authorization")  # Ray's middleware reads them in this order
 READY_WAIT_S = 30.0  # a request's wait for the agent to serve (Ray's client retries after it)
-_CREATE = "ray:get_or_create_runtime_env"  # the rpc label of the metrics
+_CREATE = "ray:get_or_create_runtime_env"  # the rpc label of the metrics and the logs
 _DELETE = "ray:delete_runtime_env_if_possible"
+_INFO = "ray:get_runtime_envs_info"
 _REPLIES_KEPT = 4096  # create replies kept by their context
 _REPLIES_BYTES = 16 * 1024 * 1024
 _DELETED = pb.DeleteRuntimeEnvIfPossibleReply(status=pb.AGENT_RPC_STATUS_OK).SerializeToString()
@@ -76,13 +74,20 @@ class _Readiness:
             async with asyncio.timeout(self.timeout_s):
                 return await asyncio.shield(front)
         except TimeoutError as exc:
-            raise web.HTTPServiceUnavailable(
-                text=f"the agent is still starting after {self.timeout_s:g}s; retry later\n"
-            ) from exc
+            raise Refused(Refusal.STARTING, seconds=self.timeout_s) from exc
         except Exception as exc:  # the start failed: the agent is going away
-            raise web.HTTPServiceUnavailable(text="the agent failed to start\n") from exc
+            raise Refused(Refusal.START_FAILED) from exc
         finally:
             self.waiting -= 1
+
+    def prefix(self) -> str:
+        """The prefix of the front's failures (none before there is a front)."""
+        front = self.front
+        if isinstance(front, RayFront):
+            return front.prefix
+        if front.done() and not front.cancelled() and front.exception() is None:
+            return front.result().prefix
+        return ""
 
 
 _READINESS = web.AppKey("readiness", _Readiness)
@@ -104,9 +109,15 @@ def ray_app(
     """The Ray door's application (see the module docstring); with ``metrics``, each create and
     delete is counted by its outcome (rpc ``ray:<path>``)."""
     secret = token.encode() if isinstance(token, str) else token
-    middlewares = [] if secret is None else [_require(Token(secret))]
-    app = web.Application(middlewares=middlewares, client_max_size=max_body_bytes)
     readiness = _Readiness(front, READY_WAIT_S if ready_timeout_s is None else ready_timeout_s)
+    routes = {
+        "/get_or_create_runtime_env": Route(_CREATE, _failed_create, counted=True),
+        "/delete_runtime_env_if_possible": Route(_DELETE, _failed_delete, counted=True),
+        "/get_runtime_envs_info": Route(_INFO, None, counted=False),
+    }
+    guard = None if secret is None else _guard(Token(secret))
+    door = Door(routes, guard, readiness.prefix, max_body_bytes, metrics)
+    app = web.Application(middlewares=[funnel(door)], client_max_size=max_body_bytes)
     app[_READINESS] = readiness
     ready = readiness.ready
 
@@ -116,55 +127,38 @@ def ray_app(
     # (the front's string for the env, the same object every time), within a byte budget.
     created: BoundedCache[str, bytes] = BoundedCache(_REPLIES_KEPT, _REPLIES_BYTES)
 
-    def count(rpc: str, reply: RayReply) -> None:
-        if metrics is not None:
-            outcome: Outcome = "ok" if reply.ok else (reply.kind or "bug")
-            metrics.count_request(rpc, outcome)
-
     async def get_or_create(request: web.Request) -> web.Response:
         msg = await _read(request, pb.GetOrCreateRuntimeEnvRequest())
         config = msg.runtime_env_config if msg.HasField("runtime_env_config") else None
         front = readiness.front
         if not isinstance(front, RayFront):
             front = await ready()
-        reply = await front.get_or_create(
+        context = await front.get_or_create(
             msg.serialized_runtime_env,
             setup_timeout_seconds=config.setup_timeout_seconds if config is not None else 0,
             job_id=msg.job_id,
             source_process=msg.source_process,
             eager_install=config is not None and config.eager_install,
         )
-        if not reply.ok:
-            count(_CREATE, reply)
-            failed = pb.GetOrCreateRuntimeEnvReply(
-                status=pb.AGENT_RPC_STATUS_FAILED, error_message=reply.error
-            )
-            return _reply(failed.SerializeToString())
         if create_ok is not None:
             create_ok.inc()
-        body = created.get(reply.context)
+        body = created.get(context)
         if body is None:
             body = pb.GetOrCreateRuntimeEnvReply(
-                status=pb.AGENT_RPC_STATUS_OK, serialized_runtime_env_context=reply.context
+                status=pb.AGENT_RPC_STATUS_OK, serialized_runtime_env_context=context
             ).SerializeToString()
-            created.put(reply.context, body, 2 * len(body) + 200)
-        return _reply(body)
+            created.put(context, body, 2 * len(body) + 200)
+        return reply_bytes(body)
 
     async def delete(request: web.Request) -> web.Response:
         msg = await _read(request, pb.DeleteRuntimeEnvIfPossibleRequest())
         front = readiness.front
         if not isinstance(front, RayFront):
             front = await ready()
-        reply = await front.delete(msg.serialized_runtime_env, source_process=msg.source_process)
-        if not reply.ok:
-            count(_DELETE, reply)
-            failed = pb.DeleteRuntimeEnvIfPossibleReply(
-                status=pb.AGENT_RPC_STATUS_FAILED, error_message=reply.error
-            )
-            return _reply(failed.SerializeToString())
+        await front.delete(msg.serialized_runtime_env, source_process=msg.source_process)
         if delete_ok is not None:
             delete_ok.inc()
-        return _reply(_DELETED)
+        return reply_bytes(_DELETED)
 
     async def info(request: web.Request) -> web.Response:
         msg = await _read(request, pb.GetRuntimeEnvsInfoRequest())
@@ -177,48 +171,46 @@ def ray_app(
             )  # fmt: skip
             if state.error is not None:
                 item.error = state.error
-        return _reply(out.SerializeToString())
+        return reply_bytes(out.SerializeToString())
 
-    app.router.add_post("/get_or_create_runtime_env", get_or_create)
-    app.router.add_post("/delete_runtime_env_if_possible", delete)
-    app.router.add_post("/get_runtime_envs_info", info)
+    for path, handler in zip(routes, (get_or_create, delete, info), strict=True):
+        app.router.add_post(path, handler)
     return app
 
 
 async def _read(request: web.Request, message: M) -> M:
     """The body as ``message``: at most the app's ``client_max_size`` bytes are read (413
-    beyond); a body that is not the message is a 400 with one line."""
+    beyond); a body that is not the message is refused (a 400 with one line)."""
     body = await request.read()
     try:
         message.ParseFromString(body)
     except (DecodeError, ValueError) as exc:
-        name = message.DESCRIPTOR.name
-        raise web.HTTPBadRequest(
-            text=f"the body ({len(body)} bytes) is not a {name} protobuf message\n"
-        ) from exc
+        raise Refused(Refusal.NOT_A_MESSAGE, size=len(body), name=message.DESCRIPTOR.name) from exc
     return message
 
 
-def _reply(body: bytes) -> web.Response:
-    return web.Response(body=body, content_type=_OCTETS)
+def _failed_create(error: str) -> bytes:
+    failed = pb.GetOrCreateRuntimeEnvReply(status=pb.AGENT_RPC_STATUS_FAILED, error_message=error)
+    return failed.SerializeToString()
 
 
-def _require(token: Token) -> Middleware:
-    @web.middleware
-    async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+def _failed_delete(error: str) -> bytes:
+    failed = pb.DeleteRuntimeEnvIfPossibleReply(
+        status=pb.AGENT_RPC_STATUS_FAILED, error_message=error
+    )
+    return failed.SerializeToString()
+
+
+def _guard(token: Token) -> Callable[[web.Request], None]:
+    """Ray's token check, as its middleware: refused without a token, or with a wrong one."""
+
+    def check(request: web.Request) -> None:
         given = next((request.headers[h] for h in _HEADERS if request.headers.get(h)), None)
         if given is None:
-            return web.Response(
-                status=401,
-                text="Unauthorized: this agent wants Ray's token: send 'Authorization: Bearer "
-                "<token>'\n",
-            )
+            raise Refused(Refusal.NO_TOKEN)
         try:
             token.check(given.encode("utf-8", "surrogateescape"))
-        except Unauthenticated:
-            return web.Response(
-                status=403, text=cap_message("Forbidden: the token is not this agent's") + "\n"
-            )
-        return await handler(request)
+        except Unauthenticated as exc:
+            raise Refused(Refusal.WRONG_TOKEN) from exc
 
-    return require_token
+    return check

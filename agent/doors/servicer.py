@@ -28,7 +28,8 @@ from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
-from agent.app.service import AgentService, Created, HitKey
+from agent.app.created import Created, HitKey
+from agent.app.service import AgentService
 from agent.app.snapshot import EnvView, Snapshot, UriView
 from agent.core.bounded import BoundedCache
 from agent.core.errors import AgentError, InvalidArgument

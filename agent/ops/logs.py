@@ -7,13 +7,14 @@ has two sorts of fields:
 
 - Bound to the request that wrote it (``agent.core.logfields``), on every line a request
   writes, an install or eviction it started included: ``rpc`` and ``request_id`` (as the gRPC
-  door received them), ``env_id`` (once the service knows the env).
+  door received them; the Ray door's ``rpc`` is ``ray:<path>``, with Ray's ``job_id`` and
+  ``source_process``), ``env_id`` (once the service knows the env).
 - Passed by the event itself (``extra``; these win over bound ones of the same name): at start
   ``address``, ``root``, ``budget_bytes``, ``seconds``, ``metrics_address``, and recovery's
   counts (``rows_kept``, ``bytes_freed``...); for a package ``uri`` (its kind and URI),
   ``fetched_bytes``, ``unpacked_bytes``, ``seconds``, ``bytes`` (evicted), ``attempt`` (a
-  download retried); for a failed request ``code`` (the gRPC status) and ``kind`` (the error's
-  ``ErrorKind`` value).
+  download retried); for a failed request ``code`` (the gRPC status; at the Ray door FAILED or
+  the HTTP status) and ``kind`` (the error's ``ErrorKind`` value, or the Ray door's refusal).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.app.config import Settings
-from agent.app.service import AgentService, Created
+from agent.app.created import Created
+from agent.app.service import AgentService
 from agent.core.refs import RefTables
 from agent.state.state_db import MEMORY, StateDB
 from agent.state.store import UriState
