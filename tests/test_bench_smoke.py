@@ -1,6 +1,6 @@
 """The benchmark still works: ``scripts/bench.py --smoke`` (every workload, tiny sizes) exits 0
 within a minute and writes a results file with every workload's figures, baselines, ratios and
-goals. The full benchmark is not run in CI; its latest table is in the README."""
+goals. The full benchmark is not run in CI; its latest table is in docs/benchmarks.md."""
 
 from __future__ import annotations
 
