@@ -20,7 +20,9 @@ import pytest
 from agent.app.config import Settings
 from agent.core.errors import ConfigError
 from agent.ops import logs, loops, ray_agent
-from agent.ops.ray_agent import RayFlags, Refused, parse_flags, ray_token, settings_for
+from agent.ops.ray_agent import settings_for
+from agent.ops.ray_flags import RayFlags, Refused, parse_flags
+from agent.ops.ray_token import ray_token, read_token_file
 from rtenv.ray.v1 import runtime_env_agent_pb2
 from tests.harness.agent_process import REPO, START_S, STOP_S, stop
 from tests.harness.polling import wait_until
@@ -320,7 +322,7 @@ def test_a_token_path_that_is_a_fifo_is_refused_without_hanging(tmp_path: Path) 
     fifo = tmp_path / "token"
     os.mkfifo(fifo)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        read = pool.submit(ray_agent.read_token_file, fifo)
+        read = pool.submit(read_token_file, fifo)
         try:
             with pytest.raises(ConfigError, match="not a regular file"):
                 read.result(timeout=5)

@@ -25,7 +25,7 @@ from agent.app.config import Settings
 from agent.app.token import read_token
 from agent.core.errors import AgentError, echo_label
 from agent.core.units import human_bytes, parse_duration, plural
-from agent.ops import logs, loops, options, ray_agent, root_view
+from agent.ops import logs, loops, options, ray_agent, ray_flags, root_view
 from agent.ops.entry import serve
 from agent.ops.startup import check_address, file_root_warning, missing_folders, split_host_port
 from agent.ops.usage import OneLineParser
@@ -281,11 +281,11 @@ def _ray_agent(argv: Sequence[str]) -> int:
             return _run(prepared.settings)
         finally:
             prepared.cleanup()
-    except ray_agent.Refused as exc:
-        print(f"{ray_agent.PROG}: {exc}", file=sys.stderr)
+    except ray_flags.Refused as exc:
+        print(f"{ray_flags.PROG}: {exc}", file=sys.stderr)
         return 2
     except (AgentError, ValueError) as exc:
-        print(f"{ray_agent.PROG}: {getattr(exc, 'message', exc)}", file=sys.stderr)
+        print(f"{ray_flags.PROG}: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 2
     finally:
         logs.shutdown()  # the log's writer thread: what is queued is written

@@ -37,7 +37,9 @@ they are logged once) and turns them into the agent's ``Settings``:
 Not supported: Ray's TLS mode (``RAY_USE_TLS=1``): the agent reads gcs:// packages over a
 plain channel, so it refuses to start, saying so.
 
-This module never imports ``ray``: the raylet starts it with any python that has this agent.
+Its flags are parsed in ``ray_flags``, Ray's token found in ``ray_token``; this module makes
+them the agent's settings, its socket, its logs and output. It never imports ``ray``: the raylet
+starts it with any python that has this agent.
 """
 
 from __future__ import annotations
@@ -53,200 +55,20 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import NoReturn
 
 from agent.app.config import RaySettings, Settings
 from agent.core.errors import ConfigError, echo
 from agent.install.gcs_source import GcsConfig
 from agent.ops import logs, options
+from agent.ops.ray_flags import RayFlags, parse_flags
+from agent.ops.ray_token import ray_token, read_token_file
 from agent.ops.startup import MAX_UNIX_PATH_BYTES
 
 log = logging.getLogger(__name__)
 
-PROG = "rtenv-agent ray-agent"
-# Ray's persist_port(session_dir, node_id, RUNTIME_ENV_AGENT_PORT_NAME, port) writes the file
-# <session_dir>/runtime_env_agent_port_<node_id> holding the port in decimal, no newline; the
-# raylet reads it (and gives up after about 15 s).
-PORT_FILE_PREFIX = "runtime_env_agent_port_"
-DEFAULT_LOG_FILENAME = "runtime_env_agent.log"  # Ray's RUNTIME_ENV_AGENT_LOG_FILENAME
 SOCKET_PREFIX = "agent-"  # <root>/agent-<node>.sock: one socket per node sharing the root
 NODE_CHARS = 16  # of the node id in the socket's name (Ray's are 56 hex digits, random)
 SHORT_BASE = "/tmp"  # when even Ray's temp dir is too long for a socket path
-DEFAULT_TOKEN_FILE = Path(".ray") / "auth_token"  # under the home folder, as Ray looks for it
-MAX_TOKEN_FILE_BYTES = 64 * 1024  # a token file is one line; more is not a token file
-_RAY_LEVELS = {"DEBUG": "DEBUG", "INFO": "INFO", "WARNING": "WARNING", "WARN": "WARNING",
-               "ERROR": "ERROR", "CRITICAL": "ERROR", "FATAL": "ERROR"}  # fmt: skip
-
-
-DESCRIPTION = (
-    "The agent as a Ray raylet starts it, in place of Ray's runtime env agent: Ray's agent flags "
-    "(unknown ones are logged and ignored); every other setting from RTENV_* variables and the "
-    "config file, as for serve; the root is $RTENV_ROOT, else RUNTIME_ENV_DIR/rtenv."
-)
-
-
-class Refused(Exception):
-    """A command-line mistake: one line, exit 2."""
-
-
-@dataclass(frozen=True)
-class RayFlags:
-    """The flags a raylet passes to its runtime env agent (Ray 2.60's services.py)."""
-
-    node_id: str
-    node_ip_address: str
-    runtime_env_agent_port: int
-    session_dir: Path
-    gcs_address: str
-    cluster_id_hex: str
-    runtime_env_dir: Path
-    logging_rotate_bytes: int
-    logging_rotate_backup_count: int
-    log_dir: Path
-    temp_dir: Path
-    stdout_filepath: str = ""
-    stderr_filepath: str = ""
-    logging_filename: str = DEFAULT_LOG_FILENAME  # "" = stderr
-    logging_format: str = ""  # Ray's Python logging format; "" = ours
-    logging_level: str = ""  # "" = the log-level setting
-    config: Path | None = None  # a TOML file of settings, as serve's --config
-    unknown: tuple[str, ...] = ()  # flags this agent does not know, logged once
-
-    @property
-    def port_file(self) -> Path:
-        return self.session_dir / f"{PORT_FILE_PREFIX}{self.node_id}"
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise Refused(message)
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{echo(text)} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{echo(text)} must be 0 or more")
-    return value
-
-
-def _port(text: str) -> int:
-    value = _non_negative(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"{echo(text)} is not a port (0 to 65535)")
-    return value
-
-
-def _level(text: str) -> str:
-    level = _RAY_LEVELS.get(text.strip().upper())
-    if level is None:
-        raise argparse.ArgumentTypeError(f"{echo(text)} is not one of {', '.join(_RAY_LEVELS)}")
-    return level
-
-
-def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description=DESCRIPTION, allow_abbrev=False)
-    required = p.add_argument_group("Ray's flags (the raylet passes them)")
-    for name, kind in (
-        ("node-id", str), ("node-ip-address", str), ("runtime-env-agent-port", _port),
-        ("session-dir", Path), ("gcs-address", str), ("cluster-id-hex", str),
-        ("runtime-env-dir", Path), ("logging-rotate-bytes", _non_negative),
-        ("logging-rotate-backup-count", _non_negative), ("log-dir", Path), ("temp-dir", Path),
-    ):  # fmt: skip
-        required.add_argument(f"--{name}", type=kind, required=True)
-    p.add_argument("--stdout-filepath", default="")
-    p.add_argument("--stderr-filepath", default="")
-    p.add_argument("--logging-filename", default=DEFAULT_LOG_FILENAME)
-    p.add_argument("--logging-format", default="")
-    p.add_argument("--logging-level", type=_level)  # not passed by the raylet
-    p.add_argument("--config", type=Path, help="a TOML file of settings (or RTENV_CONFIG)")
-    return p
-
-
-def parse_flags(argv: Sequence[str]) -> RayFlags:
-    """Ray's flags; unknown ones kept aside (to be logged). Raises Refused for a missing or
-    malformed one."""
-    args, unknown = parser().parse_known_args(list(argv))
-    if not args.node_ip_address.strip():
-        raise Refused("--node-ip-address is empty")
-    if not args.node_id or "/" in args.node_id or args.node_id in (".", ".."):
-        raise Refused(f"--node-id {echo(args.node_id)} cannot name a file in the session dir")
-    name = args.logging_filename
-    if "/" in name or "\0" in name or name in (".", ".."):
-        raise Refused(
-            f"--logging-filename {echo(name)} must be a file name in --log-dir, with no path"
-        )
-    if not args.gcs_address:
-        raise Refused("--gcs-address is empty; Ray passes its GCS's HOST:PORT")
-    try:  # what would fail at the first gcs:// package fails now, before anything binds
-        GcsConfig(args.gcs_address, args.cluster_id_hex)
-    except ConfigError as exc:
-        raise Refused(f"--gcs-address/--cluster-id-hex: {exc.message}") from None
-    args.logging_level = args.logging_level or ""
-    return RayFlags(**vars(args), unknown=tuple(unknown))
-
-
-def ray_token(
-    environ: Mapping[str, str], home: Callable[[], Path], read: Callable[[Path], str]
-) -> str | None:
-    """Ray's auth token when its token auth is on (RAY_AUTH_MODE=token): RAY_AUTH_TOKEN, else
-    the file at RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token (``home()`` is asked only then: a
-    process with no HOME and no passwd entry has none); stripped. None when auth is off."""
-    if environ.get("RAY_AUTH_MODE", "").strip().lower() != "token":
-        return None
-    token = environ.get("RAY_AUTH_TOKEN", "").strip()
-    if token:
-        return token
-    named = environ.get("RAY_AUTH_TOKEN_PATH", "")
-    if named:
-        path, where = Path(named), "RAY_AUTH_TOKEN_PATH"
-    else:
-        try:
-            path = home() / DEFAULT_TOKEN_FILE
-        except (RuntimeError, KeyError, OSError) as exc:
-            raise ConfigError(
-                "RAY_AUTH_MODE=token but no token: RAY_AUTH_TOKEN and RAY_AUTH_TOKEN_PATH are "
-                f"not set and there is no home folder for ~/.ray/auth_token ({echo(str(exc))}); "
-                "set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"
-            ) from None
-        where = "the default token file"
-    try:
-        token = read(path).strip()
-    except FileNotFoundError:
-        raise ConfigError(
-            f"RAY_AUTH_MODE=token but no token: RAY_AUTH_TOKEN is not set and {echo(str(path))} "
-            f"({where}) does not exist; set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc)
-        raise ConfigError(
-            f"cannot read Ray's token file {echo(str(path))} ({where}): {reason}"
-        ) from exc
-    if not token:
-        raise ConfigError(f"Ray's token file {echo(str(path))} ({where}) is empty")
-    return token
-
-
-def read_token_file(path: Path) -> str:
-    """A token file's text: a regular file only (opened without blocking: a FIFO named there
-    would hang the start), read up to its bound."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ConfigError(f"Ray's token file {echo(str(path))} is not a regular file")
-        with os.fdopen(fd, "rb") as f:
-            fd = -1  # the file object owns it now
-            data = f.read(MAX_TOKEN_FILE_BYTES + 1)
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    if len(data) > MAX_TOKEN_FILE_BYTES:
-        raise ConfigError(
-            f"{echo(str(path))} is over {MAX_TOKEN_FILE_BYTES} bytes: not a token file"
-        )
-    return data.decode()
 
 
 def _fits(path: str) -> bool:
@@ -463,11 +285,12 @@ def prepare(argv: Sequence[str], environ: Mapping[str, str]) -> Prepared:
         text_format=text_format, threaded=True,
     )  # fmt: skip
     if flags.unknown:
+        unknown = echo(" ".join(flags.unknown), 500)
         log.warning(
-            "ignoring flags this agent does not know: %s", echo(" ".join(flags.unknown), 500)
+            "ignoring flags this agent does not know: %s", unknown, extra={"flags": unknown}
         )
     if (note := raylet_pid_note(environ, settings.parent_pid or 0)) is not None:
-        log.warning("%s", note)
+        log.warning("%s", note, extra={"parent_pid": settings.parent_pid})
     prepared = Prepared(settings)
     in_root = settings.root / socket_name(flags.node_id)
     short = grpc_address(settings.root, flags.temp_dir, flags.node_id)
@@ -482,5 +305,11 @@ def prepare(argv: Sequence[str], environ: Mapping[str, str]) -> Prepared:
         "Ray node %s: Ray door on %s:%d, port file %s, root %s, raylet pid %s",
         flags.node_id, flags.node_ip_address, flags.runtime_env_agent_port, flags.port_file,
         settings.root, settings.parent_pid,
+        extra={
+            "node_id": flags.node_id,
+            "ray_address": f"{flags.node_ip_address}:{flags.runtime_env_agent_port}",
+            "port_file": str(flags.port_file), "root": str(settings.root),
+            "parent_pid": settings.parent_pid,
+        },
     )  # fmt: skip
     return prepared
