@@ -420,7 +420,7 @@ async def test_the_ray_doors_start_line_names_its_port_file_or_says_why_there_is
 ) -> None:
     """A door with no port file (``serve --ray-address``) was logged as '(port file None)'."""
     path = base / "port" if port_file else None
-    with caplog.at_level(logging.INFO, logger="agent.ops.server"):
+    with caplog.at_level(logging.INFO, logger="agent.ops.ray_door"):
         async with ray_agent(port_file=path) as (ra, _):
             address = ra.agent.ray_address
     (said,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Ray door")]

@@ -163,10 +163,11 @@ async def test_a_start_cancelled_while_the_port_file_is_written_leaves_no_port_f
     removes the file, so no port file is left naming a port nobody serves."""
     import threading
 
+    from agent.ops import ray_door
     from agent.ops import server as server_module
 
     writing, release, written = threading.Event(), threading.Event(), threading.Event()
-    real_write = server_module._write_port_file
+    real_write = ray_door._write_port_file
 
     def slow_write(path: Path, port: int) -> None:
         writing.set()
@@ -174,7 +175,7 @@ async def test_a_start_cancelled_while_the_port_file_is_written_leaves_no_port_f
         real_write(path, port)
         written.set()
 
-    monkeypatch.setattr(server_module, "_write_port_file", slow_write)
+    monkeypatch.setattr(ray_door, "_write_port_file", slow_write)
     base = short_tempdir()
     port_file = base / "runtime_env_agent_port_node"
     agent = server_module.Agent(Settings(root=base / "root", ray=RaySettings(port_file=port_file)))

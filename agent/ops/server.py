@@ -3,10 +3,8 @@
 ``Agent`` is used in-process by the integration tests and by ``agent.ops.entry.serve`` (the
 CLI's process entry), which adds signals and the parent-death watch.
 
-With ``settings.ray``, the Ray door (``doors/ray_http.py``) is bound first, before the root is
-locked and before recovery (Ray's raylet gives up on an agent whose port file has not appeared
-within about 15 s; recovering a large cache takes longer), and its port file is written then
-(temp file and rename: a reader never sees part of it). Requests wait until the agent serves.
+With ``settings.ray``, the Ray door (``ops/ray_door.py``) is bound first, before the root is
+locked and before recovery, its port file written then; requests wait until the agent serves.
 A failed start removes the port file; so does a stop.
 """
 
@@ -21,7 +19,6 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from enum import Enum
-from pathlib import Path
 from types import TracebackType
 
 import aiohttp
@@ -30,7 +27,7 @@ from aiohttp import web
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
-from agent.app.config import RaySettings, Settings
+from agent.app.config import Settings
 from agent.app.ray_front import RayFront
 from agent.app.service import AgentService
 from agent.app.token import Token, read_token
@@ -39,7 +36,6 @@ from agent.core.refs import RefTables
 from agent.core.units import human_bytes
 from agent.doors.access import TokenInterceptor
 from agent.doors.metrics import Metrics, start_metrics_server
-from agent.doors.ray_http import ray_app
 from agent.doors.servicer import RuntimeEnvAgentServicer, add_services
 from agent.install.fetch import Fetcher
 from agent.install.fetch_base import Sleep
@@ -48,6 +44,7 @@ from agent.install.installers import InstallTools, build_installers
 from agent.install.staging import through
 from agent.install.unpack_pool import UnpackPool, auto_workers
 from agent.install.wheel_cache import WheelCache, find_uv
+from agent.ops.ray_door import RayDoor
 from agent.ops.startup import (
     bind_failure,
     check_address,
@@ -114,13 +111,8 @@ class Agent:
         self._metrics_runner: web.AppRunner | None = None
         self._before_recovery = before_recovery
         self._freeze_heap = freeze_heap
-        self.ray_address = ""  # the Ray door's bound HOST:PORT, when settings.ray is set
+        self.ray_door: RayDoor | None = None  # with settings.ray
         self.ray_front: RayFront | None = None
-        self.ray_app: web.Application | None = None  # the Ray door (ray_http.waiting(app))
-        self._ray_runner: web.AppRunner | None = None
-        self._ray_ready: asyncio.Future[RayFront] | None = None
-        self._port_file: Path | None = None  # the port file written by this agent, if any
-        self._port_write: asyncio.Future[None] | None = None  # its write, in a thread
 
     async def start(self) -> None:
         if self.state is not AgentState.NEW:
@@ -146,7 +138,8 @@ class Agent:
                 self._unpack.start()
             secret = read_token(settings.token_file) if settings.token_file else None
             if settings.ray is not None:  # before any slow work: Ray waits ~15 s for the port
-                await self._open_ray_door(settings, settings.ray, secret)
+                self.ray_door = RayDoor(self.metrics)
+                await self.ray_door.open(settings.ray, secret, settings.max_message_bytes)
             python_version = (sys.version_info.major, sys.version_info.minor)
             if settings.py_executable != sys.executable:  # the venvs' python: its version
                 python_version = await asyncio.to_thread(check_python, settings.py_executable)
@@ -233,20 +226,19 @@ class Agent:
             await self._server.start()
             for name in ("", SERVICE_NAME):
                 await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
-            if self._ray_ready is not None:  # requests waiting at the Ray door go on now
+            if self.ray_door is not None:  # requests waiting at the Ray door go on now
                 self.ray_front = RayFront(
                     self.service, node=settings.ray.host if settings.ray else "",
                     node_pythonpath=os.environ.get("PYTHONPATH", ""),
                     python_version=python_version,
                 )  # fmt: skip
-                self._ray_ready.set_result(self.ray_front)
+                self.ray_door.serve(self.ray_front)
         except BaseException:
             if self._server is not None:  # bound, maybe started: its port is let go
                 with contextlib.suppress(Exception):
                     await self._server.stop(None)
-            if self._ray_ready is not None and not self._ray_ready.done():
-                self._ray_ready.set_exception(StartupError("the agent failed to start"))
-                self._ray_ready.exception()  # retrieved: waiting requests answer 503
+            if self.ray_door is not None:
+                self.ray_door.fail()
             with contextlib.suppress(Exception):  # logged by _close; the start's error wins
                 await self._close()
             self.state = AgentState.STOPPED
@@ -263,48 +255,15 @@ class Agent:
                    "seconds": round(time.monotonic() - started, 3)},
         )  # fmt: skip
 
-    async def _open_ray_door(
-        self, settings: Settings, ray: RaySettings, secret: bytes | None
-    ) -> None:
-        """Bind the Ray door (requests wait for ``_ray_ready``) and write its port file. Its
-        token: Ray's (``ray.token``) when set, else the other doors' (``secret``)."""
-        host = ray.host.strip("[]")
-        shown = f"[{host}]" if ":" in host else host  # checked by start, as the other doors
-        if ray.token is not None and not ray.token.strip():
-            raise StartupError("the Ray token is empty: Ray's token auth needs a token to check")
-        self._ray_ready = asyncio.get_running_loop().create_future()
-        self.ray_app = ray_app(
-            self._ray_ready, token=ray.token if ray.token is not None else secret,
-            max_body_bytes=settings.max_message_bytes, metrics=self.metrics,
-        )  # fmt: skip
-        # handler_cancellation: a client gone (disconnected, timed out) cancels its create,
-        # which gives its count and its reference back.
-        self._ray_runner = web.AppRunner(
-            self.ray_app, access_log=None, shutdown_timeout=2.0, handler_cancellation=True
-        )
-        await self._ray_runner.setup()
-        try:
-            await web.TCPSite(self._ray_runner, host, ray.port).start()
-        except OSError as exc:  # another process took the port since start probed it
-            raise bind_failure(f"{shown}:{ray.port}", ray.named_by, exc) from exc
-        port = self._ray_runner.addresses[0][1]
-        self.ray_address = f"{shown}:{port}"
-        if ray.port_file is not None:
-            # Noted before the write, and the write waited for at close: a start cancelled
-            # while the thread writes still has its file removed, never left naming a dead port.
-            self._port_file = ray.port_file
-            self._port_write = asyncio.ensure_future(
-                asyncio.to_thread(_write_port_file, ray.port_file, port)
-            )
-            await asyncio.shield(self._port_write)
-        told = (
-            f"port file {ray.port_file}" if ray.port_file is not None
-            else "no port file: no raylet started this agent, so none waits for one"
-        )  # fmt: skip
-        log.info(
-            "Ray door on http://%s (%s)", self.ray_address, told,
-            extra={"ray_address": self.ray_address},
-        )  # fmt: skip
+    @property
+    def ray_address(self) -> str:
+        """The Ray door's bound HOST:PORT; "" without one."""
+        return "" if self.ray_door is None else self.ray_door.address
+
+    @property
+    def ray_app(self) -> web.Application | None:
+        """The Ray door's application (``ray_http.waiting(app)`` counts who waits there)."""
+        return None if self.ray_door is None else self.ray_door.app
 
     async def _serve_metrics(self, settings: Settings, token: Token | None) -> None:
         checked = check_door_address(METRICS_FLAG, settings.metrics_address, settings.allow_remote)
@@ -346,9 +305,8 @@ class Agent:
             return
         self.state = AgentState.STOPPING
         try:
-            if self._ray_runner is not None:  # first: no new Ray request during the grace
-                runner, self._ray_runner = self._ray_runner, None
-                await runner.cleanup()
+            if self.ray_door is not None:  # first: no new Ray request during the grace
+                await self.ray_door.stop_accepting()
             if self._health is not None:
                 await self._health.enter_graceful_shutdown()
             if self._server is not None:
@@ -365,18 +323,8 @@ class Agent:
         whose flusher died raises at close, after writing what it could): the root's lock and
         the HTTP session are always released; the first error is raised at the end."""
         steps: list[Callable[[], Awaitable[None]]] = []
-        if self._port_file is not None:
-            port_file, self._port_file = self._port_file, None
-            writing, self._port_write = self._port_write, None
-
-            async def remove_port_file() -> None:
-                if writing is not None:
-                    await asyncio.wait([writing])  # the rename done (or failed) first
-                await asyncio.to_thread(_remove_port_file, port_file)
-
-            steps.append(remove_port_file)
-        if self._ray_runner is not None:
-            steps.append(self._ray_runner.cleanup)
+        if self.ray_door is not None:  # its port file removed, its listener closed
+            steps.append(self.ray_door.close)
         if self._metrics_runner is not None:
             steps.append(self._metrics_runner.cleanup)
         if self.service is not None:
@@ -389,7 +337,7 @@ class Agent:
             steps.append(self._fetcher.close)
         if self._session is not None:
             steps.append(self._session.close)
-        self._metrics_runner, self._db, self._ray_runner = None, None, None
+        self._metrics_runner, self._db = None, None
         self.metrics.gc.stop()  # gc.callbacks is the process's: no agent's outlives it
         first: BaseException | None = None
         try:
@@ -450,21 +398,3 @@ def freeze_start_heap() -> int:
     count drops to 0."""
     gc.freeze()
     return gc.get_freeze_count()
-
-
-def _write_port_file(path: Path, port: int) -> None:
-    """The port as decimal text, written to a temp file beside it and renamed over it: a reader
-    sees no file or the whole file."""
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        temp.write_text(str(port))
-        os.replace(temp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            temp.unlink()
-        raise StartupError(f"cannot write the Ray port file {path}: {exc.strerror or exc}") from exc
-
-
-def _remove_port_file(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
