@@ -102,7 +102,7 @@ def test_a_test_with_no_tier_or_two_fails_the_run_naming_each(base: Path) -> Non
     assert done.returncode == 4, done.stdout + done.stderr
     assert "every test needs exactly one tier mark" in done.stderr, done.stderr
     assert "2 have not" in done.stderr, done.stderr
-    assert "test_unmarked.py::test_nowhere: no tier" in done.stderr, done.stderr
+    assert "test_unmarked.py: no tier (give the file a line in FILES)" in done.stderr, done.stderr
     assert "test_unmarked.py::test_in_two: process and unit" in done.stderr, done.stderr
     assert "passed" not in done.stdout
 

@@ -84,11 +84,15 @@ async def answer(
                 raise
             outcome, code = BUG, grpc.StatusCode.INTERNAL  # answered, not left hanging
             log.error("%s failed with a bug: a cancellation nobody asked for (request_id=%r)",
-                      rpc, logged_id, exc_info=exc)  # fmt: skip
+                      rpc, logged_id, exc_info=exc,
+                      extra={"code": grpc.StatusCode.INTERNAL.name, "kind": BUG})  # fmt: skip
             message = f"internal error in {rpc}: an operation was cancelled unexpectedly"
         except Exception as exc:
             outcome, code = BUG, grpc.StatusCode.INTERNAL
-            log.exception("%s failed with a bug (request_id=%r)", rpc, logged_id)
+            log.exception(
+                "%s failed with a bug (request_id=%r)", rpc, logged_id,
+                extra={"code": grpc.StatusCode.INTERNAL.name, "kind": BUG},
+            )  # fmt: skip
             message = cap_message(f"internal error in {rpc}: {type(exc).__name__}: {exc}")
         finally:
             if metrics is not None:

@@ -210,9 +210,11 @@ async def build_venv(
             options = spec.uv_options()
     else:
         if isinstance(spec, PipSpec) and installer == "uv" and spec.pip_only:
+            pip_only = ", ".join(spec.pip_only)
             log.info(
-                "%s: built by pip, not uv: uv does not take %s", label, ", ".join(spec.pip_only)
-            )
+                "%s: built by pip, not uv: uv does not take %s", label, pip_only,
+                extra={"uri": label, "installer": "pip", "options": pip_only},
+            )  # fmt: skip
         await _run([python, "-m", "venv", "--without-pip", str(venv)], log_path, label, staging)
         install = [
             python, "-m", "pip", "--python", venv_python, "--isolated",
@@ -301,21 +303,21 @@ def _read_pgid(path: Path) -> int | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        log.warning("ignoring %s: %s", path, exc.strerror or exc)
+        log.warning("ignoring %s: %s", path, exc.strerror or exc, extra={"path": str(path)})
         return None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            log.warning("ignoring %s: not a regular file", path)
+            log.warning("ignoring %s: not a regular file", path, extra={"path": str(path)})
             return None
         data = os.read(fd, _PGID_BYTES + 1)
     except OSError as exc:
-        log.warning("ignoring %s: %s", path, exc.strerror or exc)
+        log.warning("ignoring %s: %s", path, exc.strerror or exc, extra={"path": str(path)})
         return None
     finally:
         os.close(fd)
     text = data.decode("ascii", errors="replace").strip()
     if len(data) > _PGID_BYTES or not text.isdigit() or int(text) <= 1:
-        log.warning("ignoring %s: it holds no process group id", path)
+        log.warning("ignoring %s: it holds no process group id", path, extra={"path": str(path)})
         return None
     return int(text)
 

@@ -75,7 +75,8 @@ async def _serve(
         if not await _start_unless_stopped(agent, stop):
             log.info("stopped while starting")
             return 0
-        log.info("event loop: %s", describe_loop(asyncio.get_running_loop()))
+        loop = describe_loop(asyncio.get_running_loop())
+        log.info("event loop: %s", loop, extra={"event_loop": loop})
         print(f"rtenv-agent serving on {agent.address}", flush=True)
         if agent.ray_address:
             print(f"rtenv-agent serving Ray's protocol on {agent.ray_address}", flush=True)
@@ -114,7 +115,10 @@ async def _end(task: asyncio.Task[None]) -> None:
     task.cancel()
     await asyncio.wait([task])  # never raises the task's own exception
     if not task.cancelled() and task.exception() is not None:
-        log.error("task %s had died", task.get_name(), exc_info=task.exception())
+        log.error(
+            "task %s had died", task.get_name(), exc_info=task.exception(),
+            extra={"task": task.get_name()},
+        )  # fmt: skip
 
 
 def describe_loop(loop: asyncio.AbstractEventLoop) -> str:
@@ -133,7 +137,7 @@ async def _watch_parent(pid: int, stop: asyncio.Event) -> None:
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:  # gone since check_parent
-        log.error("parent %d is already gone; shutting down", pid)
+        log.error("parent %d is already gone; shutting down", pid, extra={"parent_pid": pid})
         stop.set()
         return
     except OSError:  # no pidfd (old kernel): poll
@@ -150,7 +154,7 @@ async def _watch_parent(pid: int, stop: asyncio.Event) -> None:
                 loop.remove_reader(fd)  # also when cancelled: no reader left on a closed fd
         finally:
             os.close(fd)
-    log.warning("parent %d exited; shutting down", pid)
+    log.warning("parent %d exited; shutting down", pid, extra={"parent_pid": pid})
     stop.set()
 
 

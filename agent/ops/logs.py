@@ -9,12 +9,19 @@ has two sorts of fields:
   writes, an install or eviction it started included: ``rpc`` and ``request_id`` (as the gRPC
   door received them; the Ray door's ``rpc`` is ``ray:<path>``, with Ray's ``job_id`` and
   ``source_process``), ``env_id`` (once the service knows the env).
-- Passed by the event itself (``extra``; these win over bound ones of the same name): at start
-  ``address``, ``root``, ``budget_bytes``, ``seconds``, ``metrics_address``, and recovery's
-  counts (``rows_kept``, ``bytes_freed``...); for a package ``uri`` (its kind and URI),
-  ``fetched_bytes``, ``unpacked_bytes``, ``seconds``, ``bytes`` (evicted), ``attempt`` (a
-  download retried); for a failed request ``code`` (the gRPC status; at the Ray door FAILED or
-  the HTTP status) and ``kind`` (the error's ``ErrorKind`` value, or the Ray door's refusal).
+- Passed by the event itself (``extra``; these win over bound ones of the same name; every log
+  call that formats values into its message passes them so, ``tests/test_log_fields.py``):
+  at start ``address``, ``root``, ``budget_bytes``, ``seconds``, ``metrics_address``,
+  ``ray_address``, ``port_file``, ``event_loop``, ``objects`` (the frozen heap), under Ray
+  ``node_id``, ``parent_pid``, ``flags`` (unknown ones), and recovery's counts (``rows_kept``,
+  ``bytes_freed``...); for a package ``uri`` (its kind and URI), ``fetched_bytes``,
+  ``unpacked_bytes``, ``seconds``, ``download_seconds``, ``unpack_seconds``, ``overlapped``,
+  ``bytes`` (evicted, or a cleared wheel cache's), ``attempt`` (a download retried), ``url`` and
+  ``failure`` (a ranged read refused), ``installer`` and ``options``; for an unpack worker
+  ``pid``, ``worker``, ``how`` (its end), ``error``; for a root's holders ``holder``; for a file
+  met ``path`` (and ``moved_to``); for a subprocess ``exit_code``; at a stop ``step``; for a
+  failed request ``code`` (the gRPC status; at the Ray door FAILED or the HTTP status) and
+  ``kind`` (the error's ``ErrorKind`` value, ``bug``, or the Ray door's refusal).
 """
 
 from __future__ import annotations

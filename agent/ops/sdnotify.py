@@ -32,7 +32,7 @@ class Notifier:
         if address and not address.startswith(("/", "@")):
             log.warning(
                 "%s=%r is not a unix socket path or @abstract name; not notifying", ENV_VAR,
-                address[:200],
+                address[:200], extra={"notify_socket": address[:200]},
             )  # fmt: skip
             address = ""
         return cls(address)
@@ -48,6 +48,9 @@ class Notifier:
                 sock.setblocking(False)
                 sock.sendto(state.encode(), target)
         except OSError as exc:
-            log.warning("could not notify the service manager at %s: %s", self.address, exc)
+            log.warning(
+                "could not notify the service manager at %s: %s", self.address, exc,
+                extra={"notify_socket": self.address, "state": state},
+            )  # fmt: skip
             return False
         return True

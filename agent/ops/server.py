@@ -131,7 +131,7 @@ class Agent:
             check_root_free(root, alone=alone)
             await asyncio.to_thread(_probe_doors, doors)  # a name may take a DNS look-up
             for missing in await asyncio.to_thread(missing_folders, settings.allow_file_roots):
-                log.warning("%s", file_root_warning(missing))
+                log.warning("%s", file_root_warning(missing), extra={"path": str(missing)})
             workers = settings.extract_workers
             if workers != 0:  # spawned now, in the background: ready by the time it serves
                 self._unpack = UnpackPool(auto_workers() if workers is None else workers)
@@ -222,7 +222,8 @@ class Agent:
                 await self._serve_metrics(settings, None if secret is None else Token(secret))
             self.address = await self._bind(address)
             if self._freeze_heap:  # before serving: counting what was frozen walks it (6 ms)
-                log.info("start-up heap frozen: %d objects", freeze_start_heap())
+                frozen = freeze_start_heap()
+                log.info("start-up heap frozen: %d objects", frozen, extra={"objects": frozen})
             await self._server.start()
             for name in ("", SERVICE_NAME):
                 await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -345,7 +346,8 @@ class Agent:
                 try:
                     await step()
                 except Exception as exc:
-                    log.exception("stopping: %s failed", getattr(step, "__qualname__", step))
+                    name = str(getattr(step, "__qualname__", step))
+                    log.exception("stopping: %s failed", name, extra={"step": name})
                     first = first or exc
         finally:  # a cancellation too: the lock never outlives the agent
             if self._lock_fd is not None:

@@ -295,7 +295,10 @@ def move_aside(db_path: Path) -> None:
         if old.exists():
             aside = db_path.with_name(name + suffix)
             os.rename(old, aside)
-            log.warning("--reset-state: moved %s to %s", old, aside)
+            log.warning(
+                "--reset-state: moved %s to %s", old, aside,
+                extra={"path": str(old), "moved_to": str(aside)},
+            )  # fmt: skip
 
 
 def prepare_socket_path(address: str) -> Path:

@@ -121,6 +121,7 @@ def install(on_swap: Callable[[list[str]], None] | None = None) -> None:
                     log.warning(
                         "agent.ray: this raylet runs its own runtime env agent, not this one: "
                         "%s (a Ray this launcher does not know?)", problem,
+                        extra={"problem": problem},
                     )  # fmt: skip
                 swapped = swap_agent_command(command)
                 if problem is None and _on_swap is not None:

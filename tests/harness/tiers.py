@@ -63,11 +63,13 @@ FILES: dict[str, str] = {
     "test_lifecycle.py": "sockets",
     "test_limits.py": "process",
     "test_load.py": "sockets",
+    "test_log_fields.py": "unit",
     "test_logs.py": "process",
     "test_loop_stalls.py": "process",
     "test_loops.py": "process",
     "test_memory_budget.py": "unit",
     "test_metrics.py": "sockets",
+    "test_module_shape.py": "unit",
     "test_no_internal.py": "process",
     "test_node_client.py": "process",
     "test_node_e2e.py": "process",
@@ -158,21 +160,24 @@ class _Tiers:
 
     @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by the marks
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        wrong = []
+        wrong: dict[str, str] = {}  # a file (or a test of a listed file) -> what is wrong
         for item in items:
-            tier = FILES.get(Path(str(item.path)).name)
+            name = Path(str(item.path)).name
+            tier = FILES.get(name)
             if tier is not None:
                 item.add_marker(tier)
             have = tiers_of(item)
             if len(have) == 1:
                 self._tier_of[item.nodeid] = have[0]
+            elif not have:
+                wrong.setdefault(name, "no tier (give the file a line in FILES)")
             else:
-                wrong.append(f"{item.nodeid}: {' and '.join(have) or 'no tier'}")
+                wrong[item.nodeid] = " and ".join(have)
         if wrong:
             raise pytest.UsageError(
                 f"every test needs exactly one tier mark ({', '.join(TIERS)}; "
                 f"tests/harness/tiers.py gives each file its tier); {len(wrong)} have not: "
-                + "; ".join(wrong[:10])
+                + "; ".join(f"{where}: {what}" for where, what in list(wrong.items())[:10])
             )
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
