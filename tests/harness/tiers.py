@@ -59,7 +59,6 @@ FILES: dict[str, str] = {
     "test_java_jars.py": "process",
     "test_kinds.py": "sockets",
     "test_layers.py": "process",
-    "test_ledger.py": "unit",
     "test_lifecycle.py": "sockets",
     "test_limits.py": "process",
     "test_load.py": "sockets",
