@@ -19,7 +19,7 @@ from agent.core.errors import IndexUnavailable
 from agent.core.packages import Package
 from agent.core.uris import UriKey, UriKind, parse_uri
 from agent.install.installers import Installed, InstallJob
-from agent.state import index
+from agent.state import index, reaping
 from agent.state.holders import HolderLock, is_alive, lock_path
 from agent.state.index import Found, plan_target
 from agent.state.recovery import recover
@@ -334,7 +334,7 @@ async def test_a_pass_while_a_holder_takes_its_lock_never_reaps_it(
 
     def pass_first(src: object, dst: object) -> None:
         with sqlite3.connect(root / "state.db") as conn:
-            index.reap_dead(conn, root, peer.holder_id, peer.trash, index.Reaped()).finish()
+            reaping.reap_dead(conn, root, peer.holder_id, peer.trash, reaping.Reaped()).finish()
         rename(src, dst)  # type: ignore[arg-type]
 
     monkeypatch.setattr("agent.state.holders.os.rename", pass_first)
