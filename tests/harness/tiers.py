@@ -116,6 +116,7 @@ FILES: dict[str, str] = {
     "test_smoke_integration.py": "sockets",
     "test_snapshot.py": "sockets",
     "test_spawn.py": "process",
+    "test_sql_home.py": "unit",
     "test_stampede.py": "sockets",
     "test_state_db.py": "process",
     "test_state_db_corrupt.py": "process",
