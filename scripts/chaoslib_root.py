@@ -5,7 +5,8 @@ packages, their claims, the holders and their references) and the folders (uris/
 tmp/ and trash/, its lock under holders/). ``read_root`` takes one look at all of it;
 ``root_problems`` says what is wrong with that look when every node is quiet, given what each
 node's agent says its live envs hold. The rules checked are the agent's (agent/state/index.py,
-R1-R4), seen from outside: nothing here imports the agent's own view but ``is_alive``.
+R1-R4), seen from outside: nothing here imports the agent's own view but ``is_alive``, and the
+queries' text (``agent.state.schema``, where all of the index's SQL is written).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.state import schema
 from agent.state.holders import HOLDERS_DIR, is_alive
 from rtenv.v1 import agent_pb2
 
@@ -53,20 +55,15 @@ def read_root(root: Path) -> RootState:
         f"file:{root / 'state.db'}?mode=ro", uri=True, timeout=10, isolation_level=None
     )
     try:
-        db.execute("BEGIN")  # one snapshot of the three tables
+        db.execute(schema.BEGIN)  # one snapshot of the three tables
         rows = [
             (f"{kind}:{uri}", directory, size, state, holder)
-            for kind, uri, directory, size, state, holder in db.execute(
-                "SELECT kind, uri, dir, size, state, holder FROM uris"
-            )
+            for kind, uri, directory, size, _, state, holder in db.execute(schema.ALL_URIS)
         ]
-        refs = [
-            (h, f"{kind}:{uri}")
-            for h, kind, uri in db.execute("SELECT holder, kind, uri FROM refs")
-        ]
-        holders = [h for (h,) in db.execute("SELECT id FROM holders")]
-        logged = dict(db.execute("SELECT ready, COUNT(*) FROM changes GROUP BY ready").fetchall())
-        db.execute("COMMIT")
+        refs = [(h, f"{kind}:{uri}") for h, kind, uri in db.execute(schema.ALL_REFS)]
+        holders = [h for h, *_ in db.execute(schema.ALL_HOLDERS)]
+        logged = dict(db.execute(schema.CHANGES_BY_READY).fetchall())
+        db.execute(schema.COMMIT)
     finally:
         db.close()
     folders = {

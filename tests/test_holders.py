@@ -16,7 +16,7 @@ import pytest
 
 from agent.state import holders, index
 from agent.state.holders import HolderLock, Reaping, begin_reaping, is_alive, lock_path
-from agent.state.index import Reaped
+from agent.state.reaping import Reaped
 from agent.state.state_db import StateDB
 from tests.harness.index_holders import KEY, die, holder, install, make_untestable, rows
 

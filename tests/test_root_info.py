@@ -22,7 +22,8 @@ import pytest
 from agent.ops import cli
 from agent.ops.root_view import HolderView, PackageView, RootView, format_root, read_root
 from agent.state.holders import lock_path
-from agent.state.state_db import SCHEMA_VERSION, StateDB
+from agent.state.schema import SCHEMA_VERSION
+from agent.state.state_db import StateDB
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.harness.agent_process import (
     NO_PROXY,

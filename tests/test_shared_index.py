@@ -19,7 +19,7 @@ from agent.core.errors import IndexUnavailable
 from agent.core.packages import Package
 from agent.core.uris import UriKey, UriKind, parse_uri
 from agent.install.installers import Installed, InstallJob
-from agent.state import index
+from agent.state import index, reaping
 from agent.state.holders import HolderLock, is_alive, lock_path
 from agent.state.index import Found, plan_target
 from agent.state.recovery import recover
@@ -48,6 +48,41 @@ def test_the_target_of_a_pass_is_what_is_over_the_budget_or_what_the_disk_needs(
     assert plan_target(unused=100, budget=60, needed=30) == 40
     assert plan_target(unused=100, budget=60, needed=101) == 40  # cannot free it: budget only
     assert plan_target(unused=50, budget=60, needed=0) == 0
+
+
+async def test_a_pass_evicts_the_least_recently_used_first_and_only_as_many_as_needed(
+    root: Path,
+) -> None:
+    """The LRU rules of a pass, on the index: the unused bytes are the sum of the unused
+    packages' sizes; evictions take the least recently used first (by last use, not by install
+    order); after a pass the unused bytes fit the budget and no package went that did not have
+    to; a pass for ``needed_bytes`` frees at least that many, or nothing beyond the budget if
+    even every unused package would not free it."""
+    a = await holder(root)
+    try:
+        sizes = {"p1": 10, "p2": 20, "p3": 30, "p4": 40}
+        used = {"p1": 3, "p2": 1, "p3": 2, "p4": 4}  # least recent first: p2, p3, p1, p4
+        keys = {name: ("py_modules", f"http://127.0.0.1:1/{name}.zip") for name in sizes}
+        for name, key in keys.items():
+            await install(a, key, size=sizes[name], used=used[name])
+            a.note_ref_dropped(*key)
+
+        def uris(swept: index.Swept) -> list[str]:
+            return [e.row.uri.rsplit("/", 1)[1].removesuffix(".zip") for e in swept.evicted]
+
+        swept = await a.sweep(budget_bytes=10**9)
+        assert (uris(swept), swept.ready_bytes, swept.unused_bytes) == ([], 100, 100)
+        swept = await a.sweep(budget_bytes=10**9, needed_bytes=101)  # cannot be freed: keep all
+        assert (uris(swept), swept.unused_bytes) == ([], 100)
+        swept = await a.sweep(budget_bytes=60)  # 40 over: p2 alone frees 20, p3 too is needed
+        assert (uris(swept), swept.ready_bytes, swept.unused_bytes) == (["p2", "p3"], 50, 50)
+        swept = await a.sweep(budget_bytes=60)  # fits: nothing more goes
+        assert (uris(swept), swept.unused_bytes) == ([], 50)
+        swept = await a.sweep(budget_bytes=10**9, needed_bytes=15)  # p1 frees 10 < 15: p4 too
+        assert (uris(swept), swept.ready_bytes, swept.unused_bytes) == (["p1", "p4"], 0, 0)
+        assert rows(root, "SELECT uri FROM uris") == []
+    finally:
+        await a.close()
 
 
 async def test_a_second_holder_finds_a_package_a_first_one_installed_ready(root: Path) -> None:
@@ -299,7 +334,7 @@ async def test_a_pass_while_a_holder_takes_its_lock_never_reaps_it(
 
     def pass_first(src: object, dst: object) -> None:
         with sqlite3.connect(root / "state.db") as conn:
-            index.reap_dead(conn, root, peer.holder_id, peer.trash, index.Reaped()).finish()
+            reaping.reap_dead(conn, root, peer.holder_id, peer.trash, reaping.Reaped()).finish()
         rename(src, dst)  # type: ignore[arg-type]
 
     monkeypatch.setattr("agent.state.holders.os.rename", pass_first)

@@ -18,10 +18,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.core.errors import IndexUnavailable, StateDBError
-from agent.state import state_db
+from agent.state import index_file, write_behind
 from agent.state.holders import is_alive, lock_path
 from agent.state.index import Found
-from agent.state.state_db import SCHEMA_VERSION, Loaded, StateDB, UriRow
+from agent.state.schema import SCHEMA_VERSION
+from agent.state.state_db import Loaded, StateDB, UriRow
 from tests.harness.in_process import running_agent
 from tests.harness.package_server import package_server
 from tests.harness.packages import env_json, workdir_zip
@@ -299,8 +300,8 @@ OPS = st.lists(
 )
 
 
-def noted(ops: list[Op]) -> state_db._Batch:
-    batch = state_db._Batch()
+def noted(ops: list[Op]) -> write_behind.Batch:
+    batch = write_behind.Batch()
     for op, key, value in ops:
         if op == "use":
             batch.use(("py_modules", f"u{key}"), value)
@@ -342,7 +343,7 @@ async def test_a_failed_write_behind_keeps_its_changes_and_is_retried_in_order(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "state.db"
-    caplog.set_level(logging.INFO, logger="agent.state.state_db")
+    caplog.set_level(logging.INFO, logger="agent.state.write_behind")
     async with opened(path, flush_interval_s=0.02) as db:
         await installed(db, X)
         await installed(db, Y)
@@ -664,13 +665,13 @@ class _BusySwitch:
 
 def test_the_switch_to_wal_is_retried_on_busy_only_and_only_until_the_busy_timeout() -> None:
     switch = _BusySwitch(busy=3)
-    state_db._set_wal(switch, 5.0)  # type: ignore[arg-type]
+    index_file.set_wal(switch, 5.0)  # type: ignore[arg-type]
     assert (switch.mode, switch.tries) == ("wal", 4)
     damaged = _BusySwitch(busy=0, error=sqlite3.DatabaseError("file is not a database"))
     with pytest.raises(sqlite3.DatabaseError, match="not a database"):
-        state_db._set_wal(damaged, 5.0)  # type: ignore[arg-type]
+        index_file.set_wal(damaged, 5.0)  # type: ignore[arg-type]
     assert damaged.tries == 1
     stuck = _BusySwitch(busy=10**9)
     with pytest.raises(sqlite3.OperationalError, match="locked"):
-        state_db._set_wal(stuck, 0.05)  # type: ignore[arg-type]
+        index_file.set_wal(stuck, 0.05)  # type: ignore[arg-type]
     assert 2 <= stuck.tries < 1000

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.state.state_db import SCHEMA_VERSION
+from agent.state.schema import SCHEMA_VERSION
 from tests.harness.agent_process import refused
 from tests.harness.crashing_agent import (
     ZIPS,

@@ -534,7 +534,7 @@ async def test_an_eviction_that_cannot_rename_keeps_that_package_in_the_store_an
                 raise PermissionError(13, "planted", str(src))
             rename(src, dst)
 
-        monkeypatch.setattr("agent.state.index.os.rename", refuse_b)
+        monkeypatch.setattr("agent.state.reaping.os.rename", refuse_b)
         r.store.budget_bytes = 0
         await r.store.enforce_budget()
         r.check()

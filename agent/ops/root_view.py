@@ -2,11 +2,11 @@
 
 Several agents may serve one root, each on its own socket, so a root no longer names one agent
 to ask: what the root holds is its index, which every agent with a state.db writes (the schema
-and the rules are ``agent.state.state_db`` and ``agent.state.index``). This reads it directly,
-with no agent running or needed: the holders (each agent serving the root, or dead and not yet
-reaped, alive exactly as ``holders.liveness`` tests it, or unknown when its lock file is not
-this user's to open: an agent run by another user), the packages (ready or being installed,
-with their references by live holders), and the root's totals.
+and every query's text are ``agent.state.schema``, the rules ``agent.state.index``). This
+reads it directly, with no agent running or needed: the holders (each agent serving the root, or
+dead and not yet reaped, alive exactly as ``holders.liveness`` tests it, or unknown when its
+lock file is not this user's to open: an agent run by another user), the packages (ready or
+being installed, with their references by live holders), and the root's totals.
 
 The file is opened read-only (SQLite's ``mode=ro``: never created, never migrated, never
 written; a WAL reader does not wait for the agents' writers) and read in one transaction, so
@@ -33,8 +33,10 @@ from typing import Any
 
 from agent.core.errors import echo_label
 from agent.core.units import human_bytes, plural
+from agent.state import schema
 from agent.state.holders import holder_pid, liveness
-from agent.state.state_db import FILE_NAME, SCHEMA_VERSION
+from agent.state.schema import SCHEMA_VERSION
+from agent.state.state_db import FILE_NAME
 
 BUSY_TIMEOUT_S = 5.0  # a WAL reader waits only while a writer recovers the WAL index
 _USAGE, _FAILED = 2, 1  # exit codes
@@ -112,8 +114,8 @@ def read_root(root: Path) -> RootView:
     except sqlite3.Error as exc:
         raise RootViewError(f"cannot read {path}: {exc}") from exc
     try:
-        conn.execute("BEGIN")  # deferred: one snapshot for every SELECT below
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        conn.execute(schema.BEGIN)  # deferred: one snapshot for every SELECT below
+        version = conn.execute(schema.VERSION).fetchone()[0]
         if version != SCHEMA_VERSION:
             raise RootViewError(_wrong_version(path, version))
         return _read(conn, root)
@@ -171,19 +173,12 @@ class _BadRow(Exception):
 def _read(conn: sqlite3.Connection, root: Path) -> RootView:
     rows = {
         _text(hid): (_int(pid), _int(started), _int(envs))
-        for hid, pid, started, envs in conn.execute(
-            "SELECT id, pid, started_ms, live_envs FROM holders"
-        )
+        for hid, pid, started, envs in conn.execute(schema.ALL_HOLDERS)
     }
-    refs = [
-        (_text(h), _text(k), _text(u))
-        for h, k, u in conn.execute("SELECT holder, kind, uri FROM refs")
-    ]
+    refs = [(_text(h), _text(k), _text(u)) for h, k, u in conn.execute(schema.ALL_REFS)]
     uris = [
         (_text(k), _text(u), _text(d), _int(size), _int(used), _text(state), _opt_text(holder))
-        for k, u, d, size, used, state, holder in conn.execute(
-            "SELECT kind, uri, dir, size, last_used_ms, state, holder FROM uris"
-        )
+        for k, u, d, size, used, state, holder in conn.execute(schema.ALL_URIS)
     ]
     # Every holder the index names: with a row, with references, or with a claim.
     named = set(rows) | {h for h, _, _ in refs} | {h for *_, h in uris if h is not None}

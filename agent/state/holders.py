@@ -116,18 +116,19 @@ def _open_lock(path: Path) -> int | None:
     return fd
 
 
-def _warn_once(path: Path, message: str, *args: object) -> None:
-    """A warning about ``path`` logged once per process (every pass meets it again)."""
+def _warn_once(path: Path, error: OSError, message: str, *args: object) -> None:
+    """A warning about ``path`` logged once per process (every pass meets it again), with the
+    path and the error as fields."""
     if path in _warned:
         return
     if len(_warned) < _WARNED_MAX:
         _warned.add(path)
-    log.warning(message, *args)
+    log.warning(message, *args, extra={"path": str(path), "error": str(error.strerror or error)})
 
 
 def _warn_untestable(path: Path, exc: OSError) -> None:
     _warn_once(
-        path,
+        path, exc,
         "cannot test whether the holder of %s is alive (%s): an agent run as another user "
         "made it; that holder is taken as alive, so nothing it may use is reaped. If no agent "
         "of that user serves this root any more, remove the file as its owner (or root)",
@@ -231,7 +232,7 @@ def _remove_lock(path: Path, *, locked: bool) -> None:
         return
     except OSError as exc:
         _warn_once(
-            path, "cannot remove %s, the lock file of a dead holder (%s); remove it by hand",
+            path, exc, "cannot remove %s, the lock file of a dead holder (%s); remove it by hand",
             path, exc.strerror or exc,
         )  # fmt: skip
 
@@ -310,7 +311,9 @@ def _remove_if_stale(path: Path) -> int:
     except FileNotFoundError:
         return 0
     except OSError as exc:
-        _warn_once(path, "cannot remove %s, left by a crashed start: %s", path, exc.strerror or exc)
+        _warn_once(
+            path, exc, "cannot remove %s, left by a crashed start: %s", path, exc.strerror or exc
+        )
         return 0
     finally:
         os.close(fd)  # and with it the lock

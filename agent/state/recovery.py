@@ -64,7 +64,8 @@ async def recover(store: UriStore, db: StateDB) -> RecoverySummary:
     root = store.root
     reconciled = await db.reconcile(lambda: _scan(root), lambda key: _dir_of(store, key))
     if reconciled.reaped.holders:
-        log.info("reaped %d dead holder(s) of the root", len(reconciled.reaped.holders))
+        reaped = len(reconciled.reaped.holders)
+        log.info("reaped %d dead holder(s) of the root", reaped, extra={"holders": reaped})
     aside = [*reconciled.reaped.aside, *reconciled.orphans]
     freed = await asyncio.to_thread(_du_all, aside)
     for row in sorted(reconciled.kept, key=lambda row: row.last_used_ms):

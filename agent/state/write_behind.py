@@ -1,0 +1,364 @@
+"""The index's write-behind: what a holder notes in memory (no I/O) and writes later, in one
+transaction, and the drops of references it defers while alone on its root.
+
+What must survive ``kill -9`` or be seen by another agent at once is committed before the reply
+that depends on it (``state_db``: a reference before the package is used, a package's row
+before the create that installed it returns). Everything else is noted here (``note_*``) and
+written behind, in one transaction at most every ``flush_interval_s`` or every ``flush_every``
+changes: last-use times, the holder's live envs, references and claims dropped (a late drop
+only delays an eviction, or another agent's install by one window). Every transaction of the
+index carries the batch noted before it (``obtain`` discards the drop of the reference it
+takes): a reference dropped behind can never overwrite one taken after it. A batch whose write
+fails is carried by the thread into its next write (so the order still holds), and the
+write-behind task retries it; a bug in that task is logged with its traceback when it happens
+and raised again by ``close()``, after the last write.
+
+Alone on its root (no other holder registered, as its last transaction saw), a holder *defers*
+the drop of a reference: the transaction that takes it keeps the row and lists the key in its
+connection's ``temp.released`` (``index``), so the holder's own passes count the package unused
+and evict it if the budget asks, deleting the reference with it. A package created again
+meanwhile (churn's commonest miss: cached, released moments ago) is held again with no
+transaction (``keep_ref``): its reference never left the index (R1). A pass in flight is told
+of such a take (``_may_evict``) and keeps the package, unless it had chosen to evict it, and
+then the create obtains it anew. The write-behind writes a deferred drop once it is
+``drop_linger_s`` old, or at once once another holder is registered (it counts the row as a
+reference), and ``flush`` writes them all.
+
+``WriteBehind`` is a part of ``StateDB`` (its base): the notes and the task writing them; the
+transactions that carry them are ``StateDB``'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from agent.state.index import RowKey
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Alone on its root, a holder defers the drop of a reference this long at most: its row stays in
+# the index (the holder's own passes count the package unused, and evict it if the budget asks),
+# so a package created again meanwhile is held again with no transaction. Past it, the drop is
+# written behind (a reader of the index, a peer that comes, sees the references as they are).
+DROP_LINGER_S = 1.0
+
+
+@dataclass
+class Batch:
+    """Changes noted behind, the latest per row, written in one transaction. A ready row is
+    never deleted from here: only a pass evicts, after checking its references (R2)."""
+
+    used: dict[RowKey, int] = field(default_factory=dict)  # -> last_used_ms
+    live_envs: int | None = None  # None: not noted
+    refs_dropped: set[RowKey] = field(default_factory=set)  # this holder's count reached 0
+    claims_dropped: set[RowKey] = field(default_factory=set)  # its install failed
+    # drops to defer (the rows stay, ``temp.released`` says so), and deferred drops cancelled
+    defer: set[RowKey] = field(default_factory=set)
+    undefer: set[RowKey] = field(default_factory=set)
+    deferred: list[RowKey] = field(default_factory=list)  # set by the thread: what it deferred
+    committed: bool = False  # set by the thread: its transaction committed
+    done: asyncio.Future[None] | None = None  # a batch that defers: done once ``_written``
+
+    def use(self, key: RowKey, last_used_ms: int) -> None:
+        self.used[key] = last_used_ms
+
+    def __len__(self) -> int:
+        return (
+            len(self.used) + (self.live_envs is not None) + len(self.refs_dropped)
+            + len(self.claims_dropped) + len(self.defer) + len(self.undefer)
+        )  # fmt: skip
+
+    def then(self, newer: Batch) -> Batch:
+        """This batch followed by a newer one, as one batch: the same as noting this batch's
+        changes and then the newer one's into one (the newer note of a row wins). Dropping a
+        reference or a claim twice is dropping it once: those are unions. A failed batch is
+        carried with nothing to defer (``written_out``), so only the newer one defers."""
+        used = {**self.used, **newer.used}
+        live = self.live_envs if newer.live_envs is None else newer.live_envs
+        return Batch(
+            used, live, self.refs_dropped | newer.refs_dropped,
+            self.claims_dropped | newer.claims_dropped, self.defer | newer.defer,
+            self.undefer | newer.undefer,
+        )  # fmt: skip
+
+    def carried(self) -> Batch:
+        """What a failed write carries: this batch but its drops to defer, which the loop notes
+        again (``StateDB._written``): their rows are still there, rolled back."""
+        return Batch(
+            self.used, self.live_envs, self.refs_dropped, self.claims_dropped, set(),
+            self.undefer,
+        )  # fmt: skip
+
+
+class WriteBehind:
+    """The notes of a holder of the index and the task writing them behind (``StateDB``'s)."""
+
+    if TYPE_CHECKING:  # what the StateDB it is a part of gives it
+        path: Path
+        _conn: sqlite3.Connection | None
+        _carried: Batch | None
+
+        async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+
+        def _write(
+            self,
+            conn: sqlite3.Connection,
+            batch: Batch,
+            then: Callable[[sqlite3.Connection], T] | None = None,
+            *,
+            crash_midway: bool = False,
+        ) -> T | None: ...
+
+    def _init_write_behind(
+        self,
+        *,
+        flush_interval_s: float,
+        flush_every: int,
+        drop_linger_s: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self._flush_interval_s = flush_interval_s
+        self._flush_every = flush_every
+        self._drop_linger_s = drop_linger_s
+        self._clock = clock
+        # Deferred drops (``keep_ref``): this holder's references released, their rows kept in the
+        # index and listed in ``temp.released``, each with when it was deferred (oldest first).
+        self._deferred: dict[RowKey, float] = {}
+        self._deferring: dict[RowKey, Batch] = {}  # in a transaction in flight that defers it
+        self._alone = False  # no other holder on the root, as of the last transaction
+        self._alone_seen = False  # written by the thread in each transaction
+        # Passes in flight may evict deferred ones: one taken again meanwhile (``keep_ref``) is
+        # kept (its pass is told, ``_may_evict``), unless its pass chose to evict it first.
+        self._evicting = 0
+        self._guard = threading.Lock()  # the two sets below, between the loop and the thread
+        self._kept: set[RowKey] = set()  # deferred ones taken again while a pass is in flight
+        self._evicted: set[RowKey] = set()  # those its passes chose to evict meanwhile
+        self._flushing = 0  # flush() in progress: nothing is deferred until it is done
+        self._notes = Batch()  # write-behind, on the loop: applied in the next transaction
+        self._dirty = asyncio.Event()  # something is noted
+        self._full = asyncio.Event()  # enough is noted to write at once
+        self._flusher: asyncio.Task[None] | None = None
+        self._closing = False  # close() began: the write-behind task ends after its write
+
+    def _start_write_behind(self) -> None:
+        self._flusher = asyncio.create_task(self._flush_loop(), name="state-db flush")
+
+    def _taken(self, key: RowKey) -> None:
+        """This holder takes the reference again (``obtain``): a drop of it noted or deferred
+        is cancelled (the reference is (re)inserted by the obtain, and a deferred drop of it
+        cancelled there)."""
+        self._notes.refs_dropped.discard(key)
+        self._deferred.pop(key, None)
+        self._deferring.pop(key, None)
+
+    # -- write-behind notes (no I/O) ------------------------------------------------------
+    def note_uri(self, kind: str, uri: str, last_used_ms: int) -> None:
+        self._notes.use((kind, uri), last_used_ms)
+        self._mark_dirty()
+
+    def note_ref_dropped(self, kind: str, uri: str) -> None:
+        """This holder's count of the package reached 0."""
+        self._notes.refs_dropped.add((kind, uri))
+        self._mark_dirty()
+
+    def keep_ref(self, kind: str, uri: str) -> bool:
+        """Cancel a drop of this holder's reference noted and not yet taken by a transaction, or
+        deferred (its row kept in the index), or being deferred by a transaction in flight,
+        unless a pass in flight is evicting the package: True if it was (the reference the
+        caller knows committed is still in the index, and now stays); False if there was none
+        left to cancel (take the reference with ``obtain``)."""
+        key = (kind, uri)
+        if key in self._notes.refs_dropped:
+            self._notes.refs_dropped.discard(key)
+            return True
+        if key not in self._deferred and key not in self._deferring:
+            return False
+        # deferred, or being deferred by a transaction in flight (which keeps its row whatever
+        # happens: a failed one is rolled back, and its completion will not note it again)
+        if self._evicting:
+            with self._guard:
+                if key in self._evicted:  # a pass in flight is evicting it
+                    return False
+                self._kept.add(key)  # and no pass in flight will
+        self._deferred.pop(key, None)
+        self._deferring.pop(key, None)
+        self._notes.undefer.add(key)  # before any later pass: it must not count it unused
+        return True
+
+    def _may_evict(self, key: RowKey) -> bool:
+        """Asked by a pass, on the thread, before it evicts a package: False if this holder
+        took it again (a deferred drop cancelled since the pass began)."""
+        with self._guard:
+            if key in self._kept:
+                return False
+            self._evicted.add(key)
+            return True
+
+    def deferred(self) -> int:
+        """References released whose drop is deferred (their rows still in the index)."""
+        return len(self._deferred)
+
+    def note_claim_dropped(self, kind: str, uri: str) -> None:
+        """This holder's install of the package failed or was cancelled."""
+        self._notes.claims_dropped.add((kind, uri))
+        self._mark_dirty()
+
+    def note_live_envs(self, count: int) -> None:
+        """The number of envs the agent holds (creating or ready): the envs forgotten of
+        whoever reaps this holder if it dies."""
+        self._notes.live_envs = count
+        self._mark_dirty()
+
+    def pending(self) -> int:
+        return len(self._notes)
+
+    def _mark_dirty(self) -> None:
+        self._dirty.set()
+        if self.pending() >= self._flush_every:
+            self._full.set()
+
+    def _take_batch(self, *, refs: bool = True, defer: bool = True) -> Batch:
+        """What is noted, for a transaction to carry. ``refs=False`` (an install's
+        transactions): the references dropped stay noted for the next pass or the write-behind
+        (a late drop only delays an eviction; ``obtain`` discards the note of a reference it
+        takes again, so a drop is never written after a later take of the same reference),
+        and may meanwhile be cancelled (``keep_ref``). Otherwise, alone on the root (as of the
+        last transaction) and with ``defer``, the drops are deferred, and the deferred drops
+        older than the linger written; else every drop is written, the deferred ones too."""
+        batch, self._notes = self._notes, Batch()
+        if not refs:
+            self._notes.refs_dropped, batch.refs_dropped = batch.refs_dropped, set()
+            return batch
+        deferring = defer and self._alone and self._drop_linger_s > 0 and not self._flushing
+        if self._deferred:
+            cutoff = self._clock() - self._drop_linger_s
+            due = []
+            for key, since in self._deferred.items():  # oldest first
+                if deferring and since > cutoff:
+                    break
+                due.append(key)
+            for key in due:
+                del self._deferred[key]
+        else:
+            due = []
+        if deferring:
+            batch.defer, batch.refs_dropped = batch.refs_dropped, set(due)
+            batch.done = asyncio.get_running_loop().create_future()
+            for key in batch.defer:
+                self._deferring[key] = batch
+        else:
+            batch.refs_dropped.update(due)
+        return batch
+
+    def _written(self, batch: Batch) -> None:
+        """After the transaction that carried ``batch``: the drops it deferred are deferred, and
+        if it failed, the drops it was to defer are noted again (their rows are still there);
+        but none whose reference was taken again meanwhile (``obtain``, ``keep_ref``)."""
+        self._alone = self._alone_seen
+        now = self._clock()
+        deferred = set(batch.deferred)
+        for key in batch.defer:
+            if self._deferring.get(key) is not batch:
+                continue
+            del self._deferring[key]
+            if not batch.committed:
+                self._notes.refs_dropped.add(key)
+                self._mark_dirty()
+            elif key in deferred:
+                self._deferred[key] = now
+        if self._deferred and not self._alone:  # a peer came: the deferred drops go soon
+            self._mark_dirty()
+        if batch.done is not None and not batch.done.done():
+            batch.done.set_result(None)
+
+    def _drops_due(self) -> bool:
+        """Deferred drops the write-behind must write now."""
+        if not self._deferred:
+            return False
+        oldest = next(iter(self._deferred.values()))
+        return not self._alone or oldest <= self._clock() - self._drop_linger_s
+
+    async def flush(self) -> None:
+        """Write every noted change now (and any a failed write left), the deferred drops of
+        references too, in one transaction."""
+        self._flushing += 1
+        try:
+            # what a transaction in flight defers is deferred once it is done: written here
+            deferring = {b.done for b in self._deferring.values() if b.done is not None}
+            if deferring:
+                await asyncio.wait(deferring)
+            if self._conn is None or not (
+                self.pending() or self._carried is not None or self._deferred
+            ):
+                return
+            await self._write_notes(self._take_batch(defer=False))
+        finally:
+            self._flushing -= 1
+
+    async def _write_behind(self) -> None:
+        """What the write-behind task writes: every noted change, drops deferred (alone) and
+        the deferred ones past the linger written."""
+        if self._conn is None or not (
+            self.pending() or self._carried is not None or self._drops_due()
+        ):
+            return
+        await self._write_notes(self._take_batch())
+
+    async def _write_notes(self, batch: Batch) -> None:
+        try:
+            await self._run(lambda conn: self._write(conn, batch, crash_midway=True))
+        finally:
+            self._written(batch)
+
+    async def _flush_loop(self) -> None:
+        """Write behind: the first note opens a window of ``flush_interval_s``; the batch is
+        written when it closes, or as soon as ``flush_every`` changes are noted. A failed
+        write (an SQLite error: disk full, I/O) is retried a window later, its changes kept;
+        anything else is a bug, logged here and raised by ``close()``."""
+        failing = False
+        try:
+            while not self._closing:
+                await self._dirty.wait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._full.wait(), self._flush_interval_s)
+                self._dirty.clear()
+                self._full.clear()
+                try:
+                    await self._write_behind()
+                except sqlite3.Error:
+                    if not failing:
+                        log.exception(
+                            "writing behind to %s failed; the changes are kept and retried "
+                            "every %gs", self.path, self._flush_interval_s,
+                            extra={"path": str(self.path), "seconds": self._flush_interval_s},
+                        )  # fmt: skip
+                    failing = True
+                    self._dirty.set()
+                    continue
+                if failing:
+                    log.warning(
+                        "writing behind to %s works again", self.path,
+                        extra={"path": str(self.path)},
+                    )  # fmt: skip
+                failing = False
+                if self._deferred:  # looked at again a window later: written past the linger
+                    self._dirty.set()
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            log.critical(
+                "the task writing behind to %s died (a bug): what is noted is now written only "
+                "with installs and at close, which raises this", self.path, exc_info=True,
+                extra={"path": str(self.path)},
+            )  # fmt: skip
+            raise
