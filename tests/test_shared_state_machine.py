@@ -212,12 +212,12 @@ async def start_holder(settings: Settings, clock: Clock) -> Holder:
 
 def quiet(holder: Holder) -> bool:
     """No pass runs or is asked for, no deletion is pending: what a crash may freeze here."""
-    return holder.store._sweeping is None and not holder.store._background
+    return holder.store.pass_loop.running is None and not holder.store._background
 
 
 def freeze(holder: Holder) -> None:
     """From now on the holder starts no pass (a kill comes before any it would schedule)."""
-    holder.store._schedule_sweep = _nothing  # type: ignore[method-assign]
+    holder.store.pass_loop.ask = _nothing  # type: ignore[method-assign]
 
 
 def _nothing() -> None:
@@ -237,7 +237,7 @@ async def crash(holder: Holder) -> None:
     store, db = holder.store, holder.db
     assert quiet(holder), "a crash in this process needs the holder quiet"
     freeze(holder)
-    tasks = [t for t in (store._periodic, db._flusher) if t is not None]
+    tasks = [t for t in (store.pass_loop.periodic, db._flusher) if t is not None]
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -256,7 +256,8 @@ async def bury(holder: Holder) -> None:
     if holder.stuck is not None:
         holder.stuck.cancel()
         await asyncio.gather(holder.stuck, return_exceptions=True)
-    tasks = [t for t in (holder.store._sweeping, *holder.store._background) if t is not None]
+    running = holder.store.pass_loop.running
+    tasks = [t for t in (running, *holder.store._background) if t is not None]
     for task in tasks:  # what the cancelled create scheduled: a dead holder runs nothing
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

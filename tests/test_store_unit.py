@@ -35,9 +35,11 @@ from agent.core.packages import Package
 from agent.core.uris import UriKey, parse_uri
 from agent.install.fetch_base import FetchLimits
 from agent.install.transport import Failure, Request, TransportError
+from agent.state.entries import UriState
 from agent.state.index import Swept
+from agent.state.passes import PASS_WINDOW_S
 from agent.state.state_db import StateDB
-from agent.state.store import PASS_WINDOW_S, UriState, UriStore
+from agent.state.store import UriStore
 from tests.harness.in_process import listed
 from tests.harness.polling import wait_until
 from tests.harness.store_rig import (

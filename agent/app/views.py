@@ -12,8 +12,9 @@ from agent.app.created import uris_of
 from agent.app.records import EnvRecord, FailedEnv
 from agent.app.snapshot import CacheView, EnvState, EnvView, PackageState, RecoveryView, UriView
 from agent.core.refs import RefTables
+from agent.state.entries import StoreStats, UriEntry, UriState
 from agent.state.recovery import RecoverySummary
-from agent.state.store import StoreStats, UriEntry, UriState, UriStore
+from agent.state.store import UriStore
 
 
 def env_view(env_id: str, record: EnvRecord, tables: RefTables) -> EnvView:

@@ -13,8 +13,8 @@ from agent.app.config import Settings
 from agent.app.created import Created
 from agent.app.service import AgentService
 from agent.core.refs import RefTables
+from agent.state.entries import UriState
 from agent.state.state_db import MEMORY, StateDB
-from agent.state.store import UriState
 from tests.harness.in_process import listed
 from tests.harness.store_rig import LIMITS, Clock, MockPackages, RecordingSleep, key_of, make_store
 

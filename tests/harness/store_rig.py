@@ -16,8 +16,9 @@ from agent.install.fetch_base import FetchLimits
 from agent.install.installers import InstallTools, build_installers
 from agent.install.transport import MockTransport, Request, Response, TransportError
 from agent.install.zip_plan import ArchiveLimits
+from agent.state.passes import PASS_WINDOW_S
 from agent.state.state_db import StateDB
-from agent.state.store import PASS_WINDOW_S, UriStore
+from agent.state.store import UriStore
 from tests.harness.packages import make_zip
 
 BASE = "http://pkgs.test/"
