@@ -122,7 +122,7 @@ async def test_an_install_cancelled_during_its_rename_leaves_nothing_in_uris(
         assert go_on.wait(10), "the test never let the rename go on"
         return place_package(trash, unpacked, final)
 
-    monkeypatch.setattr("agent.state.store.place_package", slow_place)
+    monkeypatch.setattr("agent.state.placing.place_package", slow_place)
     root = tmp_path / "root"
     async with a_store(root) as store:
         caller = asyncio.create_task(store.ensure(package))

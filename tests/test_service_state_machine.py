@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import agent.install.disk
-import agent.state.store
+import agent.state.placing
 from agent.app.config import Settings
 from agent.app.service import AgentService
 from agent.core.runtime_env import EnvLimits, parse_runtime_env
@@ -336,7 +336,7 @@ async def test_a_create_cancelled_while_its_install_cleans_up_does_not_wedge_the
         remove_tree(path)
 
     monkeypatch.setattr(agent.install.disk, "remove_tree", held_staging_cleanup)
-    monkeypatch.setattr(agent.state.store, "remove_tree", held_staging_cleanup)
+    monkeypatch.setattr(agent.state.placing, "remove_tree", held_staging_cleanup)
     base = short_tempdir()
     try:
         package = base / "p.zip"
