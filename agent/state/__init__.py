@@ -1,2 +1,3 @@
-"""State: the store of installed packages (single-flight installs, the LRU under a budget), its
-durable index (state.db) and the recovery that makes the two agree at start."""
+"""State: the store of installed packages (single-flight installs; eviction least recently used
+first under a budget, by the passes over the index), its durable index (state.db, whose SQL is
+``schema``'s) and the recovery that makes the two agree at start."""
