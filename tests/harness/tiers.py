@@ -131,6 +131,9 @@ FILES: dict[str, str] = {
     "test_unpack_pool_streaming.py": "process",
     "test_unsupported_fields.py": "sockets",
     "test_uv_env.py": "sockets",
+    "test_uv_project_settings.py": "unit",
+    "test_uv_run_env.py": "sockets",
+    "test_uv_run_line.py": "unit",
     "test_uv_spec.py": "unit",
     "test_watch.py": "process",
 }
