@@ -9,7 +9,6 @@ are found, and stopped, by that path); ``RTENV_ROOT`` is unset: the root is enab
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
@@ -127,7 +126,7 @@ def test_a_uv_run_driver_in_a_uv_project_runs_this_agent_from_its_own_installati
     assert seen.stdout.strip() == "None", "the agent is not in the project's venv"
     with driver([uv, "run", "--offline", "python", "launch.py"], project, env, str(ray_tmp)) as run:
         run.task_pid()
-        command, agent = _agent_of_node(str(ray_tmp))
+        _, agent = _agent_of_node(str(ray_tmp))
         ours = [str(agent_python), *OUR_AGENT, f"--root={root}"]
         assert agent[: len(ours)] == ours, agent
         assert list((root / "uris").iterdir()), "this agent unpacked the job's working_dir"
@@ -154,5 +153,6 @@ def test_the_switch_says_why_before_ray_refuses_a_node_whose_socket_paths_are_to
     warning = said.index("over the 107-byte limit of a unix socket path")
     assert warning < said.index("validate_socket_filename failed"), "said before Ray refuses"
     line = said[said.rfind("\n", 0, warning) + 1 : said.index("\n", warning)]
-    assert "RAY_TMPDIR" in line and "RTENV_ROOT" in line and "--root" in line, line
+    for fix in ("RAY_TMPDIR", "RTENV_ROOT", "--root"):
+        assert fix in line, line
     assert str(deep / "ray" / "session_") in line, line

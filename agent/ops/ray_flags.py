@@ -95,6 +95,12 @@ def _level(text: str) -> str:
     return level
 
 
+def _root(text: str) -> Path:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty")
+    return Path(text)
+
+
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description=DESCRIPTION, allow_abbrev=False)
     required = p.add_argument_group("Ray's flags (the raylet passes them)")
@@ -112,7 +118,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--logging-level", type=_level)  # not passed by the raylet
     p.add_argument("--config", type=Path, help="a TOML file of settings (or RTENV_CONFIG)")
     p.add_argument(
-        "--root", type=Path, help="the agent's root, unless RTENV_ROOT names one (the Ray "
+        "--root", type=_root, help="the agent's root, unless RTENV_ROOT names one (the Ray "
         "switch, rtenv-agent ray enable, passes it); default RUNTIME_ENV_DIR/rtenv",
     )  # fmt: skip
     return p
@@ -138,6 +144,4 @@ def parse_flags(argv: Sequence[str]) -> RayFlags:
     except ConfigError as exc:
         raise Refused(f"--gcs-address/--cluster-id-hex: {exc.message}") from None
     args.logging_level = args.logging_level or ""
-    if args.root is not None and not str(args.root).strip():
-        raise Refused("--root is empty")
     return RayFlags(**vars(args), unknown=tuple(unknown))

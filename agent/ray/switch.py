@@ -245,6 +245,8 @@ def disable(target: Target) -> list[str]:
         except OSError as exc:
             raise SwitchError(f"cannot remove {echo(str(path))}: {exc.strerror or exc}") from None
         removed.append(str(path))
+    with contextlib.suppress(OSError):  # the folder Python made for that bytecode, if now empty
+        (target.purelib / "__pycache__").rmdir()
     if not removed:
         return [f"{PROG}: not enabled for {target.python}; nothing to remove"]
     return [

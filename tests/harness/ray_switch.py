@@ -72,7 +72,8 @@ def _venv(path: Path, lines: list[str]) -> Path:
 def tests_site_packages() -> str:
     """The site-packages of the python running the tests, where Ray is."""
     spec = importlib.util.find_spec("ray")
-    assert spec is not None and spec.origin is not None, "Ray is not installed here"
+    assert spec is not None, "Ray is not installed here"
+    assert spec.origin is not None, "Ray is not installed here"
     return str(Path(spec.origin).parent.parent)
 
 
@@ -154,9 +155,9 @@ def pids_naming(text: str) -> list[int]:
     """The live processes whose command line names ``text`` (a test's own temp dir)."""
     found = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            if any(text in part for part in cmdline(int(entry.name))):
-                found.append(int(entry.name))
+        pid = int(entry.name) if entry.name.isdigit() else os.getpid()
+        if pid != os.getpid() and any(text in part for part in cmdline(pid)):
+            found.append(pid)
     return found
 
 
