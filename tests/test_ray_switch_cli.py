@@ -1,8 +1,7 @@
 """``rtenv-agent ray enable|disable|enabled`` on real venvs, run from the agent's own
-installation: what enable writes (two files, nothing else), that it is idempotent, that
-``enabled`` tells (exit 0 on, 1 off), that disable removes exactly what enable wrote and the
-bytecode Python cached for it, that ``uv sync`` keeps the switch, and that each mistake is one
-line and exit 2."""
+installation: what enable writes (two files and the module's bytecode, nothing else), that it is
+idempotent, that ``enabled`` tells (exit 0 on, 1 off), that disable removes exactly what enable
+wrote, that ``uv sync`` keeps the switch, and that each mistake is one line and exit 2."""
 
 from __future__ import annotations
 
@@ -26,6 +25,8 @@ from tests.harness.ray_switch import (
 )
 
 NAMES = {"_rtenv_agent_switch.pth", "_rtenv_agent_switch.py"}
+# and the module's bytecode, compiled by the target python (the tests' version)
+BYTECODE = {"__pycache__", f"__pycache__/_rtenv_agent_switch.{sys.implementation.cache_tag}.pyc"}
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +38,6 @@ def _files(folder: Path) -> set[str]:
     return {str(p.relative_to(folder)) for p in folder.rglob("*")}
 
 
-def _written(folder: Path) -> set[str]:
-    """The files but Python's bytecode cache (a python that starts imports the switch)."""
-    return {name for name in _files(folder) if not name.startswith("__pycache__")}
-
-
 def _one_line_exit_2(done: subprocess.CompletedProcess[str], *said: str) -> None:
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert done.stdout == ""
@@ -51,7 +47,7 @@ def _one_line_exit_2(done: subprocess.CompletedProcess[str], *said: str) -> None
         assert text in done.stderr, done.stderr
 
 
-def test_enable_writes_two_files_enabled_tells_and_disable_removes_exactly_them(
+def test_enable_writes_two_files_and_bytecode_enabled_tells_and_disable_removes_them_all(
     tmp_path: Path, agent_python: Path
 ) -> None:
     python = ray_venv(tmp_path / "env")
@@ -61,7 +57,7 @@ def test_enable_writes_two_files_enabled_tells_and_disable_removes_exactly_them(
     assert switch(agent_python, "enabled", "--python", str(python)).returncode == 1
     first = switch(agent_python, "enable", "--python", str(python), "--root", str(root))
     assert first.returncode == 0, first.stderr
-    assert _files(purelib) - before == NAMES
+    assert _files(purelib) - before == NAMES | BYTECODE
     assert f"agent python: {agent_python}" in first.stdout
     assert f"root: {root}" in first.stdout
     assert f"undo: rtenv-agent ray disable --python {python}" in first.stdout
@@ -69,20 +65,23 @@ def test_enable_writes_two_files_enabled_tells_and_disable_removes_exactly_them(
     again = switch(agent_python, "enable", "--python", str(python), "--root", str(root))
     assert again.returncode == 0, again.stderr
     assert "enabled again" in again.stdout
-    assert _written(purelib) - before == NAMES, "idempotent"
+    assert _files(purelib) - before == NAMES | BYTECODE, "idempotent"
     shown = switch(agent_python, "enabled", "--python", str(python))
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.splitlines()[1:3] == [
         f"  agent python: {agent_python}",
         f"  root: {root} (RTENV_ROOT, where set, wins)",
     ]
-    # the target python runs the switch at start (and caches its bytecode): cheap, and armed
+    # the target python arms the switch at start, from the bytecode enable wrote
+    probe = "import sys; m = sys.modules['_rtenv_agent_switch']; print(m.__spec__.cached)"
     armed = subprocess.run(
-        [str(python), "-c", "import sys; print(type(sys.meta_path[0]).__module__)"],
-        capture_output=True, text=True, timeout=60, check=True, env={"PATH": os.defpath},
+        [str(python), "-c", f"{probe}; print(type(sys.meta_path[0]))"],
+        capture_output=True, text=True, timeout=60, check=True,
+        env={"PATH": os.defpath, "PYTHONDONTWRITEBYTECODE": "1"},
     )  # fmt: skip
-    assert armed.stdout.strip() == "_rtenv_agent_switch"
-    assert any(name.startswith("__pycache__/_rtenv_agent_switch.") for name in _files(purelib))
+    cached, finder = armed.stdout.splitlines()
+    assert finder == "<class '_rtenv_agent_switch.Finder'>"
+    assert Path(cached).is_file()
     off = switch(agent_python, "disable", "--python", str(python))
     assert off.returncode == 0, off.stderr
     assert "removed" in off.stdout

@@ -5,7 +5,9 @@ agent, with no code edit.
 ``enable`` asks the target python (``PATH -I -c ...``) for its site-packages (``purelib``) and
 writes two files there, nothing else:
 
-- ``_rtenv_agent_switch.py``: a copy of ``agent/ray/hook.py`` (standard library only);
+- ``_rtenv_agent_switch.py``: a copy of ``agent/ray/hook.py`` (standard library only), and its
+  bytecode, compiled by the target python (read at each start, even under
+  ``PYTHONDONTWRITEBYTECODE``);
 - ``_rtenv_agent_switch.pth``: one ``import`` line, run at every interpreter start, calling
   ``arm(<agent python>, <root>)``: a finder that patches Ray's ``start_ray_process`` when Ray's
   ``services`` module loads (the raylet's agent command becomes ``<agent python> -u -I -m agent
@@ -17,7 +19,7 @@ dependencies nor land in a worker's venv. The root defaults to
 ``${XDG_CACHE_HOME:-~/.cache}/rtenv-agent/root``, one per user and machine; ``RTENV_ROOT`` in a
 node's environment still wins. No ``dist-info`` is written: ``uv sync`` and ``pip`` leave the two
 files alone (a venv made anew loses them: enable again). ``disable`` removes exactly those two
-files and the bytecode Python cached for the module; ``enabled`` tells (exit 0 on, 1 off).
+files and the module's bytecode; ``enabled`` tells (exit 0 on, 1 off).
 A mistake (a PATH that is no python, a site-packages it cannot write) is one line, exit 2.
 """
 
@@ -53,6 +55,9 @@ PROBE = (
     "'ray': importlib.util.find_spec('ray') is not None}))"
 )
 AGENT_PROBE = "import agent; print(agent.__file__)"
+# the module's bytecode, written now by the target python: Python reads it at each start even
+# where it writes none (PYTHONDONTWRITEBYTECODE), so the switch costs well under a millisecond
+COMPILE = "import py_compile, sys; py_compile.compile(sys.argv[1], doraise=True)"
 
 
 class SwitchError(Exception):
@@ -208,6 +213,23 @@ def _write(path: Path, text: str) -> None:
         raise SwitchError(f"cannot write {echo(str(path))}: {exc.strerror or exc}") from None
 
 
+def _compile(target: Target) -> None:
+    """The module's bytecode, by the target python (its version's); the module is removed when
+    that python cannot compile it."""
+    try:
+        done = subprocess.run(
+            [target.python, "-I", "-c", COMPILE, str(target.module)], capture_output=True,
+            text=True, timeout=PROBE_S, check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        failed = done.stderr.strip() if done.returncode != 0 else ""
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        failed = str(exc)
+    if failed:
+        with contextlib.suppress(OSError):
+            target.module.unlink()
+        raise SwitchError(f"{echo(target.python)} cannot compile the switch: {echo(failed, 300)}")
+
+
 def enable(target: Target, agent_python: str, root: Path) -> list[str]:
     """Write the module, then the ``.pth`` (so a started interpreter never finds the one without
     the other); the lines to print."""
@@ -218,6 +240,7 @@ def enable(target: Target, agent_python: str, root: Path) -> list[str]:
         )
     was = read_pth(target.pth.read_text(errors="replace")) if target.pth.is_file() else None
     _write(target.module, module_text())
+    _compile(target)
     _write(target.pth, pth_line(agent_python, str(root)))
     state = "enabled" if was is None else "enabled again (updated)"
     lines = [
