@@ -156,3 +156,21 @@ def test_the_switch_says_why_before_ray_refuses_a_node_whose_socket_paths_are_to
     for fix in ("RAY_TMPDIR", "RTENV_ROOT", "--root"):
         assert fix in line, line
     assert str(deep / "ray" / "session_") in line, line
+
+
+def test_rtenv_agent_ray_start_warns_before_ray_refuses_a_long_temp_dir(
+    tmp_path: Path, ray_tmp: Path
+) -> None:
+    agent_python = agent_venv(tmp_path / "agent")
+    deep = ray_tmp / ("t" * 70)
+    started = subprocess.run(
+        [str(agent_python), "-m", "agent", "ray", "start", "--head", "--temp-dir", str(deep),
+         "--num-cpus", "1", "--include-dashboard=false", "--port", "0"],
+        cwd=tmp_path, env=_environ(ray_tmp), capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert started.returncode != 0, "Ray refuses the node"
+    first = started.stderr.splitlines()[0]
+    assert first.startswith(f"rtenv-agent ray: warning: Ray's socket path '{deep}/session_")
+    assert "over the 107-byte limit" in first
+    assert "validate_socket_filename failed" in started.stderr, started.stderr[-2000:]

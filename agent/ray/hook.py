@@ -161,11 +161,11 @@ def ray_temp_dir(temp_dir: str | None, environ: Mapping[str, str]) -> str:
     return os.path.join(base, "ray")
 
 
-def longest_socket_path(temp_dir: str, pid: int) -> str:
+def longest_socket_path(temp_dir: str, pid: int, date: str = SESSION_DATE) -> str:
     """The longest of Ray's own unix socket paths for a node started by process ``pid`` in
-    ``temp_dir``: ``<temp_dir>/session_<date>_<pid>/sockets/plasma_store`` (the date has a
-    fixed width)."""
-    session = os.path.join(temp_dir, f"session_{SESSION_DATE}_{pid}", "sockets")
+    ``temp_dir``: ``<temp_dir>/session_<date>_<pid>/sockets/plasma_store`` (the date, Ray's
+    ``%Y-%m-%d_%H-%M-%S_%f``, has a fixed width)."""
+    session = os.path.join(temp_dir, f"session_{date}_{pid}", "sockets")
     return max((os.path.join(session, name) for name in RAY_SOCKETS), key=len)
 
 

@@ -10,6 +10,7 @@ passed through; a mistake of ours (Ray not installed) is one line, exit 2.
 
 from __future__ import annotations
 
+import datetime
 import os
 import shlex
 import sys
@@ -56,7 +57,10 @@ def start_warning(start_argv: Sequence[str], environ: Mapping[str, str]) -> str 
             temp_dir = arg.partition("=")[2]
         elif arg == "--temp-dir" and i + 1 < len(start_argv):
             temp_dir = start_argv[i + 1]
-    return socket_path_warning(longest_socket_path(ray_temp_dir(temp_dir, environ), os.getpid()))
+    now = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S_%f")  # as Ray names the session
+    return socket_path_warning(
+        longest_socket_path(ray_temp_dir(temp_dir, environ), os.getpid(), now)
+    )
 
 
 def _announce(raylet_argv: list[str]) -> None:
