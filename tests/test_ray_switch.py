@@ -90,6 +90,19 @@ def test_the_announcement_names_the_switchs_root() -> None:
     assert announcement(swapped, {"RTENV_ROOT": "/x"}).endswith("'/x' (RTENV_ROOT)")
 
 
+def test_a_switch_whose_agent_python_is_gone_starts_rays_own_agent_saying_why(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    calls: list[list[str]] = []
+    start = hook.swapping(lambda command, kind: calls.append(command), str(tmp_path / "gone"))
+    argv = _raylet(["/env/bin/python", "-u", RAY_MAIN, *FLAGS])
+    with caplog.at_level(logging.WARNING, logger="agent.ray"):
+        start(argv, "raylet")
+    assert calls == [argv]
+    assert "the agent's python" in caplog.text
+    assert "is gone (run rtenv-agent ray enable again, or disable)" in caplog.text
+
+
 # -- Ray's socket paths ----------------------------------------------------------------------
 
 
@@ -217,7 +230,7 @@ def _finder(python: str, root: str) -> Finder:
 def test_the_finder_patches_rays_modules_as_they_load_and_nothing_else(
     fake_ray: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    finder = _finder("/opt/agent/bin/python", "/data/root")
+    finder = _finder(sys.executable, "/data/root")
     sys.meta_path.insert(0, finder)
     try:
         assert finder.find_spec("json") is None, "any other module: not its business"
@@ -229,7 +242,7 @@ def test_the_finder_patches_rays_modules_as_they_load_and_nothing_else(
         argv = _raylet(["/env/bin/python", "-u", RAY_MAIN, *FLAGS])
         fakeray.services.start_ray_process(argv, "raylet")
         fakeray.services.start_ray_process(argv, "gcs_server")
-        swapped = swap_agent_command(argv, "/opt/agent/bin/python", "/data/root")
+        swapped = swap_agent_command(argv, sys.executable, "/data/root")
         assert [("raylet", swapped), ("gcs_server", argv)] == fakeray.services.CALLS
         assert fakeray.services.__spec__.loader.is_package("fakeray.services") is False
         import fakeray.node  # type: ignore[import-not-found]

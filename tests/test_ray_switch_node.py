@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from agent.install.wheel_cache import find_uv
+from agent.ray import hook, install, uninstall
 from tests.harness.ray_nodes import base_environ, poll
 from tests.harness.ray_switch import (
     LAUNCH,
@@ -64,6 +66,30 @@ def _agent_of_node(mark: str) -> tuple[list[str], list[str]]:
     (flag,) = [a for a in raylet_cmd if a.startswith(AGENT_FLAG)]
     _, agent_cmd = poll(lambda: node_agent(raylet_pid), 30, "the raylet's agent")
     return flag.removeprefix(AGENT_FLAG).split(), agent_cmd
+
+
+def test_install_over_a_switch_keeps_its_agent_python_and_root_and_uninstall_gives_it_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``rtenv-agent ray start`` in a python the switch is on in: the launcher's install() and
+    its announcement use the switch's agent python and root."""
+    from ray._private import services
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(services, "start_ray_process", lambda c, kind, *a, **k: calls.append(c))
+    switched = hook.swapping(services.start_ray_process, sys.executable, "/data/root")
+    monkeypatch.setattr(services, "start_ray_process", switched)
+    told: list[list[str]] = []
+    install(on_swap=told.append)
+    try:
+        argv = ["/ray/raylet", AGENT_FLAG + f"/env/bin/python -u /r/{RAY_AGENT_MAIN} --node-id=1"]
+        services.start_ray_process(argv, "raylet", fate_share=False)
+        expected = hook.swap_agent_command(argv, sys.executable, "/data/root")
+        assert calls == [expected]
+        assert told == [expected], "the announcement is told the switch's root"
+    finally:
+        uninstall()
+    assert services.start_ray_process is switched
 
 
 def test_a_bare_ray_init_runs_this_agent_on_enables_root_and_rays_own_after_disable(

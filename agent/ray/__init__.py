@@ -5,9 +5,10 @@ started from here (``ray.init()`` starting a local cluster, ``ray.cluster_utils.
 CLI run by ``rtenv-agent ray start ...``) gets ``--runtime_env_agent_command=`` naming
 ``<this python> -u -I -m agent ray-agent <Ray's flags>`` instead of Ray's ``agent/main.py``.
 Ray's installed files are not changed; ``uninstall()`` restores Ray's function (Ray's own agent for
-the raylets started next), ``installed()`` tells. A raylet command with no agent command this
-swap knows (a later Ray's, say) is started as it is, with a warning naming what it holds;
-``install(on_swap)`` is told each raylet command it swapped, before that raylet starts.
+the raylets started next), ``installed()`` tells. Where the switch (``rtenv-agent ray enable``) is
+on in this python, ``install()`` keeps its agent python and root. A raylet command with no agent
+command this swap knows (a later Ray's, say) is started as it is, with a warning naming what it
+holds; ``install(on_swap)`` is told each raylet command it swapped, before that raylet starts.
 
 The swap itself is ``agent.ray.hook`` (standard library only: ``rtenv-agent ray enable`` copies it
 into a Python environment, ``agent.ray.switch``). This package may import ``ray`` (lazily:
@@ -68,12 +69,18 @@ def install(on_swap: Callable[[list[str]], None] | None = None) -> None:
         if _original is not None:
             return
         original = services.start_ray_process
-        services.start_ray_process = swapping(original, on_swap=_told)
+        # A switch's wrapper (rtenv-agent ray enable in this python): its agent python and
+        # root are kept, Ray's own function is wrapped once.
+        python = getattr(original, "agent_python", None)
+        root = getattr(original, "agent_root", None)
+        ray_own = getattr(original, "__wrapped__", original) if python else original
+        services.start_ray_process = swapping(ray_own, python, root, on_swap=_told)
         _original = original
 
 
 def uninstall() -> None:
-    """Restore Ray's own ``start_ray_process``: raylets started next run Ray's agent."""
+    """Restore the ``start_ray_process`` install() replaced: Ray's own (raylets started next run
+    Ray's agent), or the switch's where ``rtenv-agent ray enable`` armed one in this python."""
     global _original, _on_swap
     with _lock:
         _on_swap = None

@@ -121,11 +121,19 @@ def swapping(
     on_swap: Callable[[list[str]], None] | None = None,
 ) -> Callable[..., Any]:
     """Ray's ``start_ray_process`` with the swap applied to raylets' commands: a raylet command
-    the swap does not know is started as it is, with a warning naming what it holds; ``on_swap``
-    is told each command swapped, before that raylet starts."""
+    the swap does not know, or an agent ``python`` that is gone (a switch whose agent was
+    uninstalled), is started as it is, with a warning naming why; ``on_swap`` is told each
+    command swapped, before that raylet starts. The wrapper carries its ``python`` and ``root``
+    (``agent_python``, ``agent_root``): ``install()`` keeps them when it takes over a switch's."""
 
     def start_ray_process(command: list[str], process_type: str, *a: Any, **kw: Any) -> Any:
-        if process_type == PROCESS_TYPE_RAYLET:
+        if process_type == PROCESS_TYPE_RAYLET and python and not os.access(python, os.X_OK):
+            _warn(
+                f"{LOGGER}: this raylet runs Ray's own runtime env agent: the agent's python "
+                f"{_quoted(python, 300)} is gone (run rtenv-agent ray enable again, or disable)",
+                python=python,
+            )
+        elif process_type == PROCESS_TYPE_RAYLET:
             problem = agent_command_problem(command)
             if problem is not None:
                 _warn(
@@ -140,6 +148,8 @@ def swapping(
         return original(command, process_type, *a, **kw)
 
     start_ray_process.__wrapped__ = original  # type: ignore[attr-defined]
+    start_ray_process.agent_python = python  # type: ignore[attr-defined]
+    start_ray_process.agent_root = root  # type: ignore[attr-defined]
     return start_ray_process
 
 
