@@ -301,8 +301,25 @@ def status(target: Target) -> tuple[int, list[str]]:
     return 0, lines
 
 
+DESCRIPTIONS = {
+    "enable": "Make every Ray node the --python starts (a bare ray.init(), ray start, a "
+    "Cluster) run this agent, from the python running this command, on one root: writes "
+    f"{NAME}.pth, {NAME}.py and its bytecode into that python's site-packages, nothing else. "
+    "Run it again to update; disable undoes it.",
+    "disable": f"Remove what enable wrote ({NAME}.pth, {NAME}.py, its bytecode): the Ray nodes "
+    "that python starts run Ray's own agent again. The root and its packages stay.",
+    "enabled": "Say whether the switch is on for the --python, with its agent python and root: "
+    "exit 0 on, 1 off.",
+}
+
+
 def _parser(command: str) -> argparse.ArgumentParser:
-    p = OneLineParser(prog=f"{PROG} {command}", description=__doc__.split("\n\n")[0])
+    from agent.ops.cli import _HelpFormatter  # wraps at spaces only: paths stay whole
+
+    p = OneLineParser(
+        prog=f"{PROG} {command}", description=DESCRIPTIONS[command],
+        formatter_class=_HelpFormatter,
+    )  # fmt: skip
     p.add_argument(
         "--python", metavar="PATH", default=sys.executable,
         help="the Python environment's python (default: the one rtenv-agent runs in); in a uv "
