@@ -164,6 +164,18 @@ def test_the_pth_line_is_ascii_and_reads_back(path: str) -> None:
     assert switch.read_pth("# nothing\n") is None
 
 
+def test_python_is_a_path_as_given_or_a_bare_name_found_on_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    link = tmp_path / "venv-python"
+    link.symlink_to(sys.executable)
+    monkeypatch.chdir(tmp_path)
+    assert switch.python_path("venv-python") == str(link), "not on PATH: relative to here"
+    assert switch.python_path("./venv-python") == str(link), "a link is not resolved"
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert switch.python_path("venv-python") == str(link)
+
+
 def test_the_default_root_is_per_user_in_the_cache_folder() -> None:
     home = Path("/home/u")
     assert switch.default_root({}, home) == home / ".cache/rtenv-agent/root"

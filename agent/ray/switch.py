@@ -30,6 +30,7 @@ import ast
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -313,6 +314,14 @@ DESCRIPTIONS = {
 }
 
 
+def python_path(given: str) -> str:
+    """``--python`` as an absolute path, not resolved (a venv's python is a link out of the
+    venv); a bare name (``python3``) is looked up on PATH."""
+    if os.sep not in given and (found := shutil.which(given)) is not None:
+        return os.path.abspath(found)
+    return os.path.abspath(given)
+
+
 def _parser(command: str) -> argparse.ArgumentParser:
     from agent.ops.cli import _HelpFormatter  # wraps at spaces only: paths stay whole
 
@@ -336,7 +345,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
 def main(command: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
     args = _parser(command).parse_args(list(argv))
     try:
-        target = probe(os.path.abspath(args.python))  # not resolved: a venv's python is a link
+        target = probe(python_path(args.python))
         if command == "disable":
             lines, code = disable(target), 0
         elif command == "enabled":
