@@ -176,6 +176,29 @@ def test_python_is_a_path_as_given_or_a_bare_name_found_on_path(
     assert switch.python_path("venv-python") == str(link)
 
 
+def test_enabled_notes_a_switch_of_another_version_and_an_agent_python_gone(
+    tmp_path: Path,
+) -> None:
+    target = switch.Target("/env/bin/python", tmp_path, (3, 11, 7), has_ray=True)
+    assert switch.status(target)[0] == 1, "off: no .pth"
+    target.module.write_text(switch.module_text())
+    target.pth.write_text(switch.pth_line(sys.executable, "/data/root"))
+    code, lines = switch.status(target)
+    assert code == 0
+    assert lines[1:] == [
+        f"  agent python: {sys.executable}",
+        "  root: /data/root (RTENV_ROOT, where set, wins)",
+    ]
+    target.module.write_text("# an older switch\n")
+    target.pth.write_text(switch.pth_line(str(tmp_path / "gone"), "/data/root"))
+    code, lines = switch.status(target)
+    assert code == 0
+    assert "is gone: run enable again" in lines[3]
+    assert "not this agent's version: run enable again" in lines[4]
+    target.pth.write_text("import os\n")
+    assert switch.status(target)[0] == 1, "a .pth enable did not write is no switch"
+
+
 def test_the_default_root_is_per_user_in_the_cache_folder() -> None:
     home = Path("/home/u")
     assert switch.default_root({}, home) == home / ".cache/rtenv-agent/root"
