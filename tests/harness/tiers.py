@@ -108,6 +108,7 @@ FILES: dict[str, str] = {
     "test_ray_switch_cli.py": "process",
     "test_ray_switch_node.py": "ray",
     "test_ray_uv_run.py": "ray",
+    "test_ray_uv_run_agent.py": "ray",
     "test_refs.py": "unit",
     "test_room.py": "unit",
     "test_root_info.py": "process",
