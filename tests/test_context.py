@@ -11,6 +11,7 @@ import pytest
 
 from agent.core.context import build_context
 from agent.core.errors import InvalidRuntimeEnv
+from agent.core.ray_context import build_ray_context
 from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
 from agent.core.uris import UriKey
 
@@ -157,3 +158,28 @@ def test_a_python_path_the_agent_gives_is_one_shell_word_whatever_it_holds() -> 
     assert shlex.split(ctx.py_executable) == ["/my python/bin/py"]
     plain = build_context(env(), path_for, py_executable="/usr/bin/python3", limits=LIMITS)
     assert plain.py_executable == "/usr/bin/python3"
+
+
+def test_a_uv_run_env_runs_its_project_venvs_python_instead_of_its_uv_run_line() -> None:
+    """A uv run env whose project venv the agent built: the worker runs the venv's python with
+    VIRTUAL_ENV set, in both contexts (the gRPC door's and Ray's), PATH's first folder its bin
+    for Ray's; the working dir stays the cwd and on the path."""
+    uv_env = env(working_dir=WD, py_executable="uv run --python 3.11.7 python")
+    venv = Path("/root/uris/uv_project-x y")
+    context = build_context(
+        uv_env, path_for, py_executable="/usr/bin/python3", limits=LIMITS, uv_venv=venv
+    )
+    assert context.py_executable == "'/root/uris/uv_project-x y/bin/python'"
+    assert context.env_vars["VIRTUAL_ENV"] == str(venv)
+    assert context.cwd == str(path_for(uv_env.uri_keys[0]))
+    ray = build_ray_context(
+        uv_env, path_for, py_executable="/usr/bin/python3", node_pythonpath="",
+        python_version=(3, 11), uv_venv=venv,
+    )  # fmt: skip
+    assert ray["py_executable"] == context.py_executable
+    env_vars = ray["env_vars"]
+    assert isinstance(env_vars, dict)
+    assert env_vars["PATH"].split(os.pathsep)[0] == str(venv / "bin")
+    assert env_vars["VIRTUAL_ENV"] == str(venv)
+    without = build_context(uv_env, path_for, py_executable="/usr/bin/python3", limits=LIMITS)
+    assert without.py_executable == "uv run --python 3.11.7 python"  # not built: uv runs

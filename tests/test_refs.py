@@ -188,6 +188,7 @@ ENV_KEYS: dict[str, list[UriKey]] = {
     "e4": [],
 }
 ENVS = st.sampled_from(sorted(ENV_KEYS))
+DERIVED = [UriKey(UriKind.UV_PROJECT, f"uvproject://{n}") for n in "ab"] + [KEYS[0]]
 
 
 class RefTablesMachine(RuleBasedStateMachine):
@@ -197,12 +198,22 @@ class RefTablesMachine(RuleBasedStateMachine):
         super().__init__()
         self.tables = RefTables()
         self.model: dict[str, list[str]] = {}
+        self.derived: dict[str, list[UriKey]] = {}  # keys a create derived, while the env lives
+
+    def keys_of(self, env_id: str) -> tuple[UriKey, ...]:
+        own = tuple(dict.fromkeys(ENV_KEYS[env_id]))
+        return own + tuple(k for k in self.derived.get(env_id, []) if k not in own)
+
+    def forget_dead(self) -> None:
+        for env_id, refs in self.model.items():
+            if not refs:
+                self.derived.pop(env_id, None)
 
     def model_uri_counts(self) -> Counter[UriKey]:
         counts: Counter[UriKey] = Counter()
         for env_id, refs in self.model.items():
             if refs:
-                counts.update(set(ENV_KEYS[env_id]))
+                counts.update(set(self.keys_of(env_id)))
         return counts
 
     def transitions(self, before: Counter[UriKey], after: Counter[UriKey]) -> set[UriKey]:
@@ -234,8 +245,23 @@ class RefTablesMachine(RuleBasedStateMachine):
         before = self.model_uri_counts()
         released = self.tables.abort_create(env_id)
         self.model[env_id].remove("pending")
+        after = self.model_uri_counts()
+        self.forget_dead()
+        assert set(released) == self.transitions(before, after)
         assert set(released) == self.transitions(before, self.model_uri_counts())
         assert len(released) == len(set(released))
+
+    @precondition(lambda self: any("pending" in refs for refs in self.model.values()))
+    @rule(data=st.data(), key=st.sampled_from(DERIVED))
+    def derive(self, data: st.DataObject, key: UriKey) -> None:
+        """A create in flight derives a key (a uv run project's venv): counted once for the
+        env, acquired when new to the tables, dropped with the env's own keys."""
+        env_id = data.draw(st.sampled_from(self.with_ref("pending")))
+        before = self.model_uri_counts()
+        acquired = self.tables.derive(env_id, [key])
+        if key not in self.keys_of(env_id):
+            self.derived.setdefault(env_id, []).append(key)
+        assert set(acquired) == {k for k in self.model_uri_counts() if before[k] == 0}
 
     @rule(env_id=ENVS)
     def delete(self, env_id: str) -> None:
@@ -250,6 +276,8 @@ class RefTablesMachine(RuleBasedStateMachine):
         else:
             left, released = self.tables.delete(env_id)
             refs.remove("committed")
+            assert set(released) == self.transitions(before, self.model_uri_counts())
+            self.forget_dead()
             assert left == len(refs)
             assert set(released) == self.transitions(before, self.model_uri_counts())
             assert len(released) == len(set(released))
@@ -269,7 +297,7 @@ class RefTablesMachine(RuleBasedStateMachine):
             if refs:
                 assert env is not None
                 assert env.pending == refs.count("pending")
-                assert env.keys == tuple(dict.fromkeys(ENV_KEYS[env_id]))
+                assert env.keys == self.keys_of(env_id)
             else:
                 assert env is None
         assert dict(self.tables.uris()) == dict(self.model_uri_counts())

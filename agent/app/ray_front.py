@@ -230,7 +230,8 @@ class RayFront:
             answered = self._answers.get(env_id)  # the same for every create of the env
             if answered is None:
                 answered = self._context(env)
-                self._answers.put(env_id, answered, 2 * len(answered) + 200)
+                if env.uv_run is None:  # a uv run env's venv is its create's: not kept
+                    self._answers.put(env_id, answered, 2 * len(answered) + 200)
             return env_id, answered
         except BaseException:
             await self._release(env_id, 1)

@@ -25,6 +25,7 @@ from agent.app.snapshot import EnvState
 from agent.core.bounded import BoundedCache
 from agent.core.errors import InvalidArgument, echo
 from agent.core.runtime_env import RuntimeEnv
+from agent.core.uris import UriKey
 
 MAX_JOB_ID_BYTES = 128  # Ray's job ids are 8 hex digits; a submission id is about 30 characters
 MAX_JOB_IDS = 4  # job ids kept per env: the latest distinct ones
@@ -43,6 +44,9 @@ class EnvRecord:
     # MAX_JOB_ID_BYTES (checked in ``create``)
     job_ids: tuple[str, ...] = ()
     eager_install: bool = False  # the latest create asked for it (the service says why no more)
+    # a uv run env's project venv, derived by its first create that planned it (held with the
+    # env's own keys: ``RefTables.derive``); the worker runs its python
+    uv_venv: UriKey | None = None
 
     def note_job(self, job_id: str, eager_install: bool, pool: JobIds) -> None:
         """One more create of this env, by ``job_id`` ("" = none said)."""

@@ -41,6 +41,7 @@ from agent.app.config import Settings
 from agent.app.created import Created, HitKey
 from agent.app.idempotency import RequestLog
 from agent.app.parsing import ParseCache
+from agent.app.project_venvs import ProjectVenvs
 from agent.app.records import (
     MAX_JOB_IDS,
     EnvRecord,
@@ -105,6 +106,7 @@ class AgentService:
         self._failure_bytes = 0
         self._requests = RequestLog(settings.request_log_capacity)
         self._parses = ParseCache(settings.env, settings.allow_file_roots)
+        self._projects = ProjectVenvs(settings, store, tables, self._note)
         # References a holder of its own keeps on an env (the Ray door's, counted per string
         # by ``RayFront``; set by ``keep_held``): a delete by anyone else may not drop the
         # count below them, or that holder's later deletes would find nothing to give back
@@ -176,12 +178,19 @@ class AgentService:
         return Created(env, True, self.context_of)
 
     def context_of(self, env: RuntimeEnv) -> WorkerContext:
-        """The env's worker context: a pure function of the env and the settings, built each
-        time it is asked for (the doors keep their replies; a record keeps no context)."""
+        """The env's worker context: a pure function of the env, the settings and the project
+        venv its create derived (a ``uv run`` env's), built each time it is asked for (the
+        doors keep their replies; a record keeps no context)."""
         return build_context(
             env, self.store.path_for, py_executable=self.settings.py_executable,
-            limits=self.settings.env,
+            limits=self.settings.env, uv_venv=self._uv_venv(env),
         )  # fmt: skip
+
+    def _uv_venv(self, env: RuntimeEnv) -> Path | None:
+        """The folder of the project venv the env's create derived, if it did."""
+        record = self.records.get(env.env_id) if env.uv_run is not None else None
+        key = None if record is None else record.uv_venv
+        return None if key is None else self.store.path_for(key)
 
     def ray_context_of(
         self, env: RuntimeEnv, *, node_pythonpath: str, python_version: tuple[int, int]
@@ -192,6 +201,7 @@ class AgentService:
         return build_ray_context(
             env, self.store.path_for, py_executable=self.settings.py_executable,
             node_pythonpath=node_pythonpath, python_version=python_version,
+            uv_venv=self._uv_venv(env),
         )  # fmt: skip
 
     async def _create(
@@ -218,6 +228,8 @@ class AgentService:
         try:
             async with asyncio.timeout(setup_timeout_s):
                 await asyncio.gather(*ensures)
+                if env.uv_run is not None:  # a uv run env: its project venv, after its files
+                    await self._projects.derive(env, record)
         except BaseException as exc:
             try:
                 await _cancel_all(ensures)

@@ -41,6 +41,7 @@ def build_context(
     *,
     py_executable: str,
     limits: EnvLimits,
+    uv_venv: Path | None = None,
 ) -> WorkerContext:
     """Each package is placed as its kind says (``PLACEMENTS``): PYTHONPATH is the folders put
     on it in the env's order (the working dir, then each py_module root in order), then the
@@ -67,6 +68,10 @@ def build_context(
         paths.append(own)
     if paths:
         env_vars["PYTHONPATH"] = os.pathsep.join(paths)
+    own_command = env.py_executable
+    if uv_venv is not None:
+        env_vars["VIRTUAL_ENV"] = str(uv_venv)
+        own_command = shlex.quote(str(uv_venv / "bin" / "python"))
     check_env_var_size(env_vars, limits)
-    command = env.py_executable or shlex.quote(python or py_executable)  # a path: one word
+    command = own_command or shlex.quote(python or py_executable)  # a path: one word
     return WorkerContext(env_vars=env_vars, cwd=cwd, py_executable=command, java_jars=tuple(jars))

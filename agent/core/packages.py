@@ -14,9 +14,11 @@ from dataclasses import dataclass
 
 from agent.core.pip_spec import PipSpec
 from agent.core.uris import ParsedUri, UriKey, UriKind
+from agent.core.uv_project import ProjectRecipe
 from agent.core.uv_spec import UvSpec
 
-Recipe = ParsedUri | PipSpec | UvSpec  # what an installer needs: a URI to fetch, a dependency set
+# what an installer needs: a URI to fetch, a dependency set, a uv run project's files
+Recipe = ParsedUri | PipSpec | UvSpec | ProjectRecipe
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,9 @@ PLACEMENTS: dict[UriKind, Placement] = {
     UriKind.PIP: Placement(python="bin/python"),  # the env's own virtualenv
     UriKind.JAVA_JARS: Placement(java=True),
     UriKind.UV: Placement(python="bin/python"),  # likewise, built by uv
+    # a uv run project's venv, derived at create time (``agent.core.uv_run``): the worker runs
+    # its python itself, as uv run would (``build_context``'s ``uv_venv``), so no placement
+    UriKind.UV_PROJECT: Placement(),
 }
 
 

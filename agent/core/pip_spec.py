@@ -326,6 +326,13 @@ def check_options(
         i += 1
 
 
+def check_place(value: str, where: str, roots: FileRoots, *, vcs: bool) -> str | None:
+    """The local path a place to read packages from names (a ``file:`` URL, an absolute path,
+    ``vcs+file:`` when ``vcs``), checked against the roots; None when it is remote. Anything
+    else is refused, naming ``where``. (``uv_project`` checks a project's settings with it.)"""
+    return _check_url(value, where, roots, vcs=vcs)
+
+
 def _check_url(
     value: str, where: str, roots: FileRoots, *, vcs: bool, path: bool = True
 ) -> str | None:

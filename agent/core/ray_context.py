@@ -51,8 +51,11 @@ def build_ray_context(
     py_executable: str,
     node_pythonpath: str,
     python_version: tuple[int, int],
+    uv_venv: Path | None = None,
 ) -> dict[str, object]:
-    """The worker context of ``env`` as Ray's worker reads it (see the module docstring)."""
+    """The worker context of ``env`` as Ray's worker reads it (see the module docstring).
+    ``uv_venv``: a ``uv run`` env's project venv, built by the agent: the worker runs its
+    python, ``VIRTUAL_ENV`` set and its ``bin`` first on ``PATH``, as ``uv run`` would."""
     roots: list[str] = []  # the folders put on the path, in the env's order of packages
     site_packages: list[str] = []
     venv_bins: list[str] = []
@@ -80,12 +83,17 @@ def build_ray_context(
         if node_pythonpath:
             paths.append(node_pythonpath)
         env_vars["PYTHONPATH"] = os.pathsep.join(paths)
+    own_command = env.py_executable
+    if uv_venv is not None:
+        venv_bins.insert(0, str(uv_venv / "bin"))
+        env_vars["VIRTUAL_ENV"] = str(uv_venv)
+        own_command = shlex.quote(str(uv_venv / "bin" / "python"))
     if venv_bins:
         env_vars["PATH"] = os.pathsep.join([*venv_bins, env_vars.get("PATH") or "${PATH}"])
     context: dict[str, object] = {
         "command_prefix": command_prefix,
         "env_vars": env_vars,
-        "py_executable": env.py_executable or shlex.quote(py_executable),
+        "py_executable": own_command or shlex.quote(py_executable),
         "override_worker_entrypoint": None,
         "java_jars": jars,
     }

@@ -30,9 +30,10 @@ _SHARED_KEY_BYTES = 8 * 1024 * 1024  # the URIs they hold, about
 
 @dataclass(slots=True)
 class EnvRefs:
-    keys: tuple[UriKey, ...]  # distinct
+    keys: tuple[UriKey, ...]  # distinct: the env's own, then those derived (``derive``)
     count: int  # all references: committed ones plus pending creates
     pending: int  # creates in flight, each holding one of `count`
+    static: int = -1  # how many of ``keys`` the env names itself; -1: all of them
 
 
 class RefTables:
@@ -81,7 +82,8 @@ class RefTables:
         """Count one pending reference on the env; return the keys that went from 0 to 1."""
         refs = self._envs.get(env_id)
         if refs is not None:
-            if keys is not refs.keys and tuple(dict.fromkeys(keys)) != refs.keys:
+            own = refs.keys if refs.static < 0 else refs.keys[: refs.static]
+            if keys is not own and tuple(dict.fromkeys(keys)) != own:
                 raise AssertionError(f"env {env_id} was created with other keys")
             refs.count += 1
             refs.pending += 1
@@ -90,6 +92,28 @@ class RefTables:
         self._envs[env_id] = EnvRefs(keys=distinct, count=1, pending=1)
         acquired = []
         for key in distinct:
+            before = self._uris.get(key, 0)
+            self._uris[key] = before + 1
+            if before == 0:
+                acquired.append(key)
+        return acquired
+
+    def derive(self, env_id: str, keys: Iterable[UriKey]) -> list[UriKey]:
+        """Add keys an env's create found it needs once its own packages were installed (a
+        ``uv run`` project's venv, named by the project's lock): counted once for the env, as
+        its own keys are (I3), and dropped with them. Only while a create of the env is in
+        flight; return the keys that went from 0 to 1."""
+        refs = self._envs.get(env_id)
+        if refs is None or refs.pending < 1:
+            raise AssertionError(f"derive on env {env_id} with no create in flight")
+        new = [key for key in dict.fromkeys(keys) if key not in refs.keys]
+        if not new:
+            return []
+        if refs.static < 0:
+            refs.static = len(refs.keys)
+        refs.keys = (*refs.keys, *new)
+        acquired = []
+        for key in new:
             before = self._uris.get(key, 0)
             self._uris[key] = before + 1
             if before == 0:

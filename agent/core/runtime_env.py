@@ -42,6 +42,7 @@ from agent.core.packages import Package
 from agent.core.pip_spec import PipSpec, parse_pip
 from agent.core.roots import FileRoots
 from agent.core.uris import ParsedUri, UriKey, UriKind, parse_uri
+from agent.core.uv_run import Passthrough, UvRun, is_uv_run, parse_uv_run
 from agent.core.uv_spec import parse_uv
 
 # Linux's MAX_ARG_STRLEN: one "KEY=value\0" string handed to execve may not exceed it.
@@ -96,6 +97,9 @@ class RuntimeEnv:
     packages: tuple[Package, ...] = ()  # distinct keys: working_dir, py_modules, pip/uv, java_jars
     py_executable: str | None = None  # the command the worker runs under; None: the agent's
     java_jars: tuple[str, ...] = ()  # distinct URIs, in order
+    # py_executable as a ``uv run`` line (``agent.core.uv_run``): built by the agent at create
+    # (a UvRun), or left to uv and why (a Passthrough); None: not a uv run line
+    uv_run: UvRun | Passthrough | None = None
     uri_keys: tuple[UriKey, ...] = field(init=False, repr=False, compare=False)  # packages' keys
 
     def __post_init__(self) -> None:
@@ -203,7 +207,17 @@ def parse_runtime_env(
         packages=tuple(packages),
         py_executable=py_executable,
         java_jars=tuple(jars),
+        uv_run=_uv_run(py_executable, working_dir),
     )
+
+
+def _uv_run(py_executable: str | None, working_dir: str | None) -> UvRun | Passthrough | None:
+    """The env's ``uv run`` line, parsed (``parse_uv_run``); None when it is not one."""
+    if py_executable is None or not is_uv_run(py_executable):
+        return None
+    if working_dir is None:
+        return Passthrough("the env has no working_dir, where uv run would find the project")
+    return parse_uv_run(py_executable)
 
 
 def env_id_of(canonical: str) -> str:

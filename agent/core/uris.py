@@ -38,6 +38,9 @@ class UriKind(StrEnum):
     PIP = "pip"  # a virtualenv built from a requirement set; its uri is pip://<hash>
     JAVA_JARS = "java_jars"  # a .jar kept whole in a folder, or a .zip unpacked
     UV = "uv"  # a virtualenv built by uv from a requirement set; its uri is uv://<hash>
+    # a uv run project's virtualenv, built by uv from its lock; uvproject://<hash>, derived by
+    # a create from its working dir (never named by an env itself)
+    UV_PROJECT = "uv_project"
 
 
 @dataclass(frozen=True, order=True, slots=True)

@@ -32,7 +32,7 @@ import os
 import signal
 import stat
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from agent.core.errors import InstallerFailed, echo
@@ -89,7 +89,19 @@ def installer_environ() -> dict[str, str]:
     return env
 
 
-async def _run(args: Sequence[str], log_path: Path, label: str, staging: Path) -> None:
+async def run_installer(
+    args: Sequence[str],
+    log_path: Path,
+    label: str,
+    staging: Path,
+    *,
+    cwd: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> None:
+    """Run one installer command as ``build_venv`` runs its own: its output in ``log_path``,
+    in its own process group (killed with it when cancelled), its temp files in ``staging``;
+    a failure is ``InstallerFailed`` with its last error lines. ``cwd`` (default ``staging``)
+    and ``environ`` (default ``installer_environ()``) for a project's build."""
     # The installer's temp files go in its staging folder: an install killed (timeout, crash)
     # leaves its pip-* folders there, removed with the staging, not in the machine's temp dir.
     temp = staging / "installer-tmp"
@@ -103,8 +115,8 @@ async def _run(args: Sequence[str], log_path: Path, label: str, staging: Path) -
     try:
         child = await spawn(
             [sys.executable, "-c", _GROUP_LEADER, str(os.getpid()), *args],
-            stdout=out, stderr=out, start_new_session=True, cwd=staging,
-            env={**installer_environ(), "TMPDIR": str(temp)},
+            stdout=out, stderr=out, start_new_session=True, cwd=cwd or staging,
+            env={**(installer_environ() if environ is None else environ), "TMPDIR": str(temp)},
         )  # fmt: skip
     finally:
         os.close(out)  # the child has its own copy
@@ -202,7 +214,9 @@ async def build_venv(
     by_uv = isinstance(spec, UvSpec) or (installer == "uv" and not spec.pip_only)
     options = spec.options
     if uv is not None and by_uv:
-        await _run([uv, "venv", "--quiet", "--python", python, str(venv)], log_path, label, staging)
+        await run_installer(
+            [uv, "venv", "--quiet", "--python", python, str(venv)], log_path, label, staging
+        )
         install = [uv, "pip", "install", "--python", venv_python]
         if cache is not None:
             install += ["--link-mode", "hardlink", "--cache-dir", str(cache)]
@@ -215,14 +229,16 @@ async def build_venv(
                 "%s: built by pip, not uv: uv does not take %s", label, pip_only,
                 extra={"uri": label, "installer": "pip", "options": pip_only},
             )  # fmt: skip
-        await _run([python, "-m", "venv", "--without-pip", str(venv)], log_path, label, staging)
+        await run_installer(
+            [python, "-m", "venv", "--without-pip", str(venv)], log_path, label, staging
+        )
         install = [
             python, "-m", "pip", "--python", venv_python, "--isolated",
             "install", "--disable-pip-version-check", "--no-input",
         ]  # fmt: skip
-    await _run([*install, *options, *spec.packages], log_path, label, staging)
+    await run_installer([*install, *options, *spec.packages], log_path, label, staging)
     if isinstance(spec, UvSpec) and spec.uv_check and uv is not None:
-        await _run([uv, "pip", "check", "--python", venv_python], log_path, label, staging)
+        await run_installer([uv, "pip", "check", "--python", venv_python], log_path, label, staging)
     return venv
 
 

@@ -1,7 +1,7 @@
 """rtenv-agent: serve runs the agent; config prints its effective settings; info prints what an
 agent holds, or what a root's shared index holds; ray-agent is the agent as a Ray raylet starts
 it; ray runs Ray's own CLI with its raylets starting this agent (rtenv-agent ray start --head
-...)."""
+...), and ray enable switches a Python environment's Ray nodes to this agent."""
 
 from __future__ import annotations
 
@@ -119,7 +119,9 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     sub.add_parser(
         "ray", add_help=False,
-        help="Ray's own CLI, its raylets starting this agent: rtenv-agent ray start --head ...",
+        help="Ray's own CLI, its raylets starting this agent: rtenv-agent ray start --head ...; "
+        "and rtenv-agent ray enable|disable|enabled [--python PATH]: every Ray node that python "
+        "starts (a bare ray.init() too) runs this agent",
     )  # fmt: skip
     return parser
 

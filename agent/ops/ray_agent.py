@@ -16,8 +16,9 @@ they are logged once) and turns them into the agent's ``Settings``:
   ``persist_port`` writes: the port in decimal, no newline), Ray's token when its token auth is
   on, the node's GCS for ``gcs://`` packages;
 - ``allow_remote``: the door binds the node IP, as Ray's own agent does;
-- the root: ``$RTENV_ROOT``, else ``<runtime-env-dir>/rtenv`` (inside Ray's session: a new
-  session starts an empty cache; set ``RTENV_ROOT`` to keep it);
+- the root: ``$RTENV_ROOT``, else ``--root`` (this agent's flag, not Ray's: the Ray switch,
+  ``rtenv-agent ray enable``, passes its machine-wide root), else ``<runtime-env-dir>/rtenv``
+  (inside Ray's session: a new session starts an empty cache; set ``RTENV_ROOT`` to keep it);
 - the gRPC door on ``unix:<root>/agent-<node>.sock``, ``<node>`` the first 16 characters of
   the node id: one socket per node, since several nodes on one machine may share a root
   (``RTENV_ROOT``); or, when that path is too long for AF_UNIX (a Ray session path is long; the
@@ -122,11 +123,14 @@ def raylet_pid_note(environ: Mapping[str, str], parent: int) -> str | None:
     )
 
 
-def agent_root(runtime_env_dir: Path, environ: Mapping[str, str]) -> Path:
-    """The root of the agent a raylet starts: ``$RTENV_ROOT``, else ``<runtime-env-dir>/rtenv``
-    (a config file's root does not apply: the node names the place)."""
+def agent_root(runtime_env_dir: Path, environ: Mapping[str, str], flag: Path | None = None) -> Path:
+    """The root of the agent a raylet starts: ``$RTENV_ROOT``, else ``--root`` (the Ray switch's
+    machine-wide root), else ``<runtime-env-dir>/rtenv`` (a config file's root does not apply:
+    the node names the place)."""
     named = environ.get("RTENV_ROOT")
-    return Path(named) if named else runtime_env_dir / "rtenv"
+    if named:
+        return Path(named)
+    return flag if flag is not None else runtime_env_dir / "rtenv"
 
 
 def settings_for(
@@ -143,7 +147,7 @@ def settings_for(
             "RAY_USE_TLS is on: Ray's TLS mode is not supported by this agent (it reads gcs:// "
             "packages over a plain channel); run Ray's own agent (plain ray start)"
         )
-    root = agent_root(flags.runtime_env_dir, environ)
+    root = agent_root(flags.runtime_env_dir, environ, flags.root)
     namespace = argparse.Namespace(root=root, parent_pid=None, config=flags.config)
     settings, _ = options.resolve(namespace, environ, read)
     ray = RaySettings(

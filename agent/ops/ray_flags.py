@@ -29,7 +29,7 @@ _RAY_LEVELS = {"DEBUG": "DEBUG", "INFO": "INFO", "WARNING": "WARNING", "WARN": "
 DESCRIPTION = (
     "The agent as a Ray raylet starts it, in place of Ray's runtime env agent: Ray's agent flags "
     "(unknown ones are logged and ignored); every other setting from RTENV_* variables and the "
-    "config file, as for serve; the root is $RTENV_ROOT, else RUNTIME_ENV_DIR/rtenv."
+    "config file, as for serve; the root is $RTENV_ROOT, else --root, else RUNTIME_ENV_DIR/rtenv."
 )
 
 
@@ -58,6 +58,7 @@ class RayFlags:
     logging_format: str = ""  # Ray's Python logging format; "" = ours
     logging_level: str = ""  # "" = the log-level setting
     config: Path | None = None  # a TOML file of settings, as serve's --config
+    root: Path | None = None  # ours, not Ray's: the root unless $RTENV_ROOT (the Ray switch's)
     unknown: tuple[str, ...] = ()  # flags this agent does not know, logged once
 
     @property
@@ -94,6 +95,12 @@ def _level(text: str) -> str:
     return level
 
 
+def _root(text: str) -> Path:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty")
+    return Path(text)
+
+
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description=DESCRIPTION, allow_abbrev=False)
     required = p.add_argument_group("Ray's flags (the raylet passes them)")
@@ -110,6 +117,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--logging-format", default="")
     p.add_argument("--logging-level", type=_level)  # not passed by the raylet
     p.add_argument("--config", type=Path, help="a TOML file of settings (or RTENV_CONFIG)")
+    p.add_argument(
+        "--root", type=_root, help="the agent's root, unless RTENV_ROOT names one (the Ray "
+        "switch, rtenv-agent ray enable, passes it); default RUNTIME_ENV_DIR/rtenv",
+    )  # fmt: skip
     return p
 
 

@@ -1,10 +1,16 @@
 """``rtenv-agent ray <args>``: Ray's own CLI (``ray start``, ``ray stop``, ...), run in this
 process with ``agent.ray.install()`` done, so that the raylet ``ray start`` starts runs this agent.
-As that raylet starts, one line on stderr says so and names the agent's root. Ray's exit code is
-passed through; a mistake of ours (Ray not installed) is one line, exit 2."""
+As that raylet starts, one line on stderr says so and names the agent's root. Before ``ray start``
+runs, one line warns when Ray's own socket paths would be over AF_UNIX's limit. Ray's exit code is
+passed through; a mistake of ours (Ray not installed) is one line, exit 2.
+
+``rtenv-agent ray enable|disable|enabled`` are ours, not Ray's (Ray has no such commands; its
+``enable-usage-stats`` is hyphenated): the switch of a Python environment (``agent.ray.switch``).
+"""
 
 from __future__ import annotations
 
+import datetime
 import os
 import shlex
 import sys
@@ -13,13 +19,16 @@ from pathlib import Path
 
 from agent.core.errors import echo
 from agent.ops.ray_agent import agent_root
-from agent.ray import AGENT_FLAG, install
+from agent.ray import AGENT_FLAG, install, switch
+from agent.ray.hook import ROOT_FLAG, longest_socket_path, ray_temp_dir, socket_path_warning
 
 PROG = "rtenv-agent ray"
 ROOT_CHARS = 300  # of the root's path in the announcement
 
 
 def main(argv: Sequence[str]) -> int:
+    if argv[:1] and argv[0] in switch.COMMANDS:
+        return switch.main(argv[0], argv[1:], os.environ)
     try:
         from ray.scripts import scripts
     except ImportError as exc:
@@ -29,12 +38,29 @@ def main(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    if argv[:1] == ["start"] and (said := start_warning(argv[1:], os.environ)) is not None:
+        print(f"{PROG}: warning: {said}", file=sys.stderr, flush=True)
     install(on_swap=_announce)
     try:
         scripts.cli.main(args=list(argv), prog_name=PROG, standalone_mode=True)
     except SystemExit as exc:
         return _exit_code(exc.code)
     return 0
+
+
+def start_warning(start_argv: Sequence[str], environ: Mapping[str, str]) -> str | None:
+    """The warning for a ``ray start`` whose node's socket paths (in ``--temp-dir``, else Ray's
+    default temp dir; the session named by this process's pid) would be over AF_UNIX's limit."""
+    temp_dir = None
+    for i, arg in enumerate(start_argv):
+        if arg.startswith("--temp-dir="):
+            temp_dir = arg.partition("=")[2]
+        elif arg == "--temp-dir" and i + 1 < len(start_argv):
+            temp_dir = start_argv[i + 1]
+    now = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S_%f")  # as Ray names the session
+    return socket_path_warning(
+        longest_socket_path(ray_temp_dir(temp_dir, environ), os.getpid(), now)
+    )
 
 
 def _announce(raylet_argv: list[str]) -> None:
@@ -48,7 +74,10 @@ def announcement(raylet_argv: Sequence[str], environ: Mapping[str, str]) -> str:
     if environ.get("RTENV_ROOT"):
         root = echo(environ["RTENV_ROOT"], ROOT_CHARS)
         return f"{said}, not Ray's; its root: {root} (RTENV_ROOT)"
-    runtime_env_dir = _runtime_env_dir(raylet_argv)
+    if (flag := _agent_word(raylet_argv, ROOT_FLAG)) is not None:
+        root = echo(flag, ROOT_CHARS)
+        return f"{said}, not Ray's; its root: {root} (the Ray switch's, rtenv-agent ray enable)"
+    runtime_env_dir = _agent_word(raylet_argv, "--runtime-env-dir=")
     if runtime_env_dir is None:
         return f"{said}, not Ray's; its root: unknown (the raylet passes no --runtime-env-dir)"
     root = echo(str(agent_root(Path(runtime_env_dir), environ)), ROOT_CHARS)
@@ -58,8 +87,8 @@ def announcement(raylet_argv: Sequence[str], environ: Mapping[str, str]) -> str:
     )
 
 
-def _runtime_env_dir(raylet_argv: Sequence[str]) -> str | None:
-    """The ``--runtime-env-dir`` the raylet passes its agent, or None."""
+def _agent_word(raylet_argv: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` (``--x=``) in the raylet's agent command, or None."""
     for arg in raylet_argv:
         if not arg.startswith(AGENT_FLAG):
             continue
@@ -68,9 +97,9 @@ def _runtime_env_dir(raylet_argv: Sequence[str]) -> str | None:
         except ValueError:
             continue
         for i, word in enumerate(words):
-            if word.startswith("--runtime-env-dir="):
-                return word.partition("=")[2]
-            if word == "--runtime-env-dir" and i + 1 < len(words):
+            if word.startswith(flag):
+                return word.removeprefix(flag)
+            if word == flag[:-1] and i + 1 < len(words):
                 return words[i + 1]
     return None
 

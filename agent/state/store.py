@@ -156,6 +156,12 @@ class UriStore:
         self._entries[key] = entry
 
     # -- paths -----------------------------------------------------------------------------
+    def scratch_folder(self) -> Path:
+        """A new folder's name in this agent's own staging area (not made): a create's scratch
+        (a uv run project planned there), removed by its caller; what a crash leaves there goes
+        with the staging at the next start."""
+        return self._db.staging / f"plan-{uuid.uuid4().hex}"
+
     def path_for(self, key: UriKey) -> Path:
         """Where a key's package lives once installed: a pure function of the key (an entry's
         path is it, made once: a create's context asks again for every package it names)."""

@@ -12,6 +12,7 @@ from agent.core.uris import UriKind
 from agent.install.installers.base import Installed, Installer, InstallJob, InstallTools
 from agent.install.installers.java_jars import JavaJarsInstaller
 from agent.install.installers.pip_venv import PipVenvInstaller
+from agent.install.installers.uv_project import UvProjectInstaller
 from agent.install.installers.zip_archive import ZipArchiveInstaller
 
 __all__ = [
@@ -30,6 +31,7 @@ INSTALLERS: dict[UriKind, Callable[[InstallTools], Installer]] = {
     UriKind.PIP: PipVenvInstaller.of,
     UriKind.JAVA_JARS: JavaJarsInstaller.of,
     UriKind.UV: PipVenvInstaller.of_uv,
+    UriKind.UV_PROJECT: UvProjectInstaller.of,
 }
 
 

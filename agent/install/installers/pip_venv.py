@@ -82,12 +82,12 @@ class PipVenvInstaller:
         )  # fmt: skip
         job.unpacked()
         # through: a cancelled install lets the venv's rewrite end before its staging goes
-        finish = asyncio.to_thread(_finish, venv, job.final, job.label)
+        finish = asyncio.to_thread(finish_venv, venv, job.final, job.label)
         size = await through(asyncio.ensure_future(finish))
         return Installed(venv, size)
 
 
-def _finish(venv: Path, final: Path, label: str) -> int:
+def finish_venv(venv: Path, final: Path, label: str) -> int:
     """Point the venv's scripts at ``final``, harden its modes, return its size. Blocking."""
     relocate(venv, final)
     harden_tree(venv, label)

@@ -1,0 +1,85 @@
+"""A ``uv run`` env's project venv: derived by its create once the working dir is installed.
+
+The env names a working dir and a ``uv run`` line (``RuntimeEnv.uv_run``). When the line is one
+the agent builds (a ``UvRun``), its create, after the env's own packages are installed, plans
+the project's venv (``plan_project``: read, check and lock the project in a scratch folder of
+its own, removed after), holds the venv's key for the env (``RefTables.derive``: counted and
+released with the env's own keys) and installs it through the store, single-flight and counted
+in the budget as every package. The env's record keeps the key (``EnvRecord.uv_venv``), from
+which the worker's context is built. A line left to uv (a ``Passthrough``, at parse or at
+plan) is said in one log line per create that installs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from agent.app.config import Settings
+from agent.app.records import EnvRecord
+from agent.core.refs import RefTables
+from agent.core.roots import FileRoots
+from agent.core.runtime_env import RuntimeEnv
+from agent.core.uris import UriKey, UriKind
+from agent.core.uv_run import Passthrough
+from agent.install.disk import remove_tree
+from agent.install.uv_project import Planning, plan_project
+from agent.state.store import UriStore
+
+log = logging.getLogger(__name__)
+
+
+class ProjectVenvs:
+    """The service's part for ``uv run`` envs."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: UriStore,
+        tables: RefTables,
+        note: Callable[[tuple[UriKey, ...]], None],
+    ) -> None:
+        self._store = store
+        self._tables = tables
+        self._note = note  # the service's: a package's last use, for the index
+        cache = store.wheel_cache
+        self._planning = Planning(
+            uv=None if cache is None else cache.uv, roots=FileRoots.of(settings.allow_file_roots),
+            logs=store.root / "logs",
+        )  # fmt: skip
+
+    async def derive(self, env: RuntimeEnv, record: EnvRecord) -> None:
+        """Plan, hold and install the env's project venv (its own packages installed), or say
+        why its line is left to uv. Called by a create, under its timeout; what it holds is
+        given back with the env's references if the create fails."""
+        run = env.uv_run
+        if run is None:
+            return
+        if isinstance(run, Passthrough):
+            _log_passthrough(env, run)
+            return
+        wd = next(p.key for p in env.packages if p.key.kind is UriKind.WORKING_DIR)
+        scratch = self._store.scratch_folder()
+        try:
+            planned = await plan_project(
+                self._store.path_for(wd), run, wd_uri=wd.uri, planning=self._planning,
+                scratch=scratch, label=f"env {env.env_id}'s uv run project",
+            )  # fmt: skip
+        finally:
+            await asyncio.shield(asyncio.to_thread(remove_tree, scratch))
+        if isinstance(planned, Passthrough):
+            _log_passthrough(env, planned)
+            return
+        self._tables.derive(env.env_id, [planned.key])
+        if record.uv_venv is None:
+            record.uv_venv = planned.key
+        self._note((planned.key,))
+        await self._store.ensure(planned)
+
+
+def _log_passthrough(env: RuntimeEnv, why: Passthrough) -> None:
+    log.info(
+        "runtime env %s: its uv run line is left to uv in each worker: %s",
+        env.env_id, why.reason, extra={"env_id": env.env_id, "reason": why.reason},
+    )  # fmt: skip

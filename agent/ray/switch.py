@@ -1,0 +1,372 @@
+"""``rtenv-agent ray enable|disable|enabled [--python PATH]``: the switch that makes every Ray node
+a Python environment starts (a bare ``ray.init()``, ``ray start``, a test's ``Cluster``) run this
+agent, with no code edit.
+
+``enable`` asks the target python (``PATH -I -c ...``) for its site-packages (``purelib``) and
+writes two files there, nothing else:
+
+- ``_rtenv_agent_switch.py``: a copy of ``agent/ray/hook.py`` (standard library only), and its
+  bytecode, compiled by the target python (read at each start, even under
+  ``PYTHONDONTWRITEBYTECODE``);
+- ``_rtenv_agent_switch.pth``: one ``import`` line, run at every interpreter start, calling
+  ``arm(<agent python>, <root>)``: a finder that patches Ray's ``start_ray_process`` when Ray's
+  ``services`` module loads (the raylet's agent command becomes ``<agent python> -u -I -m agent
+  ray-agent --root=<root> <Ray's flags>``) and warns before Ray checks a node's socket paths.
+
+The agent python is the one this command runs in (``sys.executable``): the agent runs from its
+own installation, never from the target environment, so it need not be among the project's
+dependencies nor land in a worker's venv. The root defaults to
+``${XDG_CACHE_HOME:-~/.cache}/rtenv-agent/root``, one per user and machine; ``RTENV_ROOT`` in a
+node's environment still wins. No ``dist-info`` is written: ``uv sync`` and ``pip`` leave the two
+files alone (a venv made anew loses them: enable again). ``disable`` removes exactly those two
+files and the module's bytecode; ``enabled`` tells (exit 0 on, 1 off).
+A mistake (a PATH that is no python, a site-packages it cannot write) is one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.core.errors import echo
+from agent.ops.usage import OneLineParser
+from agent.ray import hook
+
+PROG = "rtenv-agent ray"
+COMMANDS = ("enable", "disable", "enabled")
+NAME = "_rtenv_agent_switch"  # the module's name in the target's site-packages, and the .pth's
+PROBE_S = 60.0  # for the target python to answer (a cold interpreter on a slow disk)
+MIN_PYTHON = (3, 9)  # Ray's oldest; hook.py keeps to it
+HEADER = (
+    "# Written by `rtenv-agent ray enable` (runtime-env-agent): a copy of its agent/ray/hook.py.\n"
+    "# `rtenv-agent ray disable --python PATH` removes it and the .pth file beside it.\n"
+)
+PROBE = (
+    "import importlib.util, json, sys, sysconfig; print(json.dumps({'purelib': "
+    "sysconfig.get_paths()['purelib'], 'version': list(sys.version_info[:3]), "
+    "'ray': importlib.util.find_spec('ray') is not None}))"
+)
+AGENT_PROBE = "import agent; print(agent.__file__)"
+# the module's bytecode, written now by the target python: Python reads it at each start even
+# where it writes none (PYTHONDONTWRITEBYTECODE), so the switch costs well under a millisecond
+COMPILE = "import py_compile, sys; py_compile.compile(sys.argv[1], doraise=True)"
+
+
+class SwitchError(Exception):
+    """A mistake: one line, exit 2."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """The python the switch applies to, as it answered."""
+
+    python: str
+    purelib: Path
+    version: tuple[int, ...]
+    has_ray: bool
+
+    @property
+    def pth(self) -> Path:
+        return self.purelib / f"{NAME}.pth"
+
+    @property
+    def module(self) -> Path:
+        return self.purelib / f"{NAME}.py"
+
+    def bytecode(self) -> list[Path]:
+        """The module's cached bytecode, as Python wrote it when the module was imported."""
+        cache = self.purelib / "__pycache__"
+        return sorted(cache.glob(f"{NAME}.*.pyc")) if cache.is_dir() else []
+
+
+def pth_line(python: str, root: str) -> str:
+    """The ``.pth`` file's text: a comment and the one line Python runs at start (paths written
+    with ``ascii()``: the file is plain ASCII whatever the paths hold)."""
+    return (
+        f"# rtenv-agent ray enable: Ray nodes this python starts run runtime-env-agent's agent\n"
+        f"import {NAME}; {NAME}.arm({python!a}, {root!a})\n"
+    )
+
+
+def read_pth(text: str) -> tuple[str, str | None] | None:
+    """(agent python, root) from a ``.pth`` line ``enable`` wrote, or None for another text."""
+    for line in text.splitlines():
+        if not line.startswith("import "):
+            continue
+        try:
+            tree = ast.parse(line)
+        except SyntaxError:
+            return None
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "arm":
+                try:
+                    args = [ast.literal_eval(a) for a in node.args]
+                except ValueError:
+                    return None
+                if args and all(isinstance(a, str | None) for a in args):
+                    return args[0], (args[1] if len(args) > 1 else None)
+    return None
+
+
+def module_text() -> str:
+    """What ``enable`` writes as the module: this agent's hook.py, under a header."""
+    return HEADER + Path(hook.__file__).read_text(encoding="utf-8")
+
+
+def default_root(environ: Mapping[str, str], home: Path | None) -> Path:
+    """``$XDG_CACHE_HOME/rtenv-agent/root`` (an absolute XDG_CACHE_HOME), else
+    ``~/.cache/rtenv-agent/root``."""
+    cache = environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(cache):
+        return Path(cache) / "rtenv-agent" / "root"
+    if home is None:
+        raise SwitchError("no home folder to put the default root in: pass --root DIR")
+    return home / ".cache" / "rtenv-agent" / "root"
+
+
+def check_root(root: Path) -> None:
+    """A root the agent can make and write: a folder, or under the nearest existing folder
+    this user can write."""
+    if root.exists() and not root.is_dir():
+        raise SwitchError(f"--root {echo(str(root))} is not a folder")
+    existing = root
+    for _ in range(len(root.parts)):
+        if existing.exists():
+            break
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise SwitchError(
+            f"the root {echo(str(root))} cannot be made or written: {echo(str(existing))} is "
+            "not a folder this user can write (pass --root DIR)"
+        )
+
+
+def probe(python: str) -> Target:
+    """Ask ``python`` (isolated, as nothing of the caller's may change its answer) for its
+    site-packages, its version and whether it has Ray."""
+    if not os.path.isfile(python) or not os.access(python, os.X_OK):
+        raise SwitchError(f"--python {echo(python)} is not an executable file")
+    try:
+        done = subprocess.run(
+            [python, "-I", "-c", PROBE], capture_output=True, text=True, timeout=PROBE_S,
+            check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SwitchError(f"--python {echo(python)} could not be run: {exc}") from None
+    try:
+        said = json.loads(done.stdout.strip().splitlines()[-1])
+        purelib, version, has_ray = Path(said["purelib"]), tuple(said["version"]), said["ray"]
+    except (IndexError, ValueError, KeyError, TypeError):
+        raise SwitchError(
+            f"--python {echo(python)} is not a python (it did not answer "
+            f"`python -I -c ...`: exit {done.returncode}, {echo(done.stderr.strip(), 200)})"
+        ) from None
+    if version < MIN_PYTHON:
+        shown = ".".join(map(str, version))
+        raise SwitchError(
+            f"--python {echo(python)} is Python {shown}; the switch needs 3.9 or later"
+        )
+    return Target(python, purelib, version, bool(has_ray))
+
+
+def agent_python_note(python: str, ours: Path) -> str | None:
+    """Refuses an agent python that cannot import this agent as the raylet will start it
+    (``-I``); the note to print when it imports another copy of it (None: this one)."""
+    try:
+        done = subprocess.run(
+            [python, "-I", "-c", AGENT_PROBE], capture_output=True, text=True,
+            timeout=PROBE_S, check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SwitchError(f"this agent's python {echo(python)} could not be run: {exc}") from None
+    where = done.stdout.strip()
+    if done.returncode != 0 or not where:
+        raise SwitchError(
+            f"this agent's python {echo(python)} cannot import the agent isolated (`-I`, as a "
+            "raylet starts it): install runtime-env-agent in it, then run enable with it"
+        )
+    if Path(where).resolve() != ours.resolve():
+        return (
+            f"{PROG}: note: raylets will run the agent at {echo(where)} (what {echo(python)} "
+            f"imports isolated), not this one at {echo(str(ours))}"
+        )
+    return None
+
+
+def _write(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole or not at all (a temp file beside it, then a rename)."""
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temp.write_text(text, encoding="utf-8")
+        os.replace(temp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+        raise SwitchError(f"cannot write {echo(str(path))}: {exc.strerror or exc}") from None
+
+
+def _compile(target: Target) -> None:
+    """The module's bytecode, by the target python (its version's); the module is removed when
+    that python cannot compile it."""
+    try:
+        done = subprocess.run(
+            [target.python, "-I", "-c", COMPILE, str(target.module)], capture_output=True,
+            text=True, timeout=PROBE_S, check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        failed = done.stderr.strip() if done.returncode != 0 else ""
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        failed = str(exc)
+    if failed:
+        with contextlib.suppress(OSError):
+            target.module.unlink()
+        raise SwitchError(f"{echo(target.python)} cannot compile the switch: {echo(failed, 300)}")
+
+
+def enable(target: Target, agent_python: str, root: Path) -> list[str]:
+    """Write the module, then the ``.pth`` (so a started interpreter never finds the one without
+    the other); the lines to print."""
+    if not target.purelib.is_dir() or not os.access(target.purelib, os.W_OK | os.X_OK):
+        raise SwitchError(
+            f"cannot write into {echo(str(target.purelib))}, the site-packages of "
+            f"{echo(target.python)} (not a folder this user can write)"
+        )
+    was = read_pth(target.pth.read_text(errors="replace")) if target.pth.is_file() else None
+    _write(target.module, module_text())
+    _compile(target)
+    _write(target.pth, pth_line(agent_python, str(root)))
+    state = "enabled" if was is None else "enabled again (updated)"
+    lines = [
+        f"{PROG}: {state} for {target.python}: the Ray nodes it starts (ray.init(), ray start, "
+        "Cluster) run this agent",
+        f"  agent python: {agent_python}",
+        f"  root: {root} (RTENV_ROOT, where set, wins)",
+        f"  wrote: {target.pth}, {target.module}",
+        f"  undo: rtenv-agent ray disable --python {target.python}",
+    ]
+    if not target.has_ray:
+        lines.append(f"  note: ray is not importable in {target.python} (yet)")
+    return lines
+
+
+def disable(target: Target) -> list[str]:
+    """Remove the ``.pth`` first (no interpreter then imports the module), the module and its
+    bytecode; the line to print."""
+    removed = []
+    for path in (target.pth, target.module, *target.bytecode()):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise SwitchError(f"cannot remove {echo(str(path))}: {exc.strerror or exc}") from None
+        removed.append(str(path))
+    with contextlib.suppress(OSError):  # the folder Python made for that bytecode, if now empty
+        (target.purelib / "__pycache__").rmdir()
+    if not removed:
+        return [f"{PROG}: not enabled for {target.python}; nothing to remove"]
+    return [
+        f"{PROG}: disabled for {target.python}: the Ray nodes it starts run Ray's own agent; "
+        f"removed {', '.join(removed)}"
+    ]
+
+
+def status(target: Target) -> tuple[int, list[str]]:
+    """Exit 0 and what is on (agent python, root), or 1 and that it is off."""
+    if not target.pth.is_file():
+        return 1, [f"{PROG}: off for {target.python} (no {target.pth})"]
+    baked = read_pth(target.pth.read_text(errors="replace"))
+    if baked is None or not target.module.is_file():
+        return 1, [
+            f"{PROG}: off for {target.python}: {target.pth} is not as enable writes it, or its "
+            "module is missing (run enable again, or disable)"
+        ]
+    python, root = baked
+    lines = [
+        f"{PROG}: on for {target.python}",
+        f"  agent python: {python}",
+        f"  root: {root} (RTENV_ROOT, where set, wins)",
+    ]
+    if not os.access(python, os.X_OK):
+        lines.append(f"  warning: the agent python {python} is gone: run enable again")
+    if target.module.read_text(encoding="utf-8", errors="replace") != module_text():
+        lines.append("  note: its module is not this agent's version: run enable again")
+    return 0, lines
+
+
+DESCRIPTIONS = {
+    "enable": "Make every Ray node the --python starts (a bare ray.init(), ray start, a "
+    "Cluster) run this agent, from the python running this command, on one root: writes "
+    f"{NAME}.pth, {NAME}.py and its bytecode into that python's site-packages, nothing else. "
+    "Run it again to update; disable undoes it.",
+    "disable": f"Remove what enable wrote ({NAME}.pth, {NAME}.py, its bytecode): the Ray nodes "
+    "that python starts run Ray's own agent again. The root and its packages stay.",
+    "enabled": "Say whether the switch is on for the --python, with its agent python and root: "
+    "exit 0 on, 1 off.",
+}
+
+
+def python_path(given: str) -> str:
+    """``--python`` as an absolute path, not resolved (a venv's python is a link out of the
+    venv); a bare name (``python3``) is looked up on PATH."""
+    if os.sep not in given and (found := shutil.which(given)) is not None:
+        return os.path.abspath(found)
+    return os.path.abspath(given)
+
+
+def _parser(command: str) -> argparse.ArgumentParser:
+    from agent.ops.cli import _HelpFormatter  # wraps at spaces only: paths stay whole
+
+    p = OneLineParser(
+        prog=f"{PROG} {command}", description=DESCRIPTIONS[command],
+        formatter_class=_HelpFormatter,
+    )  # fmt: skip
+    p.add_argument(
+        "--python", metavar="PATH", default=sys.executable,
+        help="the Python environment's python (default: the one rtenv-agent runs in); in a uv "
+        "project, .venv/bin/python",
+    )  # fmt: skip
+    if command == "enable":
+        p.add_argument(
+            "--root", metavar="DIR",
+            help="the agents' root (default ${XDG_CACHE_HOME:-~/.cache}/rtenv-agent/root)",
+        )  # fmt: skip
+    return p
+
+
+def main(command: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    args = _parser(command).parse_args(list(argv))
+    try:
+        target = probe(python_path(args.python))
+        if command == "disable":
+            lines, code = disable(target), 0
+        elif command == "enabled":
+            code, lines = status(target)
+        else:
+            home: Path | None
+            try:
+                home = Path.home()
+            except (KeyError, RuntimeError):
+                home = None
+            if args.root is not None and not args.root.strip():
+                raise SwitchError("--root is empty")
+            root = Path(os.path.abspath(args.root or default_root(environ, home)))
+            check_root(root)
+            import agent
+
+            note = agent_python_note(sys.executable, Path(agent.__file__))
+            lines, code = enable(target, sys.executable, root), 0
+            lines += [note] if note else []
+    except SwitchError as exc:
+        print(f"{PROG} {command}: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return code

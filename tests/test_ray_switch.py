@@ -1,0 +1,326 @@
+"""The Ray switch's pure parts: the swap with the agent's own python and the root, Ray's socket
+paths against AF_UNIX's limit and the warning, the ``.pth`` line, the default root, ``ray-agent
+--root``; and the finder the ``.pth`` arms, on a stand-in for Ray's modules. hook.py is copied
+into environments where the agent is not: it imports the standard library only and parses as
+Python 3.9."""
+
+from __future__ import annotations
+
+import ast
+import logging
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.ops.ray_agent import agent_root
+from agent.ops.ray_flags import Refused, parse_flags
+from agent.ops.startup import MAX_UNIX_PATH_BYTES
+from agent.ray import hook, switch
+from agent.ray.hook import (
+    AGENT_FLAG,
+    Finder,
+    longest_socket_path,
+    ray_temp_dir,
+    socket_path_warning,
+    swap_agent_command,
+)
+from agent.ray.launcher import announcement, start_warning
+
+RAY_MAIN = "/venv/lib/python3.11/site-packages/ray/_private/runtime_env/agent/main.py"
+FLAGS = [
+    "--node-id=62ced19539cdea1adcecd63ef7e1c7b82d82375a6651551ce7511777",
+    "--node-ip-address=127.0.0.1",
+    "--runtime-env-agent-port=0",
+    "--session-dir=/tmp/r/session_1",
+    "--gcs-address=127.0.0.1:33337",
+    "--cluster-id-hex=e5e266bae6d3c574950cad939fdb5dac2d17973d87b1580bf10452b7",
+    "--runtime-env-dir=/tmp/r/session_1/runtime_resources",
+    "--logging-rotate-bytes=536870912",
+    "--logging-rotate-backup-count=5",
+    "--log-dir=/tmp/r/session_1/logs",
+    "--temp-dir=/tmp/r",
+]
+
+
+def _raylet(agent: list[str]) -> list[str]:
+    return ["/ray/raylet", "--node_id=1", AGENT_FLAG + subprocess.list2cmdline(agent), "--head"]
+
+
+def _agent(argv: list[str]) -> list[str]:
+    (flag,) = [a for a in argv if a.startswith(AGENT_FLAG)]
+    return shlex.split(flag.removeprefix(AGENT_FLAG))
+
+
+# -- the swap with the agent's python and root -------------------------------------------
+
+
+def test_the_switchs_swap_runs_the_agents_own_python_with_root_before_rays_flags() -> None:
+    argv = _raylet(["/env/bin/python", "-u", RAY_MAIN, *FLAGS])
+    swapped = swap_agent_command(argv, "/opt/agent/bin/python", "/data/my root")
+    assert _agent(swapped) == [
+        "/opt/agent/bin/python", "-u", "-I", "-m", "agent", "ray-agent",
+        "--root=/data/my root", *FLAGS,
+    ]  # fmt: skip
+    assert swap_agent_command(swapped, "/other/python", "/other") == swapped, "idempotent"
+    assert _agent(swap_agent_command(argv))[:2] == [sys.executable, "-u"], "default: this python"
+    assert "--root=" not in " ".join(_agent(swap_agent_command(argv, "/p"))), "no root: no flag"
+
+
+def test_the_root_flag_is_parsed_and_rtenv_root_wins_over_it() -> None:
+    flags = parse_flags([*FLAGS, "--root=/data/root"])
+    assert flags.root == Path("/data/root")
+    assert flags.unknown == ()
+    runtime = Path("/tmp/r/session_1/runtime_resources")
+    assert agent_root(runtime, {}, flags.root) == Path("/data/root")
+    assert agent_root(runtime, {"RTENV_ROOT": "/mine"}, flags.root) == Path("/mine")
+    assert agent_root(runtime, {}, None) == runtime / "rtenv"
+    with pytest.raises(Refused, match="--root: is empty"):
+        parse_flags([*FLAGS, "--root="])
+
+
+def test_the_announcement_names_the_switchs_root() -> None:
+    swapped = swap_agent_command(_raylet(["/p", "-u", RAY_MAIN, *FLAGS]), "/p", "/data/root")
+    said = announcement(swapped, {})
+    assert said.endswith("its root: '/data/root' (the Ray switch's, rtenv-agent ray enable)")
+    assert announcement(swapped, {"RTENV_ROOT": "/x"}).endswith("'/x' (RTENV_ROOT)")
+
+
+def test_a_switch_whose_agent_python_is_gone_starts_rays_own_agent_saying_why(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    calls: list[list[str]] = []
+    start = hook.swapping(lambda command, kind: calls.append(command), str(tmp_path / "gone"))
+    argv = _raylet(["/env/bin/python", "-u", RAY_MAIN, *FLAGS])
+    with caplog.at_level(logging.WARNING, logger="agent.ray"):
+        start(argv, "raylet")
+    assert calls == [argv]
+    assert "the agent's python" in caplog.text
+    assert "is gone (run rtenv-agent ray enable again, or disable)" in caplog.text
+
+
+# -- Ray's socket paths ----------------------------------------------------------------------
+
+
+def test_rays_temp_dir_is_the_flag_else_ray_tmpdir_else_tmpdir_else_tmp() -> None:
+    assert ray_temp_dir("/t", {"RAY_TMPDIR": "/r"}) == "/t"
+    assert ray_temp_dir(None, {"RAY_TMPDIR": "/r", "TMPDIR": "/x"}) == "/r/ray"
+    assert ray_temp_dir(None, {"TMPDIR": "/x"}) == "/x/ray"
+    assert ray_temp_dir(None, {}) == "/tmp/ray"
+
+
+def test_the_longest_socket_path_is_plasma_stores_in_a_session_named_as_ray_names_it() -> None:
+    import datetime
+
+    path = longest_socket_path("/tmp/ray", 4194304)
+    date = datetime.datetime(2026, 12, 4, 15, 6, 36, 1).strftime("%Y-%m-%d_%H-%M-%S_%f")
+    real = f"/tmp/ray/session_{date}_4194304/sockets/plasma_store"  # as Ray's node.py
+    assert len(path) == len(real)
+    assert path.startswith("/tmp/ray/session_")
+    assert path.endswith("_4194304/sockets/plasma_store")
+
+
+def test_the_warning_comes_past_107_bytes_naming_the_limit_and_the_fix() -> None:
+    assert hook.MAX_UNIX_PATH_BYTES == MAX_UNIX_PATH_BYTES
+    base = longest_socket_path("/", 1)
+    fits = longest_socket_path("/" + "a" * (106 - len(base)), 1)
+    assert len(fits) == 107
+    assert socket_path_warning(fits) is None
+    over = longest_socket_path("/" + "a" * (107 - len(base)), 1)
+    said = socket_path_warning(over)
+    assert said is not None
+    assert "is 108 bytes, over the 107-byte limit" in said
+    for fix in ("RAY_TMPDIR", "--temp-dir", "RTENV_ROOT", "rtenv-agent ray enable --root"):
+        assert fix in said, fix
+    wide = longest_socket_path("/" + "é" * 30, 1)  # 60 bytes in 30 characters
+    assert len(wide) < 107 < len(wide.encode())
+    assert socket_path_warning(wide) is not None, "bytes, not characters"
+
+
+def test_the_launcher_warns_for_ray_starts_temp_dir_or_rays_default() -> None:
+    long_dir = "/data/" + "x" * 80
+    assert start_warning(["--head", "--temp-dir", long_dir], {}) is not None
+    assert start_warning(["--head", f"--temp-dir={long_dir}"], {}) is not None
+    assert start_warning(["--head"], {"RAY_TMPDIR": long_dir}) is not None
+    assert start_warning(["--head", "--temp-dir", "/tmp/r"], {"RAY_TMPDIR": long_dir}) is None
+    assert start_warning(["--head"], {}) is None
+
+
+# -- the .pth line, the default root, hook.py's imports -----------------------------------
+
+
+@pytest.mark.parametrize("path", ["/opt/a b/python", '/x/it\'s\n"odd"/é', "/x/\udcff"])
+def test_the_pth_line_is_ascii_and_reads_back(path: str) -> None:
+    text = switch.pth_line(path, path + "/root")
+    assert text.isascii()
+    (line,) = [x for x in text.splitlines() if x.startswith("import ")]
+    assert line.startswith("import _rtenv_agent_switch; _rtenv_agent_switch.arm(")
+    assert switch.read_pth(text) == (path, path + "/root")
+    assert switch.read_pth("import os\n") is None
+    assert switch.read_pth("# nothing\n") is None
+
+
+def test_python_is_a_path_as_given_or_a_bare_name_found_on_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    link = tmp_path / "venv-python"
+    link.symlink_to(sys.executable)
+    monkeypatch.chdir(tmp_path)
+    assert switch.python_path("venv-python") == str(link), "not on PATH: relative to here"
+    assert switch.python_path("./venv-python") == str(link), "a link is not resolved"
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert switch.python_path("venv-python") == str(link)
+
+
+def test_enabled_notes_a_switch_of_another_version_and_an_agent_python_gone(
+    tmp_path: Path,
+) -> None:
+    target = switch.Target("/env/bin/python", tmp_path, (3, 11, 7), has_ray=True)
+    assert switch.status(target)[0] == 1, "off: no .pth"
+    target.module.write_text(switch.module_text())
+    target.pth.write_text(switch.pth_line(sys.executable, "/data/root"))
+    code, lines = switch.status(target)
+    assert code == 0
+    assert lines[1:] == [
+        f"  agent python: {sys.executable}",
+        "  root: /data/root (RTENV_ROOT, where set, wins)",
+    ]
+    target.module.write_text("# an older switch\n")
+    target.pth.write_text(switch.pth_line(str(tmp_path / "gone"), "/data/root"))
+    code, lines = switch.status(target)
+    assert code == 0
+    assert "is gone: run enable again" in lines[3]
+    assert "not this agent's version: run enable again" in lines[4]
+    target.pth.write_text("import os\n")
+    assert switch.status(target)[0] == 1, "a .pth enable did not write is no switch"
+
+
+def test_the_default_root_is_per_user_in_the_cache_folder() -> None:
+    home = Path("/home/u")
+    assert switch.default_root({}, home) == home / ".cache/rtenv-agent/root"
+    assert switch.default_root({"XDG_CACHE_HOME": "/c"}, home) == Path("/c/rtenv-agent/root")
+    assert switch.default_root({"XDG_CACHE_HOME": "rel"}, home) == home / ".cache/rtenv-agent/root"
+    with pytest.raises(switch.SwitchError, match="pass --root"):
+        switch.default_root({}, None)
+
+
+def test_the_hook_imports_the_standard_library_only_and_parses_as_python_3_9() -> None:
+    source = Path(hook.__file__).read_text()
+    tree = ast.parse(source, feature_version=(3, 9))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, "no relative import"
+            imported.add((node.module or "").split(".")[0])
+    assert imported
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+    assert switch.module_text().endswith(source), "enable copies it as it is"
+
+
+# -- the finder, on a stand-in for Ray's modules ---------------------------------------------
+
+
+@pytest.fixture
+def fake_ray(tmp_path: Path) -> Iterator[Path]:
+    """A package ``fakeray`` whose ``services`` and ``node`` look like Ray's where the switch
+    touches them; removed from sys.modules and sys.path afterwards."""
+    package = tmp_path / "fakeray"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "services.py").write_text(
+        "CALLS = []\n"
+        "def start_ray_process(command, process_type, *a, **kw):\n"
+        "    CALLS.append((process_type, list(command)))\n"
+    )
+    (package / "node.py").write_text(
+        "class Node:\n"
+        "    def __init__(self, sockets):\n"
+        "        self._sockets_dir = sockets\n"
+        "    def _prepare_socket_file(self, socket_path, default_prefix):\n"
+        "        return socket_path or self._sockets_dir + '/' + default_prefix\n"
+    )
+    (package / "other.py").write_text("VALUE = 1\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        yield package
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [m for m in sys.modules if m.split(".")[0] == "fakeray"]:
+            del sys.modules[name]
+
+
+def _finder(python: str, root: str) -> Finder:
+    return Finder({
+        "fakeray.services": lambda m: hook._patch_services(m, python, root),
+        "fakeray.node": hook._patch_node,
+    })  # fmt: skip
+
+
+def test_the_finder_patches_rays_modules_as_they_load_and_nothing_else(
+    fake_ray: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    finder = _finder(sys.executable, "/data/root")
+    sys.meta_path.insert(0, finder)
+    try:
+        assert finder.find_spec("json") is None, "any other module: not its business"
+        import fakeray.other  # type: ignore[import-not-found]
+
+        assert fakeray.other.VALUE == 1
+        import fakeray.services  # type: ignore[import-not-found]
+
+        argv = _raylet(["/env/bin/python", "-u", RAY_MAIN, *FLAGS])
+        fakeray.services.start_ray_process(argv, "raylet")
+        fakeray.services.start_ray_process(argv, "gcs_server")
+        swapped = swap_agent_command(argv, sys.executable, "/data/root")
+        assert [("raylet", swapped), ("gcs_server", argv)] == fakeray.services.CALLS
+        assert fakeray.services.__spec__.loader.is_package("fakeray.services") is False
+        import fakeray.node  # type: ignore[import-not-found]
+
+        with caplog.at_level(logging.WARNING, logger="agent.ray"):
+            short = fakeray.node.Node("/tmp/ray/session_1/sockets")
+            assert short._prepare_socket_file(None, "plasma_store").endswith("/plasma_store")
+            assert caplog.records == []
+            deep = fakeray.node.Node("/data/" + "x" * 100 + "/sockets")
+            deep._prepare_socket_file(None, "plasma_store")
+        (record,) = caplog.records
+        assert "over the 107-byte limit" in record.getMessage()
+    finally:
+        sys.meta_path.remove(finder)
+
+
+def test_arm_patches_a_module_loaded_before_it_once_and_never_raises(
+    fake_ray: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import fakeray.services
+
+    original = fakeray.services.start_ray_process
+    hook._patch_services(fakeray.services, "/p", None)
+    hook._patch_services(fakeray.services, "/q", None)  # a second switch: left as it is
+    assert fakeray.services.start_ray_process.__wrapped__ is original
+    monkeypatch.setattr(sys, "meta_path", None)  # anything arm() touches that breaks
+    hook.arm("/p", "/r")
+    assert "the Ray switch is not armed" in capsys.readouterr().err
+
+
+def test_a_patch_that_fails_is_a_warning_and_the_module_still_loads(
+    fake_ray: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(module: Any) -> None:
+        raise RuntimeError("boom")
+
+    finder = Finder({"fakeray.other": broken})
+    sys.meta_path.insert(0, finder)
+    try:
+        with caplog.at_level(logging.WARNING, logger="agent.ray"):
+            import fakeray.other
+
+        assert fakeray.other.VALUE == 1
+        assert "could not patch fakeray.other" in caplog.text
+    finally:
+        sys.meta_path.remove(finder)

@@ -1,0 +1,202 @@
+"""The Ray switch on real Ray 2.60 nodes: after ``rtenv-agent ray enable --python P``, an
+unmodified driver with a bare ``ray.init(num_cpus=1)`` run by P (or by ``uv run`` in a uv
+project whose venv is P) starts a node whose raylet runs this agent, from the agent's own
+installation, on the root enable named; after ``disable``, Ray's own agent again. Before Ray
+refuses a node whose socket paths are too long, the switch says why and what to do.
+
+Each driver runs in a process of its own with its own short ``RAY_TMPDIR`` (its node's processes
+are found, and stopped, by that path); ``RTENV_ROOT`` is unset: the root is enable's."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.install.wheel_cache import find_uv
+from agent.ray import hook, install, uninstall
+from tests.harness.ray_nodes import base_environ, poll
+from tests.harness.ray_switch import (
+    LAUNCH,
+    OUR_AGENT,
+    RAY_AGENT_MAIN,
+    agent_venv,
+    driver,
+    kill_naming,
+    node_agent,
+    ray_venv,
+    raylet,
+    switch,
+    uv_environ,
+    uv_project,
+)
+
+AGENT_FLAG = "--runtime_env_agent_command="
+
+
+@pytest.fixture
+def ray_tmp() -> Iterator[Path]:
+    """A short RAY_TMPDIR of the test's own (Ray's socket paths must fit in 107 bytes)."""
+    temp = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))
+    try:
+        yield temp
+    finally:
+        kill_naming(str(temp))
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _environ(ray_tmp: Path) -> dict[str, str]:
+    """A user's shell: no PYTHONPATH (the driver's env must not see this checkout), no
+    RTENV_*, a RAY_TMPDIR of the test's own."""
+    env = base_environ(RAY_TMPDIR=str(ray_tmp))
+    for name in ("PYTHONPATH", "VIRTUAL_ENV", "RTENV_ROOT"):
+        env.pop(name, None)
+    return env
+
+
+def _agent_of_node(mark: str) -> tuple[list[str], list[str]]:
+    """The raylet's agent command (its flag) and its agent process's command line."""
+    found = poll(lambda: raylet(mark), 30, "the node's raylet")
+    raylet_pid, raylet_cmd = found
+    (flag,) = [a for a in raylet_cmd if a.startswith(AGENT_FLAG)]
+    _, agent_cmd = poll(lambda: node_agent(raylet_pid), 30, "the raylet's agent")
+    return flag.removeprefix(AGENT_FLAG).split(), agent_cmd
+
+
+def test_install_over_a_switch_keeps_its_agent_python_and_root_and_uninstall_gives_it_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``rtenv-agent ray start`` in a python the switch is on in: the launcher's install() and
+    its announcement use the switch's agent python and root."""
+    from ray._private import services
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(services, "start_ray_process", lambda c, kind, *a, **k: calls.append(c))
+    switched = hook.swapping(services.start_ray_process, sys.executable, "/data/root")
+    monkeypatch.setattr(services, "start_ray_process", switched)
+    told: list[list[str]] = []
+    install(on_swap=told.append)
+    try:
+        argv = ["/ray/raylet", AGENT_FLAG + f"/env/bin/python -u /r/{RAY_AGENT_MAIN} --node-id=1"]
+        services.start_ray_process(argv, "raylet", fate_share=False)
+        expected = hook.swap_agent_command(argv, sys.executable, "/data/root")
+        assert calls == [expected]
+        assert told == [expected], "the announcement is told the switch's root"
+    finally:
+        uninstall()
+    assert services.start_ray_process is switched
+
+
+def test_a_bare_ray_init_runs_this_agent_on_enables_root_and_rays_own_after_disable(
+    tmp_path: Path, ray_tmp: Path
+) -> None:
+    agent_python = agent_venv(tmp_path / "agent")
+    python = ray_venv(tmp_path / "env")
+    root = tmp_path / "root"
+    enabled = switch(agent_python, "enable", "--python", str(python), "--root", str(root))
+    assert enabled.returncode == 0, enabled.stderr
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "launch.py").write_text(LAUNCH)
+    env = _environ(ray_tmp / "on")
+    with driver([str(python), "launch.py"], app, env, str(ray_tmp)) as run:
+        run.task_pid()
+        command, agent = _agent_of_node(str(ray_tmp / "on"))
+        ours = [str(agent_python), *OUR_AGENT, f"--root={root}"]
+        assert agent[: len(ours)] == ours, agent
+        assert command[: len(ours)] == ours, command
+        assert f"--temp-dir={ray_tmp / 'on' / 'ray'}" in agent, "Ray's flags follow"
+        assert (root / "state.db").is_file(), "the agent serves the root enable named"
+        assert list(root.glob("agent-*.sock")), "its socket is in the root"
+        (log,) = (ray_tmp / "on" / "ray").glob("session_latest/logs/runtime_env_agent.log")
+        assert f"root {root}" in log.read_text()
+        assert run.finish() == 0
+    disabled = switch(agent_python, "disable", "--python", str(python))
+    assert disabled.returncode == 0, disabled.stderr
+    env = _environ(ray_tmp / "off")
+    with driver([str(python), "launch.py"], app, env, str(ray_tmp)) as run:
+        run.task_pid()
+        command, agent = _agent_of_node(str(ray_tmp / "off"))
+        assert command[0] == str(python), "Ray's agent, run by the env's own python"
+        assert any(word.endswith(RAY_AGENT_MAIN) for word in command), command
+        assert "-m agent ray-agent" not in " ".join(agent), agent
+        assert run.finish() == 0
+
+
+def test_a_uv_run_driver_in_a_uv_project_runs_this_agent_from_its_own_installation(
+    tmp_path: Path, ray_tmp: Path
+) -> None:
+    """``uv run python launch.py``: uv re-syncs the project's venv and the switch is still on;
+    Ray's uv hook makes the job's env (the project folder as working_dir, ``uv run`` as the
+    workers' python), which this agent prepares, and the task runs."""
+    uv = find_uv()
+    if uv is None:
+        pytest.skip("no uv here")
+    agent_python = agent_venv(tmp_path / "agent")
+    project = tmp_path / "proj"
+    env = uv_environ(_environ(ray_tmp), tmp_path, project)
+    python = uv_project(uv, project, env)
+    root = tmp_path / "root"
+    enabled = switch(agent_python, "enable", "--python", str(python), "--root", str(root))
+    assert enabled.returncode == 0, enabled.stderr
+    probe = "import importlib.util as u; print(u.find_spec('agent'))"
+    seen = subprocess.run(
+        [uv, "run", "--offline", "python", "-c", probe], cwd=project, env=env,
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert seen.stdout.strip() == "None", "the agent is not in the project's venv"
+    with driver([uv, "run", "--offline", "python", "launch.py"], project, env, str(ray_tmp)) as run:
+        run.task_pid()
+        _, agent = _agent_of_node(str(ray_tmp))
+        ours = [str(agent_python), *OUR_AGENT, f"--root={root}"]
+        assert agent[: len(ours)] == ours, agent
+        assert list((root / "uris").iterdir()), "this agent unpacked the job's working_dir"
+        assert run.finish() == 0
+
+
+def test_the_switch_says_why_before_ray_refuses_a_node_whose_socket_paths_are_too_long(
+    tmp_path: Path, ray_tmp: Path
+) -> None:
+    agent_python = agent_venv(tmp_path / "agent")
+    python = ray_venv(tmp_path / "env")
+    enabled = switch(agent_python, "enable", "--python", str(python), "--root", str(tmp_path))
+    assert enabled.returncode == 0, enabled.stderr
+    deep = ray_tmp / ("d" * 60) / ("e" * 20)
+    deep.mkdir(parents=True)
+    env = _environ(deep)
+    started = subprocess.run(
+        [str(python), "-c", "import ray; ray.init(num_cpus=1)"], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert started.returncode != 0, "Ray refuses the node"
+    said = started.stderr
+    assert "validate_socket_filename failed" in said, said[-2000:]
+    warning = said.index("over the 107-byte limit of a unix socket path")
+    assert warning < said.index("validate_socket_filename failed"), "said before Ray refuses"
+    line = said[said.rfind("\n", 0, warning) + 1 : said.index("\n", warning)]
+    for fix in ("RAY_TMPDIR", "RTENV_ROOT", "--root"):
+        assert fix in line, line
+    assert str(deep / "ray" / "session_") in line, line
+
+
+def test_rtenv_agent_ray_start_warns_before_ray_refuses_a_long_temp_dir(
+    tmp_path: Path, ray_tmp: Path
+) -> None:
+    agent_python = agent_venv(tmp_path / "agent")
+    deep = ray_tmp / ("t" * 70)
+    started = subprocess.run(
+        [str(agent_python), "-m", "agent", "ray", "start", "--head", "--temp-dir", str(deep),
+         "--num-cpus", "1", "--include-dashboard=false", "--port", "0"],
+        cwd=tmp_path, env=_environ(ray_tmp), capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert started.returncode != 0, "Ray refuses the node"
+    first = started.stderr.splitlines()[0]
+    assert first.startswith(f"rtenv-agent ray: warning: Ray's socket path '{deep}/session_")
+    assert "over the 107-byte limit" in first
+    assert "validate_socket_filename failed" in started.stderr, started.stderr[-2000:]

@@ -1,0 +1,84 @@
+"""The ``uv run`` line as a py_executable (pure): which lines the agent builds itself, what of
+them decides the env, and why any other is left to uv."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.core.uv_run import Passthrough, UvRun, is_uv_run, parse_uv_run
+
+
+def parsed(line: str) -> UvRun:
+    run = parse_uv_run(line)
+    assert isinstance(run, UvRun), run
+    return run
+
+
+def test_ray_hooks_form_is_built_with_its_python() -> None:
+    """``<uv path> run --python X.Y.Z python``: Ray's hook's line."""
+    run = parsed("/home/u/.local/bin/uv run --python 3.11.7 python")
+    assert run == UvRun(python="3.11.7", lock="", sync_flags=(), with_packages=())
+
+
+@pytest.mark.parametrize(
+    ("line", "lock"),
+    [
+        ("uv run --frozen python", "frozen"),
+        ("uv run --no-sync python3", "frozen"),  # uv: --no-sync implies --frozen
+        ("uv run --locked python3.11", "locked"),
+        ("uv run --locked --frozen python", "frozen"),
+    ],
+)
+def test_the_lock_flags_say_how_the_lock_is_read(line: str, lock: str) -> None:
+    assert parsed(line).lock == lock
+
+
+def test_flags_that_change_what_is_installed_are_kept_in_one_order() -> None:
+    """Two spellings of the same extras and groups are one identity; --with is kept."""
+    a = parsed("uv run --extra gpu --group dev --no-dev --with rich,tqdm -p 3.12 python")
+    b = parsed(
+        "uv run --no-dev --group=dev --extra=gpu --with rich --with tqdm --python 3.12 python"
+    )
+    assert a.identity() == b.identity()
+    assert a.with_packages == ("rich", "tqdm")
+    assert a.python == "3.12"
+
+
+def test_flags_of_how_uv_runs_do_not_change_the_identity() -> None:
+    plain = parsed("uv run python")
+    noisy = parsed("uv run --isolated -q --no-cache --offline --color never --exact python")
+    assert plain.identity() == noisy.identity()
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("uv run --script python", "--script"),
+        ("uv run --package member python", "--package"),
+        ("uv run --with-requirements r.txt python", "--with-requirements"),
+        ("uv run --python 3.11 my-wrapper", "not python"),
+        ("uv run python -X dev", "not python"),
+        ("uv run --python", "no value"),
+        ("uv run --frozen", "no program"),
+    ],
+)
+def test_other_lines_are_left_to_uv_saying_why(line: str, said: str) -> None:
+    run = parse_uv_run(line)
+    assert isinstance(run, Passthrough)
+    assert said in run.reason
+
+
+@pytest.mark.parametrize(
+    ("line", "is_it"),
+    [
+        ("uv run python", True),
+        ("/opt/uv/bin/uv run --python 3.11 python", True),
+        ("python -X faulthandler", False),
+        ("uvx run python", False),
+        ("uv pip install x", False),
+        ("uv 'unclosed", False),
+        (None, False),
+    ],
+)
+def test_a_uv_run_line_is_told_by_its_first_two_words(line: str | None, is_it: bool) -> None:
+    assert is_uv_run(line) is is_it
