@@ -115,18 +115,24 @@ if not _agent and not any("/site-packages/ray/" in _arg for _arg in _argv):
 '''
 
 
-def _switch_ours(python: Path) -> str:
-    """Make the Ray nodes ``python`` (a project's venv) starts run this agent; say how.
-    ``rtenv-agent ray enable --python PYTHON`` when this checkout has it (issue 30 item 3);
-    else a .pth in that venv: this checkout and this python's site-packages appended to its
-    path, ``agent.ray.install()`` once Ray is imported (what item 3 replaces)."""
+def _switch_ours(python: Path, root: Path) -> str:
+    """Make the Ray nodes ``python`` (a project's venv) starts run this agent on ``root``; say
+    how. ``rtenv-agent ray enable --python PYTHON --root ROOT`` (issue 30 item 3: the agent then
+    runs from the installation of the python running the benchmark); in a checkout without it,
+    a .pth of the benchmark's own in that venv: this checkout and this python's site-packages
+    appended to its path, ``agent.ray.install()`` once Ray's services load."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     probe = [sys.executable, "-m", "agent", "ray", "enable", "--help"]
     done = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=60, check=False)
     if done.returncode == 0 and "--python" in done.stdout:
-        command = [sys.executable, "-m", "agent", "ray", "enable", "--python", str(python)]
-        subprocess.run(command, env=env, capture_output=True, timeout=60, check=True)
-        return "rtenv-agent ray enable --python <project>/.venv/bin/python"
+        command = [sys.executable, "-m", "agent", "ray", "enable", "--python", str(python),
+                   "--root", str(root)]  # fmt: skip
+        enabled = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+        if enabled.returncode != 0:
+            raise BenchError(f"rtenv-agent ray enable failed: {enabled.stderr[-1000:]}")
+        return "rtenv-agent ray enable --python <project>/.venv/bin/python --root <root>"
     site = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True, text=True, timeout=60, check=True,
@@ -170,6 +176,7 @@ class RoundRun:
     left_bytes: int
     all_left_bytes: int  # everything left under the Ray temp dirs (logs too)
     sockets_left: list[str]  # agent-*.sock files left in the agent's root
+    root_bytes: int  # the agent's root after the drivers exit (its cache: kept on purpose)
     samples: int = 0
     longest_walk_s: float = 0.0
 
@@ -237,7 +244,7 @@ async def run_round(
         )  # fmt: skip
         await asyncio.to_thread(run_uv, ["sync", "--offline"], project.path, env)
         if agent == "ours":
-            how = await asyncio.to_thread(_switch_ours, project.venv / "bin" / "python")
+            how = await asyncio.to_thread(_switch_ours, project.venv / "bin" / "python", root)
         experiments.append(Experiment(i, project, ray_tmp))
     measured = [cache, root, *(folder / f"r{i}" for i in range(1, k + 1)),
                 *(e.project.venv for e in experiments)]  # fmt: skip
@@ -270,9 +277,10 @@ async def run_round(
         all_left += (await asyncio.to_thread(file_bytes, e.ray_tmp))[1]
     venvs = await asyncio.to_thread(_venvs, [root, *(e.ray_tmp for e in experiments)])
     sockets = sorted(p.name for p in root.glob("agent-*.sock"))
+    root_bytes = await asyncio.to_thread(disk_bytes, [root])
     run = RoundRun(
         agent, mode, experiments, env_bytes, before, peak, wall, venvs, left, left_files,
-        left_bytes, all_left, sockets, sampler.samples, sampler.longest_walk_s,
+        left_bytes, all_left, sockets, root_bytes, sampler.samples, sampler.longest_walk_s,
     )  # fmt: skip
     return run, how
 
@@ -315,18 +323,20 @@ def _short_base(work: Path) -> Path:
 def _note(run: RoundRun, how: str) -> str:
     mib = 2**20
     firsts = ", ".join(f"{t:.1f}" for t in run.first_tasks())
-    where = sorted({str(Path(v).relative_to(run.experiments[0].project.path.parent))
-                    for v in run.venvs})  # fmt: skip
+    top = run.experiments[0].project.path.parent
+    places = [Path(v).relative_to(top).parts for v in run.venvs]
+    where = [f"{p[0]}/{p[-2] if len(p) > 2 else ''}" for p in places]  # r1/_ray_pkg_..., root/...
     said = (
         f"{run.agent}, {run.mode}: wall {run.wall_s:.1f}s; first task {firsts}s; disk before "
         f"{run.before_bytes / mib:.0f} MiB, peak {run.peak_bytes / mib:.0f} MiB, added "
         f"{run.added_bytes / mib:.0f} MiB, one env {run.env_bytes / mib:.0f} MiB "
         f"({run.samples} samples, longest walk {run.longest_walk_s:.2f}s); workers on uv "
         f"{run.workers_on_uv()} of {run.workers()}; venvs {len(run.venvs)}: "
-        f"{', '.join(where[:6])}; left after the drivers: {run.left_files} files "
+        f"{', '.join(where[:6])} (/.venv); left after the drivers: {run.left_files} files "
         f"({run.left_bytes / mib:.1f} MiB) in runtime_resources, "
         f"{run.all_left_bytes / mib:.1f} MiB in all, {len(run.processes_left)} processes, "
-        f"{len(run.sockets_left)} agent sockets in the root"
+        f"{len(run.sockets_left)} agent sockets in the root; the agent's root after "
+        f"{run.root_bytes / mib:.0f} MiB"
     )
     return said + (f"; switched on by {how}" if how else "")
 

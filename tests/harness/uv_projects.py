@@ -206,14 +206,27 @@ def worker_facts(facts: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 
 def workers_running_uv(facts: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The workers (``task pid ...``) that ran under ``uv run``: an ancestor named uv. Stock
-    Ray's hook gives every worker ``uv run``; the agent's `uv run` build gives none (issue 30
-    item 1): ``assert workers_running_uv(facts) == []`` is that test."""
+    """The workers (``task pid ...``) that ran under ``uv run``: a uv among their ancestors
+    below their raylet (the driver's own ``uv run`` is above it: a local cluster's raylet is a
+    child of the driver). Stock Ray's hook gives every worker ``uv run``; the agent's `uv run`
+    build gives none (issue 30 item 1): ``assert workers_running_uv(facts) == []``."""
     return [
         f"{f['kind']} pid {f['pid']} ({f['executable']}; {f['ancestors'][:2]})"
         for f in worker_facts(facts)
-        if f["uv_ancestor"]
+        if _uv_below_raylet(f["ancestors"])
     ]
+
+
+def _uv_below_raylet(ancestors: Sequence[str]) -> bool:
+    """Whether a uv comes before the raylet in a worker's ancestors' command lines (nearest
+    first)."""
+    for line in ancestors:
+        program = os.path.basename(line.split(" ", 1)[0])
+        if program == "raylet":
+            return False
+        if program == "uv":
+            return True
+    return False
 
 
 def check_driver_facts(facts: Sequence[Mapping[str, Any]], big_bytes: int) -> list[str]:
