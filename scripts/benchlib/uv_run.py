@@ -28,8 +28,10 @@ venv is impossible); any other miss is labelled UNEXPECTED. ``--check`` exits 1 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -55,10 +57,12 @@ from tests.harness.uv_projects import (  # noqa: E402
     Project,
     check_driver_facts,
     first_task_s,
+    kill_all,
     launch_command,
     leftover_processes,
     make_project,
     parse_facts,
+    processes_naming,
     ray_environ,
     run_uv,
     worker_facts,
@@ -213,7 +217,8 @@ async def _drive(e: Experiment, env: dict[str, str], timeout_s: float) -> None:
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     except TimeoutError:
-        proc.kill()
+        with contextlib.suppress(ProcessLookupError):  # uv and the driver: a session of their own
+            os.killpg(proc.pid, signal.SIGKILL)
         out, err = await proc.communicate()
         err += f"\n(killed after {timeout_s:.0f}s)".encode()
     e.ended = time.time()
@@ -387,6 +392,7 @@ async def bench_uv_run(work: Path, sizes: Sizes) -> WorkloadResult:
         if bad:
             raise BenchError("the uv-run oracle: " + "; ".join(bad) + "\nnotes:\n"
                              + "\n".join(result.notes))  # fmt: skip
-    finally:
+    finally:  # whatever happened: nothing of a cluster goes on running, then the files go
+        await asyncio.to_thread(kill_all, processes_naming(base))
         await asyncio.to_thread(shutil.rmtree, base, True)
     return result
