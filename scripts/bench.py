@@ -47,6 +47,11 @@ Workloads (``--only NAME``, repeatable; the parts are in ``scripts/benchlib/``):
   roots and on one shared root, each against ONE agent creating the same envs from the same
   server: GETs at the server and wall (goals, shared root: one GET per URI, wall <= 1.2x one
   agent; private roots: each node one GET per URI, the wall reported against the link's floor).
+- uv-run (only with ``--only uv-run``; needs Ray 2.60 and uv here, minutes and GBs of disk):
+  issue 30's user, K experiments at once each a bare ``ray.init()`` under ``uv run`` with a
+  ~150 MB dependency, offline, uv's cache hardlinked and copied, on Ray's agent and on this one
+  (``benchlib/uv_run.py``): peak disk added against one env (goal <= 1.15x), wall against
+  stock (goal <= 0.8x), time to first task, venvs built, what is left in Ray's temp dirs.
 
 The peer run, ``--peer ray`` (needs ray and smart_open): Ray 2.60's own runtime env agent, in a
 real Ray head node started for the run, next to this agent's Ray door (``serve --ray-address``),
@@ -104,6 +109,7 @@ from benchlib.recovery import bench_recovery
 from benchlib.shared import Shared
 from benchlib.shared_root import bench_shared_root
 from benchlib.shared_wheels import bench_shared_wheels
+from benchlib.uv_run import bench_uv_run
 from benchlib.workers import bench_worker_starts
 
 from agent.ops.usage import OneLineParser
@@ -138,7 +144,11 @@ PEER_WORKLOADS: dict[str, Workload] = {
 EXPERIMENTS: dict[str, Workload] = {
     "grpc-routes": lambda work, sizes, shared: bench_grpc_routes(work, sizes),
 }
-ALL_WORKLOADS = {**WORKLOADS, **PEER_WORKLOADS, **EXPERIMENTS}
+# run only when named (--only): heavy user scenarios (minutes, GBs of disk)
+SCENARIOS: dict[str, Workload] = {
+    "uv-run": lambda work, sizes, shared: bench_uv_run(work, sizes),
+}
+ALL_WORKLOADS = {**WORKLOADS, **PEER_WORKLOADS, **EXPERIMENTS, **SCENARIOS}
 
 
 async def run(args: argparse.Namespace, sizes: Sizes) -> int:
@@ -261,6 +271,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep the run's files")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: checks the script works")
     p.add_argument("--no-uvloop", action="store_true", help="do not measure uvloop")
+    p.add_argument(
+        "--plant",
+        dest="uv_run_plant",
+        action="store_true",
+        default=None,
+        help="uv-run: the last experiment's project depends on another version of its large "
+        "dependency (its own lock): the one-venv goal must miss",
+    )
     knobs = p.add_argument_group("sizes (defaults: the full run; --smoke shrinks them all)")
     for flag, name, kind in (
         ("--hot-rounds", "hot_rounds", int),
@@ -288,6 +306,8 @@ def _parser() -> argparse.ArgumentParser:
         ("--e2e-envs", "e2e_envs", int),
         ("--e2e-zips", "e2e_zips", int),
         ("--e2e-rounds", "e2e_rounds", int),
+        ("--uv-run-experiments", "uv_run_experiments", int),
+        ("--uv-run-big-mib", "uv_run_big_mib", float),
     ):
         parse = kind if name == "seed" else _above_zero(kind)
         knobs.add_argument(flag, dest=name, type=parse, help=f"default {getattr(d, name)}")

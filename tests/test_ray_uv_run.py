@@ -18,7 +18,6 @@ SIGKILLed by PID.
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -30,12 +29,12 @@ from tests.harness.uv_projects import (
     check_driver_facts,
     job_py_executable,
     kill_all,
-    launch_command,
     leftover_processes,
     make_project,
     parse_facts,
     processes_naming,
     ray_environ,
+    run_driver,
     worker_facts,
     workers_running_uv,
 )
@@ -60,10 +59,7 @@ def test_stock_ray_runs_a_uv_run_project_offline_each_worker_under_uv_run_in_its
             base / "exp", [ray_wheelhouse().path, links], env, note="experiment 1"
         )
         try:
-            done = subprocess.run(
-                launch_command(), cwd=project.path, env=env, capture_output=True, text=True,
-                timeout=DRIVER_S, check=False,
-            )  # fmt: skip
+            done = run_driver(project, env, DRIVER_S)
         finally:
             left = leftover_processes(ray_tmp, timeout_s=30)
         said = f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"

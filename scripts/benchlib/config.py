@@ -65,6 +65,10 @@ class Sizes:
     # shared-wheels: distinct uv sets sharing one large wheel
     shared_wheel_sets: int = 10
     shared_wheel_bytes: int = 64 * MiB
+    # uv-run (only when named): K experiments, each a bare ray.init() under `uv run`
+    uv_run_experiments: int = 3
+    uv_run_big_mib: float = 150.0  # the large dependency's incompressible payload
+    uv_run_plant: bool = False  # one experiment's lock differs: the one-venv goal must miss
     # a bound on any one phase, so nothing can run away
     phase_timeout_s: float = 600.0
 

@@ -313,3 +313,24 @@ def leftover_processes(path: Path, timeout_s: float) -> list[str]:
             left.append(f"{pid}: {argv.decode(errors='replace')[:200]}")
     kill_all(pids)
     return left
+
+
+def run_driver(
+    project: Project, env: Mapping[str, str], timeout_s: float
+) -> subprocess.CompletedProcess[str]:
+    """The user's command in ``project`` (``launch_command``), in a session of its own: on
+    ``timeout_s`` its whole process group (uv and the driver) is SIGKILLed, and the run is
+    returned with exit code -9 and a line saying so (a cluster's processes are found by its Ray
+    temp dir: ``leftover_processes``)."""
+    proc = subprocess.Popen(
+        launch_command(), cwd=project.path, env=dict(env), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        err += f"\n(the driver was killed after {timeout_s:.0f}s)"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
