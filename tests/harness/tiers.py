@@ -104,6 +104,7 @@ FILES: dict[str, str] = {
     "test_ray_parse.py": "unit",
     "test_ray_proto.py": "ray",
     "test_ray_shared_root.py": "ray",
+    "test_remeasure.py": "sockets",
     "test_refs.py": "unit",
     "test_room.py": "unit",
     "test_root_info.py": "process",
