@@ -95,6 +95,7 @@ FILES: dict[str, str] = {
     "test_ray_agent_cli.py": "process",
     "test_ray_cluster.py": "ray",
     "test_ray_context.py": "ray",
+    "test_ray_cycles.py": "ray",
     "test_ray_door.py": "process",
     "test_ray_door_lifecycle.py": "process",
     "test_ray_fate.py": "ray",
