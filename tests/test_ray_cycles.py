@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.agent_process import REPO
-from tests.harness.polling import wait_until
-from tests.harness.ray_nodes import base_environ
+from tests.harness.ray_nodes import base_environ, poll
 from tests.harness.tempdirs import short_tempdir
 
 pytestmark = pytest.mark.timeout(600)
@@ -57,7 +56,7 @@ def leftovers(root: Path, temp_dir: Path) -> list[str]:
     return found
 
 
-async def test_twenty_local_clusters_leave_no_socket_or_holder_in_the_shared_root() -> None:
+def test_twenty_local_clusters_leave_no_socket_or_holder_in_the_shared_root() -> None:
     base = short_tempdir()
     root, temp_dir = base / "root", base / "ray"
     temp_dir.mkdir()
@@ -75,13 +74,13 @@ async def test_twenty_local_clusters_leave_no_socket_or_holder_in_the_shared_roo
         assert len(seconds) == CYCLES
         last: list[str] = []
 
-        def clean() -> bool:
+        def clean() -> bool | None:
             nonlocal last
             last = leftovers(root, temp_dir)
-            return not last
+            return True if not last else None
 
         try:
-            await wait_until(clean, timeout_s=30, what="no agent's file left in the root")
+            poll(clean, 30, "no agent's file left in the root")
         except AssertionError as exc:
             raise AssertionError(f"{exc}; left: {last}") from None
         print(f"{CYCLES} cycles in {time.monotonic() - started:.1f}s: {seconds}")
