@@ -14,6 +14,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import sqlite3
 import sys
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.state import sockets
 from tests.harness.agent_process import REPO, START_S, STOP_S, serving, stop
 from tests.harness.polling import wait_until
 from tests.harness.ray_nodes import base_environ
@@ -93,13 +95,16 @@ async def test_a_killed_agents_socket_and_holder_are_reaped_by_the_next_agent(
     async with serving(base / "b.log", "--root", str(root), "--address", b_address) as b:
 
         def reaped() -> bool:
-            return sockets_in(root) == ["agent-b.sock"] and [p for _, p in holders(root)] == [
-                b.proc.pid
-            ]
+            rows = holders(root)
+            files = [f"{i}{suffix}" for i, _ in rows for suffix in (".lock", ".socket")]
+            return (
+                sockets_in(root) == ["agent-b.sock"]
+                and [p for _, p in rows] == [b.proc.pid]
+                and holder_files(root) == sorted(files)
+            )
 
         await wait_until(reaped, timeout_s=START_S, what="a's socket and holder reaped by b")
         [(b_id, _)] = holders(root)
-        assert holder_files(root) == sorted([f"{b_id}.lock", f"{b_id}.socket"])
         c_args = ("--root", str(root), "--address", f"unix:{root}/agent-c.sock")
         async with serving(base / "c.log", *c_args) as c:
             await wait_until(lambda: len(holders(root)) == 2, timeout_s=START_S, what="c's row")
@@ -168,10 +173,9 @@ async def test_the_ray_agent_killed_as_rays_raylet_kills_it_leaves_nothing(
 
         def gone() -> bool:
             folders = [n for n in os.listdir(base) if n.startswith("rtenv-")]
-            return not sockets_in(root) and not holders(root) and not folders
+            return not (sockets_in(root) or holders(root) or holder_files(root) or folders)
 
         await wait_until(gone, timeout_s=STOP_S, what="the agent's socket, folder and holder gone")
-        assert holder_files(root) == []
         await asyncio.wait_for(raylet.communicate(), STOP_S)
     finally:
         await stop(raylet)
@@ -206,3 +210,24 @@ async def test_both_ray_agent_processes_killed_the_next_agent_reaps_socket_link_
 
         await wait_until(reaped, timeout_s=START_S, what="link, socket, folder and holder reaped")
         assert [p for _, p in holders(root)] == [nxt.proc.pid]
+
+
+def test_a_dead_holders_note_never_removes_another_socket_at_its_path(base: Path) -> None:
+    """The dead holder's socket was replaced by another agent's, bound and not yet listening:
+    reaping the dead holder's note keeps it (its inode is not the one noted); the dead one's own
+    socket, nobody listening, goes."""
+    root = base / "root"
+    (root / "holders").mkdir(parents=True)
+    path = str(root / "agent-x.sock")
+    with socket.socket(socket.AF_UNIX) as dead:
+        dead.bind(path)
+    sockets.note(root, "a" * 32, path, bound=True)
+    os.unlink(path)
+    with socket.socket(socket.AF_UNIX) as other:
+        other.bind(path)  # bound, not listening: a connect is refused, as to a dead socket
+        sockets.reap(root, "a" * 32)
+        assert os.path.exists(path), "another agent's socket at the same path: kept"
+        assert sockets.noted(root) == []
+        sockets.note(root, "b" * 32, path, bound=True)
+        sockets.reap(root, "b" * 32)
+        assert not os.path.exists(path), "the noted socket itself, nobody listening: removed"

@@ -227,6 +227,11 @@ class Agent:
                 # never started keeps its port until the process ends (grpc's own behaviour)
                 await self._serve_metrics(settings, None if secret is None else Token(secret))
             self.address = await self._bind(address)
+            if address.startswith("unix:"):  # the very file bound, noted (``state.sockets``)
+                await asyncio.to_thread(
+                    sockets.note, root, self._db.holder_id, address.removeprefix("unix:"),
+                    bound=True,
+                )  # fmt: skip
             if self._freeze_heap:  # before serving: counting what was frozen walks it (6 ms)
                 frozen = freeze_start_heap()
                 log.info("start-up heap frozen: %d objects", frozen, extra={"objects": frozen})

@@ -37,13 +37,20 @@ def note_path(root: Path, holder_id: str) -> Path:
     return root / "holders" / f"{holder_id}{SUFFIX}"
 
 
-def note(root: Path, holder_id: str, socket_path: str) -> None:
-    """Note the socket this holder serves on (before it binds it: a crash after the bind
-    leaves a note that names it)."""
+def note(root: Path, holder_id: str, socket_path: str, *, bound: bool = False) -> None:
+    """Note the socket this holder serves on: before it binds it (a crash after the bind
+    leaves a note that names it), and again once ``bound``, with the socket file's device,
+    inode and change time (an inode number is reused at once): then only that very file is
+    removed, and an agent that took the same path since, caught between its bind and its
+    listen, keeps its socket."""
     path = note_path(root, holder_id)
+    text = os.path.abspath(socket_path)
+    if bound:
+        info = os.lstat(socket_path)
+        text += f"\n{info.st_dev} {info.st_ino} {info.st_ctime_ns}"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, os.fsencode(os.path.abspath(socket_path)))
+        os.write(fd, os.fsencode(text))
     finally:
         os.close(fd)
 
@@ -68,11 +75,12 @@ def reap(root: Path, holder_id: str) -> int:
     module says), then its note; return how many of those were removed. A failure is logged
     and left to the next reaping (the note stays when the socket could not be removed)."""
     path = note_path(root, holder_id)
-    named = _read_note(path)
+    noted = _read_note(path)
     removed = 0
-    if named is not None:
+    if noted is not None:
+        named, ident = noted
         try:
-            removed = _remove(root, named)
+            removed = _remove(root, named, ident)
         except OSError as exc:
             log.warning(
                 "cannot remove %s, the socket of a dead agent: %s", named, exc.strerror or exc,
@@ -84,7 +92,11 @@ def reap(root: Path, holder_id: str) -> int:
     return removed
 
 
-def _read_note(path: Path) -> str | None:
+Ident = tuple[int, int, int]  # a file's st_dev, st_ino, st_ctime_ns
+Noted = tuple[str, Ident | None]  # the socket's path, and its file once bound
+
+
+def _read_note(path: Path) -> Noted | None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -97,19 +109,27 @@ def _read_note(path: Path) -> str | None:
         return None
     finally:
         os.close(fd)
-    named = os.fsdecode(text).strip()
-    return named if os.path.isabs(named) and "\0" not in named else None
+    named, _, ident = os.fsdecode(text).partition("\n")
+    if not os.path.isabs(named) or "\0" in named:
+        return None
+    numbers = ident.split()
+    if len(numbers) == 3 and all(n.isdigit() for n in numbers):
+        return named, (int(numbers[0]), int(numbers[1]), int(numbers[2]))
+    return named, None
 
 
-def _remove(root: Path, named: str) -> int:
-    """Remove the socket ``named`` (if nobody listens), the links to it in the root, and its
-    folder (if it is one of ``rtenv-<16 hex>``, this user's and empty)."""
+def _remove(root: Path, named: str, ident: Ident | None) -> int:
+    """Remove the socket ``named`` (if it is the file noted, ``ident``, and nobody listens),
+    the links to it in the root, and its folder (if it is one of ``rtenv-<16 hex>``, this
+    user's and empty)."""
     removed = 0
     try:
         info = os.lstat(named)
     except FileNotFoundError:
         info = None
     if info is not None and stat.S_ISSOCK(info.st_mode) and info.st_uid == os.geteuid():
+        if ident is not None and (info.st_dev, info.st_ino, info.st_ctime_ns) != ident:
+            return 0  # another agent's socket at that path since
         if _listened(named):
             return 0  # a live agent took the path since: its socket
         os.unlink(named)
