@@ -167,8 +167,11 @@ async def test_an_agent_under_umask_000_keeps_nothing_others_may_write_and_no_se
             names = set(os.listdir(root))
             expected = {"agent.lock", "agent.sock", "state.db", "state.db-wal", "state.db-shm"}
             assert expected | {"uris", "tmp", "trash", "logs", "holders"} <= names, names
-            [lock] = (root / "holders").iterdir()  # the agent's holder lock, 0600 like its pid
+            # the agent's holder lock (0600 like its pid) and its socket's note, 0600 too
+            lock, note = sorted((root / "holders").iterdir(), key=lambda p: p.suffix)
+            assert (lock.suffix, note.suffix) == (".lock", ".socket")
             assert mode_of(lock) == 0o600
+            assert mode_of(note) == 0o600
             assert mode_of(root / "holders") == 0o755
             assert len(os.listdir(root / "uris")) == 4  # working dir, two modules, one venv
             assert mode_of(root / "agent.lock") == 0o600

@@ -7,7 +7,10 @@ import contextlib
 import hashlib
 import os
 import shutil
+import stat
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +42,67 @@ def du(path: Path) -> int:
                     seen.add((st.st_dev, st.st_ino))
                 total += st.st_size
     return total
+
+
+MEASURE_MAX_ENTRIES = 2_000_000  # names a re-measure reads before it stops (a lower bound)
+MEASURE_MAX_S = 60.0  # and seconds
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A folder re-measured (``measure_tree``)."""
+
+    size: int  # bytes, as ``du`` counts them
+    ident: tuple[int, int]  # the folder's (st_dev, st_ino): which folder was measured
+    complete: bool  # False: the walk stopped at a bound, ``size`` is a lower bound
+
+
+def measure_tree(
+    path: Path,
+    *,
+    max_entries: int = MEASURE_MAX_ENTRIES,
+    max_s: float = MEASURE_MAX_S,
+    clock: Callable[[], float] = time.monotonic,
+) -> Measured | None:
+    """``du`` of a folder others may have written to (a worker's ``.venv``, caches, outputs),
+    as hostile input: no link followed, no other file system entered (a mount inside is not
+    the package's), each inode once, at most ``max_entries`` names read and ``max_s`` seconds
+    spent (then ``complete`` is False). None if ``path`` is not a folder (gone, or a link).
+    Blocking: call it in a thread."""
+    try:
+        top = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(top.st_mode):
+        return None
+    ident = (top.st_dev, top.st_ino)
+    total, read, deadline = 0, 0, clock() + max_s
+    seen: set[tuple[int, int]] = set()
+    folders = [os.fspath(path)]
+    while folders:
+        try:
+            names = os.scandir(folders.pop())
+        except OSError:  # gone, or not ours to read: what can be read is counted
+            continue
+        with names:
+            for entry in names:
+                read += 1
+                if read > max_entries or (read % 4096 == 0 and clock() > deadline):
+                    return Measured(total, ident, complete=False)
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    if st.st_dev == top.st_dev:
+                        folders.append(entry.path)
+                    continue
+                if st.st_nlink > 1:
+                    if (st.st_dev, st.st_ino) in seen:
+                        continue
+                    seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
+    return Measured(total, ident, complete=True)
 
 
 def unpack_reservation(declared: int, archive_bytes: int, limits: ArchiveLimits) -> int:

@@ -25,7 +25,7 @@ from agent.app.config import Settings
 from agent.app.token import read_token
 from agent.core.errors import AgentError, echo_label
 from agent.core.units import human_bytes, parse_duration, plural
-from agent.ops import logs, loops, options, ray_agent, ray_flags, root_view
+from agent.ops import keeper, logs, loops, options, ray_agent, ray_flags, root_view
 from agent.ops.entry import serve
 from agent.ops.startup import check_address, file_root_warning, missing_folders, split_host_port
 from agent.ops.usage import OneLineParser
@@ -266,21 +266,29 @@ def _info_root(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(settings: Settings) -> int:
+def _run(settings: Settings, keeper_pid: int | None = None) -> int:
     # The loop hands the GIL to the unzip and hash threads every 5 ms by default, which is
     # what an RPC then waits; 1 ms keeps the loop answering while an install runs.
     sys.setswitchinterval(0.001)
     # uvloop (the extra 'fast') when installed, unless RTENV_EVENT_LOOP says (agent.ops.loops);
     # chosen before anything touches the root. The start-up log says which loop runs.
     with asyncio.Runner(loop_factory=loops.loop_factory(os.environ)) as runner:
-        return runner.run(serve(settings, freeze_heap=True))
+        return runner.run(serve(settings, freeze_heap=True, keeper_pid=keeper_pid))
 
 
 def _ray_agent(argv: Sequence[str]) -> int:
+    # Ray's raylet ends its agent with SIGKILL: the process it starts only keeps the agent,
+    # which runs in a child and stops cleanly when its keeper is killed (``keeper``)
+    raylet, keeper_pid = os.getppid(), None
+    if raylet > 1:  # else the raylet is gone already: prepare says so
+        keeper_pid = os.getpid()
+        agent = keeper.split()
+        if agent:
+            return keeper.keep(agent)
     try:
-        prepared = ray_agent.prepare(argv, os.environ)
+        prepared = ray_agent.prepare(argv, os.environ, getppid=lambda: raylet)
         try:
-            return _run(prepared.settings)
+            return _run(prepared.settings, keeper_pid)
         finally:
             prepared.cleanup()
     except ray_flags.Refused as exc:

@@ -29,9 +29,11 @@ async def serve(
     *,
     before_recovery: Callable[[], Awaitable[None]] | None = None,
     freeze_heap: bool = False,
+    keeper_pid: int | None = None,
 ) -> int:
     """Run the agent until SIGTERM, SIGINT or SIGHUP (each a graceful stop) or the parent's
-    death; return the exit code. Both are honoured while the agent starts too (the Ray door
+    death (or, with ``keeper_pid``, its keeper's: ``agent.ops.keeper``); return the exit
+    code. Both are honoured while the agent starts too (the Ray door
     listens before recovery, which may be long): the start is cancelled, and cleans up.
     ``before_recovery``: as ``Agent``'s (a test's hook). ``freeze_heap``: as ``Agent``'s
     (process-wide: the CLI's process asks for it, not a test that runs agents in its own)."""
@@ -53,7 +55,7 @@ async def serve(
         loop.add_signal_handler(sig, on_signal)
     try:  # the handlers stay until the agent has stopped: a second signal during the
         # graceful stop must still exit at once
-        return await _serve(settings, stop, before_recovery, freeze_heap)
+        return await _serve(settings, stop, before_recovery, freeze_heap, keeper_pid)
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
@@ -64,12 +66,19 @@ async def _serve(
     stop: asyncio.Event,
     before_recovery: Callable[[], Awaitable[None]] | None,
     freeze_heap: bool,
+    keeper_pid: int | None,
 ) -> int:
-    watcher = None
+    watchers = []
     try:
         if settings.parent_pid is not None:
             check_parent(settings.parent_pid)
-            watcher = asyncio.create_task(_watch_parent(settings.parent_pid, stop), name="parent")
+            watchers.append(
+                asyncio.create_task(_watch_parent(settings.parent_pid, stop), name="parent")
+            )
+        if keeper_pid is not None:  # the raylet kills the keeper: this agent stops cleanly
+            watchers.append(
+                asyncio.create_task(_watch_parent(keeper_pid, stop, "keeper"), name="keeper")
+            )
         notifier = Notifier.from_environment()  # systemd Type=notify, when NOTIFY_SOCKET is set
         agent = Agent(settings, before_recovery=before_recovery, freeze_heap=freeze_heap)
         if not await _start_unless_stopped(agent, stop):
@@ -85,7 +94,7 @@ async def _serve(
         log.info("shutting down")
         notifier.send("STOPPING=1")
     finally:
-        if watcher is not None:
+        for watcher in watchers:
             await _end(watcher)
     await agent.stop()
     return 0
@@ -132,12 +141,12 @@ def describe_loop(loop: asyncio.AbstractEventLoop) -> str:
     return "asyncio (uvloop not in use; pip install uvloop for less overhead per RPC)"
 
 
-async def _watch_parent(pid: int, stop: asyncio.Event) -> None:
-    """Set ``stop`` when process ``pid`` exits (fate sharing)."""
+async def _watch_parent(pid: int, stop: asyncio.Event, who: str = "parent") -> None:
+    """Set ``stop`` when process ``pid`` (the parent, or ``who``) exits (fate sharing)."""
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:  # gone since check_parent
-        log.error("parent %d is already gone; shutting down", pid, extra={"parent_pid": pid})
+        log.error("%s %d is already gone; shutting down", who, pid, extra={"parent_pid": pid})
         stop.set()
         return
     except OSError:  # no pidfd (old kernel): poll
@@ -154,7 +163,7 @@ async def _watch_parent(pid: int, stop: asyncio.Event) -> None:
                 loop.remove_reader(fd)  # also when cancelled: no reader left on a closed fd
         finally:
             os.close(fd)
-    log.warning("parent %d exited; shutting down", pid, extra={"parent_pid": pid})
+    log.warning("%s %d exited; shutting down", who, pid, extra={"parent_pid": pid})
     stop.set()
 
 

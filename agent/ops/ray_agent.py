@@ -274,7 +274,9 @@ def _link(link: Path, target: str) -> None:
         ) from exc
 
 
-def prepare(argv: Sequence[str], environ: Mapping[str, str]) -> Prepared:
+def prepare(
+    argv: Sequence[str], environ: Mapping[str, str], *, getppid: Callable[[], int] = os.getppid
+) -> Prepared:
     """Parse, redirect the output, resolve the settings, set up logging (a thread writes the
     log: ``logs.shutdown()`` at exit) and the short socket's folder, in that order (a mistake
     after the redirect lands where Ray's user reads the agent's stderr). Raises Refused,
@@ -282,7 +284,9 @@ def prepare(argv: Sequence[str], environ: Mapping[str, str]) -> Prepared:
     flags = parse_flags(argv)
     redirect_std(flags)
     # the home folder looked up when needed, not before: Path.home() raises without one
-    settings = settings_for(flags, environ, lambda p: p.read_text(), home=lambda: Path.home())
+    settings = settings_for(
+        flags, environ, lambda p: p.read_text(), home=lambda: Path.home(), getppid=getppid
+    )
     text_format = flags.logging_format if settings.log_format == "text" else None
     logs.configure(
         settings.log_level, settings.log_format, handler=log_handler(flags),

@@ -62,6 +62,7 @@ from agent.ops.startup import (
     probe_address,
     share_root,
 )
+from agent.state import sockets
 from agent.state.recovery import RecoverySummary, recover
 from agent.state.state_db import FILE_NAME, MEMORY, StateDB
 from agent.state.store import UriStore
@@ -165,6 +166,11 @@ class Agent:
                 await asyncio.to_thread(share_root, self._lock_fd)  # others may come now
             self._db = db = StateDB(db_path if settings.persist else MEMORY, root=root)
             await db.open()
+            if address.startswith("unix:"):  # noted before it is bound: whoever reaps this
+                # holder if it dies without stopping removes the socket (``state.sockets``)
+                await asyncio.to_thread(
+                    sockets.note, root, db.holder_id, address.removeprefix("unix:")
+                )
             interceptors = []
             if secret is not None:
                 interceptors.append(TokenInterceptor(secret))
@@ -221,6 +227,11 @@ class Agent:
                 # never started keeps its port until the process ends (grpc's own behaviour)
                 await self._serve_metrics(settings, None if secret is None else Token(secret))
             self.address = await self._bind(address)
+            if address.startswith("unix:"):  # the very file bound, noted (``state.sockets``)
+                await asyncio.to_thread(
+                    sockets.note, root, self._db.holder_id, address.removeprefix("unix:"),
+                    bound=True,
+                )  # fmt: skip
             if self._freeze_heap:  # before serving: counting what was frozen walks it (6 ms)
                 frozen = freeze_start_heap()
                 log.info("start-up heap frozen: %d objects", frozen, extra={"objects": frozen})

@@ -35,7 +35,7 @@ class UriEntry:
     key: UriKey
     path: Path
     state: UriState = UriState.INSTALLING
-    size: int = 0  # bytes unpacked, measured once at install
+    size: int = 0  # bytes on disk: measured at install, and again at each release
     last_used_ms: int = 0
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     waiters: int = 0  # ensure() calls awaiting the install

@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.state import sockets
+
 log = logging.getLogger(__name__)
 
 HOLDERS_DIR = "holders"
@@ -94,7 +96,8 @@ class HolderLock:
         """At a clean stop, after the holder's rows are gone: remove the file, then unlock."""
         if self.fd < 0:
             return
-        with contextlib.suppress(FileNotFoundError):
+        sockets.forget(self.root, self.holder_id)  # before the lock: a note without a lock
+        with contextlib.suppress(FileNotFoundError):  # is a dead holder's
             lock_path(self.root, self.holder_id).unlink()
         os.close(self.fd)
         self.fd = -1
@@ -203,7 +206,10 @@ class Reaping:
         """The holder's rows and folders are gone: remove its lock file, then let go (the
         descriptor is closed whatever happens; a file that cannot be removed is warned of)."""
         try:
-            if is_holder_id(self.path.name.removesuffix(".lock")):
+            holder_id = self.path.name.removesuffix(".lock")
+            if is_holder_id(holder_id):
+                # the socket it served on (a SIGKILL leaves it), then its lock
+                sockets.reap(self.path.parent.parent, holder_id)
                 _remove_lock(self.path, locked=self.locked)
         finally:
             os.close(self.fd)

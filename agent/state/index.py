@@ -34,6 +34,7 @@ waits (a late drop, as R1 allows). ``obtain`` takes a deferred reference back by
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -166,6 +167,30 @@ def commit_install(conn: sqlite3.Connection, me: str, row: Row) -> bool:
         ).rowcount
         == 1
     )
+
+
+def resize(
+    conn: sqlite3.Connection,
+    root: Path,
+    key: RowKey,
+    directory: str,
+    ident: tuple[int, int],
+    size: int,
+) -> bool:
+    """A ready package's folder was re-measured (``disk.measure_tree``): its row's size made
+    ``size``, if the row still names ``directory`` and that folder still is the one measured
+    (``ident``: its device and inode, read in this transaction, where no holder evicts or
+    places it). A package evicted meanwhile (its row gone, or made again by a new install,
+    another folder) is left as it is: a re-measure never writes a row back. True if changed."""
+    if not plain_name(directory):
+        return False
+    try:
+        st = os.lstat(root / "uris" / directory)
+    except OSError:
+        return False
+    if (st.st_dev, st.st_ino) != ident:
+        return False
+    return conn.execute(schema.RESIZE, (size, *key, directory, size)).rowcount == 1
 
 
 def drop_claims(conn: sqlite3.Connection, me: str, keys: Iterable[RowKey]) -> None:

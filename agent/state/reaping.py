@@ -19,7 +19,7 @@ from pathlib import Path
 
 from agent.install.modes import make_dir
 from agent.install.venv import kill_orphaned_installers
-from agent.state import schema
+from agent.state import schema, sockets
 from agent.state.holders import (
     Reaping,
     begin_reaping,
@@ -105,6 +105,10 @@ def reap_dead(conn: sqlite3.Connection, root: Path, me: str, trash: Path, reaped
             if lock is not None:
                 reaped.locks.append(lock)
     remove_stale_making(root)  # an agent killed between creating its lock file and its lock
+    locked = set(lock_files(root))
+    for holder in sockets.noted(root):  # a socket noted by a holder whose lock is gone (dead)
+        if holder != me and holder not in locked and is_holder_id(holder):
+            sockets.reap(root, holder)
     return reaped
 
 

@@ -171,6 +171,11 @@ COMMIT_INSTALL = (
 DROP_CLAIM = "DELETE FROM uris WHERE kind = ? AND uri = ? AND state = 'installing' AND holder = ?"
 DELETE_URI = "DELETE FROM uris WHERE kind = ? AND uri = ?"
 NOTE_USED = "UPDATE uris SET last_used_ms = max(last_used_ms, ?) WHERE kind = ? AND uri = ?"
+# a ready package re-measured (``index.resize``): its row only, never one made again meanwhile
+RESIZE = (
+    "UPDATE uris SET size = ? WHERE kind = ? AND uri = ? AND dir = ? AND state = 'ready'"
+    " AND size != ?"
+)
 
 # -- references ------------------------------------------------------------------------------
 TAKE_REF = "INSERT OR IGNORE INTO refs (holder, kind, uri) VALUES (?, ?, ?)"

@@ -103,6 +103,9 @@ class StateDB(ObtainQueue, WriteBehind):
         self._carried: Batch | None = None
         # who deletes what a transaction set aside when its caller was cancelled (the store)
         self.on_leftovers: Callable[[list[Path]], None] | None = None
+        # packages this holder re-measures now (``measuring``): its passes do not evict them
+        # (read on the thread, under ``_guard``)
+        self._measuring: set[RowKey] = set()
 
     @property
     def holder_id(self) -> str:
@@ -311,6 +314,31 @@ class StateDB(ObtainQueue, WriteBehind):
             lambda conn, _: index.commit_install(conn, self.holder_id, row), refs=False
         )
 
+    async def resize(self, key: RowKey, directory: str, ident: tuple[int, int], size: int) -> bool:
+        """A re-measured package's size committed (``index.resize``): False if nothing changed
+        (the same size, or the package is no longer that folder). Its failure is
+        IndexUnavailable."""
+        return await self._transact(
+            lambda conn, _: index.resize(conn, self.root, key, directory, ident, size),
+            refs=False,
+        )
+
+    def measuring(self, key: RowKey, now: bool) -> None:
+        """This holder re-measures the package (``now``), or is done: meanwhile its passes keep
+        it (counted used), so it is never evicted by the size it had before."""
+        with self._guard:
+            if now:
+                self._measuring.add(key)
+            else:
+                self._measuring.discard(key)
+
+    def _may_evict_now(self, key: RowKey) -> bool:
+        """Asked by a pass, on the thread: not while re-measured, nor if taken again."""
+        with self._guard:
+            if key in self._measuring:
+                return False
+        return self._may_evict(key)
+
     async def sweep(self, budget_bytes: int, needed_bytes: int = 0, *, since: int = -1) -> Swept:
         """R2, R4 (``index.sweep``): reap dead holders, evict over the budget (and for
         ``needed_bytes``); the changes of the ready packages after ``since``. The packages
@@ -320,7 +348,8 @@ class StateDB(ObtainQueue, WriteBehind):
         def run(conn: sqlite3.Connection, reaped: Reaped) -> Swept:
             return index.sweep(
                 conn, self.root, self.holder_id, self.trash, budget_bytes=budget_bytes,
-                needed_bytes=needed_bytes, since=since, reaped=reaped, may_evict=self._may_evict,
+                needed_bytes=needed_bytes, since=since, reaped=reaped,
+                may_evict=self._may_evict_now,
             )  # fmt: skip
 
         def leftovers(swept: Swept) -> list[Path]:

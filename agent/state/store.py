@@ -9,7 +9,8 @@ Layout under the root (``state_db``, ``holders``)::
 
 The lifecycle of one key is in ``entries``; peers' installs are waited on through
 ``peer_watch``; an install is placed and committed by ``placing``; passes over the index (the
-evictions, and how this view follows the root) are ``passes``.
+evictions, and how this view follows the root) are ``passes``; a released package's folder is
+measured again (what its users wrote there counted) by ``remeasure``.
 
 One concept: a package's life in this agent, from the ``ensure`` that obtains it (single-flight,
 here and across the root: a hit, this agent's install under its claim, or a peer's awaited) to
@@ -54,6 +55,7 @@ from agent.state.index import Found
 from agent.state.passes import PASS_WINDOW_S, Passes, retrieve_exception
 from agent.state.peer_watch import PeerWatch
 from agent.state.placing import commit, place
+from agent.state.remeasure import Remeasure
 from agent.state.room import Claim, DiskRoom
 from agent.state.state_db import StateDB
 
@@ -115,6 +117,7 @@ class UriStore:
         )  # fmt: skip
         self._room = DiskRoom(root, disk_floor, self.pass_loop.evict_for)  # the floor, claims
         self._peers = PeerWatch(db, sleep)
+        self.remeasures = Remeasure(db, self._entries.get, after=self.pass_loop.ask)
         self._last_release_ms = 0  # strictly increasing over this agent's releases
         self.downloads = 0
         self.extractions = 0
@@ -389,7 +392,8 @@ class UriStore:
 
     # -- references ------------------------------------------------------------------------
     def release(self, keys: Iterable[UriKey]) -> None:
-        """These keys' counts reached 0: their references in the index go (behind), and a
+        """These keys' counts reached 0: their references in the index go (behind), their
+        folders are measured again (``remeasure``: what workers wrote there counted), and a
         pass will evict what the root no longer needs over the budget."""
         keys = list(keys)
         if not keys:  # a delete that left every count above 0: no pass, no index work
@@ -408,6 +412,7 @@ class UriStore:
             entry.held = False
             entry.last_used_ms = now
             self._db.note_uri(key.kind.value, key.uri, now)
+            self.remeasures.ask(key)  # what its users wrote in its folder, counted
         self.pass_loop.ask()
 
     # -- passes and deletions ----------------------------------------------------------------
@@ -431,8 +436,12 @@ class UriStore:
         recovery, shutdown)."""
         for _ in range(1000):
             task = self.pass_loop.running
-            if task is None and not self._background:
+            measuring = self.remeasures.tasks()
+            if task is None and not self._background and not measuring:
                 return
+            if measuring:  # each asks for a pass when done
+                await asyncio.wait(measuring)
+            task = self.pass_loop.running
             if task is not None:
                 self.pass_loop.hurry()
                 await asyncio.wait([task])
@@ -457,6 +466,7 @@ class UriStore:
 
     async def close(self) -> None:
         """Stop: end the passes, cancel installs in flight, finish deletions."""
+        await self.remeasures.close()
         passes = self.pass_loop.halt()
         installs = [e.task for e in self._entries.values() if e.task is not None]
         reader = self._peers.task()
