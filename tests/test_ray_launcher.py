@@ -34,6 +34,7 @@ from agent.ray import (
 from agent.ray.launcher import announcement
 from tests.harness.agent_process import REPO, stop
 from tests.harness.polling import wait_until
+from tests.harness.ray_switch import cmdline, pids_naming, ppid
 
 RAY = Path("/venv/lib/python3.11/site-packages/ray")
 RAY_MAIN = str(RAY / "_private" / "runtime_env" / "agent" / "main.py")
@@ -294,41 +295,15 @@ def _free_port() -> int:
         return port
 
 
-def _cmdline(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
-
-
-def _ppid(pid: int) -> int:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return -1
-    return int(stat.rpartition(")")[2].split()[1])
-
-
-def _pids_naming(text: str) -> list[int]:
-    """The processes whose command line names ``text`` (our temp dir: only our node's)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        pid = int(entry.name) if entry.name.isdigit() else os.getpid()
-        if pid != os.getpid() and any(text in part for part in _cmdline(pid)):
-            found.append(pid)
-    return found
-
-
 def _kill_all_naming(text: str) -> None:
     """Stop our node by its PIDs: SIGTERM, a bounded wait, then SIGKILL."""
     for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        pids = _pids_naming(text)
+        pids = pids_naming(text)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + wait_s
-        while _pids_naming(text) and time.monotonic() < deadline:
+        while pids_naming(text) and time.monotonic() < deadline:
             time.sleep(0.1)
 
 
@@ -356,8 +331,8 @@ async def test_rtenv_agent_ray_start_gives_the_raylet_this_agent_as_its_child(
     found: dict[str, int] = {}
 
     def raylet_with_our_agent() -> bool:
-        for pid in _pids_naming(temp):
-            cmd = _cmdline(pid)
+        for pid in pids_naming(temp):
+            cmd = cmdline(pid)
             if cmd and cmd[0].endswith("/raylet"):
                 found["raylet"] = pid
             if cmd[1:6] == ["-u", "-I", "-m", "agent", "ray-agent"]:
@@ -366,12 +341,12 @@ async def test_rtenv_agent_ray_start_gives_the_raylet_this_agent_as_its_child(
 
     try:
         await wait_until(raylet_with_our_agent, timeout_s=60, what="a raylet and our agent")
-        raylet_cmd = _cmdline(found["raylet"])
+        raylet_cmd = cmdline(found["raylet"])
         agent_command = _agent_command(raylet_cmd)
         assert agent_command[:6] == [sys.executable, "-u", "-I", "-m", "agent", "ray-agent"]
         assert f"--temp-dir={temp}" in agent_command
-        assert _ppid(found["agent"]) == found["raylet"]
-        assert _cmdline(found["agent"]) == agent_command
+        assert ppid(found["agent"]) == found["raylet"]
+        assert cmdline(found["agent"]) == agent_command
         (line,) = [x for x in said.read_text().splitlines() if "runtime env agent" in x]
         flags = agent_command[agent_command.index("ray-agent") + 1 :]
         (flag,) = [f for f in flags if f.startswith("--runtime-env-dir=")]
@@ -388,6 +363,6 @@ async def test_rtenv_agent_ray_start_gives_the_raylet_this_agent_as_its_child(
     finally:
         await stop(launcher)
         await asyncio.to_thread(_kill_all_naming, temp)
-        left = _pids_naming(temp)
+        left = pids_naming(temp)
         shutil.rmtree(temp, ignore_errors=True)
-    assert left == [], [_cmdline(p) for p in left]
+    assert left == [], [cmdline(p) for p in left]

@@ -90,13 +90,7 @@ class RefTables:
             return []
         distinct = self._share(tuple(dict.fromkeys(keys)))
         self._envs[env_id] = EnvRefs(keys=distinct, count=1, pending=1)
-        acquired = []
-        for key in distinct:
-            before = self._uris.get(key, 0)
-            self._uris[key] = before + 1
-            if before == 0:
-                acquired.append(key)
-        return acquired
+        return self._count(distinct)
 
     def derive(self, env_id: str, keys: Iterable[UriKey]) -> list[UriKey]:
         """Add keys an env's create found it needs once its own packages were installed (a
@@ -112,8 +106,12 @@ class RefTables:
         if refs.static < 0:
             refs.static = len(refs.keys)
         refs.keys = (*refs.keys, *new)
+        return self._count(new)
+
+    def _count(self, keys: Iterable[UriKey]) -> list[UriKey]:
+        """One more env on each of ``keys`` (distinct); return those that went from 0 to 1."""
         acquired = []
-        for key in new:
+        for key in keys:
             before = self._uris.get(key, 0)
             self._uris[key] = before + 1
             if before == 0:
