@@ -141,6 +141,7 @@ async def test_a_project_without_a_lock_is_locked_by_the_agent_in_a_copy(tmp_pat
         assert seen["beta"][0] == "beta 1.0"
         (wd,) = [n for n in ra.uri_dirs() if n.startswith("working_dir-")]
         assert sorted(p.name for p in (ra.root / "uris" / wd).iterdir()) == ["pyproject.toml"]
+        assert not list((ra.root / "logs").glob("uvproject-*")), "a lock that succeeded: no log"
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await create(ra, uri, f"uv run --frozen --python {PYTHON} python")
         code, message = status_of(caught.value)

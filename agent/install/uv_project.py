@@ -89,6 +89,9 @@ async def plan_project(
             [planning.uv, "lock", "--quiet", *locked, *python], log_path, label, scratch,
             cwd=project, environ=project_environ(scratch),
         )  # fmt: skip
+        # a lock that succeeded says nothing worth keeping: its log goes (a failure's stays,
+        # named in the error), so the logs folder does not grow by one file per create
+        await asyncio.to_thread(log_path.unlink, missing_ok=True)
     lock = await asyncio.to_thread(_read_lock, project / "uv.lock", label)
     files = {**files, "uv.lock": lock}
     identity = {
