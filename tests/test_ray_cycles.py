@@ -22,7 +22,7 @@ import pytest
 
 from tests.harness.agent_process import REPO
 from tests.harness.ray_nodes import base_environ, poll
-from tests.harness.tempdirs import short_tempdir
+from tests.harness.tempdirs import ray_tempdir
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -57,7 +57,7 @@ def leftovers(root: Path, temp_dir: Path) -> list[str]:
 
 
 def test_twenty_local_clusters_leave_no_socket_or_holder_in_the_shared_root() -> None:
-    base = short_tempdir()
+    base = ray_tempdir()  # Ray's socket paths live under it: short
     root, temp_dir = base / "root", base / "ray"
     temp_dir.mkdir()
     env = base_environ(RTENV_ROOT=str(root), PYTHONPATH=str(REPO))

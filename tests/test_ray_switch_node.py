@@ -9,6 +9,7 @@ are found, and stopped, by that path); ``RTENV_ROOT`` is unset: the root is enab
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from tests.harness.ray_switch import (
     uv_environ,
     uv_project,
 )
+from tests.harness.uv_projects import user_uv
 
 AGENT_FLAG = "--runtime_env_agent_command="
 
@@ -123,7 +125,8 @@ def test_a_bare_ray_init_runs_this_agent_on_enables_root_and_rays_own_after_disa
         run.task_pid()
         command, agent = _agent_of_node(str(ray_tmp / "off"))
         assert command[0] == str(python), "Ray's agent, run by the env's own python"
-        assert any(word.endswith(RAY_AGENT_MAIN) for word in command), command
+        # Ray's own agent command quotes its script's path when it has a space (CI's clone)
+        assert any(word.strip('"').endswith(RAY_AGENT_MAIN) for word in command), command
         assert "-m agent ray-agent" not in " ".join(agent), agent
         assert run.finish() == 0
 
@@ -134,12 +137,18 @@ def test_a_uv_run_driver_in_a_uv_project_runs_this_agent_from_its_own_installati
     """``uv run python launch.py``: uv re-syncs the project's venv and the switch is still on;
     Ray's uv hook makes the job's env (the project folder as working_dir, ``uv run`` as the
     workers' python), which this agent prepares, and the task runs."""
-    uv = find_uv()
-    if uv is None:
+    if find_uv() is None:
         pytest.skip("no uv here")
+    uv = str(user_uv())  # at a path without a space, as a user's: Ray's hook does not quote it
     agent_python = agent_venv(tmp_path / "agent")
     project = tmp_path / "proj"
     env = uv_environ(_environ(ray_tmp), tmp_path, project)
+    # no uv on the PATH the node's agent inherits: it leaves the workers' uv run line to uv
+    # (which runs in the project's venv, given Ray the test-only way); the agent's own build of
+    # a uv run project, Ray in its lock, is tests/test_ray_uv_run_agent.py's
+    env["PATH"] = os.pathsep.join(
+        d for d in env.get("PATH", "").split(os.pathsep) if d and not Path(d, "uv").exists()
+    )
     python = uv_project(uv, project, env)
     root = tmp_path / "root"
     enabled = switch(agent_python, "enable", "--python", str(python), "--root", str(root))

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.ray_wheelhouse import big_wheel, ray_wheelhouse
-from tests.harness.tempdirs import short_tempdir
+from tests.harness.tempdirs import ray_tempdir
 from tests.harness.uv_projects import (
     UV,
     check_driver_facts,
@@ -48,7 +48,7 @@ pytestmark = pytest.mark.skipif(not UV.is_file(), reason=f"needs uv beside this 
 def test_stock_ray_runs_a_uv_run_project_offline_each_worker_under_uv_run_in_its_working_dir() -> (
     None
 ):
-    base = short_tempdir()
+    base = ray_tempdir()  # Ray's socket paths live under it: short
     ray_tmp = base / "r"
     try:
         links = base / "links"

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.harness.ray_wheelhouse import big_wheel, ray_wheelhouse
-from tests.harness.tempdirs import short_tempdir
+from tests.harness.tempdirs import ray_tempdir
 from tests.harness.uv_projects import (
     UV,
     Project,
@@ -100,7 +100,7 @@ class Machine:
 
 @pytest.fixture(scope="module")
 def machine() -> Iterator[Machine]:
-    base = short_tempdir()
+    base = ray_tempdir()  # Ray's socket paths live under it: short
     try:
         links = base / "links"
         big_wheel(links, BIG_MIB)

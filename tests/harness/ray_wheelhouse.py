@@ -137,7 +137,7 @@ def _key(dists: Sequence[metadata.Distribution]) -> str:
     return f"ray-{RAY_VERSION}-{tag}-{hashlib.sha256(versions.encode()).hexdigest()[:12]}"
 
 
-def _user_base() -> Path:
+def user_base() -> Path:
     """``$RTENV_WHEELHOUSE_BASE`` or ``/tmp/rtenv-wheelhouse-<uid>``: made 0700 if missing; one
     owned by someone else, or open to others, is refused (its wheels could be anyone's)."""
     base = os.environ.get("RTENV_WHEELHOUSE_BASE") or f"/tmp/rtenv-wheelhouse-{os.getuid()}"
@@ -167,7 +167,7 @@ def ray_wheelhouse() -> Wheelhouse:
     ray = next(d for d in dists if canonicalize_name(d.metadata["Name"]) == "ray")
     if ray.version != RAY_VERSION:
         raise RuntimeError(f"ray {ray.version} is installed here, not {RAY_VERSION}")
-    final = _user_base() / _key(dists)
+    final = user_base() / _key(dists)
     if final.is_dir():
         return Wheelhouse(final, tuple(sorted(p.name for p in final.iterdir())), None)
     started = time.monotonic()

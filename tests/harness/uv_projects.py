@@ -21,6 +21,7 @@ also passes to the workers' ``uv run --python``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.harness.ray_wheelhouse import BIG, RAY_VERSION
+from tests.harness.ray_wheelhouse import BIG, RAY_VERSION, user_base
 
 UV = Path(sys.executable).with_name("uv")  # the dev venv's uv (a binary named uv: Ray's hook
 # looks for an ancestor whose argv[0]'s name is "uv")
@@ -196,8 +197,30 @@ def run_uv(args: Sequence[str], cwd: Path, env: Mapping[str, str], timeout: floa
 
 
 def launch_command(extra_uv_args: Sequence[str] = ()) -> list[str]:
-    """The user's command: ``uv run --offline [ARGS] python launch.py``."""
-    return [str(UV), "run", "--offline", *extra_uv_args, "python", "launch.py"]
+    """The user's command: ``uv run --offline [ARGS] python launch.py``, by ``user_uv()``."""
+    return [str(user_uv()), "run", "--offline", *extra_uv_args, "python", "launch.py"]
+
+
+@functools.cache
+def user_uv() -> Path:
+    """``UV`` at a path without a space, as a user's uv is (``~/.local/bin/uv``): Ray's uv-run
+    hook joins the driver's ``uv run`` line with spaces, unquoted, into the workers'
+    ``py_executable``, so a uv whose path has one (a clone in "a b-c/") breaks every worker's
+    command, with Ray's agent as with this one. Where ``UV``'s path has a space: a link to it,
+    named ``uv``, in this user's folder beside the wheelhouse (``/tmp/rtenv-wheelhouse-<uid>``)."""
+    if " " not in str(UV):
+        return UV
+    folder = user_base() / "bin"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    link = folder / "uv"
+    if not link.is_symlink() or os.readlink(link) != str(UV):
+        fresh = folder / f".uv-{os.getpid()}"
+        fresh.unlink(missing_ok=True)
+        fresh.symlink_to(UV)
+        os.replace(fresh, link)
+    if " " in str(link):
+        raise RuntimeError(f"no path without a space for uv: {link} (set RTENV_WHEELHOUSE_BASE)")
+    return link
 
 
 def parse_facts(stdout: str) -> list[dict[str, Any]]:
