@@ -82,3 +82,14 @@ def test_other_lines_are_left_to_uv_saying_why(line: str, said: str) -> None:
 )
 def test_a_uv_run_line_is_told_by_its_first_two_words(line: str | None, is_it: bool) -> None:
     assert is_uv_run(line) is is_it
+
+
+def test_rays_unquoted_uv_path_with_a_space_is_still_a_uv_run_line() -> None:
+    """Ray's hook joins the driver's command unquoted: a uv at '/home/me/My Tools/uv' gives a
+    line no shell splits right; the agent takes it up to its '/uv run' (Ray's agent could not
+    run it at all)."""
+    line = "/home/me/My Tools/uv run --python 3.11.7 python"
+    assert is_uv_run(line)
+    assert parsed(line).python == "3.11.7"
+    assert not is_uv_run("/home/me/My Tools/uv runner python")
+    assert not is_uv_run("python -c '/a b/uv run'")

@@ -49,6 +49,8 @@ _IGNORED: dict[str, bool] = {
 }  # fmt: skip
 _SHORT = {"-p": "--python", "-q": "-q", "-v": "-v", "-n": "-n"}
 _PROGRAM = re.compile(r"python(3(\.\d{1,3})?)?")
+# an absolute path to uv holding a space, unquoted (no quote, no backslash), then " run"
+_UNQUOTED_UV = re.compile(r"/[^'\"\\]*?/uv run(?=\s|$)")
 _MAX_WITH = 50  # packages named by --with
 _MAX_WITH_CHARS = 500  # each
 
@@ -81,19 +83,33 @@ class Passthrough:
 
 def is_uv_run(py_executable: str | None) -> bool:
     """Whether the command is ``uv run ...`` (by its first two words; not a parse)."""
-    if not py_executable:
-        return False
+    return bool(py_executable) and _after_run(py_executable or "") is not None
+
+
+def _after_run(line: str) -> list[str] | None:
+    """The words after ``<uv> run``, or None when the line is no ``uv run``. Ray's hook joins
+    the driver's command line with spaces, unquoted: a uv whose absolute path has a space
+    (``/home/me/My Tools/uv``) is taken up to its ``/uv run``, which Ray's own agent could
+    not run at all."""
     try:
-        words = shlex.split(py_executable)
+        words = shlex.split(line)
     except ValueError:
-        return False
-    return len(words) >= 2 and os.path.basename(words[0]) == "uv" and words[1] == "run"
+        return None
+    if len(words) >= 2 and os.path.basename(words[0]) == "uv" and words[1] == "run":
+        return words[2:]
+    unquoted = _UNQUOTED_UV.match(line)
+    if unquoted is None:
+        return None
+    try:
+        return shlex.split(line[unquoted.end() :])
+    except ValueError:
+        return None
 
 
 def parse_uv_run(py_executable: str) -> UvRun | Passthrough:
     """The ``UvRun`` of a ``uv run`` line the agent builds itself, or why it passes it through.
     Call it on a line ``is_uv_run`` accepts."""
-    words = shlex.split(py_executable)[2:]
+    words = _after_run(py_executable) or []
     python: str | None = None
     lock = ""
     sync: list[str] = []
