@@ -61,7 +61,8 @@ def locked(tmp: Path, files: dict[str, str]) -> dict[str, str]:
     uv = subprocess.run(
         [str(Path(sys.executable).parent / "uv"), "lock", "--offline", "--quiet"],
         cwd=project, capture_output=True, text=True, timeout=60,
-        env={"PATH": "/usr/bin:/bin", "UV_CACHE_DIR": str(tmp / "uv-cache"), "HOME": str(tmp)},
+        env={"PATH": "/usr/bin:/bin", "UV_CACHE_DIR": str(tmp / "uv-cache"), "HOME": str(tmp),
+             "TMPDIR": str(tmp)},
     )  # fmt: skip
     assert uv.returncode == 0, uv.stderr
     return {**files, "uv.lock": (project / "uv.lock").read_text()}

@@ -118,8 +118,14 @@ class Remeasure:
         """The re-measures running (``UriStore.settle`` waits for them)."""
         return list(self._running.values())
 
-    async def close(self) -> None:
-        """Stop: the re-measures running are cancelled (a walk in its thread ends on its own)."""
+    async def close(self, grace_s: float = 0.0) -> None:
+        """Stop: the re-measures running may finish within ``grace_s`` (a stopping agent's
+        references go with it: what its envs' workers wrote is counted then or never), then
+        those left are cancelled (a walk in its thread ends on its own)."""
+        self._again.clear()  # a re-measure once more: not on the way out
+        tasks = list(self._running.values())
+        if tasks and grace_s > 0:
+            await asyncio.wait(tasks, timeout=grace_s)
         self._closed = True
         tasks = list(self._running.values())
         for task in tasks:

@@ -60,6 +60,7 @@ from agent.state.room import Claim, DiskRoom
 from agent.state.state_db import StateDB
 
 log = logging.getLogger(__name__)
+STOP_MEASURE_S = 10.0  # at stop, for the re-measures of what this agent still held
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
@@ -465,8 +466,13 @@ class UriStore:
             await asyncio.gather(*self._background, return_exceptions=True)
 
     async def close(self) -> None:
-        """Stop: end the passes, cancel installs in flight, finish deletions."""
-        await self.remeasures.close()
+        """Stop: end the passes, cancel installs in flight, finish deletions. The packages this
+        agent still holds lose its references as it stops (a raylet ended, its envs never
+        deleted): each is measured again first, as at a release, within ``STOP_MEASURE_S``."""
+        for key, entry in self._entries.items():
+            if entry.held and entry.state is UriState.READY:
+                self.remeasures.ask(key)
+        await self.remeasures.close(grace_s=STOP_MEASURE_S)
         passes = self.pass_loop.halt()
         installs = [e.task for e in self._entries.values() if e.task is not None]
         reader = self._peers.task()

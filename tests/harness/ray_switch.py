@@ -111,9 +111,12 @@ def uv_environ(base: dict[str, str], tmp: Path, project: Path) -> dict[str, str]
     absolutely (``UV_PROJECT_ENVIRONMENT``), so that a worker's ``uv run`` in its copy of the
     working dir runs in that venv, which has Ray (a fresh one would not: test-only)."""
     env = {k: v for k, v in base.items() if not k.startswith("UV_")}
+    temp = tmp / "uv-tmp"  # uv leaves its lock files (uv-<hash>.lock) in the temp dir
+    temp.mkdir(exist_ok=True)
     env.update(
         UV_OFFLINE="1", UV_NO_CONFIG="1", UV_PYTHON_DOWNLOADS="never",
         UV_CACHE_DIR=str(tmp / "uv-cache"), UV_PROJECT_ENVIRONMENT=str(project / ".venv"),
+        TMPDIR=str(temp),
     )  # fmt: skip
     return env
 
