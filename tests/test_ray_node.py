@@ -243,7 +243,7 @@ def test_deletes_arrive_as_workers_exit_and_every_count_returns_to_zero(
 def _cli_info(node: RayNode) -> dict[str, Any]:
     """The node's agent's own view (``info --address`` on its socket: ``info --root`` shows the
     root's index, shared by every agent of the root)."""
-    address = grpc_address(node.root, node.temp_dir, node.node_id)
+    address = node.grpc_address
     done = subprocess.run(
         [sys.executable, "-m", "agent", "info", "--address", address, "--json"],
         capture_output=True, text=True, timeout=60, check=False,

@@ -63,10 +63,10 @@ def test_two_ray_nodes_sharing_one_root_install_each_package_once(base: Path) ->
     return to 0."""
     root = base / "root"
     with package_server() as served, ray_nodes(NODES, env={"RTENV_ROOT": str(root)}) as nodes:
-        addresses = {grpc_address(root, n.temp_dir, n.node_id) for n in nodes}
+        addresses = {grpc_address(root, n.temp_dir, n.agent_key) for n in nodes}
         assert len(addresses) == NODES, "one socket per node"
         for node in nodes:
-            assert os.path.lexists(root / f"agent-{node.node_id[:16]}.sock"), node.logs()
+            assert os.path.lexists(root / f"agent-{node.agent_key[:16]}.sock"), node.logs()
         holders = [_holder(root, node) for node in nodes]
         names = {"shared-wd.zip": workdir_zip({"data.txt": "shared root working dir"})}
         names["shared-mods.zip"] = modules_zip({"e2e_shared_mod": "shared root module"})

@@ -48,7 +48,10 @@ def main(argv: Sequence[str]) -> int:
         )
         return 2
     if argv[:1] == ["start"] and (old := ray_version_problem(running_ray_version())):
-        print(f"{PROG}: {old}; this ray start would run Ray's own agent", file=sys.stderr)
+        print(
+            f"{PROG}: {old}; not starting a node (plain ray start runs Ray's own agent)",
+            file=sys.stderr,
+        )
         return 2
     if argv[:1] == ["start"] and (said := start_warning(argv[1:], os.environ)) is not None:
         print(f"{PROG}: warning: {said}", file=sys.stderr, flush=True)
