@@ -86,7 +86,9 @@ def test_install_over_a_switch_keeps_its_agent_python_and_root_and_uninstall_giv
     try:
         argv = ["/ray/raylet", AGENT_FLAG + f"/env/bin/python -u /r/{RAY_AGENT_MAIN} --node-id=1"]
         services.start_ray_process(argv, "raylet", fate_share=False)
-        expected = hook.swap_agent_command(argv, sys.executable, "/data/root")
+        expected = hook.swap_agent_command(
+            argv, sys.executable, "/data/root", hook.running_ray_version()
+        )
         assert calls == [expected]
         assert told == [expected], "the announcement is told the switch's root"
     finally:

@@ -63,7 +63,7 @@ def test_ray_2_54_and_later_flags_parse_with_the_port_file_and_the_node_id() -> 
 @pytest.mark.parametrize("drop", ["--node-id=", "--session-dir="])
 def test_a_node_id_without_a_session_dir_or_the_reverse_is_refused_naming_both(drop: str) -> None:
     argv = [a for a in RAY_2_60 if not a.startswith(drop)]
-    with pytest.raises(Refused, match="a raylet passes both .* or neither"):
+    with pytest.raises(Refused, match=r"a raylet passes both .* or neither"):
         parse_flags(argv)
 
 

@@ -54,7 +54,8 @@ def test_a_usage_error_at_the_agents_start_is_left_in_the_sessions_err_and_log_f
     assert done.returncode == 2, done.stderr
     line = done.stderr.strip()
     assert line.count("\n") == 0, line
-    assert "--logging-rotate-bytes" in line and "'many' is not a whole number" in line, line
+    assert "--logging-rotate-bytes" in line, line
+    assert "'many' is not a whole number" in line, line
     logs = base / "session_1" / "logs"
     assert _text(logs / "runtime_env_agent.err") == f"{line}\n"
     assert _text(logs / "runtime_env_agent.log").endswith(f" ERROR {line}\n")
@@ -70,7 +71,8 @@ def test_a_bad_setting_at_the_agents_start_is_left_once_in_the_err_file_and_in_t
     assert done.returncode == 2
     logs = base / "session_1" / "logs"
     err = _text(logs / "runtime_env_agent.err")
-    assert err.count("\n") == 1 and "RTENV_LOG_LEVEL" in err, err
+    assert err.count("\n") == 1, err
+    assert "RTENV_LOG_LEVEL" in err, err
     assert err.startswith("rtenv-agent ray-agent: "), err
     assert _text(logs / "runtime_env_agent.log").endswith(f" ERROR {err}")
 

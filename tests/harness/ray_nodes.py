@@ -22,10 +22,10 @@ import asyncio
 import contextlib
 import importlib.metadata
 import importlib.util
-import re
 import json
 import os
 import queue
+import re
 import secrets
 import shutil
 import signal
@@ -69,8 +69,12 @@ AGENT = os.environ.get("RTENV_E2E_AGENT", "ours")
 OURS = AGENT == "ours"
 assert AGENT in ("ours", "ray"), f"RTENV_E2E_AGENT must be 'ours' or 'ray', not {AGENT!r}"
 needs_ours = pytest.mark.skipif(not OURS, reason="reads what only this agent has")
-# What Ray's own agent needs for http packages and for pip (this agent needs neither)
-HTTP_OK = OURS or importlib.util.find_spec("smart_open") is not None
+# http:// packages: Ray's driver takes them from 2.56 (https only before), and Ray's own agent
+# needs smart_open for them; pip: Ray's own agent needs virtualenv (this agent needs neither)
+HTTP_OK = RAY_RELEASE >= (2, 56) and (OURS or importlib.util.find_spec("smart_open") is not None)
+needs_http = pytest.mark.skipif(
+    not HTTP_OK, reason="Ray before 2.56 takes no http:// URIs; Ray's own agent needs smart_open"
+)
 PIP_OK = OURS or importlib.util.find_spec("virtualenv") is not None
 
 DRIVER = Path(__file__).with_name("ray_driver.py")
@@ -224,9 +228,12 @@ class RayNode:
     node_id: str = ""
     token: str | None = None
     stopped: bool = False
+    session: Path | None = None  # Ray before 2.54: the session its raylet named (_logged_node)
 
     @property
     def session_dir(self) -> Path:
+        if self.session is not None:
+            return self.session
         return (self.temp_dir / "session_latest").resolve()
 
     @property
@@ -361,13 +368,24 @@ def _port_file_node(node: RayNode) -> str | None:
 
 
 def _logged_node(node: RayNode) -> str | None:
-    """Ray before 2.54 (no port file): the node id the raylet logs, once its agent listens."""
-    if node.agent_pid() is None:
+    """Ray before 2.54 (no port file): the node id on its raylet's command line, once the agent
+    listens (and, this agent, has logged its event loop: the last line of its start). The
+    node's session folder is the one the raylet gave its agent (--log-dir's parent): on these
+    Rays a worker node's session is in the head's temp dir, not in its own."""
+    agent, raylet = node.agent_pid(), node.raylet_pid()
+    if agent is None or raylet is None:
         return None
+    log_dir = re.search(r"--log-dir[= ](\S+)", cmdline(agent))
+    node_id = re.search(r"--node_id=([0-9a-f]{56})", cmdline(raylet))
+    if log_dir is None or node_id is None:
+        return None
+    node.session = Path(log_dir[1]).parent
     with contextlib.suppress(OSError):
-        text = (node.session_dir / "logs" / "raylet.out").read_text(errors="replace")
-        if found := re.search(r"node_id=([0-9a-f]{56})", text):
-            return found[1]
+        if (
+            not OURS
+            or "event loop: " in (node.session / "logs" / "runtime_env_agent.log").read_text()
+        ):
+            return node_id[1]
     return None
 
 
