@@ -21,6 +21,7 @@ from tests.harness.ray_nodes import (
     RayNode,
     agent_info,
     modules_zip,
+    needs_http,
     needs_ours,
     package_server,
     poll,
@@ -56,6 +57,7 @@ def _holder(root: Path, node: RayNode) -> str:
     return poll(found, SEEN_S, f"agent {pid}'s holder row")
 
 
+@needs_http
 def test_two_ray_nodes_sharing_one_root_install_each_package_once(base: Path) -> None:
     """Both nodes' agents want the env's two packages at once (their references are in the
     index while the server holds the one GET of each); one GET per package in all, one folder
