@@ -317,12 +317,12 @@ def _start_failed(argv: Sequence[str], line: str) -> None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "a", encoding="utf-8") as out:
-                same = stderr is not None and (
-                    (stderr.st_dev, stderr.st_ino) == (os.fstat(out.fileno()).st_dev,
-                                                       os.fstat(out.fileno()).st_ino)
-                )  # fmt: skip
-                if not same:
-                    out.write(f"{stamp} ERROR {line}\n" if path.suffix == ".log" else f"{line}\n")
+                info = os.fstat(out.fileno())
+                if stderr is not None and (stderr.st_dev, stderr.st_ino) == (
+                    info.st_dev, info.st_ino
+                ):  # fmt: skip
+                    continue  # stderr is this file: the line is in it
+                out.write(f"{stamp} ERROR {line}\n" if path.suffix == ".log" else f"{line}\n")
         except OSError:
             continue  # a folder we cannot write: stderr has the line
 
