@@ -361,7 +361,9 @@ async def test_rtenv_agent_ray_start_gives_the_raylet_this_agent_as_its_child(
         # the raylet then reads the port file and the node comes up
         code = await asyncio.wait_for(launcher.wait(), 90)
         assert code == 0, "rtenv-agent ray start failed"
-        assert root.is_dir(), "the root said is the one the agent serves"
+        # the root said is the one the agent serves (Ray before 2.54 waits for no port file:
+        # its ray start may return before the agent made it)
+        await wait_until(root.is_dir, timeout_s=30, what=f"the agent's root {root}")
     finally:
         await stop(launcher)
         await asyncio.to_thread(_kill_all_naming, temp)
