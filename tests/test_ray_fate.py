@@ -9,7 +9,16 @@ import signal
 import pytest
 
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
-from tests.harness.ray_nodes import EXIT_S, alive, drive, new_token, poll, ray_nodes, ray_post
+from tests.harness.ray_nodes import (
+    EXIT_S,
+    alive,
+    drive,
+    needs_token_auth,
+    new_token,
+    poll,
+    ray_nodes,
+    ray_post,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -34,6 +43,7 @@ def test_killing_the_agent_ends_its_raylet() -> None:
         poll(lambda: True if not alive(raylet) else None, EXIT_S, "the raylet to exit")
 
 
+@needs_token_auth
 def test_with_token_auth_tasks_run_and_the_agents_port_wants_the_token() -> None:
     """RAY_AUTH_MODE=token and RAY_AUTH_TOKEN for the whole node: a task with a runtime env
     runs; on the agent's Ray port a request without the token gets 401, with another 403, with

@@ -31,6 +31,7 @@ from agent.ray import (
     swap_agent_command,
     uninstall,
 )
+from agent.ray.hook import running_ray_version
 from agent.ray.launcher import announcement
 from tests.harness.agent_process import REPO, stop
 from tests.harness.polling import wait_until
@@ -209,7 +210,8 @@ def test_install_swaps_the_agent_of_raylets_only_and_uninstall_restores_ray(
     assert services.start_ray_process.__wrapped__ is ray_own  # type: ignore[attr-defined]
     assert services.start_ray_process(argv, "raylet", fate_share=False) == "started"
     assert services.start_ray_process(argv, "gcs_server", fate_share=False) == "started"
-    assert recorded[0] == ("raylet", swap_agent_command(argv))
+    assert recorded[0] == ("raylet", swap_agent_command(argv, ray_version=running_ray_version()))
+    assert f"--ray-version={running_ray_version()} " in " ".join(recorded[0][1])
     assert recorded[1] == ("gcs_server", argv)
     uninstall()
     assert not installed()
@@ -230,7 +232,7 @@ def test_install_tells_on_swap_each_raylet_command_it_swapped_and_no_other(
     services.start_ray_process(ours, "raylet", fate_share=False)
     services.start_ray_process(ours, "gcs_server", fate_share=False)
     services.start_ray_process(other, "raylet", fate_share=False)
-    assert told == [swap_agent_command(ours)]
+    assert told == [swap_agent_command(ours, ray_version=running_ray_version())]
     assert recorded[0] == ("raylet", told[0])  # told before it started
     uninstall()
     install()
@@ -359,7 +361,9 @@ async def test_rtenv_agent_ray_start_gives_the_raylet_this_agent_as_its_child(
         # the raylet then reads the port file and the node comes up
         code = await asyncio.wait_for(launcher.wait(), 90)
         assert code == 0, "rtenv-agent ray start failed"
-        assert root.is_dir(), "the root said is the one the agent serves"
+        # the root said is the one the agent serves (Ray before 2.54 waits for no port file:
+        # its ray start may return before the agent made it)
+        await wait_until(root.is_dir, timeout_s=30, what=f"the agent's root {root}")
     finally:
         await stop(launcher)
         await asyncio.to_thread(_kill_all_naming, temp)

@@ -21,6 +21,7 @@ from tests.harness.ray_nodes import (
     RayNode,
     agent_info,
     modules_zip,
+    needs_http,
     needs_ours,
     package_server,
     poll,
@@ -56,6 +57,7 @@ def _holder(root: Path, node: RayNode) -> str:
     return poll(found, SEEN_S, f"agent {pid}'s holder row")
 
 
+@needs_http
 def test_two_ray_nodes_sharing_one_root_install_each_package_once(base: Path) -> None:
     """Both nodes' agents want the env's two packages at once (their references are in the
     index while the server holds the one GET of each); one GET per package in all, one folder
@@ -63,10 +65,10 @@ def test_two_ray_nodes_sharing_one_root_install_each_package_once(base: Path) ->
     return to 0."""
     root = base / "root"
     with package_server() as served, ray_nodes(NODES, env={"RTENV_ROOT": str(root)}) as nodes:
-        addresses = {grpc_address(root, n.temp_dir, n.node_id) for n in nodes}
+        addresses = {grpc_address(root, n.temp_dir, n.agent_key) for n in nodes}
         assert len(addresses) == NODES, "one socket per node"
         for node in nodes:
-            assert os.path.lexists(root / f"agent-{node.node_id[:16]}.sock"), node.logs()
+            assert os.path.lexists(root / f"agent-{node.agent_key[:16]}.sock"), node.logs()
         holders = [_holder(root, node) for node in nodes]
         names = {"shared-wd.zip": workdir_zip({"data.txt": "shared root working dir"})}
         names["shared-mods.zip"] = modules_zip({"e2e_shared_mod": "shared root module"})

@@ -277,7 +277,8 @@ def test_the_finder_patches_rays_modules_as_they_load_and_nothing_else(
         argv = _raylet(["/env/bin/python", "-u", RAY_MAIN, *FLAGS])
         fakeray.services.start_ray_process(argv, "raylet")
         fakeray.services.start_ray_process(argv, "gcs_server")
-        swapped = swap_agent_command(argv, sys.executable, "/data/root")
+        ray_version = hook.running_ray_version()  # the ray imported here, if any
+        swapped = swap_agent_command(argv, sys.executable, "/data/root", ray_version)
         assert [("raylet", swapped), ("gcs_server", argv)] == fakeray.services.CALLS
         assert fakeray.services.__spec__.loader.is_package("fakeray.services") is False
         import fakeray.node  # type: ignore[import-not-found]

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness.ray_nodes import RAY_RELEASE
 from tests.harness.ray_wheelhouse import big_wheel, ray_wheelhouse
 from tests.harness.tempdirs import ray_tempdir
 from tests.harness.uv_projects import (
@@ -45,7 +46,15 @@ DRIVER_S = 240.0
 BIG_MIB = 1
 WRITE_MIB = 10  # what the first task of an experiment writes into its working dir
 
-pytestmark = pytest.mark.skipif(not UV.is_file(), reason=f"needs uv beside this python ({UV})")
+pytestmark = [
+    pytest.mark.skipif(not UV.is_file(), reason=f"needs uv beside this python ({UV})"),
+    # On Ray 2.51 (CI's oldest) the drivers run and their tasks too, but the workers still start
+    # under `uv run`: the takeover of Ray's uv run line is pinned on Ray 2.60 only (not looked
+    # into on older Rays)
+    pytest.mark.skipif(
+        RAY_RELEASE < (2, 60), reason="the agent's uv run takeover is pinned on Ray 2.60"
+    ),
+]
 
 
 @dataclass

@@ -13,6 +13,7 @@ import socket
 import stat
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -292,13 +293,38 @@ def _ray_agent(argv: Sequence[str]) -> int:
         finally:
             prepared.cleanup()
     except ray_flags.Refused as exc:
-        print(f"{ray_flags.PROG}: {exc}", file=sys.stderr)
+        _start_failed(argv, f"{ray_flags.PROG}: {exc}")
         return 2
     except (AgentError, ValueError) as exc:
-        print(f"{ray_flags.PROG}: {getattr(exc, 'message', exc)}", file=sys.stderr)
+        _start_failed(argv, f"{ray_flags.PROG}: {getattr(exc, 'message', exc)}")
         return 2
     finally:
         logs.shutdown()  # the log's writer thread: what is queued is written
+
+
+def _start_failed(argv: Sequence[str], line: str) -> None:
+    """The one line of a failed start, on stderr and in the files a Ray user reads (Ray's
+    ``runtime_env_agent.err`` and ``.log`` in the session's logs: ``ray_flags.failure_files``),
+    whatever failed (flags that do not parse included): a raylet's agent that exits at once
+    leaves its reason there. A file already receiving stderr is not written twice."""
+    print(line, file=sys.stderr, flush=True)
+    try:
+        stderr = os.fstat(2)
+    except OSError:
+        stderr = None
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    for path in ray_flags.failure_files(argv):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as out:
+                info = os.fstat(out.fileno())
+                if stderr is not None and (stderr.st_dev, stderr.st_ino) == (
+                    info.st_dev, info.st_ino
+                ):  # fmt: skip
+                    continue  # stderr is this file: the line is in it
+                out.write(f"{stamp} ERROR {line}\n" if path.suffix == ".log" else f"{line}\n")
+        except OSError:
+            continue  # a folder we cannot write: stderr has the line
 
 
 def _ray(argv: Sequence[str]) -> int:

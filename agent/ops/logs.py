@@ -13,8 +13,9 @@ has two sorts of fields:
   call that formats values into its message passes them so, ``tests/test_log_fields.py``):
   at start ``address``, ``root``, ``budget_bytes``, ``seconds``, ``metrics_address``,
   ``ray_address``, ``port_file``, ``event_loop``, ``objects`` (the frozen heap), under Ray
-  ``node_id``, ``parent_pid``, ``flags`` (unknown ones), and recovery's counts (``rows_kept``,
-  ``bytes_freed``...); for a package ``uri`` (its kind and URI), ``fetched_bytes``,
+  ``node_id``, ``parent_pid``, ``flags`` (unknown ones), ``ray_version``, and recovery's
+  counts (``rows_kept``, ``bytes_freed``...); for a package ``uri`` (its kind and URI),
+  ``fetched_bytes``,
   ``unpacked_bytes``, ``seconds``, ``download_seconds``, ``unpack_seconds``, ``overlapped``,
   ``bytes`` (evicted, or a cleared wheel cache's), ``attempt`` (a download retried), ``url`` and
   ``failure`` (a ranged read refused), ``installer`` and ``options``; for an unpack worker

@@ -61,7 +61,7 @@ from agent.app.config import RaySettings, Settings
 from agent.core.errors import ConfigError, echo
 from agent.install.gcs_source import GcsConfig
 from agent.ops import logs, options
-from agent.ops.ray_flags import RayFlags, parse_flags
+from agent.ops.ray_flags import RayFlags, has_token_auth, parse_flags
 from agent.ops.ray_token import ray_token, read_token_file
 from agent.ops.startup import MAX_UNIX_PATH_BYTES
 
@@ -154,14 +154,14 @@ def settings_for(
         host=flags.node_ip_address,
         port=flags.runtime_env_agent_port,
         port_file=flags.port_file,
-        token=ray_token(environ, home, read_token_file),
+        token=ray_token(environ, home, read_token_file) if has_token_auth(flags) else None,
         gcs_address=flags.gcs_address,
         cluster_id_hex=flags.cluster_id_hex,
         node_id=flags.node_id,
         named_by="--runtime-env-agent-port",
     )
     GcsConfig(ray.gcs_address, ray.cluster_id_hex, ray.token)  # a token gRPC cannot send
-    address = settings.address or grpc_address(settings.root, flags.temp_dir, flags.node_id)
+    address = settings.address or grpc_address(settings.root, flags.temp_dir, flags.node_key)
     settings = replace(
         settings, address=address, allow_remote=True, parent_pid=parent_pid(getppid), ray=ray
     )
@@ -300,8 +300,13 @@ def prepare(
     if (note := raylet_pid_note(environ, settings.parent_pid or 0)) is not None:
         log.warning("%s", note, extra={"parent_pid": settings.parent_pid})
     prepared = Prepared(settings)
-    in_root = settings.root / socket_name(flags.node_id)
-    short = grpc_address(settings.root, flags.temp_dir, flags.node_id)
+    if not has_token_auth(flags) and environ.get("RAY_AUTH_MODE", "").strip().lower() == "token":
+        log.warning(
+            "RAY_AUTH_MODE=token is ignored: Ray %s has no token auth (2.52 and later have)",
+            flags.ray_version, extra={"ray_version": flags.ray_version},
+        )  # fmt: skip
+    in_root = settings.root / socket_name(flags.node_key)
+    short = grpc_address(settings.root, flags.temp_dir, flags.node_key)
     if settings.address == short != f"unix:{os.path.abspath(in_root)}":  # too long: ours
         socket_path = Path(settings.address.removeprefix("unix:"))
         if claim_socket_folder(socket_path.parent):
@@ -311,12 +316,12 @@ def prepare(
         prepared.link = link
     log.info(
         "Ray node %s: Ray door on %s:%d, port file %s, root %s, raylet pid %s",
-        flags.node_id, flags.node_ip_address, flags.runtime_env_agent_port, flags.port_file,
+        flags.node_key, flags.node_ip_address, flags.runtime_env_agent_port, flags.port_file,
         settings.root, settings.parent_pid,
         extra={
             "node_id": flags.node_id,
             "ray_address": f"{flags.node_ip_address}:{flags.runtime_env_agent_port}",
-            "port_file": str(flags.port_file), "root": str(settings.root),
+            "port_file": str(flags.port_file or ""), "root": str(settings.root),
             "parent_pid": settings.parent_pid,
         },
     )  # fmt: skip

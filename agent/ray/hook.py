@@ -8,7 +8,9 @@ is not installed; ``agent.ray`` imports it for ``install()`` and the launcher.
   ``<python> -u -I -m agent ray-agent [--root=DIR] <Ray's flags>`` instead of Ray's
   ``runtime_env/agent/main.py``; ``agent_command_problem`` says why a command cannot be swapped.
 - ``swapping``: a wrapper of Ray's ``ray._private.services.start_ray_process`` applying the swap
-  to raylets (and warning, naming what it holds, for a raylet command it does not know).
+  to raylets (and warning, naming what it holds, for a raylet command it does not know); on a
+  Ray older than ``SUPPORTED_RAY`` (``ray_version_problem``) the raylet keeps Ray's own agent,
+  with one warning saying why.
 - ``longest_socket_path``/``socket_path_warning`` (pure): Ray's own unix socket paths
   (``<temp_dir>/session_<date>_<pid>/sockets/plasma_store`` and ``raylet``) against AF_UNIX's
   107 bytes, and the warning that names the limit and the fix.
@@ -39,6 +41,11 @@ RAY_AGENT_SCRIPT = ("runtime_env", "agent", "main.py")  # ray/_private/runtime_e
 # node's path that workers' contexts carry.
 OUR_AGENT = ("-I", "-m", "agent", "ray-agent")
 ROOT_FLAG = "--root="  # ray-agent's own flag: the root, unless RTENV_ROOT names one
+VERSION_FLAG = "--ray-version="  # ray-agent's own flag: the Ray of the raylet (its rules differ)
+# The Rays whose raylet this agent serves: the oldest, and the newest a node was started on.
+# Every release from 2.51 launches a separate runtime env agent over HTTP with a flag set
+# ray-agent knows (agent/ops/ray_flags.py); a later Ray is tried (its new flags are logged).
+SUPPORTED_RAY = ((2, 51, 1), (2, 60, 0))
 PROCESS_TYPE_RAYLET = "raylet"  # ray_constants.PROCESS_TYPE_RAYLET
 MAX_UNIX_PATH_BYTES = 107  # sun_path is 108 bytes with the terminating NUL (Ray checks 107)
 RAY_SOCKETS = ("plasma_store", "raylet")  # what Ray binds in <session>/sockets/
@@ -48,6 +55,44 @@ SERVICES = "ray._private.services"
 NODE = "ray._private.node"
 LOGGER = "agent.ray"
 PROBLEM_CHARS = 500  # of the agent command quoted in a warning
+
+
+def ray_release(version: str) -> tuple[int, ...] | None:
+    """``2.51.1`` as (2, 51, 1); None when it does not start with numbers (``2.52.0rc1`` counts
+    as its numbers). The same rule as agent/ops/ray_flags.release (this file imports nothing of
+    the agent's)."""
+    numbers = []
+    for part in version.strip().split(".")[:3]:
+        digits = ""
+        for char in part:
+            if not char.isdigit():
+                break
+            digits += char
+        if not digits:
+            break
+        numbers.append(int(digits))
+        if digits != part:
+            break
+    return tuple(numbers) if len(numbers) >= 2 else None
+
+
+def supported_range() -> str:
+    oldest, newest = (".".join(map(str, v)) for v in SUPPORTED_RAY)
+    return f"Ray {oldest} or later (nodes started on {oldest} to {newest})"
+
+
+def ray_version_problem(version: str) -> str | None:
+    """Why this agent cannot serve a raylet of Ray ``version`` (None: it can, or the version is
+    not known: the command's own check then decides): a Ray older than the oldest supported."""
+    known = ray_release(version)
+    if known is None or known >= SUPPORTED_RAY[0]:
+        return None
+    return f"Ray {_quoted(version, 40)} is not supported by runtime-env-agent: {supported_range()}"
+
+
+def running_ray_version() -> str:
+    """The version of the ``ray`` imported in this process ("" when none is)."""
+    return str(getattr(sys.modules.get("ray"), "__version__", "") or "")
 
 
 def _quoted(text: str, limit: int = PROBLEM_CHARS) -> str:
@@ -91,12 +136,16 @@ def agent_command_problem(raylet_argv: Sequence[str]) -> str | None:
 
 
 def swap_agent_command(
-    raylet_argv: Sequence[str], python: str | None = None, root: str | None = None
+    raylet_argv: Sequence[str],
+    python: str | None = None,
+    root: str | None = None,
+    ray_version: str = "",
 ) -> list[str]:
     """The raylet's command with its runtime env agent replaced by this agent, run by ``python``
     (default: this process's), with ``--root=ROOT`` when a root is given (``RTENV_ROOT`` in the
-    agent's environment still wins); Ray's flags to the agent unchanged; everything else, and a
-    command with no agent of Ray's, left as it is. Idempotent. The agent's command is one
+    agent's environment still wins) and ``--ray-version=V`` when the Ray is known; Ray's flags
+    to the agent unchanged; everything else, and a command with no agent of Ray's, left as it
+    is. Idempotent. The agent's command is one
     argument, written as Ray writes it (``subprocess.list2cmdline``), which the raylet splits
     back."""
     import shlex
@@ -110,6 +159,7 @@ def swap_agent_command(
         if flags is not None:
             ours = [python or sys.executable, "-u", *OUR_AGENT]
             ours += [ROOT_FLAG + root] if root else []
+            ours += [VERSION_FLAG + ray_version] if ray_version else []
             out[i] = AGENT_FLAG + subprocess.list2cmdline([*ours, *flags])
     return out
 
@@ -133,6 +183,10 @@ def swapping(
                 f"{_quoted(python, 300)} is gone (run rtenv-agent ray enable again, or disable)",
                 python=python,
             )
+        elif process_type == PROCESS_TYPE_RAYLET and (
+            old := ray_version_problem(running_ray_version())
+        ):
+            _warn(f"{LOGGER}: this raylet runs Ray's own runtime env agent: {old}", problem=old)
         elif process_type == PROCESS_TYPE_RAYLET:
             problem = agent_command_problem(command)
             if problem is not None:
@@ -141,7 +195,7 @@ def swapping(
                     f"{problem} (a Ray this launcher does not know?)",
                     problem=problem,
                 )
-            swapped = swap_agent_command(command, python, root)
+            swapped = swap_agent_command(command, python, root, running_ray_version())
             if problem is None and on_swap is not None:
                 on_swap(swapped)
             command = swapped

@@ -2,7 +2,9 @@
 process with ``agent.ray.install()`` done, so that the raylet ``ray start`` starts runs this agent.
 As that raylet starts, one line on stderr says so and names the agent's root. Before ``ray start``
 runs, one line warns when Ray's own socket paths would be over AF_UNIX's limit. Ray's exit code is
-passed through; a mistake of ours (Ray not installed) is one line, exit 2.
+passed through; a mistake of ours (Ray not installed) is one line, exit 2; so is ``ray start`` on
+a Ray this agent does not support (older than ``hook.SUPPORTED_RAY``), refused by its version
+and the supported range before anything starts (``ray stop`` and the rest still run).
 
 ``rtenv-agent ray enable|disable|enabled`` are ours, not Ray's (Ray has no such commands; its
 ``enable-usage-stats`` is hyphenated): the switch of a Python environment (``agent.ray.switch``).
@@ -20,7 +22,14 @@ from pathlib import Path
 from agent.core.errors import echo
 from agent.ops.ray_agent import agent_root
 from agent.ray import AGENT_FLAG, install, switch
-from agent.ray.hook import ROOT_FLAG, longest_socket_path, ray_temp_dir, socket_path_warning
+from agent.ray.hook import (
+    ROOT_FLAG,
+    longest_socket_path,
+    ray_temp_dir,
+    ray_version_problem,
+    running_ray_version,
+    socket_path_warning,
+)
 
 PROG = "rtenv-agent ray"
 ROOT_CHARS = 300  # of the root's path in the announcement
@@ -35,6 +44,12 @@ def main(argv: Sequence[str]) -> int:
         print(
             f"{PROG}: Ray is not installed here ({exc}); install it (pip install 'ray[default]') "
             "in the python that runs rtenv-agent",
+            file=sys.stderr,
+        )
+        return 2
+    if argv[:1] == ["start"] and (old := ray_version_problem(running_ray_version())):
+        print(
+            f"{PROG}: {old}; not starting a node (plain ray start runs Ray's own agent)",
             file=sys.stderr,
         )
         return 2

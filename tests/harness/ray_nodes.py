@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import importlib.util
 import json
 import os
 import queue
+import re
 import secrets
 import shutil
 import signal
@@ -45,6 +47,7 @@ import pytest
 
 from agent.ops import loops
 from agent.ops.ray_agent import grpc_address
+from agent.ops.ray_flags import TOKEN_AUTH_SINCE, release
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.harness.package_server import PackageServer
@@ -54,12 +57,24 @@ from tests.harness.pip_wheels import hermetic_pip_environ
 T = TypeVar("T")
 Json = dict[str, Any]
 
+# The installed Ray (CI runs these tests on 2.60 and on the oldest supported, agent.ray.hook's
+# SUPPORTED_RAY): before 2.54 the raylet passes no node id and picks the agent's port itself
+# (no port file); before 2.52 Ray has no token auth.
+RAY_RELEASE = release(importlib.metadata.version("ray")) or (0, 0)
+PORT_FILES = RAY_RELEASE >= (2, 54)
+needs_token_auth = pytest.mark.skipif(
+    RAY_RELEASE < TOKEN_AUTH_SINCE, reason="Ray before 2.52 has no token auth"
+)
 AGENT = os.environ.get("RTENV_E2E_AGENT", "ours")
 OURS = AGENT == "ours"
 assert AGENT in ("ours", "ray"), f"RTENV_E2E_AGENT must be 'ours' or 'ray', not {AGENT!r}"
 needs_ours = pytest.mark.skipif(not OURS, reason="reads what only this agent has")
-# What Ray's own agent needs for http packages and for pip (this agent needs neither)
-HTTP_OK = OURS or importlib.util.find_spec("smart_open") is not None
+# http:// packages: Ray's driver takes them from 2.56 (https only before), and Ray's own agent
+# needs smart_open for them; pip: Ray's own agent needs virtualenv (this agent needs neither)
+HTTP_OK = RAY_RELEASE >= (2, 56) and (OURS or importlib.util.find_spec("smart_open") is not None)
+needs_http = pytest.mark.skipif(
+    not HTTP_OK, reason="Ray before 2.56 takes no http:// URIs; Ray's own agent needs smart_open"
+)
 PIP_OK = OURS or importlib.util.find_spec("virtualenv") is not None
 
 DRIVER = Path(__file__).with_name("ray_driver.py")
@@ -213,9 +228,12 @@ class RayNode:
     node_id: str = ""
     token: str | None = None
     stopped: bool = False
+    session: Path | None = None  # Ray before 2.54: the session its raylet named (_logged_node)
 
     @property
     def session_dir(self) -> Path:
+        if self.session is not None:
+            return self.session
         return (self.temp_dir / "session_latest").resolve()
 
     @property
@@ -227,6 +245,17 @@ class RayNode:
     @property
     def agent_port(self) -> int:
         return self.ports["runtime-env-agent-port"]
+
+    @property
+    def agent_key(self) -> str:
+        """The node in the agent's socket name (``RayFlags.node_key``): its id, or where the
+        raylet passes none (Ray before 2.54) ``port<agent port>``."""
+        return self.node_id if PORT_FILES else f"port{self.agent_port}"
+
+    @property
+    def grpc_address(self) -> str:
+        """The agent's gRPC socket, by ray-agent's own rule."""
+        return grpc_address(self.root, self.temp_dir, self.agent_key)
 
     def members(self) -> list[int]:
         """The node's live processes: those ``ray start`` started and what they started."""
@@ -314,7 +343,10 @@ def start_node(
         except subprocess.TimeoutExpired:
             code = None
         assert code == 0, f"ray start exited with {code}:\n{node.logs()}"
-        node.node_id = poll(lambda: _port_file_node(node), START_S, "the agent's port file")
+        node.node_id = poll(
+            lambda: _port_file_node(node) if PORT_FILES else _logged_node(node),
+            START_S, "the agent's port file" if PORT_FILES else "the raylet's node id and agent",
+        )  # fmt: skip
         agent = node.agent_pid()
         assert agent is not None, f"nothing listens on the agent's port:\n{node.logs()}"
         # the switch took: the raylet launched the agent the tests mean to run
@@ -332,6 +364,28 @@ def _port_file_node(node: RayNode) -> str | None:
         for path in node.session_dir.glob("runtime_env_agent_port_*"):
             if path.read_text().strip() == str(node.agent_port):
                 return path.name.rsplit("_", 1)[1]
+    return None
+
+
+def _logged_node(node: RayNode) -> str | None:
+    """Ray before 2.54 (no port file): the node id on its raylet's command line, once the agent
+    listens (and, this agent, has logged its event loop: the last line of its start). The
+    node's session folder is the one the raylet gave its agent (--log-dir's parent): on these
+    Rays a worker node's session is in the head's temp dir, not in its own."""
+    agent, raylet = node.agent_pid(), node.raylet_pid()
+    if agent is None or raylet is None:
+        return None
+    log_dir = re.search(r"--log-dir[= ](\S+)", cmdline(agent))
+    node_id = re.search(r"--node_id=([0-9a-f]{56})", cmdline(raylet))
+    if log_dir is None or node_id is None:
+        return None
+    node.session = Path(log_dir[1]).parent
+    with contextlib.suppress(OSError):
+        if (
+            not OURS
+            or "event loop: " in (node.session / "logs" / "runtime_env_agent.log").read_text()
+        ):
+            return node_id[1]
     return None
 
 
@@ -481,7 +535,7 @@ def ray_counts(node: RayNode) -> dict[str, int]:
 
 def agent_info(node: RayNode) -> agent_pb2.GetRuntimeEnvsInfoReply:
     """This agent's own info (envs, packages, cache counters) through its gRPC door."""
-    address = grpc_address(node.root, node.temp_dir, node.node_id)  # ray-agent's own rule
+    address = node.grpc_address  # ray-agent's own rule
     with grpc.insecure_channel(address) as channel:
         stub = agent_pb2_grpc.RuntimeEnvAgentStub(channel)  # type: ignore[no-untyped-call]
         reply: agent_pb2.GetRuntimeEnvsInfoReply = stub.GetRuntimeEnvsInfo(

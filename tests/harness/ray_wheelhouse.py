@@ -3,11 +3,12 @@ Ray and its core dependencies, a large incompressible dependency, and uv PROJECT
 (``pyproject.toml``, ``uv.lock``, a ``launch.py`` with a bare ``ray.init()``).
 
 Nothing here touches a network. The wheelhouse is made by repacking the distributions installed
-in this interpreter's environment (Ray 2.60.0 and its core closure, no extras): for each one,
-the files its RECORD lists under site-packages and its ``.dist-info``, zipped (stored, not
-deflated: fast) into a ``.whl`` named from its WHEEL tags, with a fresh RECORD. What an
-installer made (``__pycache__``, ``INSTALLER``, ``REQUESTED``, ``direct_url.json``, the console
-scripts outside site-packages) is left out: uv makes its own from ``entry_points.txt``.
+in this interpreter's environment (its Ray, 2.60.0 or CI's oldest, and its core closure, no
+extras): for each one, the files its RECORD lists under site-packages and its ``.dist-info``,
+zipped (stored, not deflated: fast) into a ``.whl`` named from its WHEEL tags, with a fresh
+RECORD. What an installer made (``__pycache__``, ``INSTALLER``, ``REQUESTED``,
+``direct_url.json``, the console scripts outside site-packages) is left out: uv makes its own
+from ``entry_points.txt``.
 
 It is made once per machine user and kept (``/tmp/rtenv-wheelhouse-<uid>/<key>``, the key
 naming every distribution's version and this python's tag; a folder of the user's own, mode
@@ -40,7 +41,10 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-RAY_VERSION = "2.60.0"
+try:  # the Ray installed here: the tests run 2.60.0, and CI's second venv the oldest supported
+    RAY_VERSION = metadata.version("ray")
+except metadata.PackageNotFoundError:  # pragma: no cover - ray is in the dev extra
+    RAY_VERSION = "2.60.0"
 BIG = "bigdep"  # the large dependency's distribution and module name
 FORMAT = 1  # bump when the wheelhouse's layout changes: a new key, a new folder
 MiB = 2**20
@@ -161,7 +165,7 @@ class Wheelhouse:
 
 
 def ray_wheelhouse() -> Wheelhouse:
-    """The find-links folder of ``ray==2.60.0`` and its core closure, built from this
+    """The find-links folder of ``ray==RAY_VERSION`` and its core closure, built from this
     interpreter's environment the first time on this machine for this user, found after."""
     dists = closure("ray")
     ray = next(d for d in dists if canonicalize_name(d.metadata["Name"]) == "ray")
