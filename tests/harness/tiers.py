@@ -112,6 +112,7 @@ FILES: dict[str, str] = {
     "test_ray_switch_node.py": "ray",
     "test_ray_uv_run.py": "ray",
     "test_ray_uv_run_agent.py": "ray",
+    "test_ray_venvs.py": "ray",
     "test_remeasure.py": "sockets",
     "test_refs.py": "unit",
     "test_room.py": "unit",
