@@ -157,7 +157,7 @@ def test_a_venv_with_rays_semantics_runs_the_worker_under_its_python() -> None:
         env_vars = built["env_vars"]
         assert isinstance(env_vars, dict)
         venv = env_vars["VIRTUAL_ENV"]
-        assert venv.startswith(f"/root/uris/{field}-"), env_vars
+        assert venv.startswith(f"/root/uris/ray_{field}-"), env_vars
         assert built["py_executable"] == f"{venv}/bin/python"
         assert env_vars["PATH"] == f"{venv}/bin:${{PATH}}"
         assert env_vars["PYTHONPATH"] == "/root/uris/working_dir-wd.zip:/node/lib"

@@ -9,7 +9,9 @@ import json
 import pytest
 
 from agent.core.errors import InvalidRuntimeEnv
+from agent.core.pip_spec import PipSpec
 from agent.core.runtime_env import EnvLimits, parse_runtime_env
+from agent.core.uv_spec import UvSpec
 
 LIMITS = EnvLimits()
 
@@ -103,10 +105,14 @@ def test_a_venv_read_as_ray_reads_it_is_another_package_and_env(field: str) -> N
     ray = parse_runtime_env(text, LIMITS, node_site=True)
     assert grpc.env_id != ray.env_id
     assert grpc.packages[0].key != ray.packages[0].key
-    assert grpc.packages[0].key.kind == ray.packages[0].key.kind
+    assert grpc.packages[0].key.kind == field
+    assert ray.packages[0].key.kind == f"ray_{field}"  # info tells them apart by kind
     assert ray.packages[0].key.uri.startswith(f"{field}://")
-    assert not getattr(grpc.packages[0].recipe, "node_site")
-    assert getattr(ray.packages[0].recipe, "node_site")
+    isolated, rays = grpc.packages[0].recipe, ray.packages[0].recipe
+    assert isinstance(isolated, PipSpec | UvSpec)
+    assert isinstance(rays, PipSpec | UvSpec)
+    assert not isolated.node_site
+    assert rays.node_site
     # an env with no venv is the same env through either door
     plain = json.dumps({"env_vars": {"A": "1"}})
     assert parse_runtime_env(plain, LIMITS).env_id == parse(json.loads(plain))
@@ -116,9 +122,6 @@ def test_a_venv_read_as_ray_reads_it_is_another_package_and_env(field: str) -> N
 def test_the_grpc_doors_pip_key_is_pinned() -> None:
     """The isolated venv's digest is what it was before Ray's semantics came (a root's existing
     venvs keep their keys)."""
-    from agent.core.pip_spec import PipSpec
-    from agent.core.uv_spec import UvSpec
-
     pip = PipSpec(packages=("requests",), options=(), python="3.11", platform="linux-x86_64")
     uv = UvSpec(
         packages=("requests",), options=(), uv_version="", uv_check=False, python="3.11",

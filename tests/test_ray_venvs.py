@@ -15,7 +15,16 @@ from pathlib import Path
 import pytest
 
 from tests.harness.pip_wheels import offline
-from tests.harness.ray_nodes import OURS, PIP_OK, Json, RayNode, drive, ray_nodes
+from tests.harness.ray_nodes import (
+    OURS,
+    PIP_OK,
+    Json,
+    RayNode,
+    agent_info,
+    drive,
+    ray_nodes,
+    wait_counts_zero,
+)
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -94,3 +103,8 @@ def test_pip_and_uv_workers_run_the_venvs_python_which_sees_ray_and_processes_pt
     for case in cases:
         for kind in ("task", "actor"):
             _assert_ray_semantics(got[case["name"]][kind], f"{case['name']} {kind}")
+    if OURS:  # info says which venvs are Ray's: their own kinds, never the gRPC door's
+        wait_counts_zero(node)
+        kinds = {u.kind for u in agent_info(node).uris}
+        assert {"ray_pip", "ray_uv"} <= kinds, kinds
+        assert not kinds & {"pip", "uv"}, kinds

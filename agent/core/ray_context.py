@@ -76,7 +76,7 @@ def build_ray_context(
             roots.append(str(folder))
         if placement.cwd and not command_prefix:
             command_prefix = ["cd", shlex.quote(str(folder)), "&&"]
-        if placement.python is not None and getattr(package.recipe, "node_site", False):
+        if placement.python is not None and placement.node_site:
             own_venv = folder
             venv_bins.append(str((folder / placement.python).parent))
         elif placement.python is not None:  # an isolated venv: the worker keeps the base python

@@ -181,10 +181,11 @@ def parse_runtime_env(
         pip = dataclasses.replace(pip, node_site=True) if pip is not None else None
         uv = dataclasses.replace(uv, node_site=True) if uv is not None else None
     if pip is not None:
-        packages.append(Package(UriKey(UriKind.PIP, pip.uri), pip))
+        kind = UriKind.RAY_PIP if node_site else UriKind.PIP
+        packages.append(Package(UriKey(kind, pip.uri), pip))
     packages.extend(Package(UriKey(UriKind.JAVA_JARS, u), p) for u, p in jars.items())
     if uv is not None:
-        packages.append(Package(UriKey(UriKind.UV, uv.uri), uv))
+        packages.append(Package(UriKey(UriKind.RAY_UV if node_site else UriKind.UV, uv.uri), uv))
     if len(packages) > limits.max_uris:
         raise InvalidRuntimeEnv(
             f"the env names {len(packages)} distinct URIs; the limit is {limits.max_uris}"
