@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
+import json
+import subprocess
+import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,12 +36,26 @@ pytestmark = [
 ]
 
 PTH_MODULE = "pth_only_mod"  # importable only through the wheel's .pth
+DASHBOARD = importlib.util.find_spec("aiohttp_cors") is not None  # ray[default]: jobs
+JOB_S = 240.0
+JOB = """
+import ray
+import gamma_pkg
+
+@ray.remote
+def value():
+    import gamma_pkg
+    return gamma_pkg.VALUE
+
+ray.init()
+print("JOB SAW", gamma_pkg.VALUE, ray.get(value.remote()))
+"""
 IMPORT_RAY = ["python", "-c", "import ray, sys; print('ray', ray.__version__, sys.prefix)"]
 
 
 @pytest.fixture(scope="module")
 def node() -> Iterator[RayNode]:
-    with ray_nodes(1, num_cpus=2) as (head,):
+    with ray_nodes(1, num_cpus=2, dashboard=DASHBOARD) as (head,):
         yield head
 
 
@@ -108,3 +126,24 @@ def test_pip_and_uv_workers_run_the_venvs_python_which_sees_ray_and_processes_pt
         kinds = {u.kind for u in agent_info(node).uris}
         assert {"ray_pip", "ray_uv"} <= kinds, kinds
         assert not kinds & {"pip", "uv"}, kinds
+
+
+@pytest.mark.skipif(not DASHBOARD, reason="ray job submit needs ray[default] (the dev extra)")
+def test_ray_job_submit_with_pip_runs_python_from_path_in_the_env(
+    node: RayNode, wheels: Path, tmp_path: Path
+) -> None:
+    """`ray job submit --runtime-env-json '{"pip": ...}' -- python job.py`, Ray's everyday job
+    pattern: the entrypoint's `python` (the venv's, first on PATH) imports Ray and the env's
+    packages, and so do the job's tasks."""
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+    env = {"pip": {"packages": ["gamma_pkg"], "pip_install_options": offline(wheels)}}
+    address = f"http://{node.ip}:{node.ports['dashboard-port']}"
+    done = subprocess.run(
+        [sys.executable, "-m", "ray.scripts.scripts", "job", "submit", "--address", address,
+         "--runtime-env-json", json.dumps(env), "--", "python", str(job)],
+        env=node.env, capture_output=True, text=True, timeout=JOB_S, check=False,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "JOB SAW gamma 1.0 gamma 1.0" in out, out[-4000:]
