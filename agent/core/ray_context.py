@@ -16,9 +16,10 @@ there is placed here too).
 - ``py_executable``: the env's own ``py_executable`` when it names one (Ray's worker runs
   ``exec <py_executable> <args>`` under ``bash -c``, so it is a command line, as Ray's is; it
   wins over a pip venv, as Ray's ``py_executable`` plugin runs after its ``pip`` plugin, and a
-  bare ``python`` in it finds the venv's first on ``PATH``), else the base python (quoted as
-  one shell word, as the working dir is), also with a pip venv: a Ray worker must import
-  ``ray``, which a venv of ours has not; the venv's packages reach it through ``PYTHONPATH``.
+  bare ``python`` in it finds the venv's first on ``PATH``), else a Ray-semantics venv's
+  python (below), else the base python (quoted as one shell word, as the working dir is),
+  also with an isolated venv (the gRPC door's, which has no Ray): its packages reach the
+  worker through ``PYTHONPATH``.
 - A venv with Ray's semantics (``node_site``, what the Ray door builds: it sees the node's
   packages, Ray among them) is put on the worker as Ray's agent puts its own: the worker runs
   the venv's python (unless the env's own ``py_executable`` wins, as above), ``VIRTUAL_ENV`` is
