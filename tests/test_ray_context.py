@@ -140,3 +140,24 @@ def test_the_base_python_is_one_shell_word_for_rays_bash_command() -> None:
     )  # fmt: skip
     assert isinstance(built["py_executable"], str)
     assert shlex.split(built["py_executable"]) == ["/my python/bin/python3"]
+
+
+def test_a_venv_with_rays_semantics_runs_the_worker_under_its_python() -> None:
+    """As Ray's pip and uv plugins do: the venv's python (quoted), VIRTUAL_ENV, its bin first on
+    PATH; its site-packages is the python's own, not on PYTHONPATH (so .pth files count)."""
+    for field in ("pip", "uv"):
+        ray_env = parse_runtime_env(
+            json.dumps({field: ["requests"], "working_dir": "https://h/wd.zip"}), EnvLimits(),
+            node_site=True,
+        )  # fmt: skip
+        built = build_ray_context(
+            ray_env, path_for, py_executable=BASE, node_pythonpath="/node/lib",
+            python_version=(3, 11),
+        )  # fmt: skip
+        env_vars = built["env_vars"]
+        assert isinstance(env_vars, dict)
+        venv = env_vars["VIRTUAL_ENV"]
+        assert venv.startswith(f"/root/uris/ray_{field}-"), env_vars
+        assert built["py_executable"] == f"{venv}/bin/python"
+        assert env_vars["PATH"] == f"{venv}/bin:${{PATH}}"
+        assert env_vars["PYTHONPATH"] == "/root/uris/working_dir-wd.zip:/node/lib"

@@ -505,8 +505,9 @@ async def test_a_pip_env_runs_as_rays_worker_would_start_it(
     wheels: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The context run as Ray's worker runs it (variables expanded as ``update_envs`` does, then
-    ``bash -c "<command_prefix> exec <py_executable> ..."``): the base python, in the working
-    dir, imports the wheel from the venv's site-packages and finds the venv's script first."""
+    ``bash -c "<command_prefix> exec <py_executable> ..."``): the venv's python (Ray's
+    semantics), in the working dir, imports the wheel from its own site-packages and Ray from
+    the node's, and finds the venv's script first."""
     isolate_pip(monkeypatch)
     zip_path = tmp_path / "wd.zip"
     zip_path.write_bytes(workdir_zip({"wdmod.py": "VALUE = 'wd'\n"}))
@@ -515,26 +516,27 @@ async def test_a_pip_env_runs_as_rays_worker_would_start_it(
         reply = await ray.create(text, timeout_s=180)
         assert reply.status == OK, reply.error_message
         context = json.loads(reply.serialized_runtime_env_context)
-        assert context["py_executable"] == shlex.quote(sys.executable)  # one shell word
+        venv = context["env_vars"]["VIRTUAL_ENV"]
+        assert context["py_executable"] == shlex.quote(f"{venv}/bin/python")  # one shell word
         env = dict(os.environ)
         for key, value in context["env_vars"].items():  # as Ray's update_envs
             env[key] = re.sub(r"\$\{[A-Z0-9_]+\}", "", os.path.expandvars(value))
         script = (
-            "import alpha_pkg, os, shutil, sys, wdmod; "
+            "import alpha_pkg, os, ray, shutil, sys, wdmod; "
             "print(alpha_pkg.__file__); print(shutil.which('alpha-hello')); "
-            "print(os.getcwd()); print(wdmod.VALUE)"
+            "print(os.getcwd()); print(wdmod.VALUE); print(ray.__file__)"
         )
-        command = [*context["command_prefix"], "exec", shlex.quote(sys.executable), "-c",
+        command = [*context["command_prefix"], "exec", context["py_executable"], "-c",
                    shlex.quote(script)]  # fmt: skip
         code, out, err = await run("bash", "-c", " ".join(command), env=env, timeout_s=60)
         assert code == 0, err
-        module, found, cwd, value = out.splitlines()
-        site = env["PYTHONPATH"].split(os.pathsep)[1]
-        assert site.endswith(f"/lib/python{sys.version_info.major}.{sys.version_info.minor}"
-                             "/site-packages")  # fmt: skip
+        module, found, cwd, value, ray_module = out.splitlines()
+        site = f"{venv}/lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+        assert site not in env["PYTHONPATH"].split(os.pathsep)  # the venv's python has it
         assert module.startswith(site)
-        assert found == str(Path(site).parents[2] / "bin" / "alpha-hello")
+        assert found == f"{venv}/bin/alpha-hello"
         assert (cwd, value) == (context["command_prefix"][1], "wd")
+        assert not ray_module.startswith(venv), ray_module  # the node's Ray
 
 
 def test_ray_address_parses_off_and_malformed_and_shows_in_config() -> None:

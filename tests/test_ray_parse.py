@@ -9,7 +9,9 @@ import json
 import pytest
 
 from agent.core.errors import InvalidRuntimeEnv
+from agent.core.pip_spec import PipSpec
 from agent.core.runtime_env import EnvLimits, parse_runtime_env
+from agent.core.uv_spec import UvSpec
 
 LIMITS = EnvLimits()
 
@@ -92,3 +94,38 @@ def test_a_200kb_env_var_is_refused_with_the_limit() -> None:
         parse({"env_vars": {"BIG": "x" * 200_000}})
     assert "131072" in caught.value.message
     assert "'BIG'" in caught.value.message
+
+
+@pytest.mark.parametrize("field", ["pip", "uv"])
+def test_a_venv_read_as_ray_reads_it_is_another_package_and_env(field: str) -> None:
+    """The Ray door's venvs (Ray's semantics: they see the node's packages) never share a key
+    with the gRPC door's isolated ones; the gRPC door's keys are unchanged by the option."""
+    text = json.dumps({field: ["requests"], "env_vars": {"A": "1"}})
+    grpc = parse_runtime_env(text, LIMITS)
+    ray = parse_runtime_env(text, LIMITS, node_site=True)
+    assert grpc.env_id != ray.env_id
+    assert grpc.packages[0].key != ray.packages[0].key
+    assert grpc.packages[0].key.kind == field
+    assert ray.packages[0].key.kind == f"ray_{field}"  # info tells them apart by kind
+    assert ray.packages[0].key.uri.startswith(f"{field}://")
+    isolated, rays = grpc.packages[0].recipe, ray.packages[0].recipe
+    assert isinstance(isolated, PipSpec | UvSpec)
+    assert isinstance(rays, PipSpec | UvSpec)
+    assert not isolated.node_site
+    assert rays.node_site
+    # an env with no venv is the same env through either door
+    plain = json.dumps({"env_vars": {"A": "1"}})
+    assert parse_runtime_env(plain, LIMITS).env_id == parse(json.loads(plain))
+    assert parse_runtime_env(plain, LIMITS, node_site=True).env_id == parse(json.loads(plain))
+
+
+def test_the_grpc_doors_pip_key_is_pinned() -> None:
+    """The isolated venv's digest is what it was before Ray's semantics came (a root's existing
+    venvs keep their keys)."""
+    pip = PipSpec(packages=("requests",), options=(), python="3.11", platform="linux-x86_64")
+    uv = UvSpec(
+        packages=("requests",), options=(), uv_version="", uv_check=False, python="3.11",
+        platform="linux-x86_64",
+    )  # fmt: skip
+    assert pip.digest == "d4a1cdb3dd33e4170240f43d5f4ff9b9"
+    assert uv.digest == "4865fcfc343d46ce3fdec766f96e8dcc"

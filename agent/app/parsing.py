@@ -33,13 +33,18 @@ class ParseCache:
         )
         self._parsed: BoundedCache[str, RuntimeEnv] = BoundedCache(_PARSED_KEPT, _PARSED_BYTES)
 
-    def parse(self, serialized: str) -> RuntimeEnv:
-        """The env the text names (``InvalidRuntimeEnv`` if it names none)."""
+    def parse(self, serialized: str, *, node_site: bool = False) -> RuntimeEnv:
+        """The env the text names (``InvalidRuntimeEnv`` if it names none); ``node_site``: as
+        the Ray door reads it (``parse_runtime_env``), remembered apart."""
         digest = hashlib.sha256(serialized.encode("utf-8", "surrogatepass")).digest()
+        if node_site:
+            digest = b"ray:" + digest
         spelling = self._spellings.get(digest)
         env = self._parsed.get(spelling.env_id) if spelling is not None else None
         if env is None or spelling is None:
-            env = parse_runtime_env(serialized, self._limits, file_roots=self._file_roots)
+            env = parse_runtime_env(
+                serialized, self._limits, file_roots=self._file_roots, node_site=node_site
+            )
             config = _Spelling(env.env_id, env.setup_timeout_seconds, env.eager_install)
             self._spellings.put(digest, config, 128)
             self._parsed.put(env.env_id, env, env_weight(env))

@@ -216,14 +216,16 @@ class RayFront:
         raises (a context that cannot be built gives the reference back)."""
         service = self.service
         key = service.check_create(
-            serialized, setup_timeout_seconds, job_id=job, eager_install=eager_install
-        )
+            serialized, setup_timeout_seconds, job_id=job, eager_install=eager_install,
+            node_site=True,
+        )  # fmt: skip
         if service.create_hit(key):  # a hit: counted in this step, no coroutine
             env = key.env
         else:
             created = await service.create(
-                serialized, setup_timeout_seconds, "", job_id=job, eager_install=eager_install
-            )
+                serialized, setup_timeout_seconds, "", job_id=job, eager_install=eager_install,
+                node_site=True,
+            )  # fmt: skip
             env = created.env
         env_id = env.env_id
         try:

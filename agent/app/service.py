@@ -127,12 +127,14 @@ class AgentService:
         *,
         job_id: str = "",
         eager_install: bool = False,
+        node_site: bool = False,
     ) -> Created:
         """Count one reference on the env, installing what is missing first. ``job_id`` and
         ``eager_install`` (the request's; the JSON's ``config.eager_install`` counts too) are
-        kept in the env's record for info, nothing more (see the module docstring)."""
+        kept in the env's record for info, nothing more (see the module docstring).
+        ``node_site``: the text read as the Ray door reads it (``parse_runtime_env``)."""
         check_job_id(job_id)
-        env = self._parses.parse(serialized)
+        env = self._parses.parse(serialized, node_site=node_site)
         eager = eager_install or env.eager_install is True
         logfields.note(env_id=env.env_id)  # on this request's log lines from here on
         timeout = self._setup_timeout(env, timeout_s)
@@ -144,13 +146,19 @@ class AgentService:
         return Created(env, hit, self.context_of)
 
     def check_create(
-        self, serialized: str, timeout_s: int, *, job_id: str = "", eager_install: bool = False
+        self,
+        serialized: str,
+        timeout_s: int,
+        *,
+        job_id: str = "",
+        eager_install: bool = False,
+        node_site: bool = False,
     ) -> HitKey:
         """``create``'s checks of its input, in its order and raising its errors, with nothing
         counted: what ``create_hit`` needs. A pure function of the request (and the settings):
         a door may keep the key of a request it sees again."""
         check_job_id(job_id)
-        env = self._parses.parse(serialized)
+        env = self._parses.parse(serialized, node_site=node_site)
         self._setup_timeout(env, timeout_s)
         return HitKey(env, job_id, eager_install or env.eager_install is True)
 

@@ -40,6 +40,9 @@ class Placement:
     cwd: bool = False  # the worker starts in the folder
     python: str | None = None  # the worker's python, relative to the folder
     java: bool = False  # the folder goes on a Java worker's class path (its jars and itself)
+    # a venv with Ray's semantics: it sees the node's packages, so Ray's worker runs its python
+    # (an isolated venv's site-packages goes on the path of the node's python instead)
+    node_site: bool = False
 
 
 PLACEMENTS: dict[UriKind, Placement] = {
@@ -48,6 +51,8 @@ PLACEMENTS: dict[UriKind, Placement] = {
     UriKind.PIP: Placement(python="bin/python"),  # the env's own virtualenv
     UriKind.JAVA_JARS: Placement(java=True),
     UriKind.UV: Placement(python="bin/python"),  # likewise, built by uv
+    UriKind.RAY_PIP: Placement(python="bin/python", node_site=True),  # the Ray door's pip venv
+    UriKind.RAY_UV: Placement(python="bin/python", node_site=True),  # the Ray door's uv venv
     # a uv run project's venv, derived at create time (``agent.core.uv_run``): the worker runs
     # its python itself, as uv run would (``build_context``'s ``uv_venv``), so no placement
     UriKind.UV_PROJECT: Placement(),

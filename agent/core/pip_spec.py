@@ -90,14 +90,20 @@ class PipSpec:
     options: tuple[str, ...]  # as given: their order can matter to pip
     python: str  # "3.11"
     platform: str  # "linux-x86_64"
+    # Ray's semantics (the Ray door's): the venv sees the node's packages after its own, and the
+    # worker runs its python (``agent.install.venv.NODE_SITE_PTH``). Another venv than the gRPC
+    # door's isolated one, so another digest; False leaves the digest as it always was.
+    node_site: bool = False
 
     @property
     def digest(self) -> str:
-        canonical = json.dumps(
-            {"packages": self.packages, "options": self.options, "python": self.python,
-             "platform": self.platform},
-            sort_keys=True, separators=(",", ":"),
-        )  # fmt: skip
+        fields: dict[str, object] = {
+            "packages": self.packages, "options": self.options, "python": self.python,
+            "platform": self.platform,
+        }  # fmt: skip
+        if self.node_site:
+            fields["node_site"] = True
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
     @property

@@ -16,9 +16,16 @@ there is placed here too).
 - ``py_executable``: the env's own ``py_executable`` when it names one (Ray's worker runs
   ``exec <py_executable> <args>`` under ``bash -c``, so it is a command line, as Ray's is; it
   wins over a pip venv, as Ray's ``py_executable`` plugin runs after its ``pip`` plugin, and a
-  bare ``python`` in it finds the venv's first on ``PATH``), else the base python (quoted as
-  one shell word, as the working dir is), also with a pip venv: a Ray worker must import
-  ``ray``, which a venv of ours has not; the venv's packages reach it through ``PYTHONPATH``.
+  bare ``python`` in it finds the venv's first on ``PATH``), else a Ray-semantics venv's
+  python (below), else the base python (quoted as one shell word, as the working dir is),
+  also with an isolated venv (the gRPC door's, which has no Ray): its packages reach the
+  worker through ``PYTHONPATH``.
+- A venv with Ray's semantics (``node_site``, what the Ray door builds: it sees the node's
+  packages, Ray among them) is put on the worker as Ray's agent puts its own: the worker runs
+  the venv's python (unless the env's own ``py_executable`` wins, as above), ``VIRTUAL_ENV`` is
+  the venv and its ``bin`` first on ``PATH`` (what Ray's ``source <venv>/bin/activate`` sets),
+  and its site-packages is not on ``PYTHONPATH`` (the venv's python has it, ``.pth`` files
+  processed).
 - ``override_worker_entrypoint``: None; ``java_jars``: each java_jars package's folder, in the
   env's order (Ray's Java worker puts ``<folder>/*`` and ``<folder>`` on its class path).
 """
@@ -61,6 +68,7 @@ def build_ray_context(
     venv_bins: list[str] = []
     command_prefix: list[str] = []
     jars: list[str] = []
+    own_venv: Path | None = None  # a venv with Ray's semantics: the worker runs its python
     major, minor = python_version
     for package in env.packages:  # each placed as its kind's row of PLACEMENTS says
         placement = placement_of(package.key.kind)
@@ -69,7 +77,10 @@ def build_ray_context(
             roots.append(str(folder))
         if placement.cwd and not command_prefix:
             command_prefix = ["cd", shlex.quote(str(folder)), "&&"]
-        if placement.python is not None:  # a venv: Ray's worker keeps the base python
+        if placement.python is not None and placement.node_site:
+            own_venv = folder
+            venv_bins.append(str((folder / placement.python).parent))
+        elif placement.python is not None:  # an isolated venv: the worker keeps the base python
             site_packages.append(str(folder / "lib" / f"python{major}.{minor}" / "site-packages"))
             venv_bins.append(str((folder / placement.python).parent))
         if placement.java:
@@ -88,6 +99,9 @@ def build_ray_context(
         venv_bins.insert(0, str(uv_venv / "bin"))
         env_vars["VIRTUAL_ENV"] = str(uv_venv)
         own_command = shlex.quote(str(uv_venv / "bin" / "python"))
+    elif own_venv is not None:
+        env_vars["VIRTUAL_ENV"] = str(own_venv)
+        own_command = own_command or shlex.quote(str(own_venv / "bin" / "python"))
     if venv_bins:
         env_vars["PATH"] = os.pathsep.join([*venv_bins, env_vars.get("PATH") or "${PATH}"])
     context: dict[str, object] = {

@@ -30,6 +30,7 @@ strings, accepted). Any other unknown field is still refused by name.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shlex
@@ -137,10 +138,16 @@ def check_env_var_size(env_vars: Mapping[str, str], limits: EnvLimits) -> None:
 
 
 def parse_runtime_env(
-    text: str, limits: EnvLimits, *, file_roots: Sequence[str] | FileRoots = ()
+    text: str,
+    limits: EnvLimits,
+    *,
+    file_roots: Sequence[str] | FileRoots = (),
+    node_site: bool = False,
 ) -> RuntimeEnv:
     """Parse and validate a serialized runtime env; raise ``InvalidRuntimeEnv`` naming the field.
-    Each package is parsed here, once, into its key and its recipe (``Package``)."""
+    Each package is parsed here, once, into its key and its recipe (``Package``). ``node_site``
+    (the Ray door's): a pip or uv venv with Ray's semantics (``PipSpec.node_site``), another
+    package and another env than the same text's over gRPC."""
     size = len(text.encode())
     if size > limits.max_json_bytes:
         raise InvalidRuntimeEnv(
@@ -170,11 +177,15 @@ def parse_runtime_env(
         )
     pip = parse_pip(obj.get("pip"), file_roots=file_roots)
     uv = parse_uv(obj.get("uv"), file_roots=file_roots)
+    if node_site:
+        pip = dataclasses.replace(pip, node_site=True) if pip is not None else None
+        uv = dataclasses.replace(uv, node_site=True) if uv is not None else None
     if pip is not None:
-        packages.append(Package(UriKey(UriKind.PIP, pip.uri), pip))
+        kind = UriKind.RAY_PIP if node_site else UriKind.PIP
+        packages.append(Package(UriKey(kind, pip.uri), pip))
     packages.extend(Package(UriKey(UriKind.JAVA_JARS, u), p) for u, p in jars.items())
     if uv is not None:
-        packages.append(Package(UriKey(UriKind.UV, uv.uri), uv))
+        packages.append(Package(UriKey(UriKind.RAY_UV if node_site else UriKind.UV, uv.uri), uv))
     if len(packages) > limits.max_uris:
         raise InvalidRuntimeEnv(
             f"the env names {len(packages)} distinct URIs; the limit is {limits.max_uris}"
@@ -195,6 +206,8 @@ def parse_runtime_env(
         identity["java_jars"] = list(jars)
     if uv is not None:
         identity["uv"] = uv.canonical()
+    if node_site and (pip is not None or uv is not None):
+        identity["venv"] = "node-site"
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return RuntimeEnv(
         working_dir=working_dir,

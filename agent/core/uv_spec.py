@@ -88,6 +88,7 @@ class UvSpec:
     uv_check: bool  # run ``uv pip check`` after the install
     python: str  # "3.11"
     platform: str  # "linux-x86_64"
+    node_site: bool = False  # Ray's semantics, as ``PipSpec.node_site``
 
     @property
     def digest(self) -> str:
@@ -99,6 +100,8 @@ class UvSpec:
             identity["uv_version"] = self.uv_version
         if self.uv_check:
             identity["uv_check"] = True
+        if self.node_site:
+            identity["node_site"] = True
         canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 

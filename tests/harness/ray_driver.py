@@ -15,6 +15,7 @@ import importlib
 import json
 import logging
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,9 +28,20 @@ Json = dict[str, Any]
 GET_S = 120.0  # bound on any ray.get (a task's env setup included)
 
 
+def _command(argv: list[str]) -> Json:
+    """A command the worker runs as a user's code would (``python`` found on its PATH): its
+    exit status and the end of its output."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=GET_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"code": None, "out": f"{type(exc).__name__}: {exc}"}
+    return {"code": done.returncode, "out": (done.stdout + done.stderr)[-2000:]}
+
+
 def probe(spec: Json) -> Json:
     """What a worker sees: its cwd, files read relative to it, modules imported (their VALUE),
-    env vars, its node and its runtime env as Ray reports it."""
+    env vars, commands run (``_command``), its python, its node and its runtime env as Ray
+    reports it."""
     files: Json = {}
     for name in spec.get("files", []):
         path = Path(name)
@@ -49,6 +61,8 @@ def probe(spec: Json) -> Json:
         "env": {name: os.environ.get(name) for name in spec.get("env", [])},
         "node": context.get_node_id(),
         "pid": os.getpid(),
+        "executable": sys.executable,
+        "commands": [_command(argv) for argv in spec.get("commands", [])],
         "runtime_env": dict(context.runtime_env),
     }
 

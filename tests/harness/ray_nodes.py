@@ -304,9 +304,12 @@ def start_node(
     num_cpus: int = 1,
     env: dict[str, str] | None = None,
     token: str | None = None,
+    dashboard: bool = False,
 ) -> RayNode:
     """Start a head node (``head`` None) or a worker node joining ``head``; return once its
-    agent has written its port file. With ``token``, Ray's token auth is on for the node.
+    agent has written its port file. With ``token``, Ray's token auth is on for the node; with
+    ``dashboard`` (a head), Ray's dashboard and job server run, on ``ports["dashboard-port"]``
+    (they need ``ray[default]``).
     A worker node needs an ``ip`` of its own (127.0.0.3...)."""
     temp_dir = Path(tempfile.mkdtemp(prefix="r-e2e-", dir="/tmp"))
     (temp_dir / "tmp").mkdir()
@@ -324,7 +327,8 @@ def start_node(
         extra.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
     node_env = base_environ(**extra)
     gcs = f"{ip}:{ports['port']}" if head is None else head.gcs_address
-    where = ["--head", "--include-dashboard=false"] if head is None else [f"--address={gcs}"]
+    shown = [f"--include-dashboard={str(dashboard).lower()}", f"--dashboard-host={ip}"]
+    where = ["--head", *shown] if head is None else [f"--address={gcs}"]
     args = [
         "start", *where, f"--temp-dir={temp_dir}", f"--node-ip-address={ip}",
         f"--num-cpus={num_cpus}", "--disable-usage-stats",

@@ -115,6 +115,7 @@ FILES: dict[str, str] = {
     "test_ray_versions.py": "unit",
     "test_ray_versions_cli.py": "process",
     "test_ray_versions_node.py": "ray",
+    "test_ray_venvs.py": "ray",
     "test_remeasure.py": "sockets",
     "test_refs.py": "unit",
     "test_room.py": "unit",

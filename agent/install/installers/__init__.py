@@ -31,6 +31,8 @@ INSTALLERS: dict[UriKind, Callable[[InstallTools], Installer]] = {
     UriKind.PIP: PipVenvInstaller.of,
     UriKind.JAVA_JARS: JavaJarsInstaller.of,
     UriKind.UV: PipVenvInstaller.of_uv,
+    UriKind.RAY_PIP: PipVenvInstaller.of,  # the spec says node_site: the venv's build does the rest
+    UriKind.RAY_UV: PipVenvInstaller.of_uv,
     UriKind.UV_PROJECT: UvProjectInstaller.of,
 }
 
