@@ -119,6 +119,21 @@ def test_a_venv_read_as_ray_reads_it_is_another_package_and_env(field: str) -> N
     assert parse_runtime_env(plain, LIMITS, node_site=True).env_id == parse(json.loads(plain))
 
 
+@pytest.mark.parametrize("field", ["pip", "uv"])
+def test_a_ray_venv_of_another_node_python_is_another_package(field: str) -> None:
+    """A Ray-semantics venv adds the site folders of the node's python: two agents on one shared
+    root with different node pythons (of one version) never share such a venv."""
+    text = json.dumps({field: ["requests"]})
+    one = parse_runtime_env(text, LIMITS, node_site=True, node_python="/opt/a/bin/python3")
+    two = parse_runtime_env(text, LIMITS, node_site=True, node_python="/opt/b/bin/python3")
+    again = parse_runtime_env(text, LIMITS, node_site=True, node_python="/opt/a/bin/python3")
+    assert one.packages[0].key != two.packages[0].key
+    assert one.packages[0].key == again.packages[0].key
+    # the gRPC door's isolated venv does not depend on it
+    grpc = parse_runtime_env(text, LIMITS, node_python="/opt/b/bin/python3")
+    assert grpc.packages[0].key == parse_runtime_env(text, LIMITS).packages[0].key
+
+
 def test_the_grpc_doors_pip_key_is_pinned() -> None:
     """The isolated venv's digest is what it was before Ray's semantics came (a root's existing
     venvs keep their keys)."""

@@ -23,9 +23,12 @@ _PARSED_BYTES = 8 * 1024 * 1024
 
 
 class ParseCache:
-    def __init__(self, limits: EnvLimits, file_roots: Sequence[str]) -> None:
+    def __init__(
+        self, limits: EnvLimits, file_roots: Sequence[str], *, node_python: str = ""
+    ) -> None:
         self._limits = limits
         self._file_roots = file_roots
+        self._node_python = node_python  # the Ray door's venvs see its site folders
         # digest of a JSON text -> env id (and the text's config) -> parsed env: many spellings
         # share one value
         self._spellings: BoundedCache[bytes, _Spelling] = BoundedCache(
@@ -43,7 +46,11 @@ class ParseCache:
         env = self._parsed.get(spelling.env_id) if spelling is not None else None
         if env is None or spelling is None:
             env = parse_runtime_env(
-                serialized, self._limits, file_roots=self._file_roots, node_site=node_site
+                serialized,
+                self._limits,
+                file_roots=self._file_roots,
+                node_site=node_site,
+                node_python=self._node_python if node_site else "",
             )
             config = _Spelling(env.env_id, env.setup_timeout_seconds, env.eager_install)
             self._spellings.put(digest, config, 128)

@@ -105,7 +105,9 @@ class AgentService:
         self._job_ids = JobIds()
         self._failure_bytes = 0
         self._requests = RequestLog(settings.request_log_capacity)
-        self._parses = ParseCache(settings.env, settings.allow_file_roots)
+        self._parses = ParseCache(
+            settings.env, settings.allow_file_roots, node_python=settings.py_executable
+        )
         self._projects = ProjectVenvs(settings, store, tables, self._note)
         # References a holder of its own keeps on an env (the Ray door's, counted per string
         # by ``RayFront``; set by ``keep_held``): a delete by anyone else may not drop the

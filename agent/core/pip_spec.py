@@ -94,6 +94,9 @@ class PipSpec:
     # worker runs its python (``agent.install.venv.NODE_SITE_PTH``). Another venv than the gRPC
     # door's isolated one, so another digest; False leaves the digest as it always was.
     node_site: bool = False
+    # the node's python whose site folders such a venv adds (``node_site``): another python,
+    # another venv, even on one shared root
+    node_python: str = ""
 
     @property
     def digest(self) -> str:
@@ -103,6 +106,7 @@ class PipSpec:
         }  # fmt: skip
         if self.node_site:
             fields["node_site"] = True
+            fields["node_python"] = self.node_python
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 

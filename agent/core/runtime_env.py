@@ -143,11 +143,13 @@ def parse_runtime_env(
     *,
     file_roots: Sequence[str] | FileRoots = (),
     node_site: bool = False,
+    node_python: str = "",
 ) -> RuntimeEnv:
     """Parse and validate a serialized runtime env; raise ``InvalidRuntimeEnv`` naming the field.
     Each package is parsed here, once, into its key and its recipe (``Package``). ``node_site``
     (the Ray door's): a pip or uv venv with Ray's semantics (``PipSpec.node_site``), another
-    package and another env than the same text's over gRPC."""
+    package and another env than the same text's over gRPC; ``node_python``: the node's python
+    whose site folders such a venv sees (part of its key)."""
     size = len(text.encode())
     if size > limits.max_json_bytes:
         raise InvalidRuntimeEnv(
@@ -178,8 +180,10 @@ def parse_runtime_env(
     pip = parse_pip(obj.get("pip"), file_roots=file_roots)
     uv = parse_uv(obj.get("uv"), file_roots=file_roots)
     if node_site:
-        pip = dataclasses.replace(pip, node_site=True) if pip is not None else None
-        uv = dataclasses.replace(uv, node_site=True) if uv is not None else None
+        if pip is not None:
+            pip = dataclasses.replace(pip, node_site=True, node_python=node_python)
+        if uv is not None:
+            uv = dataclasses.replace(uv, node_site=True, node_python=node_python)
     if pip is not None:
         kind = UriKind.RAY_PIP if node_site else UriKind.PIP
         packages.append(Package(UriKey(kind, pip.uri), pip))

@@ -89,6 +89,7 @@ class UvSpec:
     python: str  # "3.11"
     platform: str  # "linux-x86_64"
     node_site: bool = False  # Ray's semantics, as ``PipSpec.node_site``
+    node_python: str = ""  # as ``PipSpec.node_python``
 
     @property
     def digest(self) -> str:
@@ -102,6 +103,7 @@ class UvSpec:
             identity["uv_check"] = True
         if self.node_site:
             identity["node_site"] = True
+            identity["node_python"] = self.node_python
         canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
