@@ -23,8 +23,15 @@ _PARSED_BYTES = 8 * 1024 * 1024
 
 
 class ParseCache:
-    def __init__(self, limits: EnvLimits, file_roots: Sequence[str]) -> None:
+    def __init__(
+        self,
+        limits: EnvLimits,
+        file_roots: Sequence[str],
+        plugin_fields: frozenset[str] = frozenset(),
+    ) -> None:
+        """``plugin_fields``: the fields of the node's runtime env plugins (accepted)."""
         self._limits = limits
+        self._plugin_fields = plugin_fields
         self._file_roots = file_roots
         # digest of a JSON text -> env id (and the text's config) -> parsed env: many spellings
         # share one value
@@ -39,7 +46,12 @@ class ParseCache:
         spelling = self._spellings.get(digest)
         env = self._parsed.get(spelling.env_id) if spelling is not None else None
         if env is None or spelling is None:
-            env = parse_runtime_env(serialized, self._limits, file_roots=self._file_roots)
+            env = parse_runtime_env(
+                serialized,
+                self._limits,
+                file_roots=self._file_roots,
+                plugin_fields=self._plugin_fields,
+            )
             config = _Spelling(env.env_id, env.setup_timeout_seconds, env.eager_install)
             self._spellings.put(digest, config, 128)
             self._parsed.put(env.env_id, env, env_weight(env))

@@ -37,8 +37,9 @@ import logging
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from agent.app.records import MAX_JOB_ID_BYTES
 from agent.app.service import AgentService
@@ -102,11 +103,29 @@ class _Failed:
         return len(serialized) + len(self.error) + 200
 
 
+class PluginRunner(Protocol):
+    """Ray's runtime env plugins (``agent.ray.plugins.PluginHost``): their fields, their setup
+    on a create (the context they modified, the plugin URIs counted), those URIs given back."""
+
+    fields: frozenset[str]
+
+    async def setup(
+        self,
+        serialized: str,
+        fields: Mapping[str, Any],
+        context: dict[str, object],
+        setup_timeout: int,
+    ) -> tuple[dict[str, object], list[tuple[str, str]]]: ...
+
+    def release(self, uris: list[tuple[str, str]]) -> None: ...
+
+
 class RayFront:
     def __init__(
         self,
         service: AgentService,
         *,
+        plugins: PluginRunner | None = None,
         node: str = "",
         node_pythonpath: str = "",
         python_version: tuple[int, int] = (sys.version_info.major, sys.version_info.minor),
@@ -115,6 +134,11 @@ class RayFront:
         """``python_version``: the version of ``settings.py_executable`` (the venvs' python:
         their site-packages path names it)."""
         self.service = service
+        self._plugins = plugins
+        # serialized string -> the plugin URIs each of its counted creates holds (a stack)
+        self._plugin_uris: dict[str, list[list[tuple[str, str]]]] = {}
+        if plugins is not None:
+            service.accept_plugin_fields(plugins.fields)
         # of every failure's message, as the door answers it and info shows it
         self.prefix = f"[rtenv-agent on node {node}] " if node else "[rtenv-agent] "
         self.python_version = python_version
@@ -230,8 +254,15 @@ class RayFront:
             answered = self._answers.get(env_id)  # the same for every create of the env
             if answered is None:
                 answered = self._context(env)
-                if env.uv_run is None:  # a uv run env's venv is its create's: not kept
+                if env.uv_run is None and not env.plugins:  # made per create: not kept
                     self._answers.put(env_id, answered, 2 * len(answered) + 200)
+            if env.plugins and self._plugins is not None:
+                fields = {name: json.loads(value) for name, value in env.plugins}
+                context, uris = await self._plugins.setup(
+                    serialized, fields, json.loads(answered), setup_timeout_seconds
+                )
+                self._plugin_uris.setdefault(serialized, []).append(uris)
+                answered = json.dumps(context)
             return env_id, answered
         except BaseException:
             await self._release(env_id, 1)
@@ -267,6 +298,7 @@ class RayFront:
         refuses."""
         if source_process == CLIENT_SERVER:
             return
+        self._release_plugin_uris(serialized)
         entry = self._strings.get(serialized)
         if entry is None or entry.count == 0:
             raise EnvNotFound(
@@ -282,6 +314,15 @@ class RayFront:
             entry.refs -= 1
         entry.count -= 1
         self._drop_if_idle(serialized, entry)
+
+    def _release_plugin_uris(self, serialized: str) -> None:
+        """One create's plugin URIs of this string given back to the plugin host."""
+        stack = self._plugin_uris.get(serialized)
+        if not stack or self._plugins is None:
+            return
+        self._plugins.release(stack.pop())
+        if not stack:
+            del self._plugin_uris[serialized]
 
     async def _release(self, env_id: str, n: int) -> None:
         """Give ``n`` references on ``env_id`` back to the service (already taken off the

@@ -113,6 +113,11 @@ class AgentService:
         # (``delete(holder=True)`` is the holder's own).
         self._held_by_holder: Callable[[str], int] = _none_held
 
+    def accept_plugin_fields(self, fields: frozenset[str]) -> None:
+        """Parse the fields of the node's runtime env plugins too (part of an env's identity;
+        their hooks run at the Ray door, ``RayFront``)."""
+        self._parses = ParseCache(self.settings.env, self.settings.allow_file_roots, fields)
+
     def keep_held(self, held: Callable[[str], int]) -> None:
         """Keep, from now on, the references ``held(env_id)`` counts for the one holder of its
         own (the Ray door's front): only its own deletes (``holder=True``) drop them."""
