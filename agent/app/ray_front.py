@@ -37,10 +37,10 @@ import logging
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
 
+from agent.app.ray_plugins import PluginRunner, PluginSetups
 from agent.app.records import MAX_JOB_ID_BYTES
 from agent.app.service import AgentService
 from agent.core import logfields
@@ -103,23 +103,6 @@ class _Failed:
         return len(serialized) + len(self.error) + 200
 
 
-class PluginRunner(Protocol):
-    """Ray's runtime env plugins (``agent.ray.plugins.PluginHost``): their fields, their setup
-    on a create (the context they modified, the plugin URIs counted), those URIs given back."""
-
-    fields: frozenset[str]
-
-    async def setup(
-        self,
-        serialized: str,
-        fields: Mapping[str, Any],
-        context: dict[str, object],
-        setup_timeout: int,
-    ) -> tuple[dict[str, object], list[tuple[str, str]]]: ...
-
-    def release(self, uris: list[tuple[str, str]]) -> None: ...
-
-
 class RayFront:
     def __init__(
         self,
@@ -134,9 +117,8 @@ class RayFront:
         """``python_version``: the version of ``settings.py_executable`` (the venvs' python:
         their site-packages path names it)."""
         self.service = service
-        self._plugins = plugins
-        # serialized string -> the plugin URIs each of its counted creates holds (a stack)
-        self._plugin_uris: dict[str, list[list[tuple[str, str]]]] = {}
+        # Ray's runtime env plugins, run once per counted string (``ray_plugins.py``)
+        self._plugins = None if plugins is None else PluginSetups(plugins)
         if plugins is not None:
             service.accept_plugin_fields(plugins.fields)
         # of every failure's message, as the door answers it and info shows it
@@ -257,12 +239,9 @@ class RayFront:
                 if env.uv_run is None and not env.plugins:  # made per create: not kept
                     self._answers.put(env_id, answered, 2 * len(answered) + 200)
             if env.plugins and self._plugins is not None:
-                fields = {name: json.loads(value) for name, value in env.plugins}
-                context, uris = await self._plugins.setup(
-                    serialized, fields, json.loads(answered), setup_timeout_seconds
+                answered = await self._plugins.context(
+                    serialized, env.plugins, answered, setup_timeout_seconds
                 )
-                self._plugin_uris.setdefault(serialized, []).append(uris)
-                answered = json.dumps(context)
             return env_id, answered
         except BaseException:
             await self._release(env_id, 1)
@@ -298,7 +277,6 @@ class RayFront:
         refuses."""
         if source_process == CLIENT_SERVER:
             return
-        self._release_plugin_uris(serialized)
         entry = self._strings.get(serialized)
         if entry is None or entry.count == 0:
             raise EnvNotFound(
@@ -315,15 +293,6 @@ class RayFront:
         entry.count -= 1
         self._drop_if_idle(serialized, entry)
 
-    def _release_plugin_uris(self, serialized: str) -> None:
-        """One create's plugin URIs of this string given back to the plugin host."""
-        stack = self._plugin_uris.get(serialized)
-        if not stack or self._plugins is None:
-            return
-        self._plugins.release(stack.pop())
-        if not stack:
-            del self._plugin_uris[serialized]
-
     async def _release(self, env_id: str, n: int) -> None:
         """Give ``n`` references on ``env_id`` back to the service (already taken off the
         strings' ``refs``). The service holds them: a refusal is a bug, logged."""
@@ -339,6 +308,8 @@ class RayFront:
             return
         assert entry.refs == 0, f"string {echo(serialized)} dropped holding {entry.refs}"
         del self._strings[serialized]
+        if self._plugins is not None:
+            self._plugins.drop(serialized)
         self._held_bytes -= len(serialized)
         if entry.env_id is not None:
             strings = self._by_env[entry.env_id]

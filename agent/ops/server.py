@@ -29,7 +29,8 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
 from agent.app.config import Settings
-from agent.app.ray_front import PluginRunner, RayFront
+from agent.app.ray_front import RayFront
+from agent.app.ray_plugins import PluginRunner
 from agent.app.service import AgentService
 from agent.app.token import Token, read_token
 from agent.core import plugin_config

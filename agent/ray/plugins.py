@@ -6,7 +6,8 @@ fields of ``RAY_RUNTIME_ENV_PLUGIN_SCHEMAS``' schemas (their ``title``). ``Plugi
 runs, for an env's plugin fields, each plugin in increasing priority as Ray's
 ``create_for_plugin_if_needed`` does (``validate``, ``get_uris``, ``create`` on a URI not in the
 plugin's cache, ``modify_context``), the whole under the env's setup timeout, tried
-``RAY_RUNTIME_ENV_RETRY_TIMES`` times ``RAY_RUNTIME_ENV_RETRY_INTERVAL_MS`` apart; a failure or a
+``RUNTIME_ENV_RETRY_TIMES`` times ``RUNTIME_ENV_RETRY_INTERVAL_MS`` apart (Ray reads them without
+``RAY_``); a failure or a
 timeout is raised with Ray's words. A plugin URI is counted per create and per delete; unused,
 it is left to the plugin's ``URICache`` (Ray's own class: deleted through ``delete_uri`` when
 the plugin's cache exceeds ``RAY_RUNTIME_ENV_<NAME>_CACHE_SIZE_GB``, 10 by default).
@@ -93,19 +94,8 @@ class PluginHost:
             for p in plugins
         }
         self._counts: dict[tuple[str, str], int] = {}
-        self._retries = max(1, int(environ.get("RAY_RUNTIME_ENV_RETRY_TIMES", 3)))
-        self._interval = int(environ.get("RAY_RUNTIME_ENV_RETRY_INTERVAL_MS", 1000)) / 1000
-
-    def uris_of(self, fields: Mapping[str, Any]) -> list[tuple[str, str]]:
-        from ray.runtime_env import RuntimeEnv
-
-        env = RuntimeEnv(**{k: v for k, v in fields.items()})
-        return [
-            (name, uri)
-            for name in self._order
-            if name in fields
-            for uri in self._plugins[name].get_uris(env)
-        ]
+        self._retries = max(1, int(environ.get("RUNTIME_ENV_RETRY_TIMES", 3)))
+        self._interval = int(environ.get("RUNTIME_ENV_RETRY_INTERVAL_MS", 1000)) / 1000
 
     async def setup(
         self,
@@ -121,7 +111,9 @@ class PluginHost:
             if attempt:
                 await asyncio.sleep(self._interval)
             try:
-                result = await asyncio.wait_for(self._setup_once(fields, context), seconds)
+                result, uris = await asyncio.wait_for(
+                    self._setup_once(serialized, fields, dict(context)), seconds
+                )
             except Exception as exc:  # a plugin's error, whatever it is, is Ray's failure
                 error = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
                 if isinstance(exc, asyncio.TimeoutError):
@@ -135,23 +127,22 @@ class PluginHost:
                 log.warning("runtime env plugins failed (attempt %d of %d)", attempt + 1,
                             self._retries, extra={"attempt": attempt + 1})  # fmt: skip
                 continue
-            uris = self.uris_of(fields)
             for key in uris:
                 self._counts[key] = self._counts.get(key, 0) + 1
             return result, uris
         log.error("runtime_env creation failed %d times, giving up.", self._retries,
                   extra={"attempts": self._retries})  # fmt: skip
-        raise (SetupTimeout if error.startswith("Failed to install") else PluginFailed)(
-            f"Failed to create runtime env {serialized}.\n{error}"
-        )
+        # Ray's agent answers the last attempt's traceback (a timeout's with its hint first)
+        raise (SetupTimeout if error.startswith("Failed to install") else PluginFailed)(error)
 
     async def _setup_once(
-        self, fields: Mapping[str, Any], context: dict[str, object]
-    ) -> dict[str, object]:
+        self, serialized: str, fields: Mapping[str, Any], context: dict[str, object]
+    ) -> tuple[dict[str, object], list[tuple[str, str]]]:
         from ray._private.runtime_env.context import RuntimeEnvContext
         from ray.runtime_env import RuntimeEnv
 
-        env = RuntimeEnv(**{k: v for k, v in fields.items()})
+        env = RuntimeEnv.deserialize(serialized)  # the whole env, as Ray's agent passes it
+        held: list[tuple[str, str]] = []
         ctx = RuntimeEnvContext(**context)  # type: ignore[arg-type]
         for name in self._order:
             if fields.get(name) is None:
@@ -167,8 +158,9 @@ class PluginHost:
                 else:
                     cache.mark_used(uri, logger=log)
             plugin.modify_context(uris, env, ctx, log)
+            held.extend((name, uri) for uri in uris)
         out: dict[str, object] = json.loads(ctx.serialize())
-        return out
+        return out, held
 
     def release(self, uris: list[tuple[str, str]]) -> None:
         """One count of each URI back; a URI no create holds is unused in its plugin's cache."""
