@@ -222,13 +222,22 @@ class RayFront:
         raises (a context that cannot be built gives the reference back)."""
         service = self.service
         key = service.check_create(
-            serialized, setup_timeout_seconds, job_id=job, eager_install=eager_install
+            serialized,
+            setup_timeout_seconds,
+            job_id=job,
+            eager_install=eager_install,
+            plugins_ok=True,
         )
         if service.create_hit(key):  # a hit: counted in this step, no coroutine
             env = key.env
         else:
             created = await service.create(
-                serialized, setup_timeout_seconds, "", job_id=job, eager_install=eager_install
+                serialized,
+                setup_timeout_seconds,
+                "",
+                job_id=job,
+                eager_install=eager_install,
+                plugins_ok=True,
             )
             env = created.env
         env_id = env.env_id
