@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from agent.app.records import env_weight
 from agent.core.bounded import BoundedCache
+from agent.core.errors import InvalidRuntimeEnv
 from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
 
 _PARSED_KEPT = 4096  # parsed envs remembered by the digest of their JSON text
@@ -40,8 +41,9 @@ class ParseCache:
         )
         self._parsed: BoundedCache[str, RuntimeEnv] = BoundedCache(_PARSED_KEPT, _PARSED_BYTES)
 
-    def parse(self, serialized: str) -> RuntimeEnv:
-        """The env the text names (``InvalidRuntimeEnv`` if it names none)."""
+    def parse(self, serialized: str, *, plugins_ok: bool = True) -> RuntimeEnv:
+        """The env the text names (``InvalidRuntimeEnv`` if it names none, or if it has plugin
+        fields the caller cannot run: ``plugins_ok`` False)."""
         digest = hashlib.sha256(serialized.encode("utf-8", "surrogatepass")).digest()
         spelling = self._spellings.get(digest)
         env = self._parsed.get(spelling.env_id) if spelling is not None else None
@@ -59,6 +61,12 @@ class ParseCache:
             # one env, another spelling with another ``config`` (not part of the env's identity)
             timeout, eager = spelling.config
             env = dataclasses.replace(env, setup_timeout_seconds=timeout, eager_install=eager)
+        if env.plugins and not plugins_ok:
+            names = ", ".join(name for name, _ in env.plugins)
+            raise InvalidRuntimeEnv(
+                f"runtime env plugin field(s) {names} are run only for Ray (through the Ray "
+                "door, whose raylet names the plugins); this door cannot run them"
+            )
         return env
 
 

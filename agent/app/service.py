@@ -139,7 +139,7 @@ class AgentService:
         kept in the env's record for info, nothing more (see the module docstring).
         ``plugins_ok``: the caller runs the env's plugin fields (the Ray door); else refused."""
         check_job_id(job_id)
-        env = self._parse_create(serialized, plugins_ok)
+        env = self._parses.parse(serialized, plugins_ok=plugins_ok)
         eager = eager_install or env.eager_install is True
         logfields.note(env_id=env.env_id)  # on this request's log lines from here on
         timeout = self._setup_timeout(env, timeout_s)
@@ -163,19 +163,9 @@ class AgentService:
         counted: what ``create_hit`` needs. A pure function of the request (and the settings):
         a door may keep the key of a request it sees again."""
         check_job_id(job_id)
-        env = self._parse_create(serialized, plugins_ok)
+        env = self._parses.parse(serialized, plugins_ok=plugins_ok)
         self._setup_timeout(env, timeout_s)
         return HitKey(env, job_id, eager_install or env.eager_install is True)
-
-    def _parse_create(self, serialized: str, plugins_ok: bool) -> RuntimeEnv:
-        env = self._parses.parse(serialized)
-        if env.plugins and not plugins_ok:
-            names = ", ".join(name for name, _ in env.plugins)
-            raise InvalidRuntimeEnv(
-                f"runtime env plugin field(s) {names} are run only for Ray (through the Ray "
-                "door, whose raylet names the plugins); this door cannot run them"
-            )
-        return env
 
     def create_hit(self, key: HitKey) -> bool:
         """``create`` with no request id, in one synchronous step when it is a cache hit: one
