@@ -212,6 +212,8 @@ class RayFront:
     ) -> str:
         """A create that installs and gives its reference back at once (``client_server``)."""
         env_id, answered = await self._take(serialized, setup_timeout_seconds, job, eager_install)
+        if self._plugins is not None and serialized not in self._strings:
+            self._plugins.drop(serialized)  # nobody counts it: its plugin URIs are unused
         await self._release(env_id, 1)
         return answered
 
