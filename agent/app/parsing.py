@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from agent.app.records import env_weight
 from agent.core.bounded import BoundedCache
+from agent.core.errors import InvalidRuntimeEnv
 from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
 
 _PARSED_KEPT = 4096  # parsed envs remembered by the digest of their JSON text
@@ -24,9 +25,17 @@ _PARSED_BYTES = 8 * 1024 * 1024
 
 class ParseCache:
     def __init__(
-        self, limits: EnvLimits, file_roots: Sequence[str], *, node_python: str = ""
+        self,
+        limits: EnvLimits,
+        file_roots: Sequence[str],
+        plugin_fields: frozenset[str] = frozenset(),
+        *,
+        node_python: str = "",
     ) -> None:
+        """``plugin_fields``: the fields of the node's runtime env plugins (accepted);
+        ``node_python``: the node's python, whose site folders the Ray door's venvs see."""
         self._limits = limits
+        self._plugin_fields = plugin_fields
         self._file_roots = file_roots
         self._node_python = node_python  # the Ray door's venvs see its site folders
         # digest of a JSON text -> env id (and the text's config) -> parsed env: many spellings
@@ -38,7 +47,8 @@ class ParseCache:
 
     def parse(self, serialized: str, *, node_site: bool = False) -> RuntimeEnv:
         """The env the text names (``InvalidRuntimeEnv`` if it names none); ``node_site``: as
-        the Ray door reads it (``parse_runtime_env``), remembered apart."""
+        the Ray door reads it (``parse_runtime_env``), remembered apart. Only the Ray door runs
+        plugin fields: another caller's env that has some is refused."""
         digest = hashlib.sha256(serialized.encode("utf-8", "surrogatepass")).digest()
         if node_site:
             digest = b"ray:" + digest
@@ -51,6 +61,7 @@ class ParseCache:
                 file_roots=self._file_roots,
                 node_site=node_site,
                 node_python=self._node_python if node_site else "",
+                plugin_fields=self._plugin_fields,
             )
             config = _Spelling(env.env_id, env.setup_timeout_seconds, env.eager_install)
             self._spellings.put(digest, config, 128)
@@ -59,6 +70,12 @@ class ParseCache:
             # one env, another spelling with another ``config`` (not part of the env's identity)
             timeout, eager = spelling.config
             env = dataclasses.replace(env, setup_timeout_seconds=timeout, eager_install=eager)
+        if env.plugins and not node_site:
+            names = ", ".join(name for name, _ in env.plugins)
+            raise InvalidRuntimeEnv(
+                f"runtime env plugin field(s) {names} are run only for Ray (through the Ray "
+                "door, whose raylet names the plugins); this door cannot run them"
+            )
         return env
 
 

@@ -40,6 +40,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from agent.app.ray_plugins import PluginRunner, PluginSetups
 from agent.app.records import MAX_JOB_ID_BYTES
 from agent.app.service import AgentService
 from agent.core import logfields
@@ -107,6 +108,7 @@ class RayFront:
         self,
         service: AgentService,
         *,
+        plugins: PluginRunner | None = None,
         node: str = "",
         node_pythonpath: str = "",
         python_version: tuple[int, int] = (sys.version_info.major, sys.version_info.minor),
@@ -115,6 +117,10 @@ class RayFront:
         """``python_version``: the version of ``settings.py_executable`` (the venvs' python:
         their site-packages path names it)."""
         self.service = service
+        # Ray's runtime env plugins, run once per counted string (``ray_plugins.py``)
+        self._plugins = None if plugins is None else PluginSetups(plugins)
+        if plugins is not None:
+            service.accept_plugin_fields(plugins.fields)
         # of every failure's message, as the door answers it and info shows it
         self.prefix = f"[rtenv-agent on node {node}] " if node else "[rtenv-agent] "
         self.python_version = python_version
@@ -206,6 +212,8 @@ class RayFront:
     ) -> str:
         """A create that installs and gives its reference back at once (``client_server``)."""
         env_id, answered = await self._take(serialized, setup_timeout_seconds, job, eager_install)
+        if self._plugins is not None and serialized not in self._strings:
+            self._plugins.drop(serialized)  # nobody counts it: its plugin URIs are unused
         await self._release(env_id, 1)
         return answered
 
@@ -232,8 +240,12 @@ class RayFront:
             answered = self._answers.get(env_id)  # the same for every create of the env
             if answered is None:
                 answered = self._context(env)
-                if env.uv_run is None:  # a uv run env's venv is its create's: not kept
+                if env.uv_run is None and not env.plugins:  # made per create: not kept
                     self._answers.put(env_id, answered, 2 * len(answered) + 200)
+            if env.plugins and self._plugins is not None:
+                answered = await self._plugins.context(
+                    serialized, env.plugins, answered, setup_timeout_seconds
+                )
             return env_id, answered
         except BaseException:
             await self._release(env_id, 1)
@@ -300,6 +312,8 @@ class RayFront:
             return
         assert entry.refs == 0, f"string {echo(serialized)} dropped holding {entry.refs}"
         del self._strings[serialized]
+        if self._plugins is not None:
+            self._plugins.drop(serialized)
         self._held_bytes -= len(serialized)
         if entry.env_id is not None:
             strings = self._by_env[entry.env_id]

@@ -115,6 +115,16 @@ class AgentService:
         # (``delete(holder=True)`` is the holder's own).
         self._held_by_holder: Callable[[str], int] = _none_held
 
+    def accept_plugin_fields(self, fields: frozenset[str]) -> None:
+        """Parse the fields of the node's runtime env plugins too (part of an env's identity;
+        their hooks run at the Ray door, ``RayFront``)."""
+        self._parses = ParseCache(
+            self.settings.env,
+            self.settings.allow_file_roots,
+            fields,
+            node_python=self.settings.py_executable,
+        )
+
     def keep_held(self, held: Callable[[str], int]) -> None:
         """Keep, from now on, the references ``held(env_id)`` counts for the one holder of its
         own (the Ray door's front): only its own deletes (``holder=True``) drop them."""
@@ -134,7 +144,8 @@ class AgentService:
         """Count one reference on the env, installing what is missing first. ``job_id`` and
         ``eager_install`` (the request's; the JSON's ``config.eager_install`` counts too) are
         kept in the env's record for info, nothing more (see the module docstring).
-        ``node_site``: the text read as the Ray door reads it (``parse_runtime_env``)."""
+        ``node_site``: the text read as the Ray door reads it (``parse_runtime_env``): its
+        plugin fields are run (another door's are refused)."""
         check_job_id(job_id)
         env = self._parses.parse(serialized, node_site=node_site)
         eager = eager_install or env.eager_install is True

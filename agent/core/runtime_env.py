@@ -101,6 +101,9 @@ class RuntimeEnv:
     # py_executable as a ``uv run`` line (``agent.core.uv_run``): built by the agent at create
     # (a UvRun), or left to uv and why (a Passthrough); None: not a uv run line
     uv_run: UvRun | Passthrough | None = None
+    # fields of Ray's runtime env plugins configured on the node (``agent.plugins``), as
+    # canonical JSON text by name: part of the env's identity, run by the plugin host
+    plugins: tuple[tuple[str, str], ...] = ()
     uri_keys: tuple[UriKey, ...] = field(init=False, repr=False, compare=False)  # packages' keys
 
     def __post_init__(self) -> None:
@@ -144,19 +147,27 @@ def parse_runtime_env(
     file_roots: Sequence[str] | FileRoots = (),
     node_site: bool = False,
     node_python: str = "",
+    plugin_fields: frozenset[str] = frozenset(),
 ) -> RuntimeEnv:
     """Parse and validate a serialized runtime env; raise ``InvalidRuntimeEnv`` naming the field.
     Each package is parsed here, once, into its key and its recipe (``Package``). ``node_site``
     (the Ray door's): a pip or uv venv with Ray's semantics (``PipSpec.node_site``), another
     package and another env than the same text's over gRPC; ``node_python``: the node's python
-    whose site folders such a venv sees (part of its key)."""
+    whose site folders such a venv sees (part of its key). ``plugin_fields``: the fields of
+    the node's runtime env plugins, accepted as they are (their plugin validates them) and part
+    of the env's identity."""
     size = len(text.encode())
     if size > limits.max_json_bytes:
         raise InvalidRuntimeEnv(
             f"serialized_runtime_env is {size} bytes; the limit is {limits.max_json_bytes}"
         )
     obj = _load_json_object(text)
-    _check_fields(obj)
+    plugins = tuple(
+        (name, json.dumps(obj[name], sort_keys=True, separators=(",", ":"), ensure_ascii=False))
+        for name in sorted(plugin_fields & set(obj))
+        if obj[name] is not None
+    )
+    _check_fields({k: v for k, v in obj.items() if k not in plugin_fields})
     _check_ray_extras(obj)
     packages: list[Package] = []
     working_dir = None
@@ -212,6 +223,8 @@ def parse_runtime_env(
         identity["uv"] = uv.canonical()
     if node_site and (pip is not None or uv is not None):
         identity["venv"] = "node-site"
+    if plugins:
+        identity["plugins"] = {name: json.loads(value) for name, value in plugins}
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return RuntimeEnv(
         working_dir=working_dir,
@@ -225,6 +238,7 @@ def parse_runtime_env(
         py_executable=py_executable,
         java_jars=tuple(jars),
         uv_run=_uv_run(py_executable, working_dir),
+        plugins=plugins,
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import importlib
 import logging
 import os
 import sys
@@ -29,8 +30,10 @@ from grpc_health.v1.health import aio as health_aio
 
 from agent.app.config import Settings
 from agent.app.ray_front import RayFront
+from agent.app.ray_plugins import PluginRunner
 from agent.app.service import AgentService
 from agent.app.token import Token, read_token
+from agent.core import plugin_config
 from agent.core.errors import StartupError
 from agent.core.refs import RefTables
 from agent.core.units import human_bytes
@@ -240,7 +243,8 @@ class Agent:
                 await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
             if self.ray_door is not None:  # requests waiting at the Ray door go on now
                 self.ray_front = RayFront(
-                    self.service, node=settings.ray.host if settings.ray else "",
+                    self.service, plugins=_plugin_host(),
+                    node=settings.ray.host if settings.ray else "",
                     node_pythonpath=os.environ.get("PYTHONPATH", ""),
                     python_version=python_version,
                 )  # fmt: skip
@@ -411,3 +415,13 @@ def freeze_start_heap() -> int:
     count drops to 0."""
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def _plugin_host() -> PluginRunner | None:
+    """Ray's runtime env plugins when the node names some (``RAY_RUNTIME_ENV_PLUGINS``): their
+    host is loaded by name (it imports Ray); None otherwise, and Ray is never imported."""
+    if not plugin_config.configured():
+        return None
+    module = importlib.import_module("agent.ray.plugins")
+    host: PluginRunner = module.load_host()
+    return host
