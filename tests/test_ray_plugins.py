@@ -8,12 +8,14 @@ driver serve every check; the same tests pass on Ray's own agent (``RTENV_E2E_AG
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.harness import ray_plugins
+from tests.harness.agent_process import REPO
 from tests.harness.ray_nodes import Json, drive, poll, ray_nodes
 
 pytestmark = pytest.mark.timeout(300)
@@ -34,6 +36,9 @@ def plugin_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Json,
     log.write_text("")
     env = {
         "RAY_RUNTIME_ENV_PLUGINS": ray_plugins.plugins_config(),
+        # the plugins' module is the repo's (tests.harness): the raylet passes PYTHONPATH on to
+        # the agent, which imports plugin classes from it (pytest's own sys.path is not passed)
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
         ray_plugins.LOG_VAR: str(log),
         "RUNTIME_ENV_RETRY_TIMES": str(RETRIES),
         "RUNTIME_ENV_RETRY_INTERVAL_MS": "100",
