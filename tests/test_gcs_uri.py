@@ -76,30 +76,44 @@ def test_a_gcs_uri_that_is_not_a_package_name_is_refused_saying_why(
 @pytest.mark.parametrize(
     "value",
     [
-        "gcs://mymod-0.1-py3-none-any.whl",
-        "gcs://mymod-0.1+local-py3-none-any.WHL",  # '+' is no name character, yet a wheel
+        "gcs://mymod-0.1-py3-none-any.whl",  # as a Ray driver uploads a local wheel
+        "gcs://mymod-0.1+local-py3-none-any.whl",  # '+' is no gcs name character, yet a wheel
         "https://h.example/wheels/mymod-0.1-py3-none-any.whl",
-        "http://127.0.0.1:9/mymod-0.1-py3-none-any.WHL",
+        "http://127.0.0.1:9/mymod-0.1-1-py3-none-any.whl",  # with a build tag
         "file:///wheels/mymod-0.1-py3-none-any.whl",
     ],
 )
-def test_a_wheel_in_py_modules_is_refused_with_the_reason(value: str) -> None:
-    text = json.dumps({"py_modules": [value]})
+def test_a_wheel_in_py_modules_is_a_wheel_package_pip_installs(value: str) -> None:
+    """Ray pip-installs a .whl named in py_modules: a package of its own kind, on the path."""
+    env = parse_runtime_env(json.dumps({"py_modules": [value]}), EnvLimits())
+    (package,) = env.packages
+    assert package.key == UriKey(UriKind.PY_MODULES_WHEEL, value)
+    assert env.py_modules == (value,)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "gcs://mymod.whl",  # no version nor tags
+        "https://h.example/mymod-0.1-py3-none-any.WHL",  # pip takes .whl only
+        "file:///wheels/my mod-0.1-py3-none-any.whl",
+    ],
+)
+def test_a_py_modules_wheel_whose_name_pip_would_refuse_is_refused_naming_the_form(
+    value: str,
+) -> None:
     with pytest.raises(InvalidRuntimeEnv) as info:
-        parse_runtime_env(text, EnvLimits())
-    message = info.value.message
-    assert message.startswith("py_modules[0] ")
-    assert "Ray pip-installs" in message
-    assert "not supported here yet" in message
+        parse_runtime_env(json.dumps({"py_modules": [value]}), EnvLimits())
+    assert info.value.message.startswith("py_modules[0] ")
 
 
 def test_a_gcs_zip_is_taken_in_any_case_as_a_wheel_is_refused_in_any_case() -> None:
     assert parse_uri("working_dir", "gcs://_ray_pkg_1.ZIP").path == "_ray_pkg_1.ZIP"
 
 
-def test_the_http_wheel_refusal_names_the_way_through_pip() -> None:
-    with pytest.raises(InvalidRuntimeEnv, match="list it under pip as 'name @ <URL>'"):
-        parse_uri("py_modules[0]", "https://h.example/m-1-py3-none-any.whl")
+def test_a_wheel_as_a_working_dir_is_refused_naming_py_modules() -> None:
+    with pytest.raises(InvalidRuntimeEnv, match="only py_modules installs"):
+        parse_uri("working_dir", "https://h.example/m-1-py3-none-any.whl")
 
 
 def test_a_uri_that_is_not_a_wheel_but_names_one_in_its_query_is_a_zip() -> None:

@@ -48,6 +48,7 @@ class Placement:
 PLACEMENTS: dict[UriKind, Placement] = {
     UriKind.WORKING_DIR: Placement(on_path=True, cwd=True),
     UriKind.PY_MODULES: Placement(on_path=True),
+    UriKind.PY_MODULES_WHEEL: Placement(on_path=True),  # the wheel's --target folder
     UriKind.PIP: Placement(python="bin/python"),  # the env's own virtualenv
     UriKind.JAVA_JARS: Placement(java=True),
     UriKind.UV: Placement(python="bin/python"),  # likewise, built by uv

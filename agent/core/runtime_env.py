@@ -1,5 +1,8 @@
 """Runtime env parsing: Ray's ``runtime_env`` JSON in, a validated, canonical value out.
 
+One concept: one text in, one validated env out; each field's own parser lives beside its
+kind (``uris``, ``pip_spec``, ``uv_spec``, ``uv_run``), and this module is their table of fields.
+
 Pure: no I/O, no asyncio. Every rejection is an ``InvalidRuntimeEnv`` naming the field, what was
 wrong, and the limit where one applies.
 
@@ -13,6 +16,9 @@ wrapper script and its arguments); Ray's worker runs ``exec <py_executable> <wor
 under ``bash -c``. Checked here: a string of at most ``MAX_PY_EXECUTABLE_CHARS``, one line (no
 control character but a tab), and shell words ``shlex`` can split (no unclosed quote), at least
 one.
+
+A ``py_modules`` entry that names a ``.whl`` is a wheel, pip-installed into its folder as Ray
+installs it (kind ``py_modules_wheel``); any other is a zip.
 
 ``java_jars`` is Ray's too: URIs of ``.jar`` files (kept whole, in a folder of their own) or
 ``.zip`` archives (unpacked, as Ray does), installed and counted as ``py_modules`` are.
@@ -42,7 +48,7 @@ from agent.core.errors import InvalidRuntimeEnv, UnsupportedOnNode, echo, type_n
 from agent.core.packages import Package
 from agent.core.pip_spec import PipSpec, parse_pip
 from agent.core.roots import FileRoots
-from agent.core.uris import ParsedUri, UriKey, UriKind, parse_uri
+from agent.core.uris import ParsedUri, UriKey, UriKind, is_wheel, parse_uri
 from agent.core.uv_run import Passthrough, UvRun, is_uv_run, parse_uv_run
 from agent.core.uv_spec import parse_uv
 
@@ -177,7 +183,7 @@ def parse_runtime_env(
         packages.append(Package(UriKey(UriKind.WORKING_DIR, working_dir), wd_uri))
     modules = _parse_py_modules(obj.get("py_modules"))
     py_modules = tuple(modules)
-    packages.extend(Package(UriKey(UriKind.PY_MODULES, u), p) for u, p in modules.items())
+    packages.extend(Package(UriKey(_module_kind(p), u), p) for u, p in modules.items())
     py_executable = _parse_py_executable(obj.get("py_executable"))
     jars = _parse_java_jars(obj.get("java_jars"))
     env_vars = _parse_env_vars(obj.get("env_vars"))
@@ -365,9 +371,14 @@ def _parse_py_modules(value: object) -> dict[str, ParsedUri]:
         raise InvalidRuntimeEnv(f"py_modules must be a list of URIs, got {type_name(value)}")
     seen: dict[str, ParsedUri] = {}
     for index, uri in enumerate(value):
-        parsed = parse_uri(f"py_modules[{index}]", uri)
+        parsed = parse_uri(f"py_modules[{index}]", uri, wheel_ok=True)
         seen.setdefault(uri, parsed)
     return seen
+
+
+def _module_kind(uri: ParsedUri) -> UriKind:
+    """A py_modules entry is a zip, unpacked, or a wheel, pip-installed (as Ray does)."""
+    return UriKind.PY_MODULES_WHEEL if is_wheel(uri) else UriKind.PY_MODULES
 
 
 def _parse_env_vars(value: object) -> dict[str, str]:

@@ -26,6 +26,12 @@ MAX_URI_CHARS = 4096
 _SHA256_FRAGMENT = re.compile(r"sha256=([0-9a-fA-F]{64})")
 _GCS_NAME = re.compile(r"[A-Za-z0-9._-]+")
 _WHEEL = ".whl"
+# PEP 427: {name}-{version}(-{build})?-{python}-{abi}-{platform}.whl, each part escaped
+_WHEEL_NAME = re.compile(
+    r"[A-Za-z0-9_.]+-[A-Za-z0-9_.+!]+(-[0-9][A-Za-z0-9_.]*)?-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+"
+    r"-[A-Za-z0-9_.]+\.whl"
+)
+_MAX_WHEEL_NAME = 255
 _ZIP = ".zip"
 _TARBALLS = (".tar.gz", ".tgz", ".tar")  # Ray uploads zips; a tarball is not one yet
 
@@ -45,6 +51,8 @@ class UriKind(StrEnum):
     # a uv run project's virtualenv, built by uv from its lock; uvproject://<hash>, derived by
     # a create from its working dir (never named by an env itself)
     UV_PROJECT = "uv_project"
+    # a .whl named in py_modules, pip-installed (``--target``) into its folder, as Ray does
+    PY_MODULES_WHEEL = "py_modules_wheel"
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -74,8 +82,9 @@ class ParsedUri:
     sha256: str | None  # lowercase hex, when the URI carries "#sha256=<hex>"
 
 
-def parse_uri(field_name: str, value: object) -> ParsedUri:
-    """Validate one package URI; ``field_name`` names it in errors ("py_modules[2]")."""
+def parse_uri(field_name: str, value: object, *, wheel_ok: bool = False) -> ParsedUri:
+    """Validate one package URI; ``field_name`` names it in errors ("py_modules[2]").
+    ``wheel_ok`` (py_modules'): a ``.whl`` is taken, its file name checked (``wheel_name``)."""
     if not isinstance(value, str):
         raise InvalidRuntimeEnv(f"{field_name} must be a URI string, got {type_name(value)}")
     if not value:
@@ -113,7 +122,9 @@ def parse_uri(field_name: str, value: object) -> ParsedUri:
         entry.check_text(value, where)
     path = entry.check(parts, where)  # first: a scheme that takes no fragment says so
     if path.lower().endswith(_WHEEL):
-        raise InvalidRuntimeEnv(_wheel_refusal(where, entry))
+        if not wheel_ok:
+            raise InvalidRuntimeEnv(_wheel_refusal(where, entry))
+        wheel_name(path, where)
     sha256 = None
     if parts.fragment:
         match = _SHA256_FRAGMENT.fullmatch(parts.fragment)
@@ -222,19 +233,34 @@ def _gcs_name(parts: SplitResult, where: str) -> str:
     return name
 
 
+def is_wheel(uri: ParsedUri) -> bool:
+    """The URI names a wheel (a ``.whl`` file), which py_modules pip-installs."""
+    return uri.path.lower().endswith(_WHEEL)
+
+
+def wheel_name(path: str, where: str) -> str:
+    """The wheel's file name, the last segment of ``path``, checked against PEP 427's form (pip
+    installs a file only by such a name); ``InvalidRuntimeEnv`` naming ``where`` if it is not.
+    Pure."""
+    name = unquote(path.rpartition("/")[2])
+    if len(name) > _MAX_WHEEL_NAME or _WHEEL_NAME.fullmatch(name) is None:
+        raise InvalidRuntimeEnv(
+            f"{where}: {echo(name)} is not a wheel's file name "
+            "(<name>-<version>[-<build>]-<python>-<abi>-<platform>.whl, at most "
+            f"{_MAX_WHEEL_NAME} characters, as pip requires)"
+        )
+    return name
+
+
 def _wheel_refusal(where: str, scheme: Scheme) -> str:
-    """Why a wheel is refused: Ray pip-installs a wheel named in py_modules; this agent unzips
-    py_modules and does not install wheels from them yet."""
+    """Why a wheel is refused where only zips are taken (working_dir, java_jars): Ray
+    pip-installs wheels only when py_modules names them."""
     instead = (
-        "list it under pip as 'name @ <URL>' instead"
+        "name it in py_modules, or list it under pip as 'name @ <URL>'"
         if scheme.pip_url
-        else "build a folder for py_modules, or serve the wheel over http(s) and list it under "
-        "pip as 'name @ <URL>'"
+        else "name it in py_modules"
     )
-    return (
-        f"{where}: a .whl is a wheel, which Ray pip-installs when py_modules names it; "
-        f"wheels in py_modules are not supported here yet: {instead}"
-    )
+    return f"{where}: a .whl is a wheel, which only py_modules installs (as Ray does): {instead}"
 
 
 SchemeCheck = Callable[[SplitResult, str], str]  # (the split URI, "field 'value'") -> path

@@ -59,6 +59,7 @@ FILES: dict[str, str] = {
     "test_installer_tmp.py": "unit",
     "test_interrupt.py": "process",
     "test_java_jars.py": "process",
+    "test_py_wheel.py": "process",
     "test_kinds.py": "sockets",
     "test_layers.py": "process",
     "test_lifecycle.py": "sockets",

@@ -12,6 +12,7 @@ from agent.core.uris import UriKind
 from agent.install.installers.base import Installed, Installer, InstallJob, InstallTools
 from agent.install.installers.java_jars import JavaJarsInstaller
 from agent.install.installers.pip_venv import PipVenvInstaller
+from agent.install.installers.py_wheel import PyWheelInstaller
 from agent.install.installers.uv_project import UvProjectInstaller
 from agent.install.installers.zip_archive import ZipArchiveInstaller
 
@@ -34,6 +35,7 @@ INSTALLERS: dict[UriKind, Callable[[InstallTools], Installer]] = {
     UriKind.RAY_PIP: PipVenvInstaller.of,  # the spec says node_site: the venv's build does the rest
     UriKind.RAY_UV: PipVenvInstaller.of_uv,
     UriKind.UV_PROJECT: UvProjectInstaller.of,
+    UriKind.PY_MODULES_WHEEL: PyWheelInstaller.of,
 }
 
 

@@ -1,0 +1,90 @@
+"""The py_modules_wheel kind: a ``.whl`` named in ``py_modules``, installed as Ray installs it.
+
+Ray's agent downloads the wheel and runs ``pip install <wheel> --target=<module dir>``
+(``install_wheel_package``), then puts the folder on the worker's path. So does this installer:
+the wheel is fetched (the digest the URI pins checked, the disk floor as bytes come) under its
+own file name (pip takes a wheel only by a PEP 427 name: checked when the URI was parsed) into a
+0700 folder of the staging folder; the node's python's pip installs it, with its dependencies
+as Ray's does, into the package's folder (``--isolated``: no pip.conf nor ``PIP_*`` of the
+agent's; its output in the installers' log, its last lines in the error when it fails; killed
+with the install when the setup times out); the wheel file is then removed. The folder is
+hardened and measured in a thread, and it is counted, cached and evicted as every package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from pathlib import Path
+
+from agent.core.packages import Package
+from agent.core.uris import ParsedUri, wheel_name
+from agent.install.disk import du
+from agent.install.fetch import Fetcher
+from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
+from agent.install.modes import harden_tree, make_dir
+from agent.install.staging import through
+from agent.install.venv import run_installer
+
+_DOWNLOADS = "wheel"  # in the staging folder: the downloaded wheel, under its own name
+_TARGET = "modules"  # in the staging folder: the package's folder, pip's --target
+
+
+class PyWheelInstaller:
+    def __init__(self, fetcher: Fetcher, python: str, logs: Path) -> None:
+        self._fetcher = fetcher
+        self._python = python  # the node's python: its pip installs the wheel
+        self._logs = logs
+
+    @classmethod
+    def of(cls, tools: InstallTools) -> PyWheelInstaller:
+        return cls(tools.fetcher, tools.python, tools.logs)
+
+    def check(self, package: Package, label: str) -> None:
+        """Today's allowed roots, even for a package cached before they were set."""
+        self._fetcher.check_origin(_uri_of(package), label)
+
+    def prepare(self, staging: Path) -> None:
+        """The logs folder, and the wheel's private folder in the staging folder."""
+        make_dir(self._logs)
+        (staging / _DOWNLOADS).mkdir(mode=0o700)
+
+    async def install(self, package: Package, job: InstallJob) -> Installed:
+        uri = _uri_of(package)
+        wheel = job.staging / _DOWNLOADS / wheel_name(uri.path, job.label)
+        await asyncio.to_thread(_create_private, wheel)
+        fetched = await self._fetcher.fetch(uri, wheel, label=job.label, space=job.space)
+        job.downloaded(fetched)
+        target = job.staging / _TARGET
+        log_path = self._logs / f"{job.final.name}-{uuid.uuid4().hex[:8]}.log"
+        await run_installer(
+            [
+                self._python, "-m", "pip", "--isolated", "install", "--disable-pip-version-check",
+                "--no-input", f"--target={target}", str(wheel),
+            ],
+            log_path, job.label, job.staging,
+        )  # fmt: skip
+        job.unpacked()
+        finish = asyncio.to_thread(_finish, wheel, target, job.label)
+        size = await through(asyncio.ensure_future(finish))
+        return Installed(target, size)
+
+
+def _create_private(path: Path) -> None:
+    """The download file, 0600 from before its first byte, whatever the umask. Blocking."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
+def _finish(wheel: Path, target: Path, label: str) -> int:
+    """Remove the wheel (as Ray does), harden the folder's modes, return its size. Blocking."""
+    wheel.unlink()
+    target.mkdir(mode=0o755, exist_ok=True)  # a wheel of no files still makes its folder
+    harden_tree(target, label)
+    return du(target)
+
+
+def _uri_of(package: Package) -> ParsedUri:
+    if not isinstance(package.recipe, ParsedUri):
+        raise recipe_error(package, "URI")
+    return package.recipe

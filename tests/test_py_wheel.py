@@ -1,0 +1,91 @@
+"""Wheels in py_modules (issue 31): a ``.whl`` is pip-installed into its folder as Ray's agent
+installs it (``pip install <wheel> --target=<dir>``), the folder put on the worker's path, and
+the package counted, shared and released per URI like every package."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.harness.in_process import running_agent
+from tests.harness.package_server import package_server
+from tests.harness.packages import make_zip, module_wheel
+
+
+def _import_value(pythonpath: str, module: str) -> str:
+    """What ``module.VALUE`` is for a python given that PYTHONPATH (bounded in time)."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {module}; print({module}.VALUE)"],
+        env={**os.environ, "PYTHONPATH": pythonpath}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+async def test_a_wheel_in_py_modules_is_installed_and_importable_beside_a_zip() -> None:
+    name, wheel = module_wheel("wheelmod", "from a wheel")
+    async with package_server() as pkgs, running_agent() as a:
+        whl_url = pkgs.add(name, wheel)
+        zip_url = pkgs.add("zipmod.zip", make_zip({"zipmod/__init__.py": b"VALUE = 'zip'\n"}))
+        reply = await a.create(json.dumps({"py_modules": [zip_url, whl_url]}))
+        path = reply.context.env_vars["PYTHONPATH"]
+        folders = path.split(os.pathsep)
+        wheel_dir = Path(folders[1])
+        assert (wheel_dir / "wheelmod" / "__init__.py").is_file(), "installed by pip --target"
+        assert not list(wheel_dir.rglob("*.whl")), "the wheel file itself is removed"
+        assert any(p.name.endswith(".dist-info") for p in wheel_dir.iterdir())
+        assert _import_value(path, "wheelmod") == "from a wheel"
+        assert _import_value(path, "zipmod") == "zip"
+        assert list(reply.uris) == [f"py_modules:{zip_url}", f"py_modules_wheel:{whl_url}"]
+        a.service.check_invariants()
+
+
+async def test_a_wheel_is_installed_once_for_two_envs_and_released_per_uri() -> None:
+    name, wheel = module_wheel("sharedmod", "shared")
+    async with package_server() as pkgs, running_agent() as a:
+        url = pkgs.add(name, wheel)
+        first = await a.create(json.dumps({"py_modules": [url]}))
+        second = await a.create(json.dumps({"py_modules": [url], "env_vars": {"B": "1"}}))
+        assert first.runtime_env_id != second.runtime_env_id
+        assert pkgs.gets[name] == 1, "downloaded and installed once for both envs"
+        assert first.context.env_vars["PYTHONPATH"] == second.context.env_vars["PYTHONPATH"]
+        info = await a.info()
+        (package,) = [p for p in info.uris if p.kind == "py_modules_wheel"]
+        assert package.references == 2
+        await a.delete(first.runtime_env_id)
+        await a.delete(second.runtime_env_id)
+        info = await a.info()
+        (package,) = [p for p in info.uris if p.kind == "py_modules_wheel"]
+        assert package.references == 0
+        a.service.check_invariants()
+
+
+async def test_a_wheel_not_matching_its_pinned_digest_is_refused_and_installs_nothing() -> None:
+    name, wheel = module_wheel("pinnedmod", "pinned")
+    async with package_server() as pkgs, running_agent() as a:
+        url = pkgs.add(name, wheel) + "#sha256=" + hashlib.sha256(b"other").hexdigest()
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await a.create(json.dumps({"py_modules": [url]}))
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "sha256" in (caught.value.details() or "")
+        info = await a.info()
+        assert [p for p in info.uris if p.kind == "py_modules_wheel"] == []
+        a.service.check_invariants()
+
+
+async def test_a_wheel_pip_cannot_install_fails_with_pips_own_words() -> None:
+    name, _ = module_wheel("brokenmod", "x")
+    async with package_server() as pkgs, running_agent() as a:
+        url = pkgs.add(name, b"this is not a zip archive")
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await a.create(json.dumps({"py_modules": [url]}))
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION, caught.value
+        assert "brokenmod" in (caught.value.details() or ""), caught.value.details()
+        a.service.check_invariants()
