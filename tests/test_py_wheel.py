@@ -11,12 +11,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import aiohttp
 import grpc
 import pytest
 
+from agent.app.config import RaySettings
+from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
 from tests.harness.in_process import running_agent
 from tests.harness.package_server import package_server
 from tests.harness.packages import make_zip, module_wheel
+from tests.harness.ray_door import RayClient
 
 
 def _import_value(pythonpath: str, module: str) -> str:
@@ -88,4 +92,33 @@ async def test_a_wheel_pip_cannot_install_fails_with_pips_own_words() -> None:
             await a.create(json.dumps({"py_modules": [url]}))
         assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION, caught.value
         assert "brokenmod" in (caught.value.details() or ""), caught.value.details()
+        a.service.check_invariants()
+
+
+async def test_rays_door_drops_a_remote_py_modules_zips_top_folder_as_ray_does() -> None:
+    """Ray's agent unpacks a remote (non-gcs) py_modules zip without its single top folder; the
+    gRPC door keeps it: two packages of one URI, told apart by kind."""
+    async with (
+        package_server() as pkgs,
+        running_agent(ray=RaySettings()) as a,
+        aiohttp.ClientSession() as session,
+    ):
+        ray = RayClient(session, a.agent.ray_address)
+        url = pkgs.add("top.zip", make_zip({"top/topmod/__init__.py": b"VALUE = 'top'\n"}))
+        name, wheel = module_wheel("raywheel", "ray wheel")
+        whl_url = pkgs.add(name, wheel)
+        text = json.dumps({"py_modules": [url, whl_url]})
+        reply = await ray.create(text)
+        assert reply.status == ray_pb2.AGENT_RPC_STATUS_OK, reply.error_message
+        context = json.loads(reply.serialized_runtime_env_context)
+        path = context["env_vars"]["PYTHONPATH"]
+        zip_dir = Path(path.split(os.pathsep)[0])
+        assert (zip_dir / "topmod" / "__init__.py").is_file(), "the top folder dropped"
+        assert _import_value(path, "topmod") == "top"
+        assert _import_value(path, "raywheel") == "ray wheel"
+        grpc_reply = await a.create(text)
+        grpc_dir = Path(grpc_reply.context.env_vars["PYTHONPATH"].split(os.pathsep)[0])
+        assert (grpc_dir / "top" / "topmod" / "__init__.py").is_file(), "kept by the gRPC door"
+        kinds = {u.kind for u in (await a.info()).uris}
+        assert {"py_modules", "ray_py_modules", "py_modules_wheel"} <= kinds
         a.service.check_invariants()

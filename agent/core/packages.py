@@ -49,6 +49,7 @@ PLACEMENTS: dict[UriKind, Placement] = {
     UriKind.WORKING_DIR: Placement(on_path=True, cwd=True),
     UriKind.PY_MODULES: Placement(on_path=True),
     UriKind.PY_MODULES_WHEEL: Placement(on_path=True),  # the wheel's --target folder
+    UriKind.RAY_PY_MODULES: Placement(on_path=True),  # the Ray door's: its top folder dropped
     UriKind.PIP: Placement(python="bin/python"),  # the env's own virtualenv
     UriKind.JAVA_JARS: Placement(java=True),
     UriKind.UV: Placement(python="bin/python"),  # likewise, built by uv

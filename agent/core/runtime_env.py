@@ -48,7 +48,7 @@ from agent.core.errors import InvalidRuntimeEnv, UnsupportedOnNode, echo, type_n
 from agent.core.packages import Package
 from agent.core.pip_spec import PipSpec, parse_pip
 from agent.core.roots import FileRoots
-from agent.core.uris import ParsedUri, UriKey, UriKind, is_wheel, parse_uri
+from agent.core.uris import SCHEMES, ParsedUri, UriKey, UriKind, is_wheel, parse_uri
 from agent.core.uv_run import Passthrough, UvRun, is_uv_run, parse_uv_run
 from agent.core.uv_spec import parse_uv
 
@@ -183,7 +183,9 @@ def parse_runtime_env(
         packages.append(Package(UriKey(UriKind.WORKING_DIR, working_dir), wd_uri))
     modules = _parse_py_modules(obj.get("py_modules"))
     py_modules = tuple(modules)
-    packages.extend(Package(UriKey(_module_kind(p), u), p) for u, p in modules.items())
+    packages.extend(
+        Package(UriKey(_module_kind(p, node_site=node_site), u), p) for u, p in modules.items()
+    )
     py_executable = _parse_py_executable(obj.get("py_executable"))
     jars = _parse_java_jars(obj.get("java_jars"))
     env_vars = _parse_env_vars(obj.get("env_vars"))
@@ -229,6 +231,8 @@ def parse_runtime_env(
         identity["uv"] = uv.canonical()
     if node_site and (pip is not None or uv is not None):
         identity["venv"] = "node-site"
+    if any(p.key.kind is UriKind.RAY_PY_MODULES for p in packages):
+        identity["py_modules_top"] = "dropped"  # other packages than the gRPC door's: another env
     if plugins:
         identity["plugins"] = {name: json.loads(value) for name, value in plugins}
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -376,9 +380,16 @@ def _parse_py_modules(value: object) -> dict[str, ParsedUri]:
     return seen
 
 
-def _module_kind(uri: ParsedUri) -> UriKind:
-    """A py_modules entry is a zip, unpacked, or a wheel, pip-installed (as Ray does)."""
-    return UriKind.PY_MODULES_WHEEL if is_wheel(uri) else UriKind.PY_MODULES
+def _module_kind(uri: ParsedUri, *, node_site: bool) -> UriKind:
+    """A py_modules entry is a zip, unpacked, or a wheel, pip-installed (as Ray does). Read as
+    Ray reads it (``node_site``, the Ray door), a zip that loses its single top folder as a
+    working dir does (not a gcs:// upload) is another package than the gRPC door's, which keeps
+    it."""
+    if is_wheel(uri):
+        return UriKind.PY_MODULES_WHEEL
+    if node_site and not SCHEMES[uri.scheme].keeps_top_level:
+        return UriKind.RAY_PY_MODULES
+    return UriKind.PY_MODULES
 
 
 def _parse_env_vars(value: object) -> dict[str, str]:

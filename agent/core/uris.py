@@ -53,6 +53,10 @@ class UriKind(StrEnum):
     UV_PROJECT = "uv_project"
     # a .whl named in py_modules, pip-installed (``--target``) into its folder, as Ray does
     PY_MODULES_WHEEL = "py_modules_wheel"
+    # the Ray door's py_modules zip from a scheme whose zips lose a single top folder (http(s),
+    # file, object stores): Ray's agent drops it (``remove_top_level_directory``), the gRPC door
+    # keeps it, so they are other packages (a gcs:// upload is unpacked as it is by both)
+    RAY_PY_MODULES = "ray_py_modules"
 
 
 @dataclass(frozen=True, order=True, slots=True)

@@ -36,6 +36,8 @@ INSTALLERS: dict[UriKind, Callable[[InstallTools], Installer]] = {
     UriKind.RAY_UV: PipVenvInstaller.of_uv,
     UriKind.UV_PROJECT: UvProjectInstaller.of,
     UriKind.PY_MODULES_WHEEL: PyWheelInstaller.of,
+    # Ray's agent unpacks a remote py_modules zip as a working dir: its single top folder dropped
+    UriKind.RAY_PY_MODULES: ZipArchiveInstaller.working_dir,
 }
 
 
