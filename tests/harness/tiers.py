@@ -108,6 +108,7 @@ FILES: dict[str, str] = {
     "test_ray_object_store.py": "ray",
     "test_ray_parse.py": "unit",
     "test_ray_plugins.py": "ray",
+    "test_ray_py_modules.py": "ray",
     "test_ray_proto.py": "ray",
     "test_ray_shared_root.py": "ray",
     "test_ray_switch.py": "unit",
