@@ -193,6 +193,24 @@ async def test_a_missing_package_is_not_found_naming_it_and_the_expired_upload()
         assert gcs.gets(WD) == 1  # not retried
 
 
+async def test_rays_fail_download_switch_fails_a_package_the_gcs_holds_in_rays_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RAY_RUNTIME_ENV_FAIL_DOWNLOAD_FOR_TESTING, Ray's fault switch, makes a gcs:// download
+    fail as Ray's agent makes it fail: "Failed to download ... the default is 600"."""
+    monkeypatch.setenv("RAY_RUNTIME_ENV_FAIL_DOWNLOAD_FOR_TESTING", "1")
+    async with kv_gcs() as gcs, running_agent(ray=ray_settings(gcs)) as a:
+        gcs.values[WD.encode()] = make_zip({"a.txt": b"a"})
+        details = await rpc_refused(a.create(env_json(WD)), grpc.StatusCode.NOT_FOUND)
+        assert "Failed to download" in details
+        assert "the default is 600" in details
+        assert "RAY_RUNTIME_ENV_FAIL_DOWNLOAD_FOR_TESTING is set" in details
+        assert gcs.gets(WD) == 0  # nothing read
+        monkeypatch.delenv("RAY_RUNTIME_ENV_FAIL_DOWNLOAD_FOR_TESTING")
+        reply = await a.create(env_json(WD))  # the same package, the switch off
+        assert reply.context.cwd
+
+
 async def test_an_empty_value_is_a_missing_package() -> None:
     async with kv_gcs() as gcs:
         gcs.values[WD.encode()] = b""

@@ -2,6 +2,8 @@
 ``GcsKvClient``, one channel, made at the first such fetch and closed by ``close``), retried as a
 download is, then written chunk by chunk in threads as a file is copied. Without a GCS (an agent
 with no Ray node) a gcs:// package is refused by ``check_origin``, before anything is fetched.
+Ray's ``RAY_RUNTIME_ENV_FAIL_DOWNLOAD_FOR_TESTING``, set in the agent's environment, fails every
+gcs:// fetch as a missing package, in Ray's words, as Ray's agent does.
 """
 
 from __future__ import annotations
@@ -9,11 +11,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agent.core.errors import DownloadFailed, PackageRejected
+from agent.core.errors import DownloadFailed, PackageNotFound, PackageRejected
 from agent.core.uris import ParsedUri
 from agent.install.fetch_base import DownloadWatch, Fetched, FetchTools, Space, Transient
-from agent.install.gcs_source import GcsKvClient, GcsUnavailable
+from agent.install.gcs_source import GcsKvClient, GcsUnavailable, missing_package
 from agent.install.landing import Digest, create_landing, hop, opening, write_all
+
+# Ray's switch that makes every gcs:// download fail, for tests of that failure
+# (``packaging.RAY_RUNTIME_ENV_FAIL_DOWNLOAD_FOR_TESTING_ENV_VAR``): set in the node's environment
+FAIL_DOWNLOAD_VAR = "RAY_RUNTIME_ENV_FAIL_DOWNLOAD_FOR_TESTING"
 
 
 class GcsFetcher:
@@ -58,6 +64,10 @@ class GcsFetcher:
         client = self.client
         if client is None:  # check_origin refuses it first
             raise AssertionError(f"{label}: a gcs:// fetch with no GCS configured")
+        if os.environ.get(FAIL_DOWNLOAD_VAR):  # Ray's fault switch, read as Ray reads it
+            raise PackageNotFound(
+                missing_package(label, client.config.address) + f" ({FAIL_DOWNLOAD_VAR} is set)"
+            )
 
         async def once() -> bytes:
             try:

@@ -50,6 +50,9 @@ from rtenv.ray.v1 import gcs_kv_pb2
 
 METHOD = "/ray.rpc.InternalKVGcsService/InternalKVGet"
 CLUSTER_ID_KEY = "ray_cluster_id"  # the metadata key of Ray's clients (kClusterIdKey)
+# Ray's variable for how long an upload outlives its job, and its default (``ray_constants``)
+PIN_EXPIRATION_VAR = "RAY_RUNTIME_ENV_TEMPORARY_REFERENCE_EXPIRATION_S"
+PIN_EXPIRATION_DEFAULT_S = 600
 RAY_NOT_FOUND = 17  # Ray's StatusCode::NotFound, in the reply's GcsStatus
 MAX_GRPC_MESSAGE = 2**31 - 1  # gRPC's own bound on a message (a C int)
 REPLY_OVERHEAD = 64 * 1024  # the reply's status and field tags around the value
@@ -198,12 +201,7 @@ class GcsKvClient:
         return GcsUnavailable(f"{code.name}: {echo(details)}")
 
     def _not_found(self, label: str) -> PackageNotFound:
-        return PackageNotFound(
-            f"{label}: the GCS at {self.config.address} holds no such package; the driver's "
-            "upload may have expired (Ray keeps an upload for a while after its job ends: "
-            "RAY_RUNTIME_ENV_URI_PIN_EXPIRATION_S) or its cluster is another: run the driver "
-            "again to upload it"
-        )
+        return PackageNotFound(missing_package(label, self.config.address))
 
     def _too_large(self, label: str) -> PackageRejected:
         return PackageRejected(
@@ -218,3 +216,15 @@ def _parse_reply(raw: bytes) -> gcs_kv_pb2.InternalKVGetReply | None:
         return gcs_kv_pb2.InternalKVGetReply.FromString(raw)
     except DecodeError:  # a reply that is not the message
         return None
+
+
+def missing_package(label: str, address: str) -> str:
+    """Why a gcs:// package could not be read, in Ray's agent's words ("Failed to download ...
+    the default is 600"), which Ray's tests and users look for. Pure."""
+    return (
+        f"{label}: Failed to download runtime_env file package from the GCS at {address} to "
+        "this node: the GCS holds no such package. The driver's upload may have expired (Ray "
+        f"keeps an upload for a while after its job ends: {PIN_EXPIRATION_VAR}, the default is "
+        f"{PIN_EXPIRATION_DEFAULT_S}) or its cluster is another: run the driver again to "
+        "upload it"
+    )
