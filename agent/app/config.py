@@ -10,6 +10,7 @@ from agent.core.runtime_env import EnvLimits
 from agent.install.disk import DiskFloor
 from agent.install.fetch_base import FetchLimits
 from agent.install.zip_plan import ArchiveLimits
+from agent.state.index import KindBudget
 
 GiB = 1024**3
 
@@ -61,6 +62,9 @@ class Settings:
     archive: ArchiveLimits = field(default_factory=ArchiveLimits)
     fetch: FetchLimits = field(default_factory=FetchLimits)
     ray: RaySettings | None = None  # the Ray door; None = gRPC only
+    # caps on some kinds' unused bytes besides the root's budget (under Ray: Ray's per-plugin
+    # cache sizes, ``agent.ops.ray_knobs``); () = the root's budget only
+    kind_budgets: tuple[KindBudget, ...] = ()
 
     def resolved_address(self) -> str:
         return self.address or f"unix:{self.root / 'agent.sock'}"

@@ -62,6 +62,7 @@ from agent.core.errors import ConfigError, echo
 from agent.install.gcs_source import GcsConfig
 from agent.ops import logs, options
 from agent.ops.ray_flags import RayFlags, has_token_auth, parse_flags
+from agent.ops.ray_knobs import ray_cache_budgets
 from agent.ops.ray_token import ray_token, read_token_file
 from agent.ops.startup import MAX_UNIX_PATH_BYTES
 
@@ -163,8 +164,9 @@ def settings_for(
     GcsConfig(ray.gcs_address, ray.cluster_id_hex, ray.token)  # a token gRPC cannot send
     address = settings.address or grpc_address(settings.root, flags.temp_dir, flags.node_key)
     settings = replace(
-        settings, address=address, allow_remote=True, parent_pid=parent_pid(getppid), ray=ray
-    )
+        settings, address=address, allow_remote=True, parent_pid=parent_pid(getppid), ray=ray,
+        kind_budgets=ray_cache_budgets(environ),
+    )  # fmt: skip
     if flags.logging_level:
         settings = replace(settings, log_level=flags.logging_level)
     return settings

@@ -208,6 +208,7 @@ class Agent:
             )
             if self._before_recovery is not None:
                 await self._before_recovery()
+            store.pass_loop.kind_budgets = settings.kind_budgets
             self.recovery = await recover(store, db)
             store.start()  # the periodic passes
             self.service = AgentService(

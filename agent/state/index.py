@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -57,6 +57,16 @@ from agent.state.reaping import (
 log = logging.getLogger(__name__)
 
 RowKey = tuple[str, str]  # (kind, uri)
+
+
+@dataclass(frozen=True)
+class KindBudget:
+    """A cap on the unused bytes of some kinds of packages, kept besides the root's budget
+    (Ray's per-plugin cache sizes: ``RAY_RUNTIME_ENV_<NAME>_CACHE_SIZE_GB``)."""
+
+    name: str  # what sets it, for messages
+    kinds: frozenset[str]
+    budget_bytes: int
 
 
 @dataclass(frozen=True)
@@ -247,6 +257,7 @@ def sweep(
     since: int = -1,
     reaped: Reaped | None = None,
     may_evict: Callable[[RowKey], bool] | None = None,
+    kind_budgets: Sequence[KindBudget] = (),
 ) -> Swept:
     """R2, R4: reap the dead, then evict unused packages, least recently used first, until the
     root's unused bytes fit ``budget_bytes`` and, if ``needed_bytes``, until that much is freed
@@ -255,7 +266,9 @@ def sweep(
     -1, nothing seen yet, or when the log no longer reaches back that far). Costs: one
     aggregate scan in SQLite, the unused rows read in LRU order only as far as evictions go,
     the log read from ``since``. ``may_evict``: asked before each eviction; a package it
-    refuses (its holder took it again meanwhile) is kept, and counted used."""
+    refuses (its holder took it again meanwhile) is kept, and counted used. ``kind_budgets``:
+    then, for each, the unused packages of its kinds evicted, least recently used first, until
+    theirs fit it too."""
     reaped = reap_dead(conn, root, me, trash, reaped if reaped is not None else Reaped())
     ready_bytes, unused = conn.execute(schema.READY_AND_UNUSED_BYTES, (me,)).fetchone()
     target = plan_target(unused, budget_bytes, needed_bytes)
@@ -283,8 +296,46 @@ def sweep(
                 evicted.append(Evicted(row, trashed))  # type: ignore[arg-type]
                 freed += size
         ready_bytes, unused = ready_bytes - freed, unused - freed
+    for group in kind_budgets:
+        freed = _keep_kind_budget(conn, root, me, trash, group, may_evict, evicted)
+        ready_bytes, unused = ready_bytes - freed, unused - freed
     full, changes, gen = _changes_since(conn, since)
     return Swept(evicted, ready_bytes, unused, gen, full, changes, reaped)
+
+
+def _keep_kind_budget(
+    conn: sqlite3.Connection,
+    root: Path,
+    me: str,
+    trash: Path,
+    group: KindBudget,
+    may_evict: Callable[[RowKey], bool] | None,
+    evicted: list[Evicted],
+) -> int:
+    """Evict the unused packages of ``group``'s kinds, least recently used first, until theirs
+    fit its budget; appended to ``evicted``; return the bytes freed."""
+    kinds = sorted(group.kinds)
+    (unused,) = conn.execute(schema.unused_bytes_of(len(kinds)), (me, *kinds)).fetchone()
+    freed, kept = 0, 0
+    while unused - freed > group.budget_bytes:
+        page = conn.execute(schema.unused_page_of(len(kinds)), (me, *kinds, _PAGE, kept)).fetchall()
+        if not page:
+            break
+        for kind, uri, directory, size, used in page:
+            if unused - freed <= group.budget_bytes:
+                break
+            if may_evict is not None and not may_evict((kind, uri)):
+                kept += 1
+                unused -= size
+                continue
+            row = Row(kind, uri, directory, size, used)
+            trashed = _evict(conn, root, me, trash, row)
+            if trashed is False:
+                kept += 1
+                continue
+            evicted.append(Evicted(row, trashed))  # type: ignore[arg-type]
+            freed += size
+    return freed
 
 
 def plan_target(unused: int, budget: int, needed: int) -> int:

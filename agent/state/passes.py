@@ -25,7 +25,7 @@ from agent.core.uris import UriKey, UriKind
 from agent.install.disk import remove_all
 from agent.install.wheel_cache import WheelCache
 from agent.state.entries import UriEntry, UriState
-from agent.state.index import Swept
+from agent.state.index import KindBudget, Swept
 from agent.state.state_db import StateDB
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ class Passes:
         self._adopt = adopt
         self._delete = delete
         self.budget_bytes = budget_bytes  # the root's unused bytes kept
+        self.kind_budgets: tuple[KindBudget, ...] = ()  # and some kinds' own (Ray's per kind)
         self.wheel_cache = wheel_cache
         self._sleep = sleep
         self._interval_s = interval_s
@@ -124,7 +125,9 @@ class Passes:
                 try:
                     self.count += 1
                     resets = self._resets
-                    swept = await self._db.sweep(self.budget_bytes, since=self._seen_gen)
+                    swept = await self._db.sweep(
+                        self.budget_bytes, since=self._seen_gen, kind_budgets=self.kind_budgets
+                    )
                 except AgentError as exc:  # busy or failing: retried at the next pass
                     log.warning(
                         "a pass over the cache index failed (%s); retried at the next",
@@ -181,7 +184,9 @@ class Passes:
         measures again)."""
         self.count += 1
         resets = self._resets
-        swept = await self._db.sweep(self.budget_bytes, needed, since=self._seen_gen)
+        swept = await self._db.sweep(
+            self.budget_bytes, needed, since=self._seen_gen, kind_budgets=self.kind_budgets
+        )
         trashed = self._apply(swept, resets, delete=False)
         if not trashed and self.wheel_cache is not None and await self.wheel_cache.measure():
             await self.wheel_cache.clear()

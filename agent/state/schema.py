@@ -202,6 +202,29 @@ UNUSED_PAGE = (
     f"SELECT kind, uri, dir, size, last_used_ms FROM uris u WHERE u.state = 'ready'"
     f" AND {_UNREFERENCED} ORDER BY u.last_used_ms, u.kind, u.uri LIMIT ? OFFSET ?"
 )
+
+
+def unused_bytes_of(kinds: int) -> str:
+    """The unused bytes of the packages of ``kinds`` kinds (a kind budget's group); "?": the
+    holder id, then each kind."""
+    marks = ", ".join("?" * kinds)
+    return (
+        f"SELECT coalesce(sum(size), 0) FROM uris u WHERE u.state = 'ready' AND {_UNREFERENCED}"
+        f" AND u.kind IN ({marks})"
+    )
+
+
+def unused_page_of(kinds: int) -> str:
+    """``UNUSED_PAGE`` of the packages of ``kinds`` kinds; "?": holder id, each kind, LIMIT,
+    OFFSET."""
+    marks = ", ".join("?" * kinds)
+    return (
+        f"SELECT kind, uri, dir, size, last_used_ms FROM uris u WHERE u.state = 'ready'"
+        f" AND {_UNREFERENCED} AND u.kind IN ({marks})"
+        " ORDER BY u.last_used_ms, u.kind, u.uri LIMIT ? OFFSET ?"
+    )
+
+
 LAST_GEN = "SELECT coalesce(max(gen), 0) FROM changes"
 OLDEST_GEN = "SELECT coalesce(min(gen), 0) FROM changes"
 TRIM_CHANGES = "DELETE FROM changes WHERE gen <= ?"

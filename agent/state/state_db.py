@@ -31,7 +31,7 @@ import asyncio
 import logging
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +42,7 @@ from agent.crash import crash_point
 from agent.install.staging import through
 from agent.state import index, schema
 from agent.state.holders import HolderLock
-from agent.state.index import RowKey, Swept
+from agent.state.index import KindBudget, RowKey, Swept
 from agent.state.index_file import open_index, transaction
 from agent.state.obtain_queue import ObtainQueue
 from agent.state.reaping import Reaped
@@ -339,7 +339,14 @@ class StateDB(ObtainQueue, WriteBehind):
                 return False
         return self._may_evict(key)
 
-    async def sweep(self, budget_bytes: int, needed_bytes: int = 0, *, since: int = -1) -> Swept:
+    async def sweep(
+        self,
+        budget_bytes: int,
+        needed_bytes: int = 0,
+        *,
+        since: int = -1,
+        kind_budgets: Sequence[KindBudget] = (),
+    ) -> Swept:
         """R2, R4 (``index.sweep``): reap dead holders, evict over the budget (and for
         ``needed_bytes``); the changes of the ready packages after ``since``. The packages
         whose references this holder deferred count as unused: one taken again while the pass
@@ -349,7 +356,7 @@ class StateDB(ObtainQueue, WriteBehind):
             return index.sweep(
                 conn, self.root, self.holder_id, self.trash, budget_bytes=budget_bytes,
                 needed_bytes=needed_bytes, since=since, reaped=reaped,
-                may_evict=self._may_evict_now,
+                may_evict=self._may_evict_now, kind_budgets=kind_budgets,
             )  # fmt: skip
 
         def leftovers(swept: Swept) -> list[Path]:
