@@ -1,5 +1,8 @@
 """The shared index's transactions: what agents serving one root agree on, in SQL.
 
+One concept: the rules R1 to R4 below, each kept by the transactions here and only here (a
+split would put one rule's halves in two modules); the SQL text is ``schema``'s.
+
 Each function runs inside one transaction its caller opened (``BEGIN IMMEDIATE``: one writer
 at a time across every agent of the root, each waiting its turn under SQLite's busy timeout), on
 the index's thread. They are synchronous, and their only side effects besides the rows are the
