@@ -65,6 +65,9 @@ class Settings:
     # caps on some kinds' unused bytes besides the root's budget (under Ray: Ray's per-plugin
     # cache sizes, ``agent.ops.ray_knobs``); () = the root's budget only
     kind_budgets: tuple[KindBudget, ...] = ()
+    # under Ray, with the root in Ray's runtime_resources: that folder, whose Ray folders
+    # (working_dir_files, py_modules_files, pip...) show the packages (``state.ray_folders``)
+    ray_folders: Path | None = None
 
     def resolved_address(self) -> str:
         return self.address or f"unix:{self.root / 'agent.sock'}"

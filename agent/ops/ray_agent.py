@@ -131,7 +131,12 @@ def agent_root(runtime_env_dir: Path, environ: Mapping[str, str], flag: Path | N
     named = environ.get("RTENV_ROOT")
     if named:
         return Path(named)
-    return flag if flag is not None else runtime_env_dir / "rtenv"
+    return flag if flag is not None else default_root(runtime_env_dir)
+
+
+def default_root(runtime_env_dir: Path) -> Path:
+    """The root in Ray's ``runtime_resources``, a session's own, as Ray's agent's cache is."""
+    return runtime_env_dir / "rtenv"
 
 
 def settings_for(
@@ -166,6 +171,7 @@ def settings_for(
     settings = replace(
         settings, address=address, allow_remote=True, parent_pid=parent_pid(getppid), ray=ray,
         kind_budgets=ray_cache_budgets(environ),
+        ray_folders=flags.runtime_env_dir if root == default_root(flags.runtime_env_dir) else None,
     )  # fmt: skip
     if flags.logging_level:
         settings = replace(settings, log_level=flags.logging_level)

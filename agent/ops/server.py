@@ -211,6 +211,8 @@ class Agent:
             store.pass_loop.kind_budgets = settings.kind_budgets
             self.recovery = await recover(store, db)
             store.start()  # the periodic passes
+            if settings.ray_folders is not None:
+                store.mirror_into(settings.ray_folders)
             self.service = AgentService(
                 settings, store, tables, db=self._db, recovery=self.recovery
             )

@@ -63,6 +63,7 @@ class Passes:
         self._delete = delete
         self.budget_bytes = budget_bytes  # the root's unused bytes kept
         self.kind_budgets: tuple[KindBudget, ...] = ()  # and some kinds' own (Ray's per kind)
+        self.after_pass: Callable[[], Awaitable[None]] | None = None  # e.g. Ray's folders
         self.wheel_cache = wheel_cache
         self._sleep = sleep
         self._interval_s = interval_s
@@ -140,6 +141,13 @@ class Passes:
                 trashed = self._apply(swept, resets, delete=not cache)
                 if cache:
                     await self._keep_cache_in_budget(trashed, swept.unused_bytes)
+                if self.after_pass is not None:
+                    try:
+                        await self.after_pass()
+                    except OSError as exc:  # a folder it could not write: the next pass again
+                        log.warning(
+                            "after a pass: %s", exc, extra={"error": str(exc)}
+                        )  # fmt: skip
                 if not self._again:
                     return
         finally:

@@ -50,6 +50,7 @@ from agent.install.installers import Installer, InstallJob
 from agent.install.modes import make_dir
 from agent.install.staging import prepare_staging, through
 from agent.install.wheel_cache import WheelCache
+from agent.state import ray_folders
 from agent.state.entries import StoreStats, UriEntry, UriState
 from agent.state.index import Found
 from agent.state.passes import PASS_WINDOW_S, Passes, retrieve_exception
@@ -431,6 +432,21 @@ class UriStore:
         counts every change this agent made before the call (other agents' as of that pass).
         A pass that runs longer (a busy index) leaves the figures of the one before."""
         await self.pass_loop.caught_up(timeout_s)
+
+    def mirror_into(self, base: Path) -> None:
+        """From now on, after each pass, ``base`` (Ray's ``runtime_resources``) holds a link to
+        each ready package in its kind's Ray folder (``ray_folders``), and no other link."""
+
+        async def mirror() -> None:
+            ready = [
+                (key.kind, entry.path)
+                for key, entry in self._entries.items()
+                if entry.state is UriState.READY
+            ]
+            await asyncio.to_thread(ray_folders.sync, base, ray_folders.plan(ready))
+
+        self.pass_loop.after_pass = mirror
+        self.pass_loop.ask()  # Ray's folders made at once, even empty
 
     async def settle(self) -> None:
         """Wait until no pass runs or is asked for and background deletions are done (tests,

@@ -102,6 +102,8 @@ FILES: dict[str, str] = {
     "test_ray_door.py": "process",
     "test_ray_door_lifecycle.py": "process",
     "test_ray_fate.py": "ray",
+    "test_ray_folders.py": "ray",
+    "test_ray_folders_unit.py": "unit",
     "test_ray_front.py": "sockets",
     "test_ray_launcher.py": "ray",
     "test_ray_node.py": "ray",

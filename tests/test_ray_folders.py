@@ -1,0 +1,109 @@
+"""Under Ray, the folders Ray's tools and tests read (issue 31), on a stock Ray node whose
+raylet launches this agent: while an actor holds an env, its working_dir and py_modules
+packages show in ``runtime_resources/working_dir_files`` and ``py_modules_files`` (``pip`` and
+``conda`` exist too, as Ray's GC checks list them), and ``ray list runtime-envs`` shows the env
+in use; with Ray's per-kind cache sizes at 0, both folders are empty once the env is released,
+as Ray's GC checks expect. The same test passes on Ray's own agent (``RTENV_E2E_AGENT=ray``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.harness.packages import module_zip, workdir_zip
+from tests.harness.ray_nodes import Driver, RayNode, ray_nodes, wait_counts_zero
+
+pytestmark = pytest.mark.timeout(300)
+DASHBOARD = importlib.util.find_spec("aiohttp_cors") is not None  # ray[default]: the state API
+GC_S = 60.0
+CHECKED = ("working_dir_files", "py_modules_files", "pip", "conda")
+
+
+def _items(node: RayNode) -> dict[str, list[str]] | None:
+    """What Ray's ``check_local_files_gced`` sees in each folder (None: a folder is missing,
+    its FileNotFoundError), ``.lock`` and ``.txt`` files left out as Ray's check leaves them."""
+    base = node.session_dir / "runtime_resources"
+    try:
+        return {
+            sub: sorted(n for n in os.listdir(base / sub) if not n.endswith((".lock", ".txt")))
+            for sub in CHECKED
+        }
+    except FileNotFoundError:
+        return None
+
+
+def _wait(check: Callable[[], dict[str, list[str]] | None], what: str) -> dict[str, list[str]]:
+    """Poll ``check`` until it returns the folders' items (bounded by ``GC_S``)."""
+    deadline = time.monotonic() + GC_S
+    while True:
+        seen = check()
+        if seen is not None:
+            return seen
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {GC_S}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def _ray_list(node: RayNode) -> list[dict[str, object]]:
+    """``ray list runtime-envs`` through the head's dashboard, as a Ray user runs it."""
+    ray_cli = Path(sys.executable).with_name("ray")
+    done = subprocess.run(
+        [str(ray_cli), "list", "runtime-envs", "--address",
+         f"http://{node.ip}:{node.ports['dashboard-port']}", "--format", "json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    listed: list[dict[str, object]] = json.loads(done.stdout)
+    return listed
+
+
+def test_rays_folders_show_the_packages_in_use_and_are_empty_once_released(
+    tmp_path: Path,
+) -> None:
+    wd = tmp_path / "wd.zip"
+    wd.write_bytes(workdir_zip({"data.txt": "folders"}))
+    mod = tmp_path / "mod.zip"
+    mod.write_bytes(module_zip("foldermod", "one", top="wrap"))  # Ray drops the top folder
+    env = {"working_dir": wd.as_uri(), "py_modules": [mod.as_uri()]}
+    sizes = {
+        "RAY_RUNTIME_ENV_WORKING_DIR_CACHE_SIZE_GB": "0",
+        "RAY_RUNTIME_ENV_PY_MODULES_CACHE_SIZE_GB": "0",
+    }
+    with ray_nodes(1, env=sizes, dashboard=DASHBOARD) as (node,):
+        driver = Driver(node, "hold", {"runtime_env": env, "spec": {"modules": ["foldermod"]}})
+        try:
+            held = driver.expect("STEP")["held"]
+            assert held["modules"] == {"foldermod": "one"}, held
+
+            def in_use() -> dict[str, list[str]] | None:
+                seen = _items(node)
+                full = seen is not None and seen["working_dir_files"] and seen["py_modules_files"]
+                return seen if full else None
+
+            _wait(in_use, "the packages in working_dir_files and py_modules_files")
+            if DASHBOARD:
+                listed = _ray_list(node)
+                assert any(
+                    "foldermod" in json.dumps(e) or wd.name in json.dumps(e) for e in listed
+                ), listed
+            driver.go()
+            driver.expect("STEP")
+
+            def released() -> dict[str, list[str]] | None:
+                seen = _items(node)
+                return seen if seen is not None and not any(seen.values()) else None
+
+            _wait(released, "working_dir_files and py_modules_files empty (cache sizes 0)")
+            driver.go()
+            driver.result()
+        finally:
+            driver.kill()
+        wait_counts_zero(node)
