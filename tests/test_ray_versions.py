@@ -169,4 +169,4 @@ def test_a_failed_start_is_written_to_rays_err_file_and_the_log_in_the_sessions_
 def test_ci_runs_the_ray_tests_on_the_oldest_supported_ray() -> None:
     """.ci/uvloop-pass's second venv pins the Ray this agent claims as its oldest."""
     pin = (Path(__file__).resolve().parents[1] / ".ci" / "ray-oldest.txt").read_text().strip()
-    assert pin == "ray==" + ".".join(map(str, SUPPORTED_RAY[0]))
+    assert pin == "ray[default]==" + ".".join(map(str, SUPPORTED_RAY[0]))  # jobs, ray list
