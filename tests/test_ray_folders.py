@@ -12,14 +12,12 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.harness.packages import module_zip, workdir_zip
-from tests.harness.ray_nodes import Driver, RayNode, ray_nodes, wait_counts_zero
+from tests.harness.ray_nodes import Driver, RayNode, poll, ray_nodes, wait_counts_zero
 
 pytestmark = pytest.mark.timeout(300)
 DASHBOARD = importlib.util.find_spec("aiohttp_cors") is not None  # ray[default]: the state API
@@ -38,18 +36,6 @@ def _items(node: RayNode) -> dict[str, list[str]] | None:
         }
     except FileNotFoundError:
         return None
-
-
-def _wait(check: Callable[[], dict[str, list[str]] | None], what: str) -> dict[str, list[str]]:
-    """Poll ``check`` until it returns the folders' items (bounded by ``GC_S``)."""
-    deadline = time.monotonic() + GC_S
-    while True:
-        seen = check()
-        if seen is not None:
-            return seen
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {GC_S}s waiting for {what}")
-        time.sleep(0.1)
 
 
 def _ray_list(node: RayNode) -> list[dict[str, object]]:
@@ -88,7 +74,7 @@ def test_rays_folders_show_the_packages_in_use_and_are_empty_once_released(
                 full = seen is not None and seen["working_dir_files"] and seen["py_modules_files"]
                 return seen if full else None
 
-            _wait(in_use, "the packages in working_dir_files and py_modules_files")
+            poll(in_use, GC_S, "the packages in working_dir_files and py_modules_files")
             if DASHBOARD:
                 listed = _ray_list(node)
                 assert any(
@@ -101,7 +87,7 @@ def test_rays_folders_show_the_packages_in_use_and_are_empty_once_released(
                 seen = _items(node)
                 return seen if seen is not None and not any(seen.values()) else None
 
-            _wait(released, "working_dir_files and py_modules_files empty (cache sizes 0)")
+            poll(released, GC_S, "working_dir_files and py_modules_files empty (cache sizes 0)")
             driver.go()
             driver.result()
         finally:

@@ -22,7 +22,7 @@ import shutil
 import sqlite3
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +36,7 @@ from agent.core.uris import UriKey, parse_uri
 from agent.install.fetch_base import FetchLimits
 from agent.install.transport import Failure, Request, TransportError
 from agent.state.entries import UriState
-from agent.state.index import Swept
+from agent.state.index import KindBudget, Swept
 from agent.state.passes import PASS_WINDOW_S
 from agent.state.state_db import StateDB
 from agent.state.store import UriStore
@@ -677,8 +677,16 @@ async def test_a_failed_retake_of_an_unused_package_during_a_pass_leaves_it_in_t
         real_sweep = db.sweep
         read, answer = asyncio.Event(), asyncio.Event()
 
-        async def held_sweep(budget_bytes: int, needed_bytes: int = 0, *, since: int = -1) -> Swept:
-            swept = await real_sweep(budget_bytes, needed_bytes, since=since)
+        async def held_sweep(
+            budget_bytes: int,
+            needed_bytes: int = 0,
+            *,
+            since: int = -1,
+            kind_budgets: Sequence[KindBudget] = (),
+        ) -> Swept:
+            swept = await real_sweep(
+                budget_bytes, needed_bytes, since=since, kind_budgets=kind_budgets
+            )
             read.set()
             await answer.wait()  # the pass has read the index; its result is held back
             return swept

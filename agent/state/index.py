@@ -274,71 +274,69 @@ def sweep(
     theirs fit it too."""
     reaped = reap_dead(conn, root, me, trash, reaped if reaped is not None else Reaped())
     ready_bytes, unused = conn.execute(schema.READY_AND_UNUSED_BYTES, (me,)).fetchone()
-    target = plan_target(unused, budget_bytes, needed_bytes)
-    evicted = []
-    if target > 0:
-        freed, kept = 0, 0  # kept: rows that could not be moved, skipped by the next page
-        while freed < target:
-            # a page at a time: the deletes below change the table
-            page = conn.execute(schema.UNUSED_PAGE, (me, _PAGE, kept)).fetchall()
-            if not page:
-                break
-            for kind, uri, directory, size, used in page:
-                if freed >= target:
-                    break
-                if may_evict is not None and not may_evict((kind, uri)):
-                    kept += 1
-                    unused -= size  # in use after all: what is over the budget is less
-                    target = plan_target(unused, budget_bytes, needed_bytes)
-                    continue
-                row = Row(kind, uri, directory, size, used)
-                trashed = _evict(conn, root, me, trash, row)
-                if trashed is False:
-                    kept += 1
-                    continue
-                evicted.append(Evicted(row, trashed))  # type: ignore[arg-type]
-                freed += size
-        ready_bytes, unused = ready_bytes - freed, unused - freed
+    evicted: list[Evicted] = []
+    evicting = _Evicting(conn, root, me, trash, may_evict, evicted)
+    freed, kept_bytes = evicting.lru(
+        schema.UNUSED_PAGE,
+        (me,),
+        lambda left, done: done < plan_target(left, budget_bytes, needed_bytes),
+        unused,
+    )
+    ready_bytes, unused = ready_bytes - freed, unused - kept_bytes - freed
     for group in kind_budgets:
-        freed = _keep_kind_budget(conn, root, me, trash, group, may_evict, evicted)
-        ready_bytes, unused = ready_bytes - freed, unused - freed
+        kinds = sorted(group.kinds)
+        (of_group,) = conn.execute(schema.unused_bytes_of(len(kinds)), (me, *kinds)).fetchone()
+        freed, kept_bytes = evicting.lru(
+            schema.unused_page_of(len(kinds)), (me, *kinds), _over(group.budget_bytes), of_group
+        )
+        ready_bytes, unused = ready_bytes - freed, unused - kept_bytes - freed
     full, changes, gen = _changes_since(conn, since)
     return Swept(evicted, ready_bytes, unused, gen, full, changes, reaped)
 
 
-def _keep_kind_budget(
-    conn: sqlite3.Connection,
-    root: Path,
-    me: str,
-    trash: Path,
-    group: KindBudget,
-    may_evict: Callable[[RowKey], bool] | None,
-    evicted: list[Evicted],
-) -> int:
-    """Evict the unused packages of ``group``'s kinds, least recently used first, until theirs
-    fit its budget; appended to ``evicted``; return the bytes freed."""
-    kinds = sorted(group.kinds)
-    (unused,) = conn.execute(schema.unused_bytes_of(len(kinds)), (me, *kinds)).fetchone()
-    freed, kept = 0, 0
-    while unused - freed > group.budget_bytes:
-        page = conn.execute(schema.unused_page_of(len(kinds)), (me, *kinds, _PAGE, kept)).fetchall()
-        if not page:
-            break
-        for kind, uri, directory, size, used in page:
-            if unused - freed <= group.budget_bytes:
+@dataclass
+class _Evicting:
+    """One pass's evictions: rows moved to the trash, least recently used first, one page at a
+    time (the deletes change the table)."""
+
+    conn: sqlite3.Connection
+    root: Path
+    me: str
+    trash: Path
+    may_evict: Callable[[RowKey], bool] | None
+    evicted: list[Evicted]
+
+    def lru(
+        self, page_sql: str, params: tuple[str, ...], more: Callable[[int, int], bool], unused: int
+    ) -> tuple[int, int]:
+        """Evict the rows ``page_sql`` pages (``params``, then LIMIT and OFFSET) while
+        ``more(unused, freed)``; return the bytes freed and the bytes of the rows
+        ``may_evict`` kept (in use after all: no longer unused)."""
+        freed, kept, kept_bytes = 0, 0, 0  # kept: rows not moved, skipped by the next page
+        while more(unused - kept_bytes, freed):
+            rows = self.conn.execute(page_sql, (*params, _PAGE, kept)).fetchall()
+            if not rows:
                 break
-            if may_evict is not None and not may_evict((kind, uri)):
-                kept += 1
-                unused -= size
-                continue
-            row = Row(kind, uri, directory, size, used)
-            trashed = _evict(conn, root, me, trash, row)
-            if trashed is False:
-                kept += 1
-                continue
-            evicted.append(Evicted(row, trashed))  # type: ignore[arg-type]
-            freed += size
-    return freed
+            for kind, uri, directory, size, used in rows:
+                if not more(unused - kept_bytes, freed):
+                    break
+                if self.may_evict is not None and not self.may_evict((kind, uri)):
+                    kept += 1
+                    kept_bytes += size
+                    continue
+                row = Row(kind, uri, directory, size, used)
+                trashed = _evict(self.conn, self.root, self.me, self.trash, row)
+                if trashed is False:
+                    kept += 1
+                    continue
+                self.evicted.append(Evicted(row, trashed))  # type: ignore[arg-type]
+                freed += size
+        return freed, kept_bytes
+
+
+def _over(budget: int) -> Callable[[int, int], bool]:
+    """A kind budget's test: its unused bytes, less those freed, still over it."""
+    return lambda unused, freed: unused - freed > budget
 
 
 def plan_target(unused: int, budget: int, needed: int) -> int:
