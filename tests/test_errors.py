@@ -124,6 +124,7 @@ def test_every_kind_has_one_grpc_code_and_clients_see_the_codes_they_always_saw(
         "Unavailable": code.UNAVAILABLE,
         "DownloadFailed": code.UNAVAILABLE,
         "IndexUnavailable": code.UNAVAILABLE,  # the root's shared index stayed locked, or failed
+        "PluginFailed": code.UNAVAILABLE,  # a Ray runtime env plugin's hook raised
         "DiskExhausted": code.RESOURCE_EXHAUSTED,
         "RayStringsFull": code.RESOURCE_EXHAUSTED,  # never sent over gRPC: the Ray door's
         "SetupTimeout": code.DEADLINE_EXCEEDED,

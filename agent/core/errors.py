@@ -52,8 +52,9 @@ kind is set by each branch under ``AgentError`` and inherited by its leaves.
     ├── Unauthenticated             UNAUTHENTICATED  the call's token is missing or wrong
     ├── Unavailable                 UNAVAILABLE      try again later
     │   ├── DownloadFailed                           transient failures outlasted the retries
-    │   └── IndexUnavailable                         the root's shared index stayed locked by
-    │                                                another agent, or failed (disk, I/O)
+    │   ├── IndexUnavailable                         the root's shared index stayed locked by
+    │   │                                            another agent, or failed (disk, I/O)
+    │   └── PluginFailed                             a Ray runtime env plugin's hook raised
     ├── DiskExhausted               EXHAUSTED        no room to install
     │   └── RayStringsFull                           the Ray door counts as many bytes of
     │                                                serialized strings as it may hold
@@ -231,6 +232,11 @@ class DownloadFailed(Unavailable):
 
 class IndexUnavailable(Unavailable):
     pass
+
+
+class PluginFailed(Unavailable):
+    """A Ray runtime env plugin's hook raised (its traceback in the message, as Ray's agent
+    reports it)."""
 
 
 class DiskExhausted(AgentError):

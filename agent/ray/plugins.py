@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Mapping
 from typing import Any
 
-from agent.core.errors import AgentError, ConfigError, SetupTimeout, Unavailable
+from agent.core.errors import AgentError, ConfigError, PluginFailed, SetupTimeout
 from agent.core.plugin_config import (
     DEFAULT_PRIORITY,
     PLUGINS_VAR,
@@ -39,10 +39,6 @@ from agent.core.plugin_config import (
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_SECONDS = 600  # Ray's DEFAULT_RUNTIME_ENV_TIMEOUT_SECONDS
-
-
-class PluginFailed(Unavailable):
-    """A plugin's hook raised (its traceback in the message, as Ray's agent reports it)."""
 
 
 def _import_attr(path: str, extra_paths: list[str]) -> Any:
