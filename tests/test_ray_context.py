@@ -124,6 +124,13 @@ def test_the_envs_py_executable_is_rays_worker_command_even_with_a_pip_venv() ->
     assert context({})["py_executable"] == BASE
 
 
+def test_a_uv_run_line_naming_no_program_left_to_uv_gets_python() -> None:
+    """Ray 2.51's hook writes ``<uv> run <flags>`` (the worker's script after it); left to uv,
+    the worker is given ``<uv> run <flags> python``, whose project is the working dir's."""
+    built = context({"working_dir": "https://h/wd.zip", "py_executable": "/u/uv run --offline"})
+    assert built["py_executable"] == "/u/uv run --offline python"
+
+
 def test_java_jars_are_the_folders_rays_java_worker_puts_on_its_class_path() -> None:
     built = context({"java_jars": ["https://h/a.jar", "file:///j/libs.zip"]})
     assert built["java_jars"] == ["/root/uris/java_jars-a.jar", "/root/uris/java_jars-libs.zip"]

@@ -1,8 +1,8 @@
-"""The Ray switch on real Ray 2.60 nodes: after ``rtenv-agent ray enable --python P``, an
-unmodified driver with a bare ``ray.init(num_cpus=1)`` run by P (or by ``uv run`` in a uv
-project whose venv is P) starts a node whose raylet runs this agent, from the agent's own
-installation, on the root enable named; after ``disable``, Ray's own agent again. Before Ray
-refuses a node whose socket paths are too long, the switch says why and what to do.
+"""The Ray switch on real Ray nodes (2.60; 2.51.1 in CI's old-Ray venv): after ``rtenv-agent ray
+enable --python P``, an unmodified driver with a bare ``ray.init(num_cpus=1)`` run by P (or by
+``uv run`` in a uv project whose venv is P) starts a node whose raylet runs this agent, from the
+agent's own installation, on the root enable named; after ``disable``, Ray's own agent again.
+Before Ray refuses a node whose socket paths are too long, the switch says why and what to do.
 
 Each driver runs in a process of its own with its own short ``RAY_TMPDIR`` (its node's processes
 are found, and stopped, by that path); ``RTENV_ROOT`` is unset: the root is enable's."""
@@ -21,7 +21,7 @@ import pytest
 
 from agent.install.wheel_cache import find_uv
 from agent.ray import hook, install, uninstall
-from tests.harness.ray_nodes import RAY_RELEASE, base_environ, poll
+from tests.harness.ray_nodes import base_environ, poll
 from tests.harness.ray_switch import (
     LAUNCH,
     OUR_AGENT,
@@ -133,15 +133,15 @@ def test_a_bare_ray_init_runs_this_agent_on_enables_root_and_rays_own_after_disa
         assert run.finish() == 0
 
 
-@pytest.mark.skipif(  # on Ray 2.51 (CI's oldest) its driver did not end in 120 s: not looked into
-    RAY_RELEASE < (2, 60), reason="a uv run driver on this agent is pinned on Ray 2.60"
-)
 def test_a_uv_run_driver_in_a_uv_project_runs_this_agent_from_its_own_installation(
     tmp_path: Path, ray_tmp: Path
 ) -> None:
     """``uv run python launch.py``: uv re-syncs the project's venv and the switch is still on;
     Ray's uv hook makes the job's env (the project folder as working_dir, ``uv run`` as the
-    workers' python), which this agent prepares, and the task runs."""
+    workers' python), which this agent prepares, and the task runs. On Ray 2.51 the hook's line
+    names no program (``uv run --offline``, the worker's script after it): the agent gives it
+    ``python``, else uv takes the project enclosing Ray's script (here this checkout) for the
+    worker's, and the task never runs."""
     if find_uv() is None:
         pytest.skip("no uv here")
     uv = str(user_uv())  # at a path without a space, as a user's: Ray's hook does not quote it

@@ -1,4 +1,5 @@
-"""The `uv run` user's path on this agent (issue 30), offline, with real uv and real Ray 2.60: a
+"""The `uv run` user's path on this agent (issue 30), offline, with real uv and real Ray (2.60,
+and 2.51.1 in CI's old-Ray venv, whose hook writes the line without ``python``): a
 project's ``.venv`` switched once (``rtenv-agent ray enable``), then unmodified drivers (a bare
 ``ray.init(num_cpus=2)``) started with ``uv run --offline python launch.py``.
 
@@ -23,7 +24,6 @@ from typing import Any
 
 import pytest
 
-from tests.harness.ray_nodes import RAY_RELEASE
 from tests.harness.ray_wheelhouse import big_wheel, ray_wheelhouse
 from tests.harness.tempdirs import ray_tempdir
 from tests.harness.uv_projects import (
@@ -48,12 +48,6 @@ WRITE_MIB = 10  # what the first task of an experiment writes into its working d
 
 pytestmark = [
     pytest.mark.skipif(not UV.is_file(), reason=f"needs uv beside this python ({UV})"),
-    # On Ray 2.51 (CI's oldest) the drivers run and their tasks too, but the workers still start
-    # under `uv run`: the takeover of Ray's uv run line is pinned on Ray 2.60 only (not looked
-    # into on older Rays)
-    pytest.mark.skipif(
-        RAY_RELEASE < (2, 60), reason="the agent's uv run takeover is pinned on Ray 2.60"
-    ),
 ]
 
 

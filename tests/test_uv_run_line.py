@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.core.uv_run import Passthrough, UvRun, is_uv_run, parse_uv_run
+from agent.core.uv_run import Passthrough, UvRun, is_uv_run, parse_uv_run, with_program
 
 
 def parsed(line: str) -> UvRun:
@@ -18,6 +18,32 @@ def test_ray_hooks_form_is_built_with_its_python() -> None:
     """``<uv path> run --python X.Y.Z python``: Ray's hook's line."""
     run = parsed("/home/u/.local/bin/uv run --python 3.11.7 python")
     assert run == UvRun(python="3.11.7", lock="", sync_flags=(), with_packages=())
+
+
+def test_ray_2_51s_form_naming_no_program_is_built_as_with_python() -> None:
+    """``<uv path> run --offline``: Ray 2.51's hook's line (no ``--python``, no ``python``; the
+    worker's script follows) is the same env as the line with ``python``."""
+    run = parsed("/home/u/.local/bin/uv run --offline --frozen")
+    assert run == parsed("/home/u/.local/bin/uv run --offline --frozen python")
+    assert run == UvRun(python=None, lock="frozen", sync_flags=(), with_packages=())
+
+
+@pytest.mark.parametrize(
+    ("line", "given"),
+    [
+        ("/u/uv run --offline", "/u/uv run --offline python"),
+        ("uv run --extra gpu -p 3.11", "uv run --extra gpu -p 3.11 python"),
+        ("uv run", "uv run python"),
+        ("uv run --offline python", "uv run --offline python"),
+        ("uv run --frozen my-wrapper", "uv run --frozen my-wrapper"),
+        ("uv run --script", "uv run --script"),  # a flag of unknown arity: as it is
+        ("python -X dev", "python -X dev"),
+    ],
+)
+def test_a_line_naming_no_program_is_given_python_for_the_worker(line: str, given: str) -> None:
+    """Left to uv, ``uv run <flags> <script.py>`` takes the project enclosing the script (where
+    Ray is installed), not the working dir's: the worker is given ``python`` first."""
+    assert with_program(line) == given
 
 
 @pytest.mark.parametrize(
@@ -59,7 +85,6 @@ def test_flags_of_how_uv_runs_do_not_change_the_identity() -> None:
         ("uv run --python 3.11 my-wrapper", "not python"),
         ("uv run python -X dev", "not python"),
         ("uv run --python", "no value"),
-        ("uv run --frozen", "no program"),
     ],
 )
 def test_other_lines_are_left_to_uv_saying_why(line: str, said: str) -> None:

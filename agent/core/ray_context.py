@@ -40,6 +40,7 @@ from pathlib import Path
 from agent.core.packages import placement_of
 from agent.core.runtime_env import RuntimeEnv
 from agent.core.uris import UriKey
+from agent.core.uv_run import with_program
 
 # Ray's RuntimeEnvContext.__init__ takes exactly these (ray/_private/runtime_env/context.py).
 RAY_CONTEXT_KEYS = (
@@ -94,7 +95,7 @@ def build_ray_context(
         if node_pythonpath:
             paths.append(node_pythonpath)
         env_vars["PYTHONPATH"] = os.pathsep.join(paths)
-    own_command = env.py_executable
+    own_command = env.py_executable and with_program(env.py_executable)
     if uv_venv is not None:
         venv_bins.insert(0, str(uv_venv / "bin"))
         env_vars["VIRTUAL_ENV"] = str(uv_venv)

@@ -11,10 +11,12 @@ so that the create logs one line saying so: never built wrongly.
 
 Recognised: the program is ``uv`` (any path), then ``run``, then flags from the tables below,
 then ``python`` (``python3``, ``python3.N``) and nothing after it (the worker appends its own
-arguments). Flags that change what is installed are kept (``SYNC_FLAGS``, ``--with``,
-``--python``); those that change only how uv works here are dropped (``_IGNORED``); any other
-flag (a workspace member, a requirements file, an index on the command line, a script) passes
-the line through.
+arguments), or nothing at all after the flags: Ray 2.51's hook writes ``<uv> run <flags>``, the
+worker's script following, which uv runs with the project's python (``with_program`` gives such
+a line ``python`` when it is left to uv). Flags that change what is installed are kept
+(``SYNC_FLAGS``, ``--with``, ``--python``); those that change only how uv works here are dropped
+(``_IGNORED``); any other flag (a workspace member, a requirements file, an index on the command
+line, a script) passes the line through.
 
 Pure: no I/O.
 """
@@ -139,9 +141,9 @@ def parse_uv_run(py_executable: str) -> UvRun | Passthrough:
         elif flag in SYNC_FLAGS:
             sync.append(f"{flag}={value}" if takes else flag)
     program = words[i:]
-    if not program:
-        return Passthrough("it names no program after its flags")
-    if len(program) > 1 or not _PROGRAM.fullmatch(program[0]):
+    # no program: the worker's script follows (``uv run`` runs a ``.py`` with the project's
+    # python), the line Ray 2.51's hook writes, as ``python`` would
+    if len(program) > 1 or (program and not _PROGRAM.fullmatch(program[0])):
         return Passthrough(
             f"it runs {echo(' '.join(program), 60)}, not python (the worker's arguments follow)"
         )
@@ -153,6 +155,26 @@ def parse_uv_run(py_executable: str) -> UvRun | Passthrough:
         sync_flags=tuple(sorted(set(sync))),
         with_packages=tuple(dict.fromkeys(with_packages)),
     )
+
+
+def with_program(py_executable: str) -> str:
+    """The line a worker is given when the agent leaves it to uv: a ``uv run`` line naming no
+    program after its flags (Ray 2.51's hook writes ``<uv> run <flags>``, the worker's script
+    following) gets ``python``, as Ray 2.60's hook writes it: ``uv run <flags> <script.py>``
+    finds its project from the script's folder (where Ray is installed), not from the working
+    dir; ``uv run <flags> python <script.py>`` from the working dir. Any other line, and one
+    with a flag of unknown arity, as it is."""
+    words = _after_run(py_executable)
+    if words is None:
+        return py_executable
+    i = 0
+    while i < len(words) and words[i].startswith("-"):
+        flag, eq, _ = words[i].partition("=")
+        takes = _takes_value(_SHORT.get(flag, flag))
+        if takes is None:
+            return py_executable
+        i += 2 if takes and not eq else 1
+    return py_executable if i < len(words) else f"{py_executable} python"
 
 
 def _takes_value(flag: str) -> bool | None:
