@@ -3,8 +3,11 @@ them decides the env, and why any other is left to uv."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from agent.core.runtime_env import EnvLimits, parse_runtime_env
 from agent.core.uv_run import Passthrough, UvRun, is_uv_run, parse_uv_run, with_program
 
 
@@ -26,6 +29,20 @@ def test_ray_2_51s_form_naming_no_program_is_built_as_with_python() -> None:
     run = parsed("/home/u/.local/bin/uv run --offline --frozen")
     assert run == parsed("/home/u/.local/bin/uv run --offline --frozen python")
     assert run == UvRun(python=None, lock="frozen", sync_flags=(), with_packages=())
+
+
+@pytest.mark.parametrize(
+    ("line", "python"),
+    [("uv run --offline", "3.12"), ("uv run python", "3.12"), ("uv run -p 3.10 python", "3.10")],
+)
+def test_a_line_naming_no_python_takes_the_envs_uv_python(line: str, python: str) -> None:
+    """``uv run`` in the worker reads the env's ``UV_PYTHON`` where the line names no
+    ``--python`` (Ray 2.60's hook writes it into the line; 2.51's does not)."""
+    obj = {"working_dir": "https://h/wd.zip", "py_executable": line,
+           "env_vars": {"UV_PYTHON": "3.12"}}  # fmt: skip
+    run = parse_runtime_env(json.dumps(obj), EnvLimits()).uv_run
+    assert isinstance(run, UvRun)
+    assert run.python == python
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,7 @@ import hashlib
 import json
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.core.errors import InvalidRuntimeEnv, UnsupportedOnNode, echo, type_name
@@ -247,18 +247,25 @@ def parse_runtime_env(
         packages=tuple(packages),
         py_executable=py_executable,
         java_jars=tuple(jars),
-        uv_run=_uv_run(py_executable, working_dir),
+        uv_run=_uv_run(py_executable, working_dir, env_vars),
         plugins=plugins,
     )
 
 
-def _uv_run(py_executable: str | None, working_dir: str | None) -> UvRun | Passthrough | None:
-    """The env's ``uv run`` line, parsed (``parse_uv_run``); None when it is not one."""
+def _uv_run(
+    py_executable: str | None, working_dir: str | None, env_vars: Mapping[str, str]
+) -> UvRun | Passthrough | None:
+    """The env's ``uv run`` line, parsed (``parse_uv_run``); None when it is not one. A line
+    naming no ``--python`` (Ray 2.51's hook's) takes the env's ``UV_PYTHON``, which ``uv run``
+    in the worker would read (Ray 2.60's hook puts it in the line)."""
     if py_executable is None or not is_uv_run(py_executable):
         return None
     if working_dir is None:
         return Passthrough("the env has no working_dir, where uv run would find the project")
-    return parse_uv_run(py_executable)
+    run = parse_uv_run(py_executable)
+    if isinstance(run, UvRun) and run.python is None and env_vars.get("UV_PYTHON", "").strip():
+        return replace(run, python=env_vars["UV_PYTHON"].strip())
+    return run
 
 
 def env_id_of(canonical: str) -> str:
