@@ -19,8 +19,16 @@ from agent.app.config import RaySettings
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
 from tests.harness.in_process import running_agent
 from tests.harness.package_server import package_server
-from tests.harness.packages import make_zip, module_wheel
+from tests.harness.packages import make_zip
 from tests.harness.ray_door import RayClient
+from tests.harness.uv_wheels import module_wheel
+
+
+def _wheel(folder: Path, module: str, value: str) -> tuple[str, bytes]:
+    """A pure-python wheel (the benchmark's builder): its PEP 427 file name and its bytes;
+    ``import <module>`` gives ``VALUE == value``."""
+    wheel = module_wheel(folder, module, value)
+    return wheel.name, wheel.read_bytes()
 
 
 def _import_value(pythonpath: str, module: str) -> str:
@@ -33,8 +41,10 @@ def _import_value(pythonpath: str, module: str) -> str:
     return done.stdout.strip()
 
 
-async def test_a_wheel_in_py_modules_is_installed_and_importable_beside_a_zip() -> None:
-    name, wheel = module_wheel("wheelmod", "from a wheel")
+async def test_a_wheel_in_py_modules_is_installed_and_importable_beside_a_zip(
+    tmp_path: Path,
+) -> None:
+    name, wheel = _wheel(tmp_path, "wheelmod", "from a wheel")
     async with package_server() as pkgs, running_agent() as a:
         whl_url = pkgs.add(name, wheel)
         zip_url = pkgs.add("zipmod.zip", make_zip({"zipmod/__init__.py": b"VALUE = 'zip'\n"}))
@@ -51,8 +61,10 @@ async def test_a_wheel_in_py_modules_is_installed_and_importable_beside_a_zip() 
         a.service.check_invariants()
 
 
-async def test_a_wheel_is_installed_once_for_two_envs_and_released_per_uri() -> None:
-    name, wheel = module_wheel("sharedmod", "shared")
+async def test_a_wheel_is_installed_once_for_two_envs_and_released_per_uri(
+    tmp_path: Path,
+) -> None:
+    name, wheel = _wheel(tmp_path, "sharedmod", "shared")
     async with package_server() as pkgs, running_agent() as a:
         url = pkgs.add(name, wheel)
         first = await a.create(json.dumps({"py_modules": [url]}))
@@ -71,8 +83,10 @@ async def test_a_wheel_is_installed_once_for_two_envs_and_released_per_uri() -> 
         a.service.check_invariants()
 
 
-async def test_a_wheel_not_matching_its_pinned_digest_is_refused_and_installs_nothing() -> None:
-    name, wheel = module_wheel("pinnedmod", "pinned")
+async def test_a_wheel_not_matching_its_pinned_digest_is_refused_and_installs_nothing(
+    tmp_path: Path,
+) -> None:
+    name, wheel = _wheel(tmp_path, "pinnedmod", "pinned")
     async with package_server() as pkgs, running_agent() as a:
         url = pkgs.add(name, wheel) + "#sha256=" + hashlib.sha256(b"other").hexdigest()
         with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -84,8 +98,10 @@ async def test_a_wheel_not_matching_its_pinned_digest_is_refused_and_installs_no
         a.service.check_invariants()
 
 
-async def test_a_wheel_pip_cannot_install_fails_with_pips_own_words() -> None:
-    name, _ = module_wheel("brokenmod", "x")
+async def test_a_wheel_pip_cannot_install_fails_with_pips_own_words(
+    tmp_path: Path,
+) -> None:
+    name, _ = _wheel(tmp_path, "brokenmod", "x")
     async with package_server() as pkgs, running_agent() as a:
         url = pkgs.add(name, b"this is not a zip archive")
         with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -95,7 +111,9 @@ async def test_a_wheel_pip_cannot_install_fails_with_pips_own_words() -> None:
         a.service.check_invariants()
 
 
-async def test_rays_door_drops_a_remote_py_modules_zips_top_folder_as_ray_does() -> None:
+async def test_rays_door_drops_a_remote_py_modules_zips_top_folder_as_ray_does(
+    tmp_path: Path,
+) -> None:
     """Ray's agent unpacks a remote (non-gcs) py_modules zip without its single top folder; the
     gRPC door keeps it: two packages of one URI, told apart by kind."""
     async with (
@@ -105,7 +123,7 @@ async def test_rays_door_drops_a_remote_py_modules_zips_top_folder_as_ray_does()
     ):
         ray = RayClient(session, a.agent.ray_address)
         url = pkgs.add("top.zip", make_zip({"top/topmod/__init__.py": b"VALUE = 'top'\n"}))
-        name, wheel = module_wheel("raywheel", "ray wheel")
+        name, wheel = _wheel(tmp_path, "raywheel", "ray wheel")
         whl_url = pkgs.add(name, wheel)
         text = json.dumps({"py_modules": [url, whl_url]})
         reply = await ray.create(text)

@@ -9,9 +9,10 @@ import shutil
 
 import pytest
 
-from tests.harness.packages import make_zip, module_wheel
+from tests.harness.packages import make_zip
 from tests.harness.ray_nodes import OURS, agent_info, drive, ray_nodes, wait_counts_zero
 from tests.harness.tempdirs import short_tempdir
+from tests.harness.uv_wheels import module_wheel
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -21,12 +22,11 @@ def test_a_local_wheel_and_a_remote_zip_in_py_modules_are_served_as_rays_agent_s
 ):
     work = short_tempdir()
     try:
-        name, wheel = module_wheel("e2e_wheelmod", "from a wheel")
-        (work / name).write_bytes(wheel)
+        wheel = module_wheel(work, "e2e_wheelmod", "from a wheel")
         top = work / "top.zip"
         top.write_bytes(make_zip({"top/e2e_topmod/__init__.py": b"VALUE = 'top dropped'\n"}))
         args = {
-            "job_env": {"py_modules": [str(work / name), top.as_uri()]},
+            "job_env": {"py_modules": [str(wheel), top.as_uri()]},
             "spec": {"modules": ["e2e_wheelmod", "e2e_topmod"]},
         }
         want = {"e2e_wheelmod": "from a wheel", "e2e_topmod": "top dropped"}

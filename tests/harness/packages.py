@@ -3,8 +3,6 @@ and the serialized runtime env that names them."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import io
 import json
 import stat
@@ -67,26 +65,3 @@ def env_json(
     if env_vars is not None:
         env["env_vars"] = env_vars
     return json.dumps(env)
-
-
-def module_wheel(module: str, value: str, *, version: str = "0.1") -> tuple[str, bytes]:
-    """A pure-python wheel, built by hand (no pip, no index): its PEP 427 file name and its
-    bytes. ``import <module>`` gives ``VALUE == value``."""
-    dist = f"{module}-{version}.dist-info"
-    files = {
-        f"{module}/__init__.py": f"VALUE = {value!r}\n".encode(),
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {module}\nVersion: {version}\n".encode(),
-        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: rtenv-tests\nRoot-Is-Purelib: true\n"
-        b"Tag: py3-none-any\n",
-    }
-    record = []
-    for name, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{name},sha256={digest},{len(data)}")
-    record.append(f"{dist}/RECORD,,")
-    files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, data in files.items():
-            zf.writestr(name, data)
-    return f"{module}-{version}-py3-none-any.whl", out.getvalue()

@@ -74,3 +74,9 @@ def have_uv() -> bool:
     from agent.install.wheel_cache import find_uv
 
     return find_uv() is not None and shutil.which("du") is not None and os.name == "posix"
+
+
+def module_wheel(folder: Path, module: str, value: str) -> Path:
+    """A pure-python wheel of ``module`` (its VALUE ``value``) in ``folder``, built by the
+    benchmark's builder: ``<module>-1.0-py3-none-any.whl``."""
+    return bench_wheel(folder, module, {}, value=value)
