@@ -139,12 +139,13 @@ async def test_the_requests_setup_timeout_is_honoured_zero_default_minus_one_max
 
 
 async def test_client_server_installs_but_is_not_counted_over_http() -> None:
+    """Installed and held (Ray Client's server starts in it), shown in no info state."""
     async with package_server() as server, ray_agent() as (ra, ray):
         url = server.add("wd.zip", workdir_zip({"a.py": ""}))
         text = SPACED % url
         assert (await ray.create(text, source_process="client_server")).status == OK
         assert server.gets["wd.zip"] == 1
-        assert len(ra.service.records) == 0
+        assert [ra.service.tables.env_count(e) for e in ra.service.records] == [1]
         assert (await ray.delete(text, source_process="client_server")).status == OK
         assert (await ray.info()).total == 0
 

@@ -3,7 +3,9 @@ raylet launches this agent: while an actor holds an env, its working_dir and py_
 packages show in ``runtime_resources/working_dir_files`` and ``py_modules_files`` (``pip`` and
 ``conda`` exist too, as Ray's GC checks list them), and ``ray list runtime-envs`` shows the env
 in use; with Ray's per-kind cache sizes at 0, both folders are empty once the env is released,
-as Ray's GC checks expect. The same test passes on Ray's own agent (``RTENV_E2E_AGENT=ray``)."""
+as Ray's GC checks expect; a Ray Client job, whose server starts in the env before any counted
+create, runs in it with the sizes at 0 and lets it go at its end. Both pass on Ray's own agent
+(``RTENV_E2E_AGENT=ray``)."""
 
 from __future__ import annotations
 
@@ -92,4 +94,32 @@ def test_rays_folders_show_the_packages_in_use_and_are_empty_once_released(
             driver.result()
         finally:
             driver.kill()
+        wait_counts_zero(node)
+
+
+def test_a_ray_client_job_runs_in_its_env_with_cache_sizes_0_and_lets_it_go_at_its_end(
+    tmp_path: Path,
+) -> None:
+    """Ray Client's server is started in the job's env (its create is not counted, as Ray
+    counts it): with Ray's cache sizes at 0 the env's folder stays until the job's own
+    counted create holds it, and its packages go once the job ends."""
+    wd = tmp_path / "wd.zip"
+    wd.write_bytes(workdir_zip({"data.txt": "client"}))
+    sizes = {"RAY_RUNTIME_ENV_WORKING_DIR_CACHE_SIZE_GB": "0"}
+    with ray_nodes(1, env=sizes) as (node,):
+        client = f"ray://{node.ip}:{node.ports['ray-client-server-port']}"
+        args = {"ray_client": client, "job_env": {"working_dir": wd.as_uri()}}
+        driver = Driver(node, "job", {**args, "spec": {"files": ["data.txt"]}})
+        try:
+            seen = driver.result()
+        finally:
+            driver.kill()
+        assert seen["task"]["files"] == {"data.txt": "client"}, seen
+        assert seen["actor"]["files"] == {"data.txt": "client"}, seen
+
+        def released() -> dict[str, list[str]] | None:
+            seen = _items(node)
+            return seen if seen is not None and not any(seen.values()) else None
+
+        poll(released, GC_S, "working_dir_files empty once the client's job ended")
         wait_counts_zero(node)

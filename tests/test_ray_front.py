@@ -1,5 +1,6 @@
 """Ray's request semantics over the real service (``RayFront`` on an in-process agent, packages
-from a real aiohttp server): counts per serialized string, ``client_server`` not counted,
+from a real aiohttp server): counts per serialized string, ``client_server`` not counted (its
+env held until a counted create takes over),
 deletes of strings with no count refused, one env shared with the gRPC door, failures raised
 (and answered by the door as FAILED replies with this agent's prefixed message: ``Answered``
 words them through the door's table), the setup timeout, and info per string."""
@@ -134,7 +135,11 @@ async def test_a_delete_of_a_string_never_created_fails_and_changes_nothing() ->
         assert front.references() == 1
 
 
-async def test_client_server_installs_but_is_not_counted() -> None:
+async def test_client_server_installs_uncounted_and_holds_the_env_until_a_counted_create() -> None:
+    """Ray Client's server (``client_server``) is not counted (no state in info, its delete a
+    no-op), but its env stays held, as Ray's agent keeps its URIs in use, until a counted
+    create of the env takes the hold over; one arriving while a counted string holds the env
+    holds nothing more."""
     async with package_server() as server, running_agent() as ra:
         url = server.add("wd.zip", workdir_zip({"a.py": "A = 1\n"}))
         text = SPACED % url
@@ -143,16 +148,40 @@ async def test_client_server_installs_but_is_not_counted() -> None:
         assert reply.ok
         assert "command_prefix" in json.loads(reply.context)
         assert server.gets["wd.zip"] == 1  # installed
-        assert count(ra, text) == 0  # not counted
-        assert front.info().states == ()
+        assert front.info().states == ()  # not counted as Ray counts
+        assert count(ra, text) == 1  # held: a cache of 0 must not delete the server's folder
         assert (await front.delete(text, source_process="client_server")).ok  # a no-op
-        # with a count held by another caller, client_server's calls leave it as it is
-        assert (await front.get_or_create(text)).ok
+        assert count(ra, text) == 1
+        # a counted create takes the hold over: one reference, Ray's count of 1
+        assert (await front.get_or_create(TIGHT % url)).ok
         assert server.gets["wd.zip"] == 1  # still installed: no second download
+        assert count(ra, text) == 1
+        # with a count held, client_server's calls leave it as it is
         assert (await front.get_or_create(text, source_process="client_server")).ok
         assert (await front.delete(text, source_process="client_server")).ok
         assert count(ra, text) == 1
         assert [s.ref_cnt for s in front.info().states] == [1]
+        front.check_invariants()
+        assert (await front.delete(TIGHT % url)).ok  # the job's delete lets it go
+        assert count(ra, text) == 0
+        assert front.references() == 0
+        front.check_invariants()
+        ra.service.check_invariants()
+
+
+async def test_client_server_holds_are_bounded_the_oldest_given_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ray_front, "MAX_CLIENT_HOLDS", 2)
+    async with running_agent() as ra:
+        front = front_of(ra)
+        texts = [f'{{"env_vars": {{"H": "{i}"}}}}' for i in range(3)]
+        for text in texts:
+            assert (await front.get_or_create(text, source_process="client_server")).ok
+            assert (await front.get_or_create(text, source_process="client_server")).ok
+        assert [count(ra, text) for text in texts] == [0, 1, 1]
+        assert front.references() == 2
+        front.check_invariants()
 
 
 async def test_an_env_created_over_grpc_and_over_ray_is_one_env_counted_twice() -> None:

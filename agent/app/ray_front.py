@@ -12,8 +12,11 @@ is 0; it releases a service reference only when ``refs > count``. A finished cre
 reference and releases at once while ``refs > count``; a failed or cancelled create gives its
 count back (never below 0), releasing a reference held beyond what is left, as Ray's agent
 decrements on a failed create. ``source_process == "client_server"``
-(Ray Client's server, which never deletes) installs but is not counted: its create gives its
-reference back at once, its delete does nothing.
+(Ray Client's server, which never deletes) installs but is not counted, and its delete does
+nothing; as Ray's agent keeps such a create's URIs in use until a counted holder of them lets
+them go, this front holds one reference on the env (``_client_holds``, at most
+``MAX_CLIENT_HOLDS`` envs, the oldest given back past that) until a counted create of the same
+env takes it over, so a cache of 0 does not delete the folder the client's server starts in.
 
 Bounds (a client chooses what it sends): at most ``MAX_STRINGS_PER_ENV`` spellings of one env id
 and ``MAX_HELD_BYTES`` of held strings; a create past either is FAILED saying the limit.
@@ -58,6 +61,7 @@ from agent.core.runtime_env import RuntimeEnv
 log = logging.getLogger(__name__)
 
 CLIENT_SERVER = "client_server"  # Ray's source_process that is never counted
+MAX_CLIENT_HOLDS = 64  # envs held for Ray Client's servers until a counted create takes over
 MAX_STRINGS_PER_ENV = 16  # spellings of one env id counted at once (the raylet sends 2-3)
 MAX_HELD_BYTES = 32 * 1024 * 1024  # the counted strings' text, all together
 MAX_INFO_BYTES = 8 * 1024 * 1024  # strings and messages in one info reply
@@ -133,6 +137,9 @@ class RayFront:
         self._strings: dict[str, _String] = {}
         self._by_env: dict[str, set[str]] = {}
         self._held_bytes = 0
+        # env ids holding one uncounted reference each for Ray Client's server (client_server
+        # creates), oldest first, until a counted create of the env takes over
+        self._client_holds: OrderedDict[str, None] = OrderedDict()
         # Recent failures of strings not held, oldest first: at most _MAX_FAILED entries and
         # _FAILED_BYTES of their weight (``_failed_bytes``).
         self._failed: OrderedDict[str, _Failed] = OrderedDict()
@@ -200,21 +207,33 @@ class RayFront:
             entry.creation_time_ms = self._elapsed_ms(started)
             self._forget_failure(serialized)
         entry.refs += 1
-        excess = entry.refs - entry.count  # deletes that arrived while this create ran
-        if excess > 0:
+        excess = max(0, entry.refs - entry.count)  # deletes that arrived while this ran
+        if excess:
             entry.refs -= excess
             self._drop_if_idle(serialized, entry)
+        if env_id in self._client_holds:  # a counted create takes the client's hold over
+            del self._client_holds[env_id]
+            excess += 1
+        if excess:
             await self._release(env_id, excess)
         return answered
 
     async def _uncounted(
         self, serialized: str, setup_timeout_seconds: int, job: str, eager_install: bool
     ) -> str:
-        """A create that installs and gives its reference back at once (``client_server``)."""
+        """A create that installs, counted by nobody (``client_server``): its reference is
+        held until a counted create of the env takes over, unless a counted string or an
+        earlier such create already holds the env (then it is given back at once)."""
         env_id, answered = await self._take(serialized, setup_timeout_seconds, job, eager_install)
         if self._plugins is not None and serialized not in self._strings:
             self._plugins.drop(serialized)  # nobody counts it: its plugin URIs are unused
-        await self._release(env_id, 1)
+        if env_id in self._client_holds or self.refs_on(env_id):
+            await self._release(env_id, 1)
+            return answered
+        self._client_holds[env_id] = None
+        if len(self._client_holds) > MAX_CLIENT_HOLDS:
+            oldest, _ = self._client_holds.popitem(last=False)
+            await self._release(oldest, 1)
         return answered
 
     async def _take(
@@ -348,14 +367,15 @@ class RayFront:
     def refs_on(self, env_id: str) -> int:
         """The service references this front holds on ``env_id`` (asked by every delete at the
         gRPC door: an env the front does not know costs one lookup)."""
+        held = 1 if env_id in self._client_holds else 0
         strings = self._by_env.get(env_id)
         if not strings:
-            return 0
-        return sum(self._strings[text].refs for text in strings)
+            return held
+        return held + sum(self._strings[text].refs for text in strings)
 
     def references(self) -> int:
-        """This front's references on the service (the sum of its strings' refs)."""
-        return sum(entry.refs for entry in self._strings.values())
+        """This front's references on the service (its strings' refs and the client holds)."""
+        return len(self._client_holds) + sum(entry.refs for entry in self._strings.values())
 
     def in_flight(self) -> int:
         """Creates not answered yet."""
@@ -376,10 +396,13 @@ class RayFront:
             per_env[entry.env_id] = per_env.get(entry.env_id, 0) + entry.refs
             known.setdefault(entry.env_id, set()).add(text)
         assert known == self._by_env, "strings by env id out of step"
+        assert len(self._client_holds) <= MAX_CLIENT_HOLDS, "too many client holds"
+        for env_id in self._client_holds:
+            per_env[env_id] = per_env.get(env_id, 0) + 1
         for env_id, refs in per_env.items():
             held = self.service.tables.env_count(env_id)
             assert refs <= held, f"env {env_id}: {refs} references here, {held} in the service"
-            assert len(known[env_id]) <= MAX_STRINGS_PER_ENV, f"env {env_id}: too many strings"
+            assert len(known.get(env_id, ())) <= MAX_STRINGS_PER_ENV, f"env {env_id}: strings"
         held_bytes = sum(len(text) for text in self._strings)
         assert held_bytes == self._held_bytes, (
             f"strings weigh {held_bytes}, noted {self._held_bytes}"

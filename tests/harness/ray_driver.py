@@ -2,11 +2,12 @@
 ``python tests/harness/ray_driver.py SCENARIO ARGS.json`` with RAY_ADDRESS and
 RTENV_E2E_NODE_IP (the node it runs on) set.
 
-It connects to the cluster, runs one scenario and prints its result as one line,
-``RESULT <json>``; an interactive scenario also prints ``STEP <json>`` lines and then waits for a
-line on stdin before going on. This file runs as ``__main__``, so Ray pickles its functions by
-value: the workers need nothing of the repository. It never touches the agent: everything it
-learns, it learns through Ray (what a task saw, what Ray raised).
+It connects to the cluster (through Ray Client's server when ARGS name ``ray_client``), runs
+one scenario and prints its result as one line, ``RESULT <json>``; an interactive scenario also
+prints ``STEP <json>`` lines and then waits for a line on stdin before going on. This file runs
+as ``__main__``, so Ray pickles its functions by value: the workers need nothing of the
+repository. It never touches the agent: everything it learns, it learns through Ray (what a
+task saw, what Ray raised).
 """
 
 from __future__ import annotations
@@ -199,13 +200,15 @@ SCENARIOS = {
 def main() -> None:
     scenario, args = sys.argv[1], json.loads(Path(sys.argv[2]).read_text())
     run = SCENARIOS[scenario]
+    client = args.get("ray_client")  # "ray://host:port": through Ray Client's server instead
+    where: Json = {"address": client} if client else {
+        "address": os.environ["RAY_ADDRESS"],
+        "_node_ip_address": os.environ["RTENV_E2E_NODE_IP"],  # the node's IP, not 127.0.0.1
+    }  # fmt: skip
     ray.init(
-        address=os.environ["RAY_ADDRESS"],
-        _node_ip_address=os.environ["RTENV_E2E_NODE_IP"],  # the node's loopback IP, not 127.0.0.1
-        runtime_env=args.get("job_env"),
-        logging_level=logging.WARNING,
+        **where, runtime_env=args.get("job_env"), logging_level=logging.WARNING,
         log_to_driver=False,
-    )
+    )  # fmt: skip
     try:
         result = run(args)
     finally:
