@@ -54,8 +54,12 @@ def ray_tmp() -> Iterator[Path]:
 
 def _environ(ray_tmp: Path) -> dict[str, str]:
     """A user's shell: no PYTHONPATH (the driver's env must not see this checkout), no
-    RTENV_*, a RAY_TMPDIR of the test's own."""
-    env = base_environ(RAY_TMPDIR=str(ray_tmp))
+    RTENV_*, a RAY_TMPDIR of the test's own, and a TMPDIR inside it: a bare ``ray.init()``
+    starts Ray's dashboard, whose multiprocessing forkserver leaves its ``pymp-*`` folder in
+    the temp dir when the node is killed by PID."""
+    temp = ray_tmp / "tmp"
+    temp.mkdir(parents=True, exist_ok=True)
+    env = base_environ(RAY_TMPDIR=str(ray_tmp), TMPDIR=str(temp))
     for name in ("PYTHONPATH", "VIRTUAL_ENV", "RTENV_ROOT"):
         env.pop(name, None)
     return env
