@@ -307,6 +307,17 @@ def test_the_home_folder_is_looked_up_only_for_the_default_token_file() -> None:
         ray_token(on, _no_home, _no_read)
 
 
+def test_under_ray_downloads_carry_rays_headers_and_a_bad_one_stops_the_start() -> None:
+    flags = parse_flags(ray_flags(Path("/b")))
+    s = _settings(flags, {"RAY_RUNTIME_ENV_BEARER_TOKEN": "tk"})
+    assert dict(s.http_headers) == {
+        "User-Agent": "ray-runtime-env-curl/1.0",
+        "Authorization": "Bearer tk",
+    }
+    with pytest.raises(ConfigError, match="RAY_RUNTIME_ENV_HTTP_USER_AGENT"):
+        _settings(flags, {"RAY_RUNTIME_ENV_HTTP_USER_AGENT": "a\nb"})
+
+
 def test_prepare_with_no_home_folder_starts_when_token_auth_is_off(
     base: Path, monkeypatch: pytest.MonkeyPatch, restore_logging: None
 ) -> None:

@@ -1,5 +1,7 @@
 """Ray's per-kind cache sizes (``RAY_RUNTIME_ENV_<NAME>_CACHE_SIZE_GB``), honoured when set: a
-cap on the unused bytes of that kind's packages besides the root's budget (issue 31)."""
+cap on the unused bytes of that kind's packages besides the root's budget; Ray's http(s)
+download headers (``RAY_RUNTIME_ENV_HTTP_USER_AGENT``, ``RAY_RUNTIME_ENV_BEARER_TOKEN``) and
+their refusals (issue 31)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,14 @@ import json
 import pytest
 
 from agent.core.errors import ConfigError
-from agent.ops.ray_knobs import KIND_GROUPS, cache_size_var, ray_cache_budgets
+from agent.ops.ray_knobs import (
+    KIND_GROUPS,
+    MAX_HEADER_CHARS,
+    RAYS_USER_AGENT,
+    cache_size_var,
+    ray_cache_budgets,
+    ray_http_headers,
+)
 from agent.state.index import KindBudget
 from tests.harness.in_process import running_agent
 from tests.harness.package_server import package_server
@@ -34,6 +43,37 @@ def test_only_the_variables_set_add_a_budget_in_bytes_of_their_kinds() -> None:
 def test_a_cache_size_that_is_no_size_is_refused_naming_the_variable(value: str) -> None:
     with pytest.raises(ConfigError, match="RAY_RUNTIME_ENV_WORKING_DIR_CACHE_SIZE_GB"):
         ray_cache_budgets({"RAY_RUNTIME_ENV_WORKING_DIR_CACHE_SIZE_GB": value})
+
+
+def test_the_download_headers_are_rays_user_agent_and_the_token_only_when_set() -> None:
+    assert RAYS_USER_AGENT == "ray-runtime-env-curl/1.0"
+    assert ray_http_headers({}) == (("User-Agent", RAYS_USER_AGENT),)
+    assert ray_http_headers({"RAY_RUNTIME_ENV_BEARER_TOKEN": ""}) == ray_http_headers({})
+    got = ray_http_headers(
+        {"RAY_RUNTIME_ENV_HTTP_USER_AGENT": "lab/2", "RAY_RUNTIME_ENV_BEARER_TOKEN": "s3cr3t"}
+    )
+    assert got == (("User-Agent", "lab/2"), ("Authorization", "Bearer s3cr3t"))
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("a\r\nX-Injected: 1", "control character"),
+        ("caf\u00e9", "not ASCII"),
+        ("x" * (MAX_HEADER_CHARS + 1), f"the limit is {MAX_HEADER_CHARS}"),
+    ],
+)
+def test_a_header_value_no_header_can_carry_is_refused_naming_the_variable(
+    value: str, why: str
+) -> None:
+    with pytest.raises(ConfigError, match="RAY_RUNTIME_ENV_HTTP_USER_AGENT") as refused:
+        ray_http_headers({"RAY_RUNTIME_ENV_HTTP_USER_AGENT": value})
+    assert why in refused.value.message
+    assert len(refused.value.message) < 400  # the value is echoed truncated
+    with pytest.raises(ConfigError, match="RAY_RUNTIME_ENV_BEARER_TOKEN") as refused:
+        ray_http_headers({"RAY_RUNTIME_ENV_BEARER_TOKEN": "s3cr3t" + value})
+    assert why in refused.value.message
+    assert "s3cr3t" not in refused.value.message  # a token is never echoed
 
 
 async def test_a_kind_budget_of_0_deletes_that_kinds_unused_packages_and_keeps_the_others() -> None:

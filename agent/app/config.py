@@ -65,6 +65,9 @@ class Settings:
     # caps on some kinds' unused bytes besides the root's budget (under Ray: Ray's per-plugin
     # cache sizes, ``agent.ops.ray_knobs``); () = the root's budget only
     kind_budgets: tuple[KindBudget, ...] = ()
+    # sent with every http(s) GET of a package (under Ray: Ray's User-Agent and bearer token,
+    # ``agent.ops.ray_knobs``); () = aiohttp's own User-Agent, no credentials
+    http_headers: tuple[tuple[str, str], ...] = ()
     # under Ray, with the root in Ray's runtime_resources: that folder, whose Ray folders
     # (working_dir_files, py_modules_files, pip...) show the packages (``state.ray_folders``)
     ray_folders: Path | None = None

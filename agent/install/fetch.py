@@ -68,8 +68,10 @@ class Fetcher:
         file_roots: tuple[str, ...] = (),
         gcs: GcsConfig | None = None,
         objects: ObjectStores | None = None,
+        http_headers: Mapping[str, str] | None = None,
     ) -> None:
-        """``objects``: the object stores' clients (default: obstore if it is installed)."""
+        """``objects``: the object stores' clients (default: obstore if it is installed);
+        ``http_headers``: sent with every http(s) GET besides the fetcher's own."""
         if isinstance(transport, aiohttp.ClientSession):
             transport = AiohttpTransport(transport)
         tools = FetchTools(
@@ -87,6 +89,7 @@ class Fetcher:
                     read_timeout_s=limits.read_timeout_s,
                 )
             ),
+            http_headers=dict(http_headers or {}),
         )
         made: dict[Callable[[FetchTools], SchemeFetcher], SchemeFetcher] = {}
         for make in FETCHERS.values():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -137,6 +137,9 @@ class FetchTools:
     file_roots: FileRoots
     gcs: GcsConfig | None  # the Ray node's GCS, if the agent has one
     objects: ObjectStores
+    # sent with every http(s) GET (under Ray: Ray's User-Agent and bearer token,
+    # ``agent.ops.ray_knobs``); a redirect to another origin drops ``Authorization``
+    http_headers: Mapping[str, str] = field(default_factory=dict)
 
 
 class SchemeFetcher(Protocol):

@@ -47,6 +47,7 @@ class HttpFetcher:
         self._transport = tools.transport
         self._limits = tools.limits
         self._retrying = tools.retrying
+        self._headers = dict(tools.http_headers)  # the fetcher's own go on top
 
     def check_origin(self, uri: ParsedUri, label: str) -> None:
         """Any host: what the network lets the agent reach is the bound."""
@@ -79,7 +80,7 @@ class HttpFetcher:
         watch: DownloadWatch | None = None,
     ) -> Fetched:
         limits = self._limits
-        request = Request(url, {"Accept-Encoding": "identity"})
+        request = Request(url, {**self._headers, "Accept-Encoding": "identity"})
         policy = Policy(limits.connect_timeout_s, limits.read_timeout_s, limits.max_redirects)
         try:
             async with self._transport.open(request, policy) as resp:
@@ -121,7 +122,8 @@ class HttpFetcher:
         to at most ``end - start`` bytes, whatever it declares."""
         limits = self._limits
         want = end - start
-        headers = {"Accept-Encoding": "identity", "Range": f"bytes={start}-{end - 1}"}
+        headers = {**self._headers, "Accept-Encoding": "identity"}
+        headers["Range"] = f"bytes={start}-{end - 1}"
         headers.update(validator)
         policy = Policy(limits.connect_timeout_s, limits.read_timeout_s, limits.max_redirects)
         try:

@@ -7,7 +7,9 @@ asks for, byte for byte as sent (no content decoding). The stream is closed when
 ``Transport.open`` returns is left, read to its end or not (an error, a cancelled install).
 
 A transport follows redirects itself (at most ``Policy.max_redirects`` answers, only to http and
-https URLs with a valid host) and reports every failure as a ``TransportError`` of one
+https URLs with a valid host; a redirect to another origin, scheme, host or port, drops the
+request's ``Authorization`` header, as aiohttp does: a credential goes only where it was sent)
+and reports every failure as a ``TransportError`` of one
 ``Failure`` kind; the fetcher decides what each kind means (final or worth another try) and
 words the message. No foreign exception leaves a transport.
 
@@ -296,7 +298,10 @@ class MockTransport:
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise TransportError(Failure.BAD_REDIRECT, url)
-            request = Request(url, request.headers, request.method)
+            headers = request.headers
+            if _origin(url) != _origin(request.url):
+                headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+            request = Request(url, headers, request.method)
 
     async def _call(self, request: Request, policy: Policy) -> Response:
         self.requests.append(request)
@@ -402,3 +407,13 @@ def _read_timeout() -> TransportError:
     return TransportError(
         Failure.CONNECTION, "Timeout on reading data from socket", name="ServerTimeoutError"
     )
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """A URL's origin (scheme, host, port), the default port spelled out."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or _DEFAULT_PORTS.get(scheme)

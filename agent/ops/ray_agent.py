@@ -62,7 +62,7 @@ from agent.core.errors import ConfigError, echo
 from agent.install.gcs_source import GcsConfig
 from agent.ops import logs, options
 from agent.ops.ray_flags import RayFlags, has_token_auth, parse_flags
-from agent.ops.ray_knobs import ray_cache_budgets
+from agent.ops.ray_knobs import ray_cache_budgets, ray_http_headers
 from agent.ops.ray_token import ray_token, read_token_file
 from agent.ops.startup import MAX_UNIX_PATH_BYTES
 
@@ -170,7 +170,7 @@ def settings_for(
     address = settings.address or grpc_address(settings.root, flags.temp_dir, flags.node_key)
     settings = replace(
         settings, address=address, allow_remote=True, parent_pid=parent_pid(getppid), ray=ray,
-        kind_budgets=ray_cache_budgets(environ),
+        kind_budgets=ray_cache_budgets(environ), http_headers=ray_http_headers(environ),
         ray_folders=flags.runtime_env_dir if root == default_root(flags.runtime_env_dir) else None,
     )  # fmt: skip
     if flags.logging_level:

@@ -1,11 +1,17 @@
-"""Ray's per-kind cache sizes, as this agent honours them under Ray.
+"""Ray's per-kind cache sizes and http(s) download headers, as this agent honours them under Ray.
 
 Ray's agent keeps one URI cache per plugin, sized by ``RAY_RUNTIME_ENV_<NAME>_CACHE_SIZE_GB``
 (10 when unset; ``plugin.py``'s ``create_uri_cache_for_plugin``): an unused URI of that plugin
 is deleted once the plugin's cache is over its size. This agent keeps one budget for the whole
 root (``--cache-budget``); a Ray variable that is SET adds a cap on the unused bytes of the
 packages its plugin makes (``KIND_GROUPS``), enforced by the same passes (``index.sweep``). An
-unset one adds nothing (the root's budget stays the default). Pure.
+unset one adds nothing (the root's budget stays the default).
+
+Ray's agent downloads http(s) packages with a ``User-Agent`` of
+``RAY_RUNTIME_ENV_HTTP_USER_AGENT`` (``ray-runtime-env-curl/1.0`` when unset) and, when
+``RAY_RUNTIME_ENV_BEARER_TOKEN`` is set, ``Authorization: Bearer <token>`` (``protocol.py``'s
+``_http_headers``); so does this one under Ray, except that a redirect to another origin drops
+the token (``agent.install.transport``), where Ray's sends it to every host. Pure.
 """
 
 from __future__ import annotations
@@ -51,3 +57,36 @@ def ray_cache_budgets(environ: Mapping[str, str]) -> tuple[KindBudget, ...]:
             raise ConfigError(f"{var}={echo(text)} is not a size in GiB (a number, 0 or more)")
         budgets.append(KindBudget(var, frozenset(k.value for k in kinds), int(gib * _GIB)))
     return tuple(budgets)
+
+
+USER_AGENT_VAR = "RAY_RUNTIME_ENV_HTTP_USER_AGENT"
+BEARER_TOKEN_VAR = "RAY_RUNTIME_ENV_BEARER_TOKEN"
+RAYS_USER_AGENT = "ray-runtime-env-curl/1.0"  # Ray's when the variable is unset
+MAX_HEADER_CHARS = 8192  # a header value, as most servers take at most
+
+
+def ray_http_headers(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The headers Ray's agent sends with an http(s) download, from the environment
+    (``ConfigError`` naming a variable whose value no header can carry; a token is never
+    echoed)."""
+    agent = environ.get(USER_AGENT_VAR, RAYS_USER_AGENT)
+    if problem := _header_problem(agent):
+        raise ConfigError(f"{USER_AGENT_VAR}={echo(agent)} {problem}")
+    headers = [("User-Agent", agent)]
+    token = environ.get(BEARER_TOKEN_VAR)
+    if token:
+        if problem := _header_problem(token):
+            raise ConfigError(f"{BEARER_TOKEN_VAR} (not shown) {problem}")
+        headers.append(("Authorization", f"Bearer {token}"))
+    return tuple(headers)
+
+
+def _header_problem(value: str) -> str | None:
+    """Why ``value`` cannot be an HTTP header's value, or None."""
+    if len(value) > MAX_HEADER_CHARS:
+        return f"is {len(value)} characters; the limit is {MAX_HEADER_CHARS}"
+    if any((ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F for c in value):
+        return "has a control character (a line break?): no HTTP header can carry it"
+    if not value.isascii():
+        return "is not ASCII: an HTTP header carries ASCII"
+    return None

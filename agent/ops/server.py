@@ -185,6 +185,7 @@ class Agent:
                 file_roots=settings.allow_file_roots,
                 gcs=GcsConfig(ray.gcs_address, ray.cluster_id_hex, ray.token)
                 if ray is not None and ray.gcs_address else None,
+                http_headers=dict(settings.http_headers),
             )  # fmt: skip
             uv = await asyncio.to_thread(find_uv)
             wheel_cache = WheelCache(root, uv)

@@ -44,6 +44,7 @@ FILES: dict[str, str] = {
     "test_errors.py": "unit",
     "test_fate.py": "process",
     "test_fetch.py": "sockets",
+    "test_fetch_headers.py": "sockets",
     "test_gc_pause.py": "process",
     "test_gcs_fetch.py": "sockets",
     "test_gcs_uri.py": "unit",
