@@ -77,6 +77,32 @@ def test_a_bad_setting_at_the_agents_start_is_left_once_in_the_err_file_and_in_t
     assert _text(logs / "runtime_env_agent.log").endswith(f" ERROR {err}")
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("RAY_RUNTIME_ENV_PLUGINS", '[{"class": "no_such_module.Plugin"}]',
+         "RAY_RUNTIME_ENV_PLUGINS: cannot import 'no_such_module.Plugin'"),
+        ("RAY_RUNTIME_ENV_BEARER_TOKEN", "s3cr3t\nX-Injected: 1",
+         "RAY_RUNTIME_ENV_BEARER_TOKEN (not shown) has a control character"),
+        ("RAY_RUNTIME_ENV_WORKING_DIR_CACHE_SIZE_GB", "lots",
+         "RAY_RUNTIME_ENV_WORKING_DIR_CACHE_SIZE_GB='lots' is not a size in GiB"),
+    ],
+)  # fmt: skip
+def test_a_ray_variable_the_agent_cannot_honour_stops_its_start_saying_so_in_the_err_file(
+    variable: str, value: str, said: str, base: Path
+) -> None:
+    """A plugin that cannot be loaded, a token no header can carry, a cache size that is no
+    size: exit 2, the one line in ``runtime_env_agent.err`` and the log (a token never)."""
+    done = _agent(_ray_2_51_flags(base), **{variable: value})
+    assert done.returncode == 2, done.stderr
+    logs = base / "session_1" / "logs"
+    err = _text(logs / "runtime_env_agent.err")
+    assert said in err, err
+    assert err.count("\n") == 1, err
+    assert _text(logs / "runtime_env_agent.log").endswith(f" ERROR {err}")
+    assert "s3cr3t" not in err + _text(logs / "runtime_env_agent.log")
+
+
 # The launcher with the installed Ray made to say another version, and Ray's CLI replaced by a
 # stand-in that only says it ran: no node is ever started by this test.
 _LAUNCHER = """
