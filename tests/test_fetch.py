@@ -28,7 +28,7 @@ from agent.install import landing as landing_module
 from agent.install.fetch import FETCHERS, Fetcher
 from agent.install.fetch_base import FetchLimits
 from agent.install.transport import AiohttpTransport, MockTransport, Policy, Request, Response
-from tests.harness.package_server import package_server
+from tests.harness.package_server import package_server, route_server
 from tests.harness.packages import make_zip
 from tests.harness.polling import wait_until
 
@@ -115,19 +115,9 @@ async def test_a_body_sent_a_few_bytes_at_a_time_is_written_whole_in_bounded_wri
         await response.write_eof()
         return response
 
-    app = web.Application()
-    app.router.add_get("/p.zip", trickle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        port = runner.addresses[0][1]
+    async with route_server(trickle, "/p.zip") as base:
         digest = hashlib.sha256(body).hexdigest()
-        url = f"http://127.0.0.1:{port}/p.zip#sha256={digest}"
-        assert await fetch(url, tmp_path / "out") == len(body)
-    finally:
-        await runner.cleanup()
+        assert await fetch(f"{base}/p.zip#sha256={digest}", tmp_path / "out") == len(body)
     assert (tmp_path / "out").read_bytes() == body
     assert max(calls) == 8, calls  # pieces gathered, up to the cap and no further
     assert len(calls) >= len(body) // 250  # each call took 250 bytes at most: all were finished

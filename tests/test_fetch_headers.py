@@ -6,8 +6,7 @@ where it was sent."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -19,6 +18,7 @@ from agent.install.fetch_base import FetchLimits
 from agent.install.transport import MockTransport, Request, Response
 from agent.ops.ray_knobs import RAYS_USER_AGENT, ray_http_headers
 from tests.harness.in_process import running_agent
+from tests.harness.package_server import Route, route_server
 from tests.harness.packages import make_zip
 
 BODY = make_zip({"proj/main.py": "print('hi')\n" * 50})
@@ -27,26 +27,9 @@ TOKEN = "t0ken-of-the-test"
 HEADERS = dict(ray_http_headers({"RAY_RUNTIME_ENV_BEARER_TOKEN": TOKEN}))
 
 Seen = list[tuple[str, dict[str, str]]]
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-@asynccontextmanager
-async def _server(route: Handler) -> AsyncIterator[str]:
-    """An aiohttp server on 127.0.0.1 answering every GET with ``route``; yields its base URL."""
-    app = web.Application()
-    app.router.add_get("/{name:.*}", route)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        (sock,) = [s for s in site._server.sockets]  # type: ignore[union-attr]
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        await runner.cleanup()
-
-
-def _recording(seen: Seen, answer: Callable[[web.Request], web.StreamResponse]) -> Handler:
+def _recording(seen: Seen, answer: Callable[[web.Request], web.StreamResponse]) -> Route:
     """``answer``, noting each request's path and headers in ``seen``."""
 
     async def route(request: web.Request) -> web.StreamResponse:
@@ -64,7 +47,7 @@ async def _fetch(url: str, dest: Path) -> int:
 
 async def test_a_get_carries_rays_user_agent_and_the_bearer_token(tmp_path: Path) -> None:
     seen: Seen = []
-    async with _server(_recording(seen, lambda _: web.Response(body=BODY))) as base:
+    async with route_server(_recording(seen, lambda _: web.Response(body=BODY))) as base:
         assert await _fetch(f"{base}/p.zip", tmp_path / "out") == len(BODY)
     ((path, headers),) = seen
     assert path == "/p.zip"
@@ -81,7 +64,7 @@ async def test_a_redirect_to_the_same_origin_keeps_the_token(tmp_path: Path) -> 
             raise web.HTTPFound("/moved/p.zip")
         return web.Response(body=BODY)
 
-    async with _server(_recording(seen, answer)) as base:
+    async with route_server(_recording(seen, answer)) as base:
         assert await _fetch(f"{base}/p.zip", tmp_path / "out") == len(BODY)
     assert [path for path, _ in seen] == ["/p.zip", "/moved/p.zip"]
     assert all(h["Authorization"] == f"Bearer {TOKEN}" for _, h in seen)
@@ -92,12 +75,12 @@ async def test_a_redirect_to_another_origin_drops_the_token_and_keeps_the_user_a
 ) -> None:
     first: Seen = []
     other: Seen = []
-    async with _server(_recording(other, lambda _: web.Response(body=BODY))) as elsewhere:
+    async with route_server(_recording(other, lambda _: web.Response(body=BODY))) as elsewhere:
 
         def answer(request: web.Request) -> web.StreamResponse:
             raise web.HTTPFound(f"{elsewhere}/p.zip")
 
-        async with _server(_recording(first, answer)) as base:
+        async with route_server(_recording(first, answer)) as base:
             assert await _fetch(f"{base}/p.zip", tmp_path / "out") == len(BODY)
     ((_, sent_first),) = first
     ((_, sent_other),) = other
@@ -139,7 +122,7 @@ async def test_an_agent_sends_its_settings_headers_with_a_packages_download() ->
     """The agent's ``http_headers`` (set from Ray's variables under Ray) reach its fetcher."""
     seen: Seen = []
     got = _recording(seen, lambda _: web.Response(body=BODY))
-    async with _server(got) as base, running_agent(http_headers=tuple(HEADERS.items())) as a:
+    async with route_server(got) as base, running_agent(http_headers=tuple(HEADERS.items())) as a:
         reply = await a.create(json.dumps({"working_dir": f"{base}/wd.zip"}))
         assert reply.context.cwd
     ((_, headers),) = seen

@@ -111,6 +111,34 @@ async def test_a_wheel_pip_cannot_install_fails_with_pips_own_words(
         a.service.check_invariants()
 
 
+def _python_without_pip(venv: Path) -> str:
+    """A venv's python made without pip (set up before the agent's loop runs)."""
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
+    )
+    python = str(venv / "bin" / "python")
+    probe = subprocess.run(
+        [python, "-c", "import pip"], capture_output=True, timeout=60, check=False
+    )
+    assert probe.returncode != 0, "the node's python has no pip"
+    return python
+
+
+async def test_a_node_python_without_pip_has_its_wheel_installed_by_uv(tmp_path: Path) -> None:
+    """A node's python made without pip (as uv makes venvs): uv installs the wheel for it,
+    where ``python -m pip`` would fail with "No module named pip" (Ray's agent runs whatever
+    pip is on its PATH)."""
+    python = _python_without_pip(tmp_path / "bare")
+    name, wheel = _wheel(tmp_path, "uvwheelmod", "by uv")
+    async with package_server() as pkgs, running_agent(py_executable=python) as a:
+        url = pkgs.add(name, wheel)
+        reply = await a.create(json.dumps({"py_modules": [url]}))
+        path = reply.context.env_vars["PYTHONPATH"]
+        assert _import_value(path, "uvwheelmod") == "by uv"
+        logs = list((a.root / "logs").glob("py_modules_wheel-*.log"))
+        assert any("No module named" in log.read_text() for log in logs), "pip asked first"
+
+
 async def test_rays_door_drops_a_remote_py_modules_zips_top_folder_as_ray_does(
     tmp_path: Path,
 ) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.disk import rays_size
 from tests.harness.packages import module_zip, workdir_zip
 from tests.harness.ray_nodes import Driver, RayNode, poll, ray_nodes, wait_counts_zero
 
@@ -57,7 +58,8 @@ def test_rays_folders_show_the_packages_in_use_and_are_empty_once_released(
     tmp_path: Path,
 ) -> None:
     wd = tmp_path / "wd.zip"
-    wd.write_bytes(workdir_zip({"data.txt": "folders"}))
+    filler = "0123456789abcdef" * 16384  # 256 KiB
+    wd.write_bytes(workdir_zip({"data.txt": "folders", "filler.txt": filler}))
     mod = tmp_path / "mod.zip"
     mod.write_bytes(module_zip("foldermod", "one", top="wrap"))  # Ray drops the top folder
     env = {"working_dir": wd.as_uri(), "py_modules": [mod.as_uri()]}
@@ -77,6 +79,10 @@ def test_rays_folders_show_the_packages_in_use_and_are_empty_once_released(
                 return seen if full else None
 
             poll(in_use, GC_S, "the packages in working_dir_files and py_modules_files")
+            # Ray's cache tests add up these folders' files, symlinks skipped: the package's
+            # bytes are counted there, as on Ray's agent
+            counted = rays_size(node.session_dir / "runtime_resources" / "working_dir_files")
+            assert len(filler) <= counted < 2 * len(filler), counted
             if DASHBOARD:
                 listed = _ray_list(node)
                 assert any(

@@ -6,6 +6,7 @@ their refusals (issue 31)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -94,4 +95,31 @@ async def test_a_kind_budget_of_0_deletes_that_kinds_unused_packages_and_keeps_t
             return await kinds() == {"py_modules"}
 
         await wait_until(only_modules_left, timeout_s=10.0, what="the unused working_dir evicted")
+        a.service.check_invariants()
+
+
+async def test_a_kind_budget_counts_what_is_in_use_as_rays_uri_cache_does() -> None:
+    """Ray's TestGC::test_hit_cache_size_limit: an unused 800 kB working dir fits a 1 MB cap
+    alone; once a 400 kB one is in use, the kind holds 1.2 MB and the unused one goes. What is
+    in use is never evicted, even over the cap."""
+    cap = KindBudget("RAY_RUNTIME_ENV_WORKING_DIR_CACHE_SIZE_GB", frozenset({"working_dir"}), 10**6)
+    async with package_server() as pkgs, running_agent(kind_budgets=(cap,)) as a:
+        big = pkgs.add("big.zip", make_zip({"app/big.bin": os.urandom(800_000)}))
+        small = pkgs.add("small.zip", make_zip({"app/small.bin": os.urandom(400_000)}))
+
+        async def cached() -> set[str]:
+            return {u.uri for u in (await a.info()).uris}
+
+        first = await a.create(json.dumps({"working_dir": big}))
+        await a.delete(first.runtime_env_id)
+        await a.service.store.enforce_budget()
+        assert await cached() == {big}, "alone, the unused one fits the cap"
+        second = await a.create(json.dumps({"working_dir": small}))
+        await a.service.store.enforce_budget()
+        assert await cached() == {small}, "with the used one counted, the unused one went"
+        again = await a.create(json.dumps({"working_dir": big}))  # both in use: 1.2 MB
+        await a.service.store.enforce_budget()
+        assert await cached() == {big, small}, "what is in use stays, over the cap"
+        for reply in (second, again):
+            await a.delete(reply.runtime_env_id)
         a.service.check_invariants()

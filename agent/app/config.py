@@ -62,7 +62,7 @@ class Settings:
     archive: ArchiveLimits = field(default_factory=ArchiveLimits)
     fetch: FetchLimits = field(default_factory=FetchLimits)
     ray: RaySettings | None = None  # the Ray door; None = gRPC only
-    # caps on some kinds' unused bytes besides the root's budget (under Ray: Ray's per-plugin
+    # caps on some kinds' bytes, used or not, besides the root's budget (under Ray: Ray's per-plugin
     # cache sizes, ``agent.ops.ray_knobs``); () = the root's budget only
     kind_budgets: tuple[KindBudget, ...] = ()
     # sent with every http(s) GET of a package (under Ray: Ray's User-Agent and bearer token,

@@ -64,8 +64,10 @@ RowKey = tuple[str, str]  # (kind, uri)
 
 @dataclass(frozen=True)
 class KindBudget:
-    """A cap on the unused bytes of some kinds of packages, kept besides the root's budget
-    (Ray's per-plugin cache sizes: ``RAY_RUNTIME_ENV_<NAME>_CACHE_SIZE_GB``)."""
+    """A cap on the bytes of some kinds of packages, used or not, kept besides the root's
+    budget by evicting their unused ones (Ray's per-plugin cache sizes,
+    ``RAY_RUNTIME_ENV_<NAME>_CACHE_SIZE_GB``, as Ray's URI cache counts them: what is in use
+    counts, and is never evicted)."""
 
     name: str  # what sets it, for messages
     kinds: frozenset[str]
@@ -271,7 +273,7 @@ def sweep(
     the log read from ``since``. ``may_evict``: asked before each eviction; a package it
     refuses (its holder took it again meanwhile) is kept, and counted used. ``kind_budgets``:
     then, for each, the unused packages of its kinds evicted, least recently used first, until
-    theirs fit it too."""
+    its kinds' ready bytes, used or not, fit it too (or none of them is unused)."""
     reaped = reap_dead(conn, root, me, trash, reaped if reaped is not None else Reaped())
     ready_bytes, unused = conn.execute(schema.READY_AND_UNUSED_BYTES, (me,)).fetchone()
     evicted: list[Evicted] = []
@@ -285,9 +287,9 @@ def sweep(
     ready_bytes, unused = ready_bytes - freed, unused - kept_bytes - freed
     for group in kind_budgets:
         kinds = sorted(group.kinds)
-        (of_group,) = conn.execute(schema.unused_bytes_of(len(kinds)), (me, *kinds)).fetchone()
+        (of_group,) = conn.execute(schema.ready_bytes_of(len(kinds)), kinds).fetchone()
         freed, kept_bytes = evicting.lru(
-            schema.unused_page_of(len(kinds)), (me, *kinds), _over(group.budget_bytes), of_group
+            schema.unused_page_of(len(kinds)), (me, *kinds), _over(group.budget_bytes, of_group), 0
         )
         ready_bytes, unused = ready_bytes - freed, unused - kept_bytes - freed
     full, changes, gen = _changes_since(conn, since)
@@ -334,9 +336,9 @@ class _Evicting:
         return freed, kept_bytes
 
 
-def _over(budget: int) -> Callable[[int, int], bool]:
-    """A kind budget's test: its unused bytes, less those freed, still over it."""
-    return lambda unused, freed: unused - freed > budget
+def _over(budget: int, ready: int) -> Callable[[int, int], bool]:
+    """A kind budget's test: its kinds' ``ready`` bytes, less those freed, still over it."""
+    return lambda _unused, freed: ready - freed > budget
 
 
 def plan_target(unused: int, budget: int, needed: int) -> int:

@@ -204,13 +204,12 @@ UNUSED_PAGE = (
 )
 
 
-def unused_bytes_of(kinds: int) -> str:
-    """The unused bytes of the packages of ``kinds`` kinds (a kind budget's group); "?": the
-    holder id, then each kind."""
+def ready_bytes_of(kinds: int) -> str:
+    """The bytes of the ready packages of ``kinds`` kinds, used or not (a kind budget's
+    group, as Ray's URI cache counts its size); "?": each kind."""
     marks = ", ".join("?" * kinds)
     return (
-        f"SELECT coalesce(sum(size), 0) FROM uris u WHERE u.state = 'ready' AND {_UNREFERENCED}"
-        f" AND u.kind IN ({marks})"
+        f"SELECT coalesce(sum(size), 0) FROM uris u WHERE u.state = 'ready' AND u.kind IN ({marks})"
     )
 
 

@@ -434,8 +434,10 @@ class UriStore:
         await self.pass_loop.caught_up(timeout_s)
 
     def mirror_into(self, base: Path) -> None:
-        """From now on, after each pass, ``base`` (Ray's ``runtime_resources``) holds a link to
-        each ready package in its kind's Ray folder (``ray_folders``), and no other link."""
+        """From now on, after each pass, ``base`` (Ray's ``runtime_resources``) shows each ready
+        package in its kind's Ray folder (``ray_folders``: a tree of hard links, or a link for
+        a venv), and no package of this agent's that is not ready."""
+        folders = ray_folders.Mirror(base)
 
         async def mirror() -> None:
             ready = [
@@ -443,7 +445,7 @@ class UriStore:
                 for key, entry in self._entries.items()
                 if entry.state is UriState.READY
             ]
-            await asyncio.to_thread(ray_folders.sync, base, ray_folders.plan(ready))
+            await asyncio.to_thread(folders.sync, ray_folders.plan(ready))
 
         self.pass_loop.after_pass = mirror
         self.pass_loop.ask()  # Ray's folders made at once, even empty

@@ -1,5 +1,5 @@
 """Disk space under test: a small tmpfs, the free bytes on it, a floor, zips of incompressible
-data."""
+data, a folder's bytes as Ray's tools count them."""
 
 from __future__ import annotations
 
@@ -56,3 +56,15 @@ def noise_zip(size: int) -> bytes:
 
 def floor(bytes_: int) -> DiskFloor:
     return DiskFloor(bytes_=bytes_, percent=None)
+
+
+def rays_size(path: Path) -> int:
+    """A folder's bytes as Ray's ``get_directory_size_bytes`` adds them up (files; symlinks
+    and .pyc skipped): what Ray's cache tests measure in its folders."""
+    total = 0
+    for top, _, files in os.walk(path):
+        for name in files:
+            file = os.path.join(top, name)
+            if not os.path.islink(file) and not name.endswith(".pyc"):
+                total += os.path.getsize(file)
+    return total

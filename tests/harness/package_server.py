@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -148,3 +148,22 @@ async def package_server() -> AsyncIterator[PackageServer]:
         yield server
     finally:
         await server.stop()
+
+
+Route = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@asynccontextmanager
+async def route_server(route: Route, path: str = "/{name:.*}") -> AsyncIterator[str]:
+    """An aiohttp server on 127.0.0.1 answering GETs of ``path`` with ``route``; yields its
+    base URL (``http://127.0.0.1:<port>``)."""
+    app = web.Application()
+    app.router.add_get(path, route)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()

@@ -9,6 +9,13 @@ as Ray's does, into the package's folder (``--isolated``: no pip.conf nor ``PIP_
 agent's; its output in the installers' log, its last lines in the error when it fails; killed
 with the install when the setup times out); the wheel file is then removed. The folder is
 hardened and measured in a thread, and it is counted, cached and evicted as every package.
+
+A node's python with no pip (a venv made by uv, or with ``--without-pip``) is common where Ray
+runs from a uv project; Ray's agent runs whatever ``pip`` is first on its PATH, which may belong
+to another python. Here, when uv is at hand and the node's python cannot ``import pip`` (asked
+once), uv installs the wheel for that python instead (``uv pip install --python <it>
+--no-config --link-mode copy --target``: no uv.toml of the agent's, no file shared with uv's
+cache, whose modes hardening would change).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import os
 import uuid
 from pathlib import Path
 
+from agent.core.errors import InstallerFailed
 from agent.core.packages import Package
 from agent.core.uris import ParsedUri, wheel_name
 from agent.install.disk import du
@@ -32,14 +40,16 @@ _TARGET = "modules"  # in the staging folder: the package's folder, pip's --targ
 
 
 class PyWheelInstaller:
-    def __init__(self, fetcher: Fetcher, python: str, logs: Path) -> None:
+    def __init__(self, fetcher: Fetcher, python: str, logs: Path, uv: str | None = None) -> None:
         self._fetcher = fetcher
         self._python = python  # the node's python: its pip installs the wheel
         self._logs = logs
+        self._uv = uv  # installs the wheel instead where the node's python has no pip
+        self._has_pip: bool | None = None  # whether the node's python has pip (asked once)
 
     @classmethod
     def of(cls, tools: InstallTools) -> PyWheelInstaller:
-        return cls(tools.fetcher, tools.python, tools.logs)
+        return cls(tools.fetcher, tools.python, tools.logs, tools.uv)
 
     def check(self, package: Package, label: str) -> None:
         """Today's allowed roots, even for a package cached before they were set."""
@@ -58,17 +68,34 @@ class PyWheelInstaller:
         job.downloaded(fetched)
         target = job.staging / _TARGET
         log_path = self._logs / f"{job.final.name}-{uuid.uuid4().hex[:8]}.log"
-        await run_installer(
-            [
+        if self._uv is not None and not await self._pip_here(log_path, job):
+            install = [
+                self._uv, "pip", "install", "--python", self._python, "--no-config",
+                "--link-mode", "copy", f"--target={target}", str(wheel),
+            ]  # fmt: skip
+        else:
+            install = [
                 self._python, "-m", "pip", "--isolated", "install", "--disable-pip-version-check",
                 "--no-input", f"--target={target}", str(wheel),
-            ],
-            log_path, job.label, job.staging,
-        )  # fmt: skip
+            ]  # fmt: skip
+        await run_installer(install, log_path, job.label, job.staging)
         job.unpacked()
         finish = asyncio.to_thread(_finish, wheel, target, job.label)
         size = await through(asyncio.ensure_future(finish))
         return Installed(target, size)
+
+    async def _pip_here(self, log_path: Path, job: InstallJob) -> bool:
+        """Whether the node's python can ``import pip`` (asked once, its answer in the log)."""
+        if self._has_pip is None:
+            try:
+                await run_installer(
+                    [self._python, "-c", "import pip"], log_path, job.label, job.staging
+                )
+            except InstallerFailed:
+                self._has_pip = False
+            else:
+                self._has_pip = True
+        return self._has_pip
 
 
 def _create_private(path: Path) -> None:
