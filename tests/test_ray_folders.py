@@ -20,7 +20,14 @@ import pytest
 
 from tests.harness.disk import rays_size
 from tests.harness.packages import module_zip, workdir_zip
-from tests.harness.ray_nodes import Driver, RayNode, poll, ray_nodes, wait_counts_zero
+from tests.harness.ray_nodes import (
+    Driver,
+    RayNode,
+    poll,
+    ray_nodes,
+    wait_counts_zero,
+    wait_listening,
+)
 
 pytestmark = pytest.mark.timeout(300)
 DASHBOARD = importlib.util.find_spec("aiohttp_cors") is not None  # ray[default]: the state API
@@ -119,7 +126,9 @@ def test_a_ray_client_job_runs_in_its_env_with_cache_sizes_0_and_lets_it_go_at_i
         "GRPC_ENABLE_FORK_SUPPORT": "0",
     }
     with ray_nodes(1, env=sizes) as (node,):
-        client = f"ray://{node.ip}:{node.ports['ray-client-server-port']}"
+        port = node.ports["ray-client-server-port"]
+        wait_listening(port, GC_S, "Ray Client's server")  # CI timed out connecting before it
+        client = f"ray://{node.ip}:{port}"
         args = {"ray_client": client, "job_env": {"working_dir": wd.as_uri()}}
         driver = Driver(node, "job", {**args, "spec": {"files": ["data.txt"]}})
         try:

@@ -199,6 +199,12 @@ def _listening_inodes(port: int) -> set[str]:
     return inodes
 
 
+def wait_listening(port: int, timeout_s: float, what: str) -> None:
+    """Until something listens on TCP ``port`` (a node's server that starts after ``ray start``
+    returns, such as Ray Client's: on a loaded machine a client may time out before it)."""
+    poll(lambda: True if _listening_inodes(port) else None, timeout_s, what)
+
+
 def listener(port: int, among: list[int]) -> int | None:
     """The process among ``among`` that listens on TCP ``port``."""
     inodes = {f"socket:[{i}]" for i in _listening_inodes(port)}
