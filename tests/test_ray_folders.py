@@ -125,7 +125,13 @@ def test_a_ray_client_job_runs_in_its_env_with_cache_sizes_0_and_lets_it_go_at_i
         # next_worker->state == KICKED", whichever agent): 8 of 8 passed with them off
         "GRPC_ENABLE_FORK_SUPPORT": "0",
     }
-    with ray_nodes(1, env=sizes) as (node,):
+    # Ray starts its client proxy as `bash -c "exec <python> ..."`, the python unquoted: from a
+    # venv whose path has a space (CI's clone) the proxy never starts, whichever agent; the node
+    # runs from a link to this venv with a path of no space
+    alias = tmp_path / "venv"  # the session's temp dir: no space in CI's path to it
+    alias.symlink_to(sys.prefix, target_is_directory=True)
+    python = str(alias / Path(sys.executable).relative_to(sys.prefix))
+    with ray_nodes(1, env=sizes, python=python) as (node,):
         port = node.ports["ray-client-server-port"]
         wait_listening(port, GC_S, "Ray Client's server")  # CI timed out connecting before it
         client = f"ray://{node.ip}:{port}"

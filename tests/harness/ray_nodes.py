@@ -89,10 +89,10 @@ STOP_S = 20.0  # a node's processes to be gone after SIGKILL
 AGENT_MARK = " -m agent ray-agent " if OURS else "ray::RuntimeEnvAgent"
 
 
-def _ray_cli() -> list[str]:
+def _ray_cli(python: str | None = None) -> list[str]:
     if OURS:
-        return [sys.executable, "-m", "agent", "ray"]
-    return [sys.executable, "-m", "ray.scripts.scripts"]
+        return [python or sys.executable, "-m", "agent", "ray"]
+    return [python or sys.executable, "-m", "ray.scripts.scripts"]
 
 
 def poll(probe: Callable[[], T | None], timeout_s: float, what: str, every_s: float = 0.1) -> T:
@@ -311,11 +311,12 @@ def start_node(
     env: dict[str, str] | None = None,
     token: str | None = None,
     dashboard: bool = False,
+    python: str | None = None,
 ) -> RayNode:
     """Start a head node (``head`` None) or a worker node joining ``head``; return once its
     agent has written its port file. With ``token``, Ray's token auth is on for the node; with
     ``dashboard`` (a head), Ray's dashboard and job server run, on ``ports["dashboard-port"]``
-    (they need ``ray[default]``).
+    (they need ``ray[default]``); ``python`` runs ``ray start`` (default: this process's).
     A worker node needs an ``ip`` of its own (127.0.0.3...)."""
     temp_dir = Path(tempfile.mkdtemp(prefix="r-e2e-", dir="/tmp"))
     (temp_dir / "tmp").mkdir()
@@ -343,7 +344,7 @@ def start_node(
     ]  # fmt: skip
     with (temp_dir / "start.log").open("wb") as log:
         proc = subprocess.Popen(
-            [*_ray_cli(), *args], env=node_env, cwd=temp_dir, stdin=subprocess.DEVNULL,
+            [*_ray_cli(python), *args], env=node_env, cwd=temp_dir, stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     node = RayNode(temp_dir, head is None, ip, gcs, ports, node_env, proc.pid, token=token)
