@@ -17,9 +17,15 @@ from tests.harness.tempdirs import short_tempdir
 
 # Each session gets a private temp dir that must be empty at its end (tests/harness/tmpguard.py);
 # no garbage collection runs inside an AST parse (it crashed pytest on 3.11.7:
-# tests/harness/gc_pause.py); every test has one tier, each tier's time is said at the end
-# (tests/harness/tiers.py).
-pytest_plugins = ["tests.harness.tmpguard", "tests.harness.gc_pause", "tests.harness.tiers"]
+# tests/harness/gc_pause.py); on uvloop, children start without uvloop's fork (grpc's after-fork
+# handlers crashed some: tests/harness/child_spawn.py); every test has one tier, each tier's time
+# is said at the end (tests/harness/tiers.py).
+pytest_plugins = [
+    "tests.harness.tmpguard",
+    "tests.harness.gc_pause",
+    "tests.harness.child_spawn",
+    "tests.harness.tiers",
+]
 
 
 @pytest.fixture

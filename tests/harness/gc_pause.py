@@ -12,23 +12,15 @@ it stops with an INTERNALERROR, that failure never reported and the tests after 
 
 With the collector paused while a parse runs, no finalizer runs inside one (nor can another
 thread's parse, as this one keeps the GIL); what became garbage is collected afterwards.
-
-Nor while the loop starts a process (``asyncio.create_subprocess_exec`` and ``_shell``): uvloop
-forks, and runs Python in the child before its exec (``threading._after_fork``); a collection
-there can finalize a grpc object of the test process, whose finalizer joins a thread the child
-does not have and spins for ever (seen in CI's uvloop pass: a child of pytest at 100% CPU in
-``Thread.join`` under ``UVProcess__after_fork``). The collector's state is the parent's at the
-fork: paused across the start, the child runs no collection before it execs.
 """
 
 from __future__ import annotations
 
 import ast
-import asyncio
 import functools
 import gc
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
 import pytest
@@ -72,41 +64,17 @@ def paused(parse: Callable[P, R]) -> Callable[P, R]:
     return run
 
 
-def paused_start(start: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-    """The loop's ``start`` of a process, with the collector paused until it returns."""
-
-    @functools.wraps(start)
-    async def run(*args: P.args, **kwargs: P.kwargs) -> R:
-        _pause()
-        try:
-            return await start(*args, **kwargs)
-        finally:
-            _resume_after()
-
-    return run
-
-
 _ORIGINAL = ast.parse
 _PAUSED = paused(ast.parse)
-_STARTS = {
-    name: (getattr(asyncio, name), paused_start(getattr(asyncio, name)))
-    for name in ("create_subprocess_exec", "create_subprocess_shell")
-}
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     if ast.parse is _ORIGINAL:
         ast.parse = _PAUSED
-    for name, (original, wrapped) in _STARTS.items():
-        if getattr(asyncio, name) is original:
-            setattr(asyncio, name, wrapped)
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
     if ast.parse is _PAUSED:
         ast.parse = _ORIGINAL
-    for name, (original, wrapped) in _STARTS.items():
-        if getattr(asyncio, name) is wrapped:
-            setattr(asyncio, name, original)

@@ -46,6 +46,7 @@ FILES: dict[str, str] = {
     "test_fetch.py": "sockets",
     "test_fetch_headers.py": "sockets",
     "test_gc_pause.py": "process",
+    "test_child_spawn.py": "process",
     "test_gcs_fetch.py": "sockets",
     "test_gcs_uri.py": "unit",
     "test_harness_imports.py": "unit",
