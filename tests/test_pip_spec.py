@@ -15,7 +15,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from agent.core.errors import AgentError, InvalidRuntimeEnv, PermissionDenied
-from agent.core.pip_spec import PipSpec, normalize_requirement, parse_pip
+from agent.core.pip_spec import PIP_ONLY, PipSpec, normalize_requirement, parse_pip
 from agent.core.roots import FileRoots
 from agent.core.runtime_env import EnvLimits, parse_runtime_env
 from agent.core.uris import UriKey, UriKind
@@ -432,3 +432,10 @@ def _pip_allows(value: object, roots: FileRoots) -> bool:
     except PermissionDenied:
         return False
     return True
+
+
+def test_no_color_is_taken_and_kept_for_pip_and_uv_alike() -> None:
+    """A display option pip and uv both take: a pip env naming it may still be built by uv."""
+    got = spec({"packages": ["a"], "pip_install_options": ["--no-color"]})
+    assert got.options == ("--no-color",)
+    assert "--no-color" not in PIP_ONLY

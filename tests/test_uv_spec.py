@@ -147,6 +147,15 @@ def test_an_option_off_the_allow_list_or_abbreviated_is_refused(option: str) -> 
     assert f"'{option}' is not an option an env may pass" in message
 
 
+@pytest.mark.parametrize(
+    "options", [["--color=auto"], ["--color", "never"], ["--no-cache", "--color=auto"]]
+)
+def test_display_options_ray_users_pass_are_taken(options: list[str]) -> None:
+    """Ray's test_package_install_with_multiple_options passes --color=auto."""
+    got = spec({"packages": ["a"], "uv_pip_install_options": options})
+    assert got.options == tuple(o for o in options if o != "--no-cache")
+
+
 def test_an_option_that_needs_a_value_and_has_none_is_refused() -> None:
     assert "'--find-links' needs a value" in refused(
         {"packages": ["a"], "uv_pip_install_options": ["--find-links"]}

@@ -55,7 +55,7 @@ _ALLOWED: dict[str, bool] = {
     "--no-cache-dir": False, "--no-compile": False, "--compile": False, "--timeout": True,
     "--retries": True, "--progress-bar": True, "--quiet": False, "-q": False,
     "--verbose": False, "-v": False, "--no-warn-script-location": False, "--editable": True,
-    "-e": True,
+    "-e": True, "--no-color": False,
 }  # fmt: skip
 # Refused by name, each with why: a refusal says what to do instead.
 _FILE_LIST = "list the requirements in pip.packages instead"

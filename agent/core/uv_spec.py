@@ -54,7 +54,7 @@ _ALLOWED: dict[str, bool] = {
     "--refresh": False, "--offline": False,
     "--no-sources": False, "--strict": False, "--quiet": False, "-q": False,
     "--verbose": False, "-v": False, "--no-progress": False, "--editable": True, "-e": True,
-    "--allow-insecure-host": True,
+    "--allow-insecure-host": True, "--color": True,
 }  # fmt: skip
 _DROPPED = ("--no-cache", "-n")  # Ray's default: the agent's cache is counted (see above)
 _FILE_LIST = "list the requirements in uv.packages instead"
