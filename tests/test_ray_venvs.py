@@ -147,3 +147,35 @@ def test_ray_job_submit_with_pip_runs_python_from_path_in_the_env(
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "JOB SAW gamma 1.0 gamma 1.0" in out, out[-4000:]
+
+
+@pytest.mark.parametrize("tool", ["pip", "uv"])
+def test_a_requirements_file_of_the_working_dir_makes_the_venv(
+    node: RayNode, wheels: Path, tmp_path: Path, tool: str
+) -> None:
+    """`-r ${RAY_RUNTIME_ENV_CREATE_WORKING_DIR}/requirements.txt` in pip (and, on this agent,
+    uv) packages, Ray's documented form: the venv is built from the file in the job's uploaded
+    working dir, its own `-r` naming a file beside it, and the workers run that venv."""
+    if tool == "uv" and not OURS:
+        pytest.skip("Ray's own agent would pip-install uv from an index first")
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "requirements.txt").write_text("# the job's requirements\n-r more.txt\n")
+    (wd / "more.txt").write_text("gamma_pkg  # from the nested file\n")
+    line = "-r ${RAY_RUNTIME_ENV_CREATE_WORKING_DIR}/requirements.txt"
+    options_field = "pip_install_options" if tool == "pip" else "uv_pip_install_options"
+    job_env = {"working_dir": str(wd), tool: {"packages": [line], options_field: offline(wheels)}}
+    spec = {"modules": ["gamma_pkg"], "env": ["VIRTUAL_ENV"], "files": ["more.txt"]}
+    got = drive(node, "job", {"job_env": job_env, "spec": spec})
+    for kind in ("task", "actor"):
+        seen = got[kind]
+        assert "error" not in seen, seen
+        assert seen["modules"] == {"gamma_pkg": "gamma 1.0"}, seen
+        assert seen["files"]["more.txt"].startswith("gamma_pkg"), seen  # in the working dir
+        venv = seen["env"]["VIRTUAL_ENV"]
+        assert venv, seen
+        assert seen["executable"].startswith(venv), seen
+    if OURS:  # the venv is the Ray door's kind, counted and given back with the env
+        wait_counts_zero(node)
+        kinds = {u.kind for u in agent_info(node).uris}
+        assert f"ray_{tool}" in kinds, kinds

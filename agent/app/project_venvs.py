@@ -1,4 +1,5 @@
-"""A ``uv run`` env's project venv: derived by its create once the working dir is installed.
+"""Venvs an env's create derives once its working dir is installed: a ``uv run`` env's project
+venv, and a Ray env's venv whose requirements files its working dir holds.
 
 The env names a working dir and a ``uv run`` line (``RuntimeEnv.uv_run``). When the line is one
 the agent builds (a ``UvRun``), its create, after the env's own packages are installed, plans
@@ -8,6 +9,11 @@ released with the env's own keys) and installs it through the store, single-flig
 in the budget as every package. The env's record keeps the key (``EnvRecord.uv_venv``), from
 which the worker's context is built. A line left to uv (a ``Passthrough``, at parse or at
 plan) is said in one log line per create that installs.
+
+An env whose ``pip`` or ``uv`` packages read ``-r ${RAY_RUNTIME_ENV_CREATE_WORKING_DIR}/<file>``
+(``RuntimeEnv.wd_requirements``, the Ray door's) gets its venv the same way: its files read from
+the installed working dir (``read_field``, in a thread), the field they make parsed as any, the
+venv held for the env, kept in its record and installed through the store.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from agent.core.roots import FileRoots
 from agent.core.runtime_env import RuntimeEnv
 from agent.core.uris import UriKey, UriKind
 from agent.core.uv_run import Passthrough
+from agent.core.wd_requirements import read_field, venv_package
 from agent.install.disk import remove_tree
 from agent.install.uv_project import Planning, plan_project
 from agent.state.store import UriStore
@@ -51,10 +58,12 @@ class ProjectVenvs:
 
     async def derive(self, env: RuntimeEnv, record: EnvRecord) -> None:
         """Plan, hold and install the env's project venv (its own packages installed), or say
-        why its line is left to uv. Called by a create, under its timeout; what it holds is
-        given back with the env's references if the create fails."""
+        why its line is left to uv; or its venv of requirements files. Called by a create,
+        under its timeout; what it holds is given back with the env's references if the create
+        fails."""
         run = env.uv_run
         if run is None:
+            await self._derive_requirements(env, record)
             return
         if isinstance(run, Passthrough):
             _log_passthrough(env, run)
@@ -76,6 +85,25 @@ class ProjectVenvs:
             record.uv_venv = planned.key
         self._note((planned.key,))
         await self._store.ensure(planned)
+
+    async def _derive_requirements(self, env: RuntimeEnv, record: EnvRecord) -> None:
+        """Read the env's requirements files from its installed working dir, then hold and
+        install the venv they make (nothing if they name no requirement)."""
+        wanted = env.wd_requirements
+        if wanted is None:
+            return
+        wd = next(p.key for p in env.packages if p.key.kind is UriKind.WORKING_DIR)
+        label = f"env {env.env_id}'s {wanted.tool} field"
+        folder = self._store.path_for(wd)
+        value = await asyncio.to_thread(read_field, wanted, folder, label)
+        package = venv_package(wanted, value, self._planning.roots)
+        if package is None:
+            return
+        self._tables.derive(env.env_id, [package.key])
+        if record.uv_venv is None:
+            record.uv_venv = package.key
+        self._note((package.key,))
+        await self._store.ensure(package)
 
 
 def _log_passthrough(env: RuntimeEnv, why: Passthrough) -> None:

@@ -208,8 +208,8 @@ class AgentService:
         )  # fmt: skip
 
     def _uv_venv(self, env: RuntimeEnv) -> Path | None:
-        """The folder of the project venv the env's create derived, if it did."""
-        record = self.records.get(env.env_id) if env.uv_run is not None else None
+        """The folder of the venv the env's create derived (``ProjectVenvs``), if it did."""
+        record = self.records.get(env.env_id) if env.derives_venv else None
         key = None if record is None else record.uv_venv
         return None if key is None else self.store.path_for(key)
 
@@ -249,7 +249,7 @@ class AgentService:
         try:
             async with asyncio.timeout(setup_timeout_s):
                 await asyncio.gather(*ensures)
-                if env.uv_run is not None:  # a uv run env: its project venv, after its files
+                if env.derives_venv:  # its venv is made from its files: after them
                     await self._projects.derive(env, record)
         except BaseException as exc:
             try:

@@ -63,7 +63,8 @@ def build_ray_context(
 ) -> dict[str, object]:
     """The worker context of ``env`` as Ray's worker reads it (see the module docstring).
     ``uv_venv``: a ``uv run`` env's project venv, built by the agent: the worker runs its
-    python, ``VIRTUAL_ENV`` set and its ``bin`` first on ``PATH``, as ``uv run`` would."""
+    python, ``VIRTUAL_ENV`` set and its ``bin`` first on ``PATH``, as ``uv run`` would; or the
+    venv of requirements files the env's working dir holds, placed as its own pip venv."""
     roots: list[str] = []  # the folders put on the path, in the env's order of packages
     site_packages: list[str] = []
     venv_bins: list[str] = []
@@ -96,6 +97,10 @@ def build_ray_context(
             paths.append(node_pythonpath)
         env_vars["PYTHONPATH"] = os.pathsep.join(paths)
     own_command = env.py_executable and with_program(env.py_executable)
+    if uv_venv is not None and env.uv_run is None:  # made from the working dir's files:
+        own_venv = uv_venv  # placed as the env's own pip venv (its py_executable still wins)
+        venv_bins.insert(0, str(uv_venv / "bin"))
+        uv_venv = None
     if uv_venv is not None:
         venv_bins.insert(0, str(uv_venv / "bin"))
         env_vars["VIRTUAL_ENV"] = str(uv_venv)

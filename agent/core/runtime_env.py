@@ -51,6 +51,7 @@ from agent.core.roots import FileRoots
 from agent.core.uris import SCHEMES, ParsedUri, UriKey, UriKind, is_wheel, parse_uri
 from agent.core.uv_run import Passthrough, UvRun, is_uv_run, parse_uv_run
 from agent.core.uv_spec import parse_uv
+from agent.core.wd_requirements import VARIABLE, WdRequirements, split
 
 # Linux's MAX_ARG_STRLEN: one "KEY=value\0" string handed to execve may not exceed it.
 MAX_ARG_STRLEN = 128 * 1024
@@ -110,10 +111,18 @@ class RuntimeEnv:
     # fields of Ray's runtime env plugins configured on the node (``agent.plugins``), as
     # canonical JSON text by name: part of the env's identity, run by the plugin host
     plugins: tuple[tuple[str, str], ...] = ()
+    # a pip or uv field reading requirements files of the working dir (the Ray door's): its
+    # create derives the venv once the working dir is installed (``agent.app.derived_venvs``)
+    wd_requirements: WdRequirements | None = None
     uri_keys: tuple[UriKey, ...] = field(init=False, repr=False, compare=False)  # packages' keys
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "uri_keys", tuple(p.key for p in self.packages))
+
+    @property
+    def derives_venv(self) -> bool:
+        """Whether its create makes its venv from its working dir's files, once installed."""
+        return self.uv_run is not None or self.wd_requirements is not None
 
     @property
     def pip(self) -> PipSpec | None:
@@ -196,8 +205,11 @@ def parse_runtime_env(
             "the pip and uv fields cannot both be set (as Ray says): one env has one venv; "
             "list every requirement in one of them"
         )
-    pip = parse_pip(obj.get("pip"), file_roots=file_roots)
-    uv = parse_uv(obj.get("uv"), file_roots=file_roots)
+    wd_requirements = _wd_requirements(
+        obj, node_site=node_site, node_python=node_python, file_roots=file_roots
+    )
+    pip = None if wd_requirements else parse_pip(obj.get("pip"), file_roots=file_roots)
+    uv = None if wd_requirements else parse_uv(obj.get("uv"), file_roots=file_roots)
     if node_site:
         if pip is not None:
             pip = dataclasses.replace(pip, node_site=True, node_python=node_python)
@@ -209,6 +221,13 @@ def parse_runtime_env(
     packages.extend(Package(UriKey(UriKind.JAVA_JARS, u), p) for u, p in jars.items())
     if uv is not None:
         packages.append(Package(UriKey(UriKind.RAY_UV if node_site else UriKind.UV, uv.uri), uv))
+    uv_run = _uv_run(py_executable, working_dir, env_vars)
+    if uv_run is not None and wd_requirements is not None:
+        raise InvalidRuntimeEnv(
+            f"{wd_requirements.tool}.packages reads a requirements file of the working dir, and "
+            "py_executable is a uv run line: uv run makes the worker's venv from the project; "
+            f"leave {wd_requirements.tool} out"
+        )
     if len(packages) > limits.max_uris:
         raise InvalidRuntimeEnv(
             f"the env names {len(packages)} distinct URIs; the limit is {limits.max_uris}"
@@ -229,7 +248,9 @@ def parse_runtime_env(
         identity["java_jars"] = list(jars)
     if uv is not None:
         identity["uv"] = uv.canonical()
-    if node_site and (pip is not None or uv is not None):
+    if wd_requirements is not None:
+        identity[wd_requirements.tool] = wd_requirements.identity()
+    if node_site and (pip is not None or uv is not None or wd_requirements is not None):
         identity["venv"] = "node-site"
     if any(p.key.kind is UriKind.RAY_PY_MODULES for p in packages):
         identity["py_modules_top"] = "dropped"  # other packages than the gRPC door's: another env
@@ -247,9 +268,39 @@ def parse_runtime_env(
         packages=tuple(packages),
         py_executable=py_executable,
         java_jars=tuple(jars),
-        uv_run=_uv_run(py_executable, working_dir, env_vars),
+        uv_run=uv_run,
         plugins=plugins,
+        wd_requirements=wd_requirements,
     )
+
+
+def _wd_requirements(
+    obj: Mapping[str, Any],
+    *,
+    node_site: bool,
+    node_python: str,
+    file_roots: Sequence[str] | FileRoots,
+) -> WdRequirements | None:
+    """The env's ``pip`` or ``uv`` field when it reads requirements files of the working dir
+    (``agent.core.wd_requirements``): the Ray door's only; the rest of the field checked now."""
+    for tool, parse in (("pip", parse_pip), ("uv", parse_uv)):
+        found = split(tool, obj.get(tool), node_python)
+        if found is None:
+            continue
+        if not node_site:
+            raise InvalidRuntimeEnv(
+                f"{tool}.packages names a requirements file by ${{{VARIABLE}}}, which only "
+                "Ray's agent sets (this agent reads such files at its Ray door); list the "
+                f"requirements in {tool}.packages instead"
+            )
+        if obj.get("working_dir") is None:
+            raise InvalidRuntimeEnv(
+                f"{tool}.packages reads a requirements file of the working dir "
+                f"(${{{VARIABLE}}}), but the env names no working_dir"
+            )
+        parse(found.rest(), file_roots=file_roots)
+        return found
+    return None
 
 
 def _uv_run(

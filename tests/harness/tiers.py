@@ -111,6 +111,8 @@ FILES: dict[str, str] = {
     "test_ray_node.py": "ray",
     "test_ray_object_store.py": "ray",
     "test_ray_parse.py": "unit",
+    "test_wd_requirements.py": "unit",
+    "test_wd_requirements_door.py": "sockets",
     "test_ray_knobs.py": "sockets",
     "test_ray_plugins.py": "ray",
     "test_ray_py_modules.py": "ray",
