@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from agent.app.config import Settings
 from agent.app.records import EnvRecord
+from agent.core.packages import Package
 from agent.core.refs import RefTables
 from agent.core.roots import FileRoots
 from agent.core.runtime_env import RuntimeEnv
@@ -80,11 +81,7 @@ class ProjectVenvs:
         if isinstance(planned, Passthrough):
             _log_passthrough(env, planned)
             return
-        self._tables.derive(env.env_id, [planned.key])
-        if record.uv_venv is None:
-            record.uv_venv = planned.key
-        self._note((planned.key,))
-        await self._store.ensure(planned)
+        await self._hold_and_install(env, record, planned)
 
     async def _derive_requirements(self, env: RuntimeEnv, record: EnvRecord) -> None:
         """Read the env's requirements files from its installed working dir, then hold and
@@ -97,13 +94,16 @@ class ProjectVenvs:
         folder = self._store.path_for(wd)
         value = await asyncio.to_thread(read_field, wanted, folder, label)
         package = venv_package(wanted, value, self._planning.roots)
-        if package is None:
-            return
-        self._tables.derive(env.env_id, [package.key])
+        if package is not None:
+            await self._hold_and_install(env, record, package)
+
+    async def _hold_and_install(self, env: RuntimeEnv, record: EnvRecord, venv: Package) -> None:
+        """Count the derived venv for the env, keep it in its record, install it."""
+        self._tables.derive(env.env_id, [venv.key])
         if record.uv_venv is None:
-            record.uv_venv = package.key
-        self._note((package.key,))
-        await self._store.ensure(package)
+            record.uv_venv = venv.key
+        self._note((venv.key,))
+        await self._store.ensure(venv)
 
 
 def _log_passthrough(env: RuntimeEnv, why: Passthrough) -> None:

@@ -70,14 +70,9 @@ def _asyncios_own(loop: asyncio.AbstractEventLoop) -> bool:
 
 
 async def create_subprocess_exec(
-    program: Any,
-    *args: Any,
-    stdin: Any = None,
-    stdout: Any = None,
-    stderr: Any = None,
-    limit: int = _LIMIT,
-    **kwds: Any,
-) -> aio_subprocess.Process:
+    program: Any, *args: Any, stdin: Any = None, stdout: Any = None, stderr: Any = None,
+    limit: int = _LIMIT, **kwds: Any,
+) -> aio_subprocess.Process:  # fmt: skip
     if _asyncios_own(asyncio.get_running_loop()):
         return await _EXEC(
             program, *args, stdin=stdin, stdout=stdout, stderr=stderr, limit=limit, **kwds
@@ -86,13 +81,9 @@ async def create_subprocess_exec(
 
 
 async def create_subprocess_shell(
-    cmd: Any,
-    stdin: Any = None,
-    stdout: Any = None,
-    stderr: Any = None,
-    limit: int = _LIMIT,
+    cmd: Any, stdin: Any = None, stdout: Any = None, stderr: Any = None, limit: int = _LIMIT,
     **kwds: Any,
-) -> aio_subprocess.Process:
+) -> aio_subprocess.Process:  # fmt: skip
     if _asyncios_own(asyncio.get_running_loop()):
         return await _SHELL(cmd, stdin=stdin, stdout=stdout, stderr=stderr, limit=limit, **kwds)
     return await _start(cmd, True, stdin, stdout, stderr, limit, kwds)
