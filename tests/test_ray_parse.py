@@ -1,6 +1,7 @@
 """Ray's own spellings of a runtime env parse, as its driver serialises them (pure): Ray's
 extension keys and ``config`` (with ``log_files``) are accepted and are not part of identity;
-Ray's normalised pip form parses; unknown fields are still refused by name."""
+Ray's normalised pip form parses; unknown fields are still refused by name over gRPC
+(the Ray door ignores them: tests/test_ray_unknown_fields.py)."""
 
 from __future__ import annotations
 

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.app.records import env_weight
 from agent.core.bounded import BoundedCache
-from agent.core.errors import InvalidRuntimeEnv
+from agent.core.errors import InvalidRuntimeEnv, echo
 from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
+
+log = logging.getLogger(__name__)
 
 _PARSED_KEPT = 4096  # parsed envs remembered by the digest of their JSON text
 _PARSED_BYTES = 8 * 1024 * 1024
@@ -91,3 +94,13 @@ class _Spelling:
     @property
     def config(self) -> tuple[int | None, bool | None]:
         return self.setup_timeout_seconds, self.eager_install
+
+
+def warn_ignored(env: RuntimeEnv) -> None:
+    """One warning per unknown field the Ray door ignored in ``env`` (``RuntimeEnv.ignored``)."""
+    for name in env.ignored:
+        shown = name if name.isprintable() else echo(name)  # a bare name, as Ray writes it
+        log.warning(
+            "runtime_env field %s is not recognized and will be ignored, as Ray's agent ignores "
+            "it (env %s)", shown, env.env_id, extra={"field": shown, "env_id": env.env_id},
+        )  # fmt: skip

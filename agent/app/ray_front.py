@@ -43,6 +43,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from agent.app.parsing import warn_ignored
 from agent.app.ray_plugins import PluginRunner, PluginSetups
 from agent.app.records import MAX_JOB_ID_BYTES
 from agent.app.service import AgentService
@@ -254,6 +255,7 @@ class RayFront:
                 node_site=True,
             )  # fmt: skip
             env = created.env
+            warn_ignored(env)  # as Ray's agent warns, on each setup
         env_id = env.env_id
         try:
             answered = self._answers.get(env_id)  # the same for every create of the env

@@ -31,7 +31,9 @@ Ray's own spellings parse, as its driver serialises them: the extension keys ``_
 ``_ray_release`` (strings), ``_inject_current_ray`` (a boolean) and ``excludes`` (a list of
 strings: what the driver left out of its uploads, already applied to the package) are checked for
 their type and are not part of identity; nor is ``config`` (with Ray's ``log_files``, a list of
-strings, accepted). Any other unknown field is still refused by name.
+strings, accepted). Any other unknown field is refused by name over gRPC; the Ray door ignores
+it, as Ray's agent does (which warns that it will raise in the future), at most
+``MAX_IGNORED_FIELDS`` of them, each named in the env's identity and in a warning on each create.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ NEEDS_ON_NODE: dict[str, str] = {
     "does not do",
 }
 # Spellings of Ray's fields without their underscore: the unknown-field message names Ray's.
+MAX_IGNORED_FIELDS = 16  # unknown fields the Ray door ignores in one env; more are refused
+MAX_IGNORED_NAME_CHARS = 100  # each one's name; a longer one is refused
 _RAY_SPELLS = {"nsight": "_nsight", "rocprof_sys": "_rocprof_sys"}
 
 
@@ -114,6 +118,8 @@ class RuntimeEnv:
     # a pip or uv field reading requirements files of the working dir (the Ray door's): its
     # create derives the venv once the working dir is installed (``agent.app.derived_venvs``)
     wd_requirements: WdRequirements | None = None
+    # unknown fields the Ray door ignores, as Ray's agent does (it warns on each create)
+    ignored: tuple[str, ...] = ()
     uri_keys: tuple[UriKey, ...] = field(init=False, repr=False, compare=False)  # packages' keys
 
     def __post_init__(self) -> None:
@@ -182,7 +188,9 @@ def parse_runtime_env(
         for name in sorted(plugin_fields & set(obj))
         if obj[name] is not None
     )
-    _check_fields({k: v for k, v in obj.items() if k not in plugin_fields})
+    ignored = _check_fields(
+        {k: v for k, v in obj.items() if k not in plugin_fields}, ignore_unknown=node_site
+    )
     _check_ray_extras(obj)
     packages: list[Package] = []
     working_dir = None
@@ -256,6 +264,8 @@ def parse_runtime_env(
         identity["py_modules_top"] = "dropped"  # other packages than the gRPC door's: another env
     if plugins:
         identity["plugins"] = {name: json.loads(value) for name, value in plugins}
+    if ignored:
+        identity["ignored"] = list(ignored)  # another text than Ray counts: another env
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return RuntimeEnv(
         working_dir=working_dir,
@@ -271,6 +281,7 @@ def parse_runtime_env(
         uv_run=uv_run,
         plugins=plugins,
         wd_requirements=wd_requirements,
+        ignored=ignored,
     )
 
 
@@ -352,17 +363,35 @@ def _load_json_object(text: str) -> dict[str, Any]:
     return obj
 
 
-def _check_fields(obj: Mapping[str, Any]) -> None:
-    """Unknown fields are refused as invalid (naming them); Ray's fields that need what this
-    agent does not manage on the node, as unsupported there (saying what they need)."""
+def _check_fields(obj: Mapping[str, Any], *, ignore_unknown: bool) -> tuple[str, ...]:
+    """Unknown fields are refused as invalid (naming them), or, ``ignore_unknown`` (the Ray
+    door: Ray's agent warns and ignores them), returned (at most ``MAX_IGNORED_FIELDS``, each
+    at most ``MAX_IGNORED_NAME_CHARS``); Ray's fields that need what this agent does not manage
+    on the node are refused as unsupported there (saying what they need)."""
     unknown = sorted(set(obj) - set(_SUPPORTED_FIELDS) - set(_RAY_EXTRAS) - set(NEEDS_ON_NODE))
+    too_many = len(unknown) > MAX_IGNORED_FIELDS
+    too_long = any(len(name) > MAX_IGNORED_NAME_CHARS for name in unknown)
+    if ignore_unknown and not too_many and not too_long:
+        _check_needs_on_node(obj)
+        return tuple(unknown)
     if unknown:
         hints = [f"Ray spells {n!r} as {_RAY_SPELLS[n]!r}" for n in unknown if n in _RAY_SPELLS]
         hint = f" ({'; '.join(hints)})" if hints else ""
         raise InvalidRuntimeEnv(
             f"unknown runtime_env field(s) {_listed(unknown)}{hint}; "
             f"supported: {', '.join(_SUPPORTED_FIELDS)} (and Ray's {', '.join(_RAY_EXTRAS)})"
+            + (
+                f"; through the Ray door, unknown fields are ignored up to {MAX_IGNORED_FIELDS} "
+                f"of at most {MAX_IGNORED_NAME_CHARS} characters each"
+                if ignore_unknown
+                else ""
+            )
         )
+    _check_needs_on_node(obj)
+    return ()
+
+
+def _check_needs_on_node(obj: Mapping[str, Any]) -> None:
     refused = [name for name in NEEDS_ON_NODE if name in obj]
     if refused:
         raise UnsupportedOnNode(

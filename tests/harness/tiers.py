@@ -113,6 +113,7 @@ FILES: dict[str, str] = {
     "test_ray_parse.py": "unit",
     "test_wd_requirements.py": "unit",
     "test_wd_requirements_door.py": "sockets",
+    "test_ray_unknown_fields.py": "sockets",
     "test_ray_knobs.py": "sockets",
     "test_ray_plugins.py": "ray",
     "test_ray_py_modules.py": "ray",
