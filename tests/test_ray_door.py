@@ -75,7 +75,7 @@ async def test_both_doors_share_one_env_and_its_counts() -> None:
         assert (await ray.delete(spaced)).status == OK
         again = await ray.delete(spaced)
         assert again.status == FAILED
-        assert again.error_message.startswith("[rtenv-agent on node 127.0.0.1] cannot delete")
+        assert again.error_message.startswith("[Node 127.0.0.1] rtenv-agent: cannot delete")
         assert (await ray.delete(tight)).status == OK
         assert ra.service.tables.env_count(created.runtime_env_id) == 1  # gRPC's, untouched
         counted = generate_latest(ra.agent.metrics.registry).decode()
@@ -229,7 +229,7 @@ async def test_a_bug_below_the_door_is_a_failed_reply_saying_so_and_logged_with_
         for reply in (first, second, third):
             assert reply.status == FAILED
             assert reply.error_message == (
-                "[rtenv-agent on node 127.0.0.1] internal error in the agent (see its log)"
+                "[Node 127.0.0.1] rtenv-agent: internal error in the agent (see its log)"
             )
         bugs = [r for r in caplog.records if r.name == "agent.doors.ray_errors"]
         assert len(bugs) == 3

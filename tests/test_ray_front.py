@@ -112,7 +112,7 @@ async def test_two_spellings_are_one_env_one_install_and_two_counts() -> None:
         assert (await front.delete(spaced)).ok
         third = await front.delete(spaced)  # no count left on this string: refused, no change
         assert not third.ok
-        assert third.error.startswith("[rtenv-agent on node 10.0.0.7] cannot delete")
+        assert third.error.startswith("[Node 10.0.0.7] rtenv-agent: cannot delete")
         assert "no reference on this agent" in third.error
         assert count(ra, tight) == 1
         assert (await front.delete(tight)).ok
@@ -207,7 +207,7 @@ async def test_failures_are_failed_replies_with_the_prefixed_message_and_shown_i
         big = json.dumps({"env_vars": {"BIG": "x" * 200_000}})
         reply = await front.get_or_create(big)
         assert not reply.ok
-        assert reply.error.startswith("[rtenv-agent on node 10.0.0.7] env_vars['BIG'] is ")
+        assert reply.error.startswith("[Node 10.0.0.7] rtenv-agent: env_vars['BIG'] is ")
         assert "may not exceed 131072 bytes" in reply.error
         unknown = await front.get_or_create('{"conda": "env.yaml"}')
         assert not unknown.ok
@@ -401,7 +401,7 @@ async def test_delete_is_by_the_env_id_and_a_service_error_is_a_failed_reply(
         monkeypatch.setattr(ra.service, "delete_now", refusing)  # the front's delete: no
         reply = await front.delete(text)  # request id, in one step
         assert not reply.ok
-        assert reply.error == "[rtenv-agent on node 10.0.0.7] injected: no such env"
+        assert reply.error == "[Node 10.0.0.7] rtenv-agent: injected: no such env"
         assert calls == [(env_id(text), "", True)]
         assert [s.ref_cnt for s in front.info().states] == [1]  # nothing changed
         monkeypatch.undo()

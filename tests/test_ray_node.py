@@ -334,6 +334,6 @@ def test_an_env_the_agent_refuses_fails_the_task_with_the_agents_message(
     outcome = got["bad"]["task"]
     assert outcome.get("error") == "RuntimeEnvSetupError", outcome
     if OURS:  # this agent's message, saying which node's agent refused
-        assert f"[rtenv-agent on node {node.ip}]" in outcome["message"], outcome["message"]
+        assert f"[Node {node.ip}] rtenv-agent: " in outcome["message"], outcome["message"]
         assert message in outcome["message"], outcome["message"]
     wait_counts_zero(node)

@@ -126,8 +126,8 @@ class RayFront:
         self._plugins = None if plugins is None else PluginSetups(plugins)
         if plugins is not None:
             service.accept_plugin_fields(plugins.fields)
-        # of every failure's message, as the door answers it and info shows it
-        self.prefix = f"[rtenv-agent on node {node}] " if node else "[rtenv-agent] "
+        # of every failure's message as answered: Ray's "[Node <ip>] ", then who says it
+        self.prefix = f"[Node {node or 'unknown'}] rtenv-agent: "
         self.python_version = python_version
         self._node_pythonpath = node_pythonpath
         self._clock = clock
