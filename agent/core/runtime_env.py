@@ -82,9 +82,9 @@ NEEDS_ON_NODE: dict[str, str] = {
     "_rocprof_sys": "ROCm's rocprof-sys on the node to run the worker under, which this agent "
     "does not do",
 }
-# Spellings of Ray's fields without their underscore: the unknown-field message names Ray's.
 MAX_IGNORED_FIELDS = 16  # unknown fields the Ray door ignores in one env; more are refused
 MAX_IGNORED_NAME_CHARS = 100  # each one's name; a longer one is refused
+# Spellings of Ray's fields without their underscore: the unknown-field message names Ray's.
 _RAY_SPELLS = {"nsight": "_nsight", "rocprof_sys": "_rocprof_sys"}
 
 
@@ -116,7 +116,7 @@ class RuntimeEnv:
     # canonical JSON text by name: part of the env's identity, run by the plugin host
     plugins: tuple[tuple[str, str], ...] = ()
     # a pip or uv field reading requirements files of the working dir (the Ray door's): its
-    # create derives the venv once the working dir is installed (``agent.app.derived_venvs``)
+    # create derives the venv once the working dir is installed (``agent.app.project_venvs``)
     wd_requirements: WdRequirements | None = None
     # unknown fields the Ray door ignores, as Ray's agent does (it warns on each create)
     ignored: tuple[str, ...] = ()
