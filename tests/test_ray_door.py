@@ -16,7 +16,6 @@ import shutil
 import socket
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,29 +32,18 @@ from agent.ops.options import effective, parse_ray_address
 from agent.ops.server import Agent, AgentState
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
 from tests.harness.agent_process import refused
-from tests.harness.in_process import FAST_FETCH, RunningAgent, running_agent, stray_cancellation
+from tests.harness.in_process import FAST_FETCH, running_agent, stray_cancellation
 from tests.harness.package_server import package_server
 from tests.harness.packages import workdir_zip
 from tests.harness.pip_wheels import isolate_pip, pip_env, run
 from tests.harness.polling import wait_until
-from tests.harness.ray_door import RayClient
+from tests.harness.ray_door import RayClient, ray_agent
 from tests.harness.tempdirs import short_tempdir
 
 OK = ray_pb2.AGENT_RPC_STATUS_OK
 FAILED = ray_pb2.AGENT_RPC_STATUS_FAILED
 SPACED = '{"env_vars": {"A": "1"}, "working_dir": "%s"}'
 TIGHT = '{"env_vars":{"A":"1"},"working_dir":"%s"}'
-
-
-@asynccontextmanager
-async def ray_agent(**ray: object) -> AsyncIterator[tuple[RunningAgent, RayClient]]:
-    """A running agent with both doors, and a Ray client for its Ray door."""
-    async with (
-        running_agent(ray=RaySettings(**ray)) as ra,  # type: ignore[arg-type]
-        aiohttp.ClientSession() as session,
-    ):
-        token = ray.get("token")
-        yield ra, RayClient(session, ra.agent.ray_address, token=token)  # type: ignore[arg-type]
 
 
 async def test_both_doors_share_one_env_and_its_counts() -> None:

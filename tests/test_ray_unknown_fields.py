@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
-import aiohttp
 import pytest
 
-from agent.app.config import RaySettings
 from agent.core.errors import InvalidRuntimeEnv, UnsupportedOnNode
 from agent.core.runtime_env import (
     MAX_IGNORED_FIELDS,
@@ -23,8 +19,7 @@ from agent.core.runtime_env import (
     parse_runtime_env,
 )
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
-from tests.harness.in_process import RunningAgent, running_agent
-from tests.harness.ray_door import RayClient
+from tests.harness.ray_door import ray_agent
 
 LIMITS = EnvLimits()
 OK = ray_pb2.AGENT_RPC_STATUS_OK
@@ -62,12 +57,6 @@ def test_past_the_bounds_the_ray_door_refuses_saying_them(obj: dict[str, object]
 def test_fields_the_node_cannot_serve_are_still_refused_beside_an_unknown_one() -> None:
     with pytest.raises(UnsupportedOnNode, match="'conda'"):
         ray_env({"conda": "env", "unexpected_field": 1})
-
-
-@asynccontextmanager
-async def ray_agent() -> AsyncIterator[tuple[RunningAgent, RayClient]]:
-    async with running_agent(ray=RaySettings()) as ra, aiohttp.ClientSession() as session:
-        yield ra, RayClient(session, ra.agent.ray_address)
 
 
 async def test_a_create_with_an_unknown_field_succeeds_and_warns_naming_it(

@@ -6,31 +6,21 @@ fails the create saying so, gives back the working dir, and the agent serves on.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
-import aiohttp
 import pytest
 
-from agent.app.config import RaySettings
 from agent.core.uris import UriKind
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
-from tests.harness.in_process import RunningAgent, running_agent
+from tests.harness.in_process import RunningAgent
 from tests.harness.packages import workdir_zip
 from tests.harness.pip_wheels import isolate_pip, offline
-from tests.harness.ray_door import RayClient
+from tests.harness.ray_door import ray_agent
 
 OK = ray_pb2.AGENT_RPC_STATUS_OK
 FAILED = ray_pb2.AGENT_RPC_STATUS_FAILED
 LINE = "-r ${RAY_RUNTIME_ENV_CREATE_WORKING_DIR}/requirements.txt"
 SETUP_S = 180
-
-
-@asynccontextmanager
-async def ray_agent() -> AsyncIterator[tuple[RunningAgent, RayClient]]:
-    async with running_agent(ray=RaySettings()) as ra, aiohttp.ClientSession() as session:
-        yield ra, RayClient(session, ra.agent.ray_address)
 
 
 def env_text(tmp_path: Path, name: str, files: dict[str, str], wheels: Path) -> str:

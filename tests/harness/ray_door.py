@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
+
+import aiohttp
+
+from agent.app.config import RaySettings
+from tests.harness.in_process import RunningAgent, running_agent
 
 
 @dataclass(frozen=True)
@@ -73,3 +79,15 @@ class RayClient:
         if limit is not None:
             request.limit = limit
         return await self.call("/get_runtime_envs_info", request, ray_pb2.GetRuntimeEnvsInfoReply())
+
+
+@asynccontextmanager
+async def ray_agent(**ray: object) -> AsyncIterator[tuple[RunningAgent, RayClient]]:
+    """A running agent (in-process) with both doors, and a Ray client for its Ray door;
+    ``ray``: its ``RaySettings`` (a ``token`` is the client's too)."""
+    async with (
+        running_agent(ray=RaySettings(**ray)) as ra,  # type: ignore[arg-type]
+        aiohttp.ClientSession() as session,
+    ):
+        token = ray.get("token")
+        yield ra, RayClient(session, ra.agent.ray_address, token=token)  # type: ignore[arg-type]
