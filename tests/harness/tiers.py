@@ -129,6 +129,7 @@ FILES: dict[str, str] = {
     "test_ray_versions_node.py": "ray",
     "test_ray_venvs.py": "ray",
     "test_remeasure.py": "sockets",
+    "test_readme_client.py": "process",
     "test_refs.py": "unit",
     "test_room.py": "unit",
     "test_root_info.py": "process",
