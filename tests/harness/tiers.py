@@ -40,6 +40,7 @@ FILES: dict[str, str] = {
     "test_demo.py": "process",
     "test_disk_pressure.py": "sockets",
     "test_doc_citations.py": "unit",
+    "test_doc_links.py": "unit",
     "test_echo_everywhere.py": "sockets",
     "test_errors.py": "unit",
     "test_fate.py": "process",
