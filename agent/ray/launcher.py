@@ -8,6 +8,8 @@ and the supported range before anything starts (``ray stop`` and the rest still 
 
 ``rtenv-agent ray enable|disable|enabled`` are ours, not Ray's (Ray has no such commands; its
 ``enable-usage-stats`` is hyphenated): the switch of a Python environment (``agent.ray.switch``).
+So is ``rtenv-agent ray stop`` (``agent.ray.stop``): it stops the nodes of one temp dir or GCS
+address, where Ray's ``ray stop`` stops every Ray node on the machine; neither needs Ray.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 from agent.core.errors import echo
 from agent.ops.ray_agent import agent_root
-from agent.ray import AGENT_FLAG, install, switch
+from agent.ray import AGENT_FLAG, install, stop, switch
 from agent.ray.hook import (
     ROOT_FLAG,
     longest_socket_path,
@@ -38,6 +40,8 @@ ROOT_CHARS = 300  # of the root's path in the announcement
 def main(argv: Sequence[str]) -> int:
     if argv[:1] and argv[0] in switch.COMMANDS:
         return switch.main(argv[0], argv[1:], os.environ)
+    if argv[:1] == ["stop"]:
+        return stop.main(argv[1:], os.environ)
     try:
         from ray.scripts import scripts
     except ImportError as exc:
