@@ -1,15 +1,19 @@
 """``rtenv-agent ray stop``'s pure parts: the processes of a temp dir's or an address's nodes
 chosen from a snapshot of ``/proc`` shaped as Ray 2.60's nodes are, Ray's order to stop them,
-the report."""
+the report; and the next steps ``rtenv-agent ray start`` prints."""
 
 from __future__ import annotations
 
 import os
+import shlex
+import stat
+import sys
 from pathlib import Path
 
 import pytest
 
 from agent.ray import node_procs, stop
+from agent.ray.next_steps import NextSteps, next_steps, runnable
 from agent.ray.node_procs import Proc, Scope, choose, label, session_of
 
 PY = "/venv/bin/python3"
@@ -271,3 +275,78 @@ def test_the_default_temp_dir_is_ray_starts(environ: dict[str, str], temp_dir: s
     scope, said = stop.scope_of(stop._parser().parse_args([]), environ)
     assert os.path.normpath(temp_dir) in scope.temp_dirs
     assert said == f"the nodes of temp dir {temp_dir!r}"
+
+
+# -- the next steps --------------------------------------------------------------------------
+
+
+def _raylet(session: str, gcs: str, *extra: str) -> list[str]:
+    """A raylet's command line as Ray 2.60 starts it (cut short)."""
+    return [
+        f"{RAY}/core/src/ray/raylet/raylet",
+        f"--raylet_socket_name={session}/sockets/raylet",
+        f"--java_worker_command={PY} setup_worker.py -Dray.object-store.socket-name={session}/x",
+        f"--session_dir={session}",
+        f"--gcs-address={gcs}",
+        *extra,
+    ]
+
+
+def test_the_next_steps_of_a_head_add_a_node_on_this_agent_and_stop_just_this_node() -> None:
+    session = "/tmp/my ray/session_2026-12-07_12-21-39_614323_1"
+    words = ["/home/u/a b/.venv/bin/rtenv-agent"]
+    lines = next_steps(_raylet(session, "127.0.0.2:6379", "--head"), words)
+    commands = [shlex.split(line) for line in lines if line.startswith("    ")]
+    assert commands == [
+        [*words, "ray", "start", "--address=127.0.0.2:6379"],
+        [*words, "ray", "stop", "--temp-dir=/tmp/my ray"],
+        [*words, "ray", "stop", "--address=127.0.0.2:6379"],
+    ]
+    assert lines[0].startswith("rtenv-agent ray: next steps for this node"), lines[0]
+    assert "`ray stop` stops every Ray node on this machine" in lines[0]
+
+
+def test_a_worker_node_is_told_no_cluster_wide_stop_and_an_unknown_raylet_nothing() -> None:
+    lines = next_steps(_raylet("/tmp/rw/session_1", "127.0.0.2:6379"), ["rtenv-agent"])
+    commands = [line.strip() for line in lines if line.startswith("    ")]
+    assert commands == [
+        "rtenv-agent ray start --address=127.0.0.2:6379",
+        "rtenv-agent ray stop --temp-dir=/tmp/rw",
+    ]
+    assert next_steps(["raylet", "--node_id=1"], ["rtenv-agent"]) == []
+
+
+def test_next_steps_are_said_once_after_a_raylet_was_seen(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    steps = NextSteps(["rtenv-agent"])
+    steps.say(sys.stdout)
+    assert capsys.readouterr().out == ""
+    steps.saw(_raylet("/tmp/rw/session_1", "127.0.0.2:6379"))
+    steps.say(sys.stdout)
+    steps.say(sys.stdout)
+    assert capsys.readouterr().out.count("next steps") == 1
+
+
+def _script(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    script = folder / "rtenv-agent"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def test_the_command_is_the_full_path_unless_path_finds_this_rtenv_agent(tmp_path: Path) -> None:
+    bin_ = tmp_path / "a b" / "bin"
+    script = _script(bin_)
+    other = _script(tmp_path / "other")
+    python = str(bin_ / "python")
+    # run as the script: its full path, unless PATH finds that very script
+    assert runnable(str(script), python, str(other.parent)) == [str(script)]
+    assert runnable(str(script), python, f"{other.parent}:{bin_}") == [str(script)]
+    assert runnable(str(script), python, f"{bin_}:{other.parent}") == ["rtenv-agent"]
+    # run as python -m agent: the script beside the python, else python -m agent
+    main_py = "/src/agent/__main__.py"
+    assert runnable(main_py, python, "") == [str(script)]
+    lone = str(tmp_path / "lone" / "python")
+    assert runnable(main_py, lone, str(bin_)) == [lone, "-m", "agent"]

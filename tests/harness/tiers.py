@@ -120,6 +120,7 @@ FILES: dict[str, str] = {
     "test_ray_proto.py": "ray",
     "test_ray_shared_root.py": "ray",
     "test_ray_stop_cli.py": "process",
+    "test_ray_stop_node.py": "ray",
     "test_ray_stop_unit.py": "unit",
     "test_ray_switch.py": "unit",
     "test_ray_switch_cli.py": "process",
