@@ -1,11 +1,14 @@
 """``rtenv-agent ray enable|disable|enabled`` on real venvs, run from the agent's own
 installation: what enable writes (two files and the module's bytecode, nothing else), that it is
-idempotent, that ``enabled`` tells (exit 0 on, 1 off), that disable removes exactly what enable
-wrote, that ``uv sync`` keeps the switch, and that each mistake is one line and exit 2."""
+idempotent, that ``enabled`` tells (exit 0 on, 1 off, or on but not in effect), that disable
+removes exactly what enable wrote (run as enable printed it, by its full path), that ``uv sync``
+keeps the switch, and that each mistake is one line and exit 2."""
 
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +34,7 @@ BYTECODE = {"__pycache__", f"__pycache__/_rtenv_agent_switch.{sys.implementation
 
 @pytest.fixture(scope="module")
 def agent_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return agent_venv(tmp_path_factory.mktemp("agent") / "venv")
+    return agent_venv(tmp_path_factory.mktemp("agent") / "a venv")  # a space, to be quoted
 
 
 def _files(folder: Path) -> set[str]:
@@ -60,7 +63,9 @@ def test_enable_writes_two_files_and_bytecode_enabled_tells_and_disable_removes_
     assert _files(purelib) - before == NAMES | BYTECODE
     assert f"agent python: {agent_python}" in first.stdout
     assert f"root: {root}" in first.stdout
-    assert f"undo: rtenv-agent ray disable --python {python}" in first.stdout
+    cli = shlex.quote(str(agent_python.parent / "rtenv-agent"))  # by its full path
+    assert f"  what it holds: {cli} info --root {root}\n" in first.stdout
+    assert f"  undo: {cli} ray disable --python {python}\n" in first.stdout
     assert not root.exists(), "the agent makes its root, enable does not"
     again = switch(agent_python, "enable", "--python", str(python), "--root", str(root))
     assert again.returncode == 0, again.stderr
@@ -82,7 +87,11 @@ def test_enable_writes_two_files_and_bytecode_enabled_tells_and_disable_removes_
     cached, finder = armed.stdout.splitlines()
     assert finder == "<class '_rtenv_agent_switch.Finder'>"
     assert Path(cached).is_file()
-    off = switch(agent_python, "disable", "--python", str(python))
+    undo = first.stdout.partition("  undo: ")[2].splitlines()[0]
+    off = subprocess.run(
+        ["/bin/sh", "-c", undo], capture_output=True, text=True, timeout=120, check=False,
+        env={"PATH": "/nonexistent"},  # the line runs as printed, rtenv-agent on no PATH
+    )  # fmt: skip
     assert off.returncode == 0, off.stderr
     assert "removed" in off.stdout
     assert _files(purelib) == before
@@ -165,3 +174,23 @@ def test_enable_refuses_an_agent_python_that_cannot_import_the_agent_isolated(
     )  # fmt: skip
     _one_line_exit_2(done, "cannot import the agent isolated")
     assert not NAMES & _files(site_packages(tmp_path / "env"))
+
+
+def test_enabled_is_1_saying_why_when_the_agent_python_it_names_is_gone(
+    tmp_path: Path, agent_python: Path
+) -> None:
+    """Nodes would run Ray's own agent: not 'on'."""
+    python = ray_venv(tmp_path / "env")
+    gone = agent_venv(tmp_path / "gone")
+    on = switch(gone, "enable", "--python", str(python), "--root", str(tmp_path / "root"))
+    assert on.returncode == 0, on.stderr
+    assert switch(agent_python, "enabled", "--python", str(python)).returncode == 0
+    shutil.rmtree(tmp_path / "gone")
+    shown = switch(agent_python, "enabled", "--python", str(python))
+    assert shown.returncode == 1, shown.stdout
+    first, *_, fix = shown.stdout.splitlines()
+    assert first == (
+        f"rtenv-agent ray: on for {python}, but not in effect: the agent python {gone} is gone: "
+        "the Ray nodes it starts run Ray's own agent"
+    )
+    assert fix.startswith(f"  fix: {shlex.quote(str(agent_python.parent / 'rtenv-agent'))} ")
