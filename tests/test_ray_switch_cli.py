@@ -2,7 +2,8 @@
 installation: what enable writes (two files and the module's bytecode, nothing else), that it is
 idempotent, that ``enabled`` tells (exit 0 on, 1 off, or on but not in effect), that disable
 removes exactly what enable wrote (run as enable printed it, by its full path), that ``uv sync``
-keeps the switch, and that each mistake is one line and exit 2."""
+keeps the switch, that ``--help`` lists the switch with Ray and without it, and that each mistake
+is one line and exit 2."""
 
 from __future__ import annotations
 
@@ -194,3 +195,34 @@ def test_enabled_is_1_saying_why_when_the_agent_python_it_names_is_gone(
         "the Ray nodes it starts run Ray's own agent"
     )
     assert fix.startswith(f"  fix: {shlex.quote(str(agent_python.parent / 'rtenv-agent'))} ")
+
+
+def test_ray_help_lists_the_switch_with_ray_and_without_it(
+    tmp_path: Path, agent_python: Path
+) -> None:
+    """Ray's help and ours after it; where Ray is not importable, ours and a word on Ray's,
+    exit 0 (the switch needs no Ray in the agent's python)."""
+    no_ray = tmp_path / "no-ray"
+    (no_ray / "ray").mkdir(parents=True)
+    (no_ray / "ray" / "__init__.py").write_text("raise ImportError('no ray here (test)')\n")
+    env = {**os.environ, "PYTHONPATH": str(no_ray)}
+    with ThreadPoolExecutor(3) as pool:
+        helped, short, bare = pool.map(
+            lambda case: switch(agent_python, *case[0], env=case[1]),
+            [(["--help"], None), (["-h"], env), ([], env)],
+        )
+    assert helped.returncode == 0, helped.stderr
+    assert "Start Ray processes manually" in helped.stdout, "Ray's own help first"
+    ours = helped.stdout.index("runtime-env-agent's commands")
+    for command in ("enable", "disable", "enabled"):
+        assert f"\n  {command} " in helped.stdout[ours:], command
+    for result in (short, bare):
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == bare.stdout
+        assert "Start Ray processes manually" not in result.stdout
+        assert "\n  enabled  is the switch on and in effect?" in result.stdout
+        assert "Ray is not installed" not in result.stderr
+        assert "which has none: no ray here (test)" in result.stdout
+        assert "\n  start  " in result.stdout
+        assert "pip install 'ray[default]'" in result.stdout
+    assert switch(agent_python, "start", env=env).returncode == 2, "Ray's command: needs Ray"

@@ -8,7 +8,9 @@ a Ray this agent does not support (older than ``hook.SUPPORTED_RAY``), refused b
 and the supported range before anything starts (``ray stop`` and the rest still run).
 
 ``rtenv-agent ray enable|disable|enabled`` are ours, not Ray's (Ray has no such commands; its
-``enable-usage-stats`` is hyphenated): the switch of a Python environment (``agent.ray.switch``).
+``enable-usage-stats`` is hyphenated): the switch of a Python environment (``agent.ray.switch``),
+which needs no Ray in this python. ``--help`` lists them after Ray's commands, and without Ray
+too (``agent.ray.commands``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from agent.ray import hook, install, switch
+from agent.ray import commands, hook, install, switch
 from agent.ray.hook import (
     longest_socket_path,
     ray_temp_dir,
@@ -33,6 +35,8 @@ PROG = "rtenv-agent ray"
 def main(argv: Sequence[str]) -> int:
     if argv[:1] and argv[0] in switch.COMMANDS:
         return switch.main(argv[0], argv[1:], os.environ)
+    if commands.wants_help(argv):  # ours listed too; no Ray needed for that
+        return commands.show_help(PROG)
     try:
         from ray.scripts import scripts
     except ImportError as exc:
