@@ -161,7 +161,8 @@ async def test_the_ray_agent_killed_as_rays_raylet_kills_it_leaves_nothing(
 ) -> None:
     """SIGKILL the process the raylet started (as Ray's raylet ends its agent at
     ``ray.shutdown()``): its socket (or the link in the root, and the socket's folder under
-    Ray's temp dir) and its holder are gone, with no other agent on the root."""
+    Ray's temp dir) and its holder are gone, with no other agent on the root; its log says so
+    at INFO (a normal end), with no warning."""
     root = base / ("r" * 100 if long_root else "root")
     raylet, started = await start_under_raylet(base, root)
     [(_, agent_pid)] = holders(root)
@@ -177,6 +178,10 @@ async def test_the_ray_agent_killed_as_rays_raylet_kills_it_leaves_nothing(
 
         await wait_until(gone, timeout_s=STOP_S, what="the agent's socket, folder and holder gone")
         await asyncio.wait_for(raylet.communicate(), STOP_S)
+        log = (base / "s" / "logs" / "runtime_env_agent.log").read_text()
+        said = f"INFO agent.ops.entry: keeper {started} exited (the raylet ends its agent so when"
+        assert said in log, "the node's normal end is no warning"
+        assert " WARNING " not in log, log
     finally:
         await stop(raylet)
         kill_if_alive(agent_pid)

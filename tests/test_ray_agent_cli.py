@@ -19,7 +19,7 @@ import pytest
 
 from agent.app.config import Settings
 from agent.core.errors import ConfigError
-from agent.ops import logs, loops, ray_agent
+from agent.ops import keeper, logs, loops, ray_agent
 from agent.ops.ray_agent import settings_for
 from agent.ops.ray_flags import RayFlags, Refused, parse_flags
 from agent.ops.ray_token import ray_token, read_token_file
@@ -172,6 +172,25 @@ def test_the_parent_is_the_real_parent_and_a_parent_of_1_means_the_raylet_is_gon
     flags = parse_flags(ray_flags(Path("/b")))
     with pytest.raises(ConfigError, match="already gone"):
         settings_for(flags, {}, _no_read, getppid=lambda: 1)
+
+
+def test_the_keepers_end_is_the_nodes_normal_end_and_a_raylet_gone_first_is_a_warning() -> None:
+    """The raylet kills the keeper only as it stops; seen after the keeper's (the agent then has
+    another parent) the raylet's end is that same end; a raylet gone first was killed."""
+    keeper_pid, raylet = 500, 400
+    level, line = keeper.end_line("keeper", keeper_pid, keeper_pid, parent_now=1)
+    assert (level, line) == (
+        logging.INFO,
+        "keeper 500 exited (the raylet ends its agent so when its node stops); shutting down",
+    )
+    assert keeper.end_line("parent", raylet, keeper_pid, parent_now=1)[0] == logging.INFO, (
+        "woke second"
+    )
+    level, line = keeper.end_line("parent", raylet, keeper_pid, parent_now=keeper_pid)
+    assert level == logging.WARNING
+    assert line.startswith("parent 400 exited without ending its agent first (killed")
+    no_keeper = keeper.end_line("parent", raylet, None, parent_now=raylet)  # serve --parent-pid
+    assert no_keeper == (logging.WARNING, "parent 400 exited; shutting down")
 
 
 def test_the_config_file_is_read_and_rtenv_address_wins_over_the_socket_in_the_root(
@@ -558,7 +577,8 @@ async def test_as_a_raylet_starts_it_it_logs_where_ray_reads_and_dies_with_the_r
         await wait_until(
             lambda: _gone(agent_pid), timeout_s=STOP_S, what="the agent to exit with its raylet"
         )
-        assert f"parent {raylet.pid} exited" in text(log_file)
+        said = f"WARNING agent.ops.entry: parent {raylet.pid} exited without ending its agent"
+        assert said in text(log_file), "a raylet gone before its agent's keeper: not a normal end"
         assert other.returncode is None  # the process RAY_RAYLET_PID named still runs
     finally:
         if agent_pid and not _gone(agent_pid):

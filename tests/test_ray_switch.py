@@ -12,12 +12,13 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent.ops.ray_agent import agent_root
+from agent.ops.ray_agent import agent_root, default_root
 from agent.ops.ray_flags import Refused, parse_flags
 from agent.ops.startup import MAX_UNIX_PATH_BYTES
 from agent.ray import hook, switch
@@ -83,11 +84,52 @@ def test_the_root_flag_is_parsed_and_rtenv_root_wins_over_it() -> None:
         parse_flags([*FLAGS, "--root="])
 
 
-def test_the_announcement_names_the_switchs_root() -> None:
-    swapped = swap_agent_command(_raylet(["/p", "-u", RAY_MAIN, *FLAGS]), "/p", "/data/root")
+def test_the_announcement_names_the_switchs_root_and_the_info_command_by_full_path(
+    tmp_path: Path,
+) -> None:
+    python = tmp_path / "agent venv" / "bin" / "python"
+    argv = _raylet(["/env/bin/python", "-u", RAY_MAIN, *FLAGS])
+    swapped = swap_agent_command(argv, str(python), "/data/my root")
     said = announcement(swapped, {})
-    assert said.endswith("its root: '/data/root' (the Ray switch's, rtenv-agent ray enable)")
-    assert announcement(swapped, {"RTENV_ROOT": "/x"}).endswith("'/x' (RTENV_ROOT)")
+    assert said.startswith("rtenv-agent ray: this node's runtime env agent is runtime-env-agent's")
+    assert "its root: '/data/my root' (the Ray switch's, rtenv-agent ray enable); " in said
+    no_script = shlex.join([str(python), "-m", "agent", "info", "--root", "/data/my root"])
+    assert said.endswith(f"; what it holds: {no_script}"), "no rtenv-agent beside it: -m agent"
+    script = python.parent / "rtenv-agent"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    said = hook.announcement(swapped, {"RTENV_ROOT": "/x"}, "rtenv-agent")
+    assert said.startswith("rtenv-agent: this node's runtime env agent")
+    assert said.endswith(f"its root: '/x' (RTENV_ROOT); what it holds: '{script}' info --root /x")
+    session = hook.announcement(_raylet(["/p", "-u", RAY_MAIN, *FLAGS]), {}, "x")
+    assert session.endswith(" --root /tmp/r/session_1/runtime_resources/rtenv"), session
+    assert Path("/s") / hook.SESSION_ROOT == default_root(Path("/s")), "the agent's own choice"
+    odd = hook.announcement(swapped, {"RTENV_ROOT": "/x\ny"}, "x")
+    assert "\n" not in odd, "one line"
+
+
+def test_the_switch_announces_once_per_process_as_its_first_raylet_starts(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hook, "_announced", [])
+    calls: list[list[str]] = []
+    announcing = hook.swapping(
+        lambda c, kind: calls.append(c), sys.executable, "/r", on_swap=hook._announce_once
+    )
+    announcing(["/gcs_server"], "gcs_server")
+    assert capsys.readouterr().err == "", "not for another process"
+    argv = _raylet(["/env/bin/python", "-u", RAY_MAIN, *FLAGS])
+    announcing(argv, "raylet")
+    announcing(argv, "raylet")  # a second node of the same driver (a Cluster)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("rtenv-agent: this node's runtime env agent is runtime-env-agent's")
+    assert "its root: '/r'" in line
+    assert len(calls) == 3
+    gone = hook.swapping(lambda c, kind: None, "/gone/python", "/r", on_swap=hook._announce_once)
+    monkeypatch.setattr(hook, "_announced", [])
+    gone(argv, "raylet")
+    assert "rtenv-agent: this node" not in capsys.readouterr().err, "Ray's agent: not said"
 
 
 def test_a_switch_whose_agent_python_is_gone_starts_rays_own_agent_saying_why(
@@ -176,27 +218,54 @@ def test_python_is_a_path_as_given_or_a_bare_name_found_on_path(
     assert switch.python_path("venv-python") == str(link)
 
 
-def test_enabled_notes_a_switch_of_another_version_and_an_agent_python_gone(
+def _imports(python: str) -> str | None:
+    """``switch.agent_location`` without a process: this agent, for this python only."""
+    return "/agent/__init__.py" if python == sys.executable else None
+
+
+def test_enabled_is_1_when_the_switch_is_on_but_its_nodes_would_not_run_this_agent(
     tmp_path: Path,
 ) -> None:
-    target = switch.Target("/env/bin/python", tmp_path, (3, 11, 7), has_ray=True)
-    assert switch.status(target)[0] == 1, "off: no .pth"
-    target.module.write_text(switch.module_text())
-    target.pth.write_text(switch.pth_line(sys.executable, "/data/root"))
-    code, lines = switch.status(target)
+    on = switch.Target("/env/bin/python", tmp_path, (3, 11, 7), True, "2.60.0", armed=True)
+    assert switch.status(on, _imports)[0] == 1, "off: no .pth"
+    on.module.write_text(switch.module_text())
+    on.pth.write_text(switch.pth_line(sys.executable, "/data/root"))
+    code, lines = switch.status(on, _imports)
     assert code == 0
     assert lines[1:] == [
         f"  agent python: {sys.executable}",
         "  root: /data/root (RTENV_ROOT, where set, wins)",
     ]
-    target.module.write_text("# an older switch\n")
-    target.pth.write_text(switch.pth_line(str(tmp_path / "gone"), "/data/root"))
-    code, lines = switch.status(target)
+    cases = [
+        (replace(on, armed=False, stderr="'boom'"), "does not arm it at start (its start said:"),
+        (replace(on, ray_version="2.40.0"), "Ray '2.40.0' is not supported by runtime-env-agent"),
+    ]
+    for target, said in cases:
+        code, lines = switch.status(target, _imports)
+        assert code == 1, target
+        assert said in lines[0], lines
+        assert lines[0].startswith("rtenv-agent ray: on for /env/bin/python, but not in effect: ")
+        assert lines[-1].startswith("  fix: "), lines
+        assert "ray enable --python /env/bin/python --root /data/root (or disable)" in lines[-1]
+    on.pth.write_text(switch.pth_line(str(tmp_path / "gone"), "/data/root"))
+    code, lines = switch.status(on, _imports)
+    assert code == 1, "the agent python is gone: Ray's agent runs"
+    assert (
+        f"the agent python {tmp_path / 'gone'} is gone: the Ray nodes it starts run Ray's"
+        in (lines[0])
+    )
+    on.pth.write_text(switch.pth_line("/bin/sh", "/data/root"))  # runs, has no agent
+    code, lines = switch.status(on, _imports)
+    assert code == 1
+    assert "cannot import the agent isolated" in lines[0]
+    on.pth.write_text(switch.pth_line(sys.executable, "/data/root"))
+    on.module.write_text("# an older switch\n")
+    code, lines = switch.status(replace(on, has_ray=False, ray_version=""), _imports)
     assert code == 0
-    assert "is gone: run enable again" in lines[3]
-    assert "not this agent's version: run enable again" in lines[4]
-    target.pth.write_text("import os\n")
-    assert switch.status(target)[0] == 1, "a .pth enable did not write is no switch"
+    assert "not this agent's version: run enable again" in lines[3]
+    assert "ray is not importable" in lines[4]
+    on.pth.write_text("import os\n")
+    assert switch.status(on, _imports)[0] == 1, "a .pth enable did not write is no switch"
 
 
 def test_the_default_root_is_per_user_in_the_cache_folder() -> None:

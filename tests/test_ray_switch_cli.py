@@ -1,11 +1,15 @@
 """``rtenv-agent ray enable|disable|enabled`` on real venvs, run from the agent's own
 installation: what enable writes (two files and the module's bytecode, nothing else), that it is
-idempotent, that ``enabled`` tells (exit 0 on, 1 off), that disable removes exactly what enable
-wrote, that ``uv sync`` keeps the switch, and that each mistake is one line and exit 2."""
+idempotent, that ``enabled`` tells (exit 0 on, 1 off, or on but not in effect), that disable
+removes exactly what enable wrote (run as enable printed it, by its full path), that ``uv sync``
+keeps the switch, that ``--help`` lists the switch with Ray and without it, and that each mistake
+is one line and exit 2."""
 
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +35,7 @@ BYTECODE = {"__pycache__", f"__pycache__/_rtenv_agent_switch.{sys.implementation
 
 @pytest.fixture(scope="module")
 def agent_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return agent_venv(tmp_path_factory.mktemp("agent") / "venv")
+    return agent_venv(tmp_path_factory.mktemp("agent") / "a venv")  # a space, to be quoted
 
 
 def _files(folder: Path) -> set[str]:
@@ -60,7 +64,9 @@ def test_enable_writes_two_files_and_bytecode_enabled_tells_and_disable_removes_
     assert _files(purelib) - before == NAMES | BYTECODE
     assert f"agent python: {agent_python}" in first.stdout
     assert f"root: {root}" in first.stdout
-    assert f"undo: rtenv-agent ray disable --python {python}" in first.stdout
+    cli = shlex.quote(str(agent_python.parent / "rtenv-agent"))  # by its full path
+    assert f"  what it holds: {cli} info --root {root}\n" in first.stdout
+    assert f"  undo: {cli} ray disable --python {python}\n" in first.stdout
     assert not root.exists(), "the agent makes its root, enable does not"
     again = switch(agent_python, "enable", "--python", str(python), "--root", str(root))
     assert again.returncode == 0, again.stderr
@@ -82,7 +88,11 @@ def test_enable_writes_two_files_and_bytecode_enabled_tells_and_disable_removes_
     cached, finder = armed.stdout.splitlines()
     assert finder == "<class '_rtenv_agent_switch.Finder'>"
     assert Path(cached).is_file()
-    off = switch(agent_python, "disable", "--python", str(python))
+    undo = first.stdout.partition("  undo: ")[2].splitlines()[0]
+    off = subprocess.run(
+        ["/bin/sh", "-c", undo], capture_output=True, text=True, timeout=120, check=False,
+        env={"PATH": "/nonexistent"},  # the line runs as printed, rtenv-agent on no PATH
+    )  # fmt: skip
     assert off.returncode == 0, off.stderr
     assert "removed" in off.stdout
     assert _files(purelib) == before
@@ -165,3 +175,54 @@ def test_enable_refuses_an_agent_python_that_cannot_import_the_agent_isolated(
     )  # fmt: skip
     _one_line_exit_2(done, "cannot import the agent isolated")
     assert not NAMES & _files(site_packages(tmp_path / "env"))
+
+
+def test_enabled_is_1_saying_why_when_the_agent_python_it_names_is_gone(
+    tmp_path: Path, agent_python: Path
+) -> None:
+    """Nodes would run Ray's own agent: not 'on'."""
+    python = ray_venv(tmp_path / "env")
+    gone = agent_venv(tmp_path / "gone")
+    on = switch(gone, "enable", "--python", str(python), "--root", str(tmp_path / "root"))
+    assert on.returncode == 0, on.stderr
+    assert switch(agent_python, "enabled", "--python", str(python)).returncode == 0
+    shutil.rmtree(tmp_path / "gone")
+    shown = switch(agent_python, "enabled", "--python", str(python))
+    assert shown.returncode == 1, shown.stdout
+    first, *_, fix = shown.stdout.splitlines()
+    assert first == (
+        f"rtenv-agent ray: on for {python}, but not in effect: the agent python {gone} is gone: "
+        "the Ray nodes it starts run Ray's own agent"
+    )
+    assert fix.startswith(f"  fix: {shlex.quote(str(agent_python.parent / 'rtenv-agent'))} ")
+
+
+def test_ray_help_lists_the_switch_with_ray_and_without_it(
+    tmp_path: Path, agent_python: Path
+) -> None:
+    """Ray's help and ours after it; where Ray is not importable, ours and a word on Ray's,
+    exit 0 (the switch needs no Ray in the agent's python)."""
+    no_ray = tmp_path / "no-ray"
+    (no_ray / "ray").mkdir(parents=True)
+    (no_ray / "ray" / "__init__.py").write_text("raise ImportError('no ray here (test)')\n")
+    env = {**os.environ, "PYTHONPATH": str(no_ray)}
+    with ThreadPoolExecutor(3) as pool:
+        helped, short, bare = pool.map(
+            lambda case: switch(agent_python, *case[0], env=case[1]),
+            [(["--help"], None), (["-h"], env), ([], env)],
+        )
+    assert helped.returncode == 0, helped.stderr
+    assert "Start Ray processes manually" in helped.stdout, "Ray's own help first"
+    ours = helped.stdout.index("runtime-env-agent's commands")
+    for command in ("enable", "disable", "enabled"):
+        assert f"\n  {command} " in helped.stdout[ours:], command
+    for result in (short, bare):
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == bare.stdout
+        assert "Start Ray processes manually" not in result.stdout
+        assert "\n  enabled  is the switch on and in effect?" in result.stdout
+        assert "Ray is not installed" not in result.stderr
+        assert "which has none: no ray here (test)" in result.stdout
+        assert "\n  start  " in result.stdout
+        assert "pip install 'ray[default]'" in result.stdout
+    assert switch(agent_python, "start", env=env).returncode == 2, "Ray's command: needs Ray"

@@ -1,7 +1,9 @@
 """The Ray switch on real Ray nodes (2.60; 2.51.1 in CI's old-Ray venv): after ``rtenv-agent ray
 enable --python P``, an unmodified driver with a bare ``ray.init(num_cpus=1)`` run by P (or by
 ``uv run`` in a uv project whose venv is P) starts a node whose raylet runs this agent, from the
-agent's own installation, on the root enable named; after ``disable``, Ray's own agent again.
+agent's own installation, on the root enable named, says so once in the driver's output (with
+the ``info`` command, which runs as printed), and ends at ``ray.shutdown()`` with no warning;
+after ``disable``, Ray's own agent again, and no line.
 Before Ray refuses a node whose socket paths are too long, the switch says why and what to do.
 
 Each driver runs in a process of its own with its own short ``RAY_TMPDIR`` (its node's processes
@@ -10,6 +12,7 @@ are found, and stopped, by that path); ``RTENV_ROOT`` is unset: the root is enab
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -123,7 +126,24 @@ def test_a_bare_ray_init_runs_this_agent_on_enables_root_and_rays_own_after_disa
         assert list(root.glob("agent-*.sock")), "its socket is in the root"
         (log,) = (ray_tmp / "on" / "ray").glob("session_latest/logs/runtime_env_agent.log")
         assert f"root {root}" in log.read_text()
+        said = [x for x in run.err.read_text().splitlines() if "runtime-env-agent's" in x]
+        info = shlex.join([str(agent_python.parent / "rtenv-agent"), "info", "--root", str(root)])
+        assert said == [
+            "rtenv-agent: this node's runtime env agent is runtime-env-agent's (rtenv-agent "
+            f"ray-agent), not Ray's; its root: '{root}' (the Ray switch's, rtenv-agent ray "
+            f"enable); what it holds: {info}"
+        ], "once, in the driver's output"
+        shown = subprocess.run(
+            ["/bin/sh", "-c", info], capture_output=True, text=True, timeout=60, check=False,
+            env={"PATH": "/nonexistent"},  # as printed: rtenv-agent on no PATH
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        assert "holders: 1 alive" in shown.stdout, shown.stdout
         assert run.finish() == 0
+        poll(lambda: "stopped" in log.read_text() or None, 30, "the agent to stop")
+        text = log.read_text()
+        assert "INFO agent.ops.entry: keeper " in text, "ray.shutdown(): a normal end"
+        assert "WARNING agent.ops.entry" not in text, text
     disabled = switch(agent_python, "disable", "--python", str(python))
     assert disabled.returncode == 0, disabled.stderr
     env = _environ(ray_tmp / "off")
@@ -135,6 +155,7 @@ def test_a_bare_ray_init_runs_this_agent_on_enables_root_and_rays_own_after_disa
         assert any(word.strip('"').endswith(RAY_AGENT_MAIN) for word in command), command
         assert "-m agent ray-agent" not in " ".join(agent), agent
         assert run.finish() == 0
+        assert "runtime-env-agent" not in run.err.read_text(), "nothing said of this agent"
 
 
 def test_a_uv_run_driver_in_a_uv_project_runs_this_agent_from_its_own_installation(

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Awaitable, Callable
 
 from agent.app.config import Settings
-from agent.ops import loops
+from agent.ops import keeper, loops
 from agent.ops.sdnotify import Notifier
 from agent.ops.server import Agent
 from agent.ops.startup import check_parent
@@ -72,13 +72,11 @@ async def _serve(
     try:
         if settings.parent_pid is not None:
             check_parent(settings.parent_pid)
-            watchers.append(
-                asyncio.create_task(_watch_parent(settings.parent_pid, stop), name="parent")
-            )
+            watch = _watch_parent(settings.parent_pid, stop, "parent", keeper_pid)
+            watchers.append(asyncio.create_task(watch, name="parent"))
         if keeper_pid is not None:  # the raylet kills the keeper: this agent stops cleanly
-            watchers.append(
-                asyncio.create_task(_watch_parent(keeper_pid, stop, "keeper"), name="keeper")
-            )
+            watch = _watch_parent(keeper_pid, stop, "keeper", keeper_pid)
+            watchers.append(asyncio.create_task(watch, name="keeper"))
         notifier = Notifier.from_environment()  # systemd Type=notify, when NOTIFY_SOCKET is set
         agent = Agent(settings, before_recovery=before_recovery, freeze_heap=freeze_heap)
         if not await _start_unless_stopped(agent, stop):
@@ -141,13 +139,24 @@ def describe_loop(loop: asyncio.AbstractEventLoop) -> str:
     return "asyncio (uvloop not in use; pip install uvloop for less overhead per RPC)"
 
 
-async def _watch_parent(pid: int, stop: asyncio.Event, who: str = "parent") -> None:
-    """Set ``stop`` when process ``pid`` (the parent, or ``who``) exits (fate sharing)."""
+async def _watch_parent(
+    pid: int, stop: asyncio.Event, who: str = "parent", keeper_pid: int | None = None
+) -> None:
+    """Set ``stop`` when process ``pid`` (the parent, or ``who``) exits (fate sharing), saying
+    so as ``keeper.end_line`` words it (unless another watch said it first)."""
+    await _exited(pid)
+    if stop.is_set():
+        return  # said already (the other watch woke first), or a signal came
+    level, line = keeper.end_line(who, pid, keeper_pid, os.getppid())
+    log.log(level, "%s", line, extra={"parent_pid": pid})
+    stop.set()
+
+
+async def _exited(pid: int) -> None:
+    """Return once process ``pid`` has exited (at once if it is gone already)."""
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:  # gone since check_parent
-        log.error("%s %d is already gone; shutting down", who, pid, extra={"parent_pid": pid})
-        stop.set()
         return
     except OSError:  # no pidfd (old kernel): poll
         while _alive(pid):  # noqa: ASYNC110 - nothing to wait on without a pidfd
@@ -163,8 +172,6 @@ async def _watch_parent(pid: int, stop: asyncio.Event, who: str = "parent") -> N
                 loop.remove_reader(fd)  # also when cancelled: no reader left on a closed fd
         finally:
             os.close(fd)
-    log.warning("%s %d exited; shutting down", who, pid, extra={"parent_pid": pid})
-    stop.set()
 
 
 def _alive(pid: int) -> bool:

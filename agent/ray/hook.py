@@ -11,14 +11,19 @@ is not installed; ``agent.ray`` imports it for ``install()`` and the launcher.
   to raylets (and warning, naming what it holds, for a raylet command it does not know); on a
   Ray older than ``SUPPORTED_RAY`` (``ray_version_problem``) the raylet keeps Ray's own agent,
   with one warning saying why.
+- ``announcement`` (pure): the one line a node started on this agent says (whose agent, its
+  root, and the ``info`` command that shows what the root holds, with the full path of
+  ``rtenv-agent``); the switch prints it on stderr once per process, as the first raylet it
+  swapped starts (the driver that starts its node; workers start none).
 - ``longest_socket_path``/``socket_path_warning`` (pure): Ray's own unix socket paths
   (``<temp_dir>/session_<date>_<pid>/sockets/plasma_store`` and ``raylet``) against AF_UNIX's
   107 bytes, and the warning that names the limit and the fix.
 - ``arm(python, root)``, run by the ``.pth`` at interpreter start: it only puts a finder first on
   ``sys.meta_path``, which does nothing until ``ray._private.services`` or ``ray._private.node``
   is imported; it then patches them as they load (the swap, with ``python`` and ``root`` baked in
-  by ``enable``; the socket path warning before Ray checks a node's socket paths). Nothing it
-  does may stop an interpreter from starting: a failure is one warning, never an exception.
+  by ``enable``, and the announcement; the socket path warning before Ray checks a node's socket
+  paths). Nothing it does may stop an interpreter from starting: a failure is one warning, never
+  an exception.
 
 It runs on the target environment's Python (3.9 or later): no syntax or call newer than that.
 """
@@ -55,6 +60,10 @@ SERVICES = "ray._private.services"
 NODE = "ray._private.node"
 LOGGER = "agent.ray"
 PROBLEM_CHARS = 500  # of the agent command quoted in a warning
+ROOT_CHARS = 300  # of the root's path in the announcement
+CLI = "rtenv-agent"  # the agent's console script, beside its python (pip, pipx, uv tool)
+RUNTIME_ENV_DIR_FLAG = "--runtime-env-dir="  # Ray's flag to its agent
+SESSION_ROOT = "rtenv"  # a root in Ray's session: <runtime-env-dir>/rtenv (ops/ray_agent.py's)
 
 
 def ray_release(version: str) -> tuple[int, ...] | None:
@@ -207,6 +216,91 @@ def swapping(
     return start_ray_process
 
 
+# -- the line a node on this agent says -----------------------------------------------------
+
+
+def agent_cli(python: str) -> list[str]:
+    """How to run ``rtenv-agent`` of the agent that ``python`` runs: the console script beside it
+    (``<venv>/bin/rtenv-agent``, as pip, pipx and uv tool install it), else ``python -m agent``."""
+    script = os.path.join(os.path.dirname(python), CLI)
+    if os.path.isfile(script) and os.access(script, os.X_OK):
+        return [script]
+    return [python, "-m", "agent"]
+
+
+def shell_line(words: Sequence[str]) -> str:
+    """``words`` as one line a shell runs (quoted where needed); repr-quoted when it holds a
+    character no line can (a newline in a path), so that it stays one line."""
+    import shlex
+
+    said = shlex.join(words)
+    return said if said.isprintable() else _quoted(said)
+
+
+def _agent_words(raylet_argv: Sequence[str]) -> list[str]:
+    """The words of the raylet's agent command (none when it has none that splits)."""
+    import shlex
+
+    for arg in raylet_argv:
+        if arg.startswith(AGENT_FLAG):
+            try:
+                return shlex.split(arg[len(AGENT_FLAG) :])
+            except ValueError:
+                continue
+    return []
+
+
+def _flag_value(words: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` (``--x=``) among ``words``, as ``--x=V`` or ``--x V``; or None."""
+    for i, word in enumerate(words):
+        if word.startswith(flag):
+            return word[len(flag) :]
+        if word == flag[:-1] and i + 1 < len(words):
+            return words[i + 1]
+    return None
+
+
+def announcement(raylet_argv: Sequence[str], environ: Mapping[str, str], prog: str) -> str:
+    """The line said as a raylet starts with this agent (``raylet_argv``, swapped): whose agent
+    it is, its root (``$RTENV_ROOT``, else the swap's ``--root``, else in the node's Ray session,
+    as ``rtenv-agent ray-agent`` decides), and the command that shows what the root holds:
+    ``rtenv-agent info --root ROOT`` of the agent's own installation, by its full path."""
+    said = f"{prog}: this node's runtime env agent is runtime-env-agent's (rtenv-agent ray-agent)"
+    words = _agent_words(raylet_argv)
+    flag = _flag_value(words, ROOT_FLAG)
+    runtime_env_dir = _flag_value(words, RUNTIME_ENV_DIR_FLAG)
+    if environ.get("RTENV_ROOT"):
+        root, why = environ["RTENV_ROOT"], " (RTENV_ROOT)"
+    elif flag is not None:
+        root, why = flag, " (the Ray switch's, rtenv-agent ray enable)"
+    elif runtime_env_dir is not None:
+        root = os.path.join(runtime_env_dir, SESSION_ROOT)
+        why = ", in Ray's session (each session starts an empty cache; set RTENV_ROOT to keep one)"
+    else:
+        return f"{said}, not Ray's; its root: unknown (the raylet passes no --runtime-env-dir)"
+    cli = agent_cli(words[0] if words else sys.executable)
+    info = shell_line([*cli, "info", "--root", root])
+    if not root.isprintable() or len(root) > ROOT_CHARS:  # the root is said above, cut
+        info = f"{shell_line(cli)} info --root ROOT (the root above)"
+    return f"{said}, not Ray's; its root: {_quoted(root, ROOT_CHARS)}{why}; what it holds: {info}"
+
+
+_announced: list[str] = []  # the line this process said, once
+
+
+def _announce_once(swapped: list[str]) -> None:
+    """The announcement on stderr, the first time a raylet started here runs this agent (a
+    driver starting its node, ``ray start``; several nodes of one ``Cluster``: once)."""
+    if _announced:
+        return
+    try:
+        _announced.append(announcement(swapped, os.environ, CLI))
+        sys.stderr.write(_announced[0] + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # a closed stderr: the node starts all the same
+        pass
+
+
 # -- Ray's own socket paths -----------------------------------------------------------------
 
 
@@ -261,7 +355,7 @@ def _patch_services(module: Any, python: str, root: str | None) -> None:
     original = getattr(module, "start_ray_process", None)
     if original is None or getattr(original, "__wrapped__", None) is not None:
         return  # not Ray's function as this switch knows it, or swapped already
-    module.start_ray_process = swapping(original, python, root)
+    module.start_ray_process = swapping(original, python, root, on_swap=_announce_once)
 
 
 def _patch_node(module: Any) -> None:

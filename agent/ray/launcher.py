@@ -1,6 +1,7 @@
 """``rtenv-agent ray <args>``: Ray's own CLI (``ray start``, ``ray stop``, ...), run in this
 process with ``agent.ray.install()`` done, so that the raylet ``ray start`` starts runs this agent.
-As that raylet starts, one line on stderr says so and names the agent's root. Before ``ray start``
+As that raylet starts, one line on stderr says so, names the agent's root and the ``info`` command
+that shows it (``hook.announcement``). Before ``ray start``
 runs, one line warns when Ray's own socket paths would be over AF_UNIX's limit. Ray's exit code is
 passed through; a mistake of ours (Ray not installed) is one line, exit 2; so is ``ray start`` on
 a Ray this agent does not support (older than ``hook.SUPPORTED_RAY``), refused by its version
@@ -12,9 +13,11 @@ agent's next steps on stdout (``agent.ray.next_steps``): how to add a node on th
 stop just this node.
 
 ``rtenv-agent ray enable|disable|enabled`` are ours, not Ray's (Ray has no such commands; its
-``enable-usage-stats`` is hyphenated): the switch of a Python environment (``agent.ray.switch``).
-So is ``rtenv-agent ray stop`` (``agent.ray.stop``): it stops the nodes of one temp dir or GCS
-address, where Ray's ``ray stop`` stops every Ray node on the machine; neither needs Ray.
+``enable-usage-stats`` is hyphenated): the switch of a Python environment (``agent.ray.switch``),
+which needs no Ray in this python. So is ``rtenv-agent ray stop`` (``agent.ray.stop``): it stops
+the nodes of one temp dir or GCS address, where Ray's ``ray stop`` stops every Ray node on the
+machine; it needs no Ray either. ``--help`` lists ours after Ray's commands, and without Ray too
+(``agent.ray.commands``).
 """
 
 from __future__ import annotations
@@ -22,17 +25,12 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import shlex
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from agent.core.errors import echo
-from agent.ops.ray_agent import agent_root
-from agent.ray import AGENT_FLAG, install, stop, switch
+from agent.ray import commands, hook, install, stop, switch
 from agent.ray.hook import (
-    ROOT_FLAG,
     longest_socket_path,
     ray_temp_dir,
     ray_version_problem,
@@ -42,7 +40,6 @@ from agent.ray.hook import (
 from agent.ray.next_steps import NextSteps
 
 PROG = "rtenv-agent ray"
-ROOT_CHARS = 300  # of the root's path in the announcement
 
 
 def main(argv: Sequence[str]) -> int:
@@ -50,6 +47,8 @@ def main(argv: Sequence[str]) -> int:
         return switch.main(argv[0], argv[1:], os.environ)
     if argv[:1] == ["stop"]:
         return stop.main(argv[1:], os.environ)
+    if commands.wants_help(argv):  # ours listed too; no Ray needed for that
+        return commands.show_help(PROG)
     try:
         from ray.scripts import scripts
     except ImportError as exc:
@@ -128,40 +127,9 @@ def _announce(raylet_argv: list[str]) -> None:
 
 
 def announcement(raylet_argv: Sequence[str], environ: Mapping[str, str]) -> str:
-    """The line said as a raylet starts with this agent: whose agent it is, and its root
-    (``$RTENV_ROOT``, else in the node's Ray session, as ``rtenv-agent ray-agent`` decides)."""
-    said = f"{PROG}: this node's runtime env agent is runtime-env-agent's (rtenv-agent ray-agent)"
-    if environ.get("RTENV_ROOT"):
-        root = echo(environ["RTENV_ROOT"], ROOT_CHARS)
-        return f"{said}, not Ray's; its root: {root} (RTENV_ROOT)"
-    if (flag := _agent_word(raylet_argv, ROOT_FLAG)) is not None:
-        root = echo(flag, ROOT_CHARS)
-        return f"{said}, not Ray's; its root: {root} (the Ray switch's, rtenv-agent ray enable)"
-    runtime_env_dir = _agent_word(raylet_argv, "--runtime-env-dir=")
-    if runtime_env_dir is None:
-        return f"{said}, not Ray's; its root: unknown (the raylet passes no --runtime-env-dir)"
-    root = echo(str(agent_root(Path(runtime_env_dir), environ)), ROOT_CHARS)
-    return (
-        f"{said}, not Ray's; its root: {root}, in Ray's session (each session starts an empty "
-        "cache; set RTENV_ROOT to keep one)"
-    )
-
-
-def _agent_word(raylet_argv: Sequence[str], flag: str) -> str | None:
-    """The value of ``flag`` (``--x=``) in the raylet's agent command, or None."""
-    for arg in raylet_argv:
-        if not arg.startswith(AGENT_FLAG):
-            continue
-        try:
-            words = shlex.split(arg.removeprefix(AGENT_FLAG))
-        except ValueError:
-            continue
-        for i, word in enumerate(words):
-            if word.startswith(flag):
-                return word.removeprefix(flag)
-            if word == flag[:-1] and i + 1 < len(words):
-                return words[i + 1]
-    return None
+    """The line said as a raylet starts with this agent: whose agent it is, its root and the
+    ``info`` command that shows it (``hook.announcement``)."""
+    return hook.announcement(raylet_argv, environ, PROG)
 
 
 def _exit_code(code: object) -> int:

@@ -13,33 +13,29 @@ PATH finds this one, else its full path, quoted for a shell.
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import sys
 from collections.abc import Sequence
 from typing import TextIO
 
+from agent.ray.hook import CLI as EXE
+from agent.ray.hook import agent_cli, shell_line
 from agent.ray.node_procs import gcs_address, sessions_named
 
 PROG = "rtenv-agent ray"
-EXE = "rtenv-agent"  # the console script pyproject.toml installs
 
 
 def runnable(argv0: str, executable: str, path: str | None) -> list[str]:
     """The words that run this rtenv-agent from a shell whose PATH is ``path``: ``rtenv-agent``
     when PATH finds this one; else the script's full path (``argv0`` when it is the script, else
-    the one beside ``executable``, a venv's ``bin``); else ``<executable> -m agent``."""
-    script: str | None = None
-    if os.path.basename(argv0) == EXE:
-        script = os.path.abspath(argv0)
-    elif os.access(beside := os.path.join(os.path.dirname(executable), EXE), os.X_OK):
-        script = beside
-    if script is None:
-        return [executable, "-m", "agent"]
+    the one beside ``executable``, a venv's ``bin``); else ``<executable> -m agent``
+    (``hook.agent_cli``)."""
+    mine = os.path.basename(argv0) == EXE
+    words = [os.path.abspath(argv0)] if mine else agent_cli(executable)
     found = shutil.which(EXE, path=path)
-    if found is not None and _same_file(found, script):
+    if len(words) == 1 and found is not None and _same_file(found, words[0]):
         return [EXE]
-    return [script]
+    return words
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -59,7 +55,7 @@ def next_steps(raylet_argv: Sequence[str], words: Sequence[str]) -> list[str]:
     temp_dir = os.path.dirname(sessions.pop())
 
     def run(*args: str) -> str:
-        return "    " + shlex.join([*words, "ray", *args])
+        return "    " + shell_line([*words, "ray", *args])
 
     lines = [
         f"{PROG}: next steps for this node, which runs runtime-env-agent's agent (Ray's "

@@ -19,8 +19,10 @@ dependencies nor land in a worker's venv. The root defaults to
 ``${XDG_CACHE_HOME:-~/.cache}/rtenv-agent/root``, one per user and machine; ``RTENV_ROOT`` in a
 node's environment still wins. No ``dist-info`` is written: ``uv sync`` and ``pip`` leave the two
 files alone (a venv made anew loses them: enable again). ``disable`` removes exactly those two
-files and the module's bytecode; ``enabled`` tells (exit 0 on, 1 off).
-A mistake (a PATH that is no python, a site-packages it cannot write) is one line, exit 2.
+files and the module's bytecode; ``enabled`` tells: exit 0 when that python's nodes run this
+agent, 1 when they run Ray's, saying why (off, or on but not in effect: ``not_in_effect``).
+``enable``'s lines name ``rtenv-agent`` by its full path (``hook.agent_cli``: it need not be on
+PATH). A mistake (a PATH that is no python, a site-packages it cannot write) is one line, exit 2.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,11 +52,19 @@ HEADER = (
     "# Written by `rtenv-agent ray enable` (runtime-env-agent): a copy of its agent/ray/hook.py.\n"
     "# `rtenv-agent ray disable --python PATH` removes it and the .pth file beside it.\n"
 )
-PROBE = (
-    "import importlib.util, json, sys, sysconfig; print(json.dumps({'purelib': "
-    "sysconfig.get_paths()['purelib'], 'version': list(sys.version_info[:3]), "
-    "'ray': importlib.util.find_spec('ray') is not None}))"
-)
+# what the target python says of itself: its site-packages, its version, whether it has Ray (and
+# which, from its metadata: Ray itself is not imported) and whether its start armed the switch
+# (the .pth was run: what a driver's start does)
+PROBE = f"""\
+import importlib.metadata, importlib.util, json, sys, sysconfig
+try:
+    ray = importlib.metadata.version('ray')
+except Exception:
+    ray = ''
+print(json.dumps({{'purelib': sysconfig.get_paths()['purelib'],
+    'version': list(sys.version_info[:3]), 'ray': importlib.util.find_spec('ray') is not None,
+    'ray_version': ray, 'armed': any(type(f).__module__ == {NAME!r} for f in sys.meta_path)}}))
+"""
 AGENT_PROBE = "import agent; print(agent.__file__)"
 # the module's bytecode, written now by the target python: Python reads it at each start even
 # where it writes none (PYTHONDONTWRITEBYTECODE), so the switch costs well under a millisecond
@@ -73,6 +83,9 @@ class Target:
     purelib: Path
     version: tuple[int, ...]
     has_ray: bool
+    ray_version: str = ""  # from its metadata ("" where it has none)
+    armed: bool = False  # its start ran the switch's .pth and armed it
+    stderr: str = ""  # what its start wrote on stderr (the switch's warning, if any), cut
 
     @property
     def pth(self) -> Path:
@@ -165,6 +178,7 @@ def probe(python: str) -> Target:
     try:
         said = json.loads(done.stdout.strip().splitlines()[-1])
         purelib, version, has_ray = Path(said["purelib"]), tuple(said["version"]), said["ray"]
+        ray_version, armed = str(said.get("ray_version", "")), said.get("armed") is True
     except (IndexError, ValueError, KeyError, TypeError):
         raise SwitchError(
             f"--python {echo(python)} is not a python (it did not answer "
@@ -175,21 +189,29 @@ def probe(python: str) -> Target:
         raise SwitchError(
             f"--python {echo(python)} is Python {shown}; the switch needs 3.9 or later"
         )
-    return Target(python, purelib, version, bool(has_ray))
+    stderr = echo(done.stderr.strip(), 300) if done.stderr.strip() else ""
+    return Target(python, purelib, version, bool(has_ray), ray_version, armed, stderr)
 
 
-def agent_python_note(python: str, ours: Path) -> str | None:
-    """Refuses an agent python that cannot import this agent as the raylet will start it
-    (``-I``); the note to print when it imports another copy of it (None: this one)."""
+def agent_location(python: str) -> str | None:
+    """Where ``python`` imports the agent from, isolated (``-I``, as a raylet starts it); None
+    when it cannot (or cannot be run)."""
     try:
         done = subprocess.run(
             [python, "-I", "-c", AGENT_PROBE], capture_output=True, text=True,
             timeout=PROBE_S, check=False, stdin=subprocess.DEVNULL,
         )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SwitchError(f"this agent's python {echo(python)} could not be run: {exc}") from None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
     where = done.stdout.strip()
-    if done.returncode != 0 or not where:
+    return where if done.returncode == 0 and where else None
+
+
+def agent_python_note(python: str, ours: Path) -> str | None:
+    """Refuses an agent python that cannot import this agent as the raylet will start it
+    (``-I``); the note to print when it imports another copy of it (None: this one)."""
+    where = agent_location(python)
+    if where is None:
         raise SwitchError(
             f"this agent's python {echo(python)} cannot import the agent isolated (`-I`, as a "
             "raylet starts it): install runtime-env-agent in it, then run enable with it"
@@ -244,16 +266,22 @@ def enable(target: Target, agent_python: str, root: Path) -> list[str]:
     _compile(target)
     _write(target.pth, pth_line(agent_python, str(root)))
     state = "enabled" if was is None else "enabled again (updated)"
+    cli = hook.agent_cli(agent_python)  # rtenv-agent by its full path: not always on PATH
     lines = [
         f"{PROG}: {state} for {target.python}: the Ray nodes it starts (ray.init(), ray start, "
         "Cluster) run this agent",
         f"  agent python: {agent_python}",
         f"  root: {root} (RTENV_ROOT, where set, wins)",
         f"  wrote: {target.pth}, {target.module}",
-        f"  undo: rtenv-agent ray disable --python {target.python}",
+        f"  what it holds: {hook.shell_line([*cli, 'info', '--root', str(root)])}",
+        f"  undo: {hook.shell_line([*cli, 'ray', 'disable', '--python', target.python])}",
     ]
     if not target.has_ray:
         lines.append(f"  note: ray is not importable in {target.python} (yet)")
+    elif old := hook.ray_version_problem(target.ray_version):
+        lines.append(
+            f"  note: {old}: the nodes it starts run Ray's own agent until Ray is upgraded"
+        )
     return lines
 
 
@@ -279,8 +307,11 @@ def disable(target: Target) -> list[str]:
     ]
 
 
-def status(target: Target) -> tuple[int, list[str]]:
-    """Exit 0 and what is on (agent python, root), or 1 and that it is off."""
+def status(
+    target: Target, locate: Callable[[str], str | None] = agent_location
+) -> tuple[int, list[str]]:
+    """Exit 0 and what is on (agent python, root); or 1 and why the nodes that python starts run
+    Ray's own agent: the switch is off, or on but not in effect (``not_in_effect``)."""
     if not target.pth.is_file():
         return 1, [f"{PROG}: off for {target.python} (no {target.pth})"]
     baked = read_pth(target.pth.read_text(errors="replace"))
@@ -290,16 +321,43 @@ def status(target: Target) -> tuple[int, list[str]]:
             "module is missing (run enable again, or disable)"
         ]
     python, root = baked
-    lines = [
-        f"{PROG}: on for {target.python}",
-        f"  agent python: {python}",
-        f"  root: {root} (RTENV_ROOT, where set, wins)",
-    ]
-    if not os.access(python, os.X_OK):
-        lines.append(f"  warning: the agent python {python} is gone: run enable again")
+    lines = [f"  agent python: {python}", f"  root: {root} (RTENV_ROOT, where set, wins)"]
+    if (problem := not_in_effect(target, python, locate)) is not None:
+        again = [*hook.agent_cli(sys.executable), "ray", "enable", "--python", target.python]
+        again += ["--root", root] if root else []
+        return 1, [
+            f"{PROG}: on for {target.python}, but not in effect: {problem}",
+            *lines,
+            f"  fix: {hook.shell_line(again)} (or disable)",
+        ]
     if target.module.read_text(encoding="utf-8", errors="replace") != module_text():
         lines.append("  note: its module is not this agent's version: run enable again")
-    return 0, lines
+    if not target.has_ray:
+        lines.append(f"  note: ray is not importable in {target.python} (yet)")
+    return 0, [f"{PROG}: on for {target.python}", *lines]
+
+
+def not_in_effect(target: Target, python: str, locate: Callable[[str], str | None]) -> str | None:
+    """Why a switch that is on (its two files as enable wrote them) changes nothing, and what
+    that python's Ray nodes then run; None when it is in effect. In the order a node meets
+    them: that python's start does not arm it (the .pth is not run there, or arm failed); its
+    Ray is older than this agent serves (the swap leaves Ray's agent: ``hook.swapping``); the
+    agent python is gone (the same); it cannot import the agent isolated (the raylet would
+    start an agent that exits at once, and fate-share with it)."""
+    rays = "the Ray nodes it starts run Ray's own agent"
+    if not target.armed:
+        said = f" (its start said: {target.stderr})" if target.stderr else ""
+        return f"{target.python} does not arm it at start{said}: {target.pth} is not run there"
+    if target.has_ray and (old := hook.ray_version_problem(target.ray_version)):
+        return f"{old}: {rays}"
+    if not os.access(python, os.X_OK):
+        return f"the agent python {python} is gone: {rays}"
+    if locate(python) is None:
+        return (
+            f"the agent python {python} cannot import the agent isolated (-I, as a raylet "
+            "starts it): the Ray nodes it starts would fail to start"
+        )
+    return None
 
 
 DESCRIPTIONS = {

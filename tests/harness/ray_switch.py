@@ -8,7 +8,8 @@ switch them to, ``rtenv-agent ray enable|disable|enabled`` run as a user runs it
   installed there as an editable finder, which a ``.pth`` path line does not run).
 - ``agent_venv``: the agent's own installation, as a user's ``pip install runtime-env-agent`` makes
   it: a venv whose ``.pth`` names this repository first, then that site-packages; ``-I`` keeps
-  both, so a raylet's ``<python> -u -I -m agent ray-agent`` runs this checkout's agent.
+  both, so a raylet's ``<python> -u -I -m agent ray-agent`` runs this checkout's agent; and its
+  ``bin/rtenv-agent`` script.
 - ``Driver``: ``launch.py`` (below: a bare ``ray.init(num_cpus=1)``, one task, no import of the
   agent) in a process of its own; it prints ``TASK <pid>`` and waits for a line on stdin while
   the test reads the node's processes, found by the driver's short ``RAY_TMPDIR`` in their
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -83,8 +85,24 @@ def ray_venv(path: Path) -> Path:
 
 
 def agent_venv(path: Path) -> Path:
-    """The agent's own installation: its python imports this checkout's agent, isolated too."""
-    return _venv(path, [str(REPO), sysconfig.get_paths()["purelib"], tests_site_packages()])
+    """The agent's own installation: its python imports this checkout's agent, isolated too;
+    ``rtenv-agent`` beside it, as pip writes the console script."""
+    python = _venv(path, [str(REPO), sysconfig.get_paths()["purelib"], tests_site_packages()])
+    script = python.parent / "rtenv-agent"
+    script.write_text(SCRIPT.replace("PYTHON", shlex.quote(str(python))))
+    script.chmod(0o755)
+    return python
+
+
+# a console script as pip writes it where its python's path has a space (which a #! line cannot
+# hold): sh runs the python on the script; to Python the first lines are a string
+SCRIPT = """#!/bin/sh
+'''exec' PYTHON "$0" "$@"
+' '''
+import sys
+from agent.ops.cli import main
+sys.exit(main())
+"""
 
 
 def switch(
