@@ -160,7 +160,6 @@ OUTSIDE = [
     "/srv/elsewhere/x-1.0-py3-none-any.whl",
     "/srv/allowed/../elsewhere/proj",
     "file:///srv/allowed/%2E%2E/elsewhere/proj",
-    "x @ file:///srv/elsewhere/x.whl",
     "-e /srv/allowed-not/proj",
 ]
 
