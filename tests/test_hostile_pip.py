@@ -161,6 +161,24 @@ async def test_a_place_outside_the_allowed_roots_is_refused_before_pip_runs(
         await still_serves(ra)
 
 
+@pytest.mark.parametrize("roots", [(), ("{allowed}",)], ids=["no roots", "roots"])
+async def test_a_file_named_as_a_project_folder_is_refused_unread(
+    land: Land, roots: tuple[str, ...]
+) -> None:
+    """A path in pip.packages is a wheel, an sdist or a project folder (issue 37): a file named
+    as a folder is refused on what was opened (never read), and outside the roots before it is
+    opened; nothing of it echoed."""
+    settings_roots = tuple(root.format(allowed=land.allowed) for root in roots)
+    async with running_agent(allow_file_roots=settings_roots) as ra:
+        code, details = await outcome(ra, pip_field([str(land.secret)], OFFLINE))
+        want = DENIED if roots else grpc.StatusCode.FAILED_PRECONDITION
+        assert code == want, details
+        assert SECRET not in details
+        assert logs(ra) == [], "an installer ran"
+        await nothing_left(ra)
+        await still_serves(ra)
+
+
 async def test_the_inside_of_the_allowed_roots_installs_every_way(land: Land) -> None:
     """find-links, a direct reference with a marker (normalised so that PEP 508 parsers such as
     packaging can read it again), a git+file reference and an editable install, all inside
@@ -213,9 +231,10 @@ REFUSED_OPTIONS = [
     ["--cache-dir", "/x"], ["--log", "/x"], ["--report", "/x"], ["--build", "/x"],
 ]  # fmt: skip
 REFUSED_PACKAGES = [
-    "./pkg", "../x.tar.gz", "/abs/pkg.whl", "{secret}", "file:///abs/pkg.whl",
-    "git+file:///repo", "x @ ./p", "x @ /abs/p.whl", "x @ file:x.whl", "x @ file://host/x.whl",
-    "x @ ftp://host/x.whl", "x @ git+ext::sh -c id", "x @ svn+lp:proj",
+    "./pkg", "../x.tar.gz", "x-1.0-py3-none-any.whl", "-e ./pkg", "--index-url=/abs/simple",
+    "{secret} ; os_name == 'posix'", "file:x.whl", "x @ ./p", "x @ /abs/p.whl",
+    "x @ file:x.whl", "x @ file://host/x.whl", "x @ ftp://host/x.whl", "x @ git+ext::sh -c id",
+    "x @ svn+lp:proj",
 ]  # fmt: skip
 REFUSED_PLACES = [
     ["-f", "wheels"], ["-f", "~/wheels"], ["-f", "ftp://host/w"], ["-i", "outside/simple"],

@@ -211,12 +211,14 @@ INSIDE = [
     {"packages": [f"a @ file://{WHEEL}", f"b @ file://localhost{WHEEL}"]},
     {"packages": ["a @ git+file:///srv/allowed/repo@main", "b @ git+ssh://git@host/r.git"]},
     {"packages": ["a @ https://host/a.whl", "b @ hg+https://host/b", "c @ svn+svn://host/c"]},
+    {"packages": [WHEEL, f"file://{WHEEL}", "/srv/allowed/proj", "-e /srv/allowed/proj"]},
+    {"packages": ["git+file:///srv/allowed/repo", "git+https://host/r.git@v1"]},
 ]
 
 
 @pytest.mark.parametrize("value", INSIDE, ids=lambda v: repr(v)[:60])
 def test_remote_places_and_local_ones_inside_the_roots_are_accepted(value: object) -> None:
-    assert spec(value, ROOTS).packages
+    assert spec(value, ROOTS).canonical()["packages"]
 
 
 OUTSIDE_ROOTS = [
@@ -234,6 +236,10 @@ OUTSIDE_ROOTS = [
     with_options("--extra-index-url", "/srv/allowed/simple"),  # a local index: its pages
     with_options("-e", "file:///srv/allowed/%2E%2E/elsewhere"),
     with_options("-e", "git+file:///srv/elsewhere/repo#egg=demo"),
+    {"packages": ["/srv/elsewhere/a-1.0-py3-none-any.whl"]},
+    {"packages": ["file:///srv/allowed/../elsewhere/proj"]},
+    {"packages": ["-e /srv/elsewhere/proj"]},
+    {"packages": ["git+file:///srv/elsewhere/repo"]},
 ]
 
 
@@ -271,9 +277,9 @@ NEVER = [
     {"packages": ["a @ ftp://host/a.whl"]},
     {"packages": ["a @ git+ext::sh"]},
     {"packages": ["./pkg"]},
-    {"packages": ["/abs/pkg.whl"]},
-    {"packages": ["file:///abs/pkg.whl"]},
-    {"packages": ["git+file:///repo"]},
+    {"packages": ["pkg-1.0-py3-none-any.whl"]},
+    {"packages": ["file:pkg.whl"]},
+    {"packages": ["ftp://host/pkg.whl"]},
     {"packages": ["a @ file:///srv/allowed/a%00.whl"]},
     {"packages": ["a @ http://[::1/a.whl"]},
     with_options("-f", "http://[::1"),

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.pip_wheels import offline
+from tests.harness.pip_wheels import local_project, offline
 from tests.harness.ray_nodes import (
     OURS,
     PIP_OK,
@@ -29,6 +29,7 @@ from tests.harness.ray_nodes import (
     ray_nodes,
     wait_counts_zero,
 )
+from tests.harness.uv_wheels import module_wheel
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -179,3 +180,33 @@ def test_a_requirements_file_of_the_working_dir_makes_the_venv(
         wait_counts_zero(node)
         kinds = {u.kind for u in agent_info(node).uris}
         assert f"ray_{tool}" in kinds, kinds
+
+
+def test_a_wheel_path_and_a_local_folder_in_pip_run_a_task_and_a_rebuilt_wheel_is_a_new_venv(
+    node: RayNode, tmp_path: Path
+) -> None:
+    """`"pip": ["/abs/tinydep-1.0-py3-none-any.whl", "/abs/proj"]`, everyday Ray idioms Ray's
+    agent installs (issue 37: this agent said 'is not a requirement'). Once the job is gone and
+    its env released, a wheel rebuilt at the same path is a new venv here (Ray's own agent keys
+    its venv by the strings alone, and would keep the old one)."""
+    wheels = tmp_path / "my wheels"
+    wheels.mkdir()
+    wheel = module_wheel(wheels, "tinydep", "one")
+    folder = local_project(tmp_path / "proj", "projmod", "from the folder")
+    env = {"pip": {"packages": [str(wheel), str(folder)], "pip_install_options": ["--no-index"]}}
+    spec = {"modules": ["tinydep", "projmod"], "env": ["VIRTUAL_ENV"]}
+    cases = [{"name": "local", "runtime_env": env, "spec": spec}]
+    first = drive(node, "probe", {"cases": cases, "tasks_only": True})["local"]["task"]
+    assert "error" not in first, first
+    assert first["modules"] == {"tinydep": "one", "projmod": "from the folder"}, first
+    venv = first["env"]["VIRTUAL_ENV"]
+    assert venv, first
+    assert first["executable"].startswith(venv), first
+    if not OURS:
+        return
+    wait_counts_zero(node)  # the job's env released: its next create reads the files again
+    module_wheel(wheels, "tinydep", "two")
+    second = drive(node, "probe", {"cases": cases, "tasks_only": True})["local"]["task"]
+    assert "error" not in second, second
+    assert second["modules"] == {"tinydep": "two", "projmod": "from the folder"}, second
+    assert second["env"]["VIRTUAL_ENV"] != venv, "a new venv for the new bytes"

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from agent.core.errors import InvalidRuntimeEnv
+from agent.core.packages import venv_package
 from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
 from agent.core.uris import UriKind
 from agent.core.wd_requirements import (
@@ -21,7 +22,7 @@ from agent.core.wd_requirements import (
     WdRequirements,
     read_field,
     split,
-    venv_package,
+    venv_spec,
 )
 
 LIMITS = EnvLimits()
@@ -115,9 +116,10 @@ def test_the_venv_is_the_one_the_field_written_out_makes(tmp_path: Path) -> None
     """Same requirements, same venv key, whichever file they came from."""
     (tmp_path / "requirements.txt").write_text("gamma_pkg\nalpha\n")
     wd = wd_of([LINE], "uv")
-    package = venv_package(wd, read_field(wd, tmp_path, "e"), ())
+    spec = venv_spec(wd, read_field(wd, tmp_path, "e"), ())
     written = ray_env({"uv": ["alpha", "gamma_pkg"]})
-    assert package is not None
+    assert spec is not None
+    package = venv_package(spec)
     assert package.key.kind is UriKind.RAY_UV
     assert (package.key,) == written.uri_keys
 
@@ -125,7 +127,7 @@ def test_the_venv_is_the_one_the_field_written_out_makes(tmp_path: Path) -> None
 def test_a_file_of_comments_only_makes_no_venv(tmp_path: Path) -> None:
     (tmp_path / "requirements.txt").write_text("# nothing yet\n")
     wd = wd_of([LINE])
-    assert venv_package(wd, read_field(wd, tmp_path, "e"), ()) is None
+    assert venv_spec(wd, read_field(wd, tmp_path, "e"), ()) is None
 
 
 def _refused(tmp_path: Path, words: str, packages: list[object] | None = None) -> None:

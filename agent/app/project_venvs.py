@@ -14,24 +14,34 @@ An env whose ``pip`` or ``uv`` packages read ``-r ${RAY_RUNTIME_ENV_CREATE_WORKI
 (``RuntimeEnv.wd_requirements``, the Ray door's) gets its venv the same way: its files read from
 the installed working dir (``read_field``, in a thread), the field they make parsed as any, the
 venv held for the env, kept in its record and installed through the store.
+
+An env whose ``pip`` or ``uv`` set names files or folders of the node (``RuntimeEnv.local_venv``,
+either door's), or whose requirements files do, gets its venv the same way too: their bytes read
+(``agent.install.local_read``, in a thread) into the venv's key, once per life of the env (a
+live env's creates share the venv its first create made, as its workers do; the first create
+after its last reference is gone reads them again).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 
 from agent.app.config import Settings
 from agent.app.records import EnvRecord
-from agent.core.packages import Package
+from agent.core.packages import Package, venv_package
+from agent.core.pip_spec import PipSpec
 from agent.core.refs import RefTables
 from agent.core.roots import FileRoots
 from agent.core.runtime_env import RuntimeEnv
 from agent.core.uris import UriKey, UriKind
 from agent.core.uv_run import Passthrough
-from agent.core.wd_requirements import read_field, venv_package
+from agent.core.uv_spec import UvSpec
+from agent.core.wd_requirements import read_field, venv_spec
 from agent.install.disk import remove_tree
+from agent.install.local_read import read_contents
 from agent.install.uv_project import Planning, plan_project
 from agent.state.store import UriStore
 
@@ -62,6 +72,9 @@ class ProjectVenvs:
         why its line is left to uv; or its venv of requirements files. Called by a create,
         under its timeout; what it holds is given back with the env's references if the create
         fails."""
+        if env.local_venv is not None:  # never with a uv run line, nor requirements files
+            await self._hold_venv(env, record, env.local_venv)
+            return
         run = env.uv_run
         if run is None:
             await self._derive_requirements(env, record)
@@ -93,9 +106,19 @@ class ProjectVenvs:
         label = f"env {env.env_id}'s {wanted.tool} field"
         folder = self._store.path_for(wd)
         value = await asyncio.to_thread(read_field, wanted, folder, label)
-        package = venv_package(wanted, value, self._planning.roots)
-        if package is not None:
-            await self._hold_and_install(env, record, package)
+        spec = venv_spec(wanted, value, self._planning.roots)
+        if spec is not None:
+            await self._hold_venv(env, record, spec)
+
+    async def _hold_venv(self, env: RuntimeEnv, record: EnvRecord, spec: PipSpec | UvSpec) -> None:
+        """Hold and install the venv of a pip or uv set; one naming files or folders of the
+        node is keyed by their bytes, read now (in a thread): a file rebuilt since the env's
+        last life is another venv."""
+        if spec.sources:
+            label = f"env {env.env_id}'s {'pip' if isinstance(spec, PipSpec) else 'uv'} field"
+            contents = await read_contents(spec.sources, self._planning.roots, label)
+            spec = dataclasses.replace(spec, contents=contents)
+        await self._hold_and_install(env, record, venv_package(spec))
 
     async def _hold_and_install(self, env: RuntimeEnv, record: EnvRecord, venv: Package) -> None:
         """Count the derived venv for the env, keep it in its record, install it."""

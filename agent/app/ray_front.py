@@ -261,7 +261,7 @@ class RayFront:
             answered = self._answers.get(env_id)  # the same for every create of the env
             if answered is None:
                 answered = self._context(env)
-                if env.uv_run is None and not env.plugins:  # made per create: not kept
+                if not env.derives_venv and not env.plugins:  # made per create: not kept
                     self._answers.put(env_id, answered, 2 * len(answered) + 200)
             if env.plugins and self._plugins is not None:
                 answered = await self._plugins.context(

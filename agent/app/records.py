@@ -44,9 +44,10 @@ class EnvRecord:
     # MAX_JOB_ID_BYTES (checked in ``create``)
     job_ids: tuple[str, ...] = ()
     eager_install: bool = False  # the latest create asked for it (the service says why no more)
-    # a uv run env's project venv, or a Ray env's venv whose requirements its working dir
-    # holds: derived by its first create that planned it (held with the env's own keys:
-    # ``RefTables.derive``); the worker runs its python
+    # a uv run env's project venv, a Ray env's venv whose requirements its working dir holds,
+    # or the venv of a set naming files of the node, keyed by their bytes: derived by its first
+    # create that planned it (held with the env's own keys: ``RefTables.derive``); the worker
+    # runs its python
     uv_venv: UriKey | None = None
 
     def note_job(self, job_id: str, eager_install: bool, pool: JobIds) -> None:

@@ -156,7 +156,7 @@ class AgentService:
         )
         # The request log remembers only ``hit``: the reply is built from the env, the same
         # for every create of it, so a retry after a delete gets the answer it missed.
-        return Created(env, hit, self.context_of)
+        return Created(env, hit, self.context_of, self.records)
 
     def check_create(
         self,
@@ -196,12 +196,12 @@ class AgentService:
 
     def created(self, env: RuntimeEnv) -> Created:
         """What a create of this live env answers (a door prepares its reply from it once)."""
-        return Created(env, True, self.context_of)
+        return Created(env, True, self.context_of, self.records)
 
     def context_of(self, env: RuntimeEnv) -> WorkerContext:
-        """The env's worker context: a pure function of the env, the settings and the project
-        venv its create derived (a ``uv run`` env's), built each time it is asked for (the
-        doors keep their replies; a record keeps no context)."""
+        """The env's worker context: a pure function of the env, the settings and the venv its
+        create derived (``ProjectVenvs``), built each time it is asked for (the doors keep
+        their replies; a record keeps no context)."""
         return build_context(
             env, self.store.path_for, py_executable=self.settings.py_executable,
             limits=self.settings.env, uv_venv=self._uv_venv(env),

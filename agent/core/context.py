@@ -46,7 +46,10 @@ def build_context(
     """Each package is placed as its kind says (``PLACEMENTS``): PYTHONPATH is the folders put
     on it in the env's order (the working dir, then each py_module root in order), then the
     env's own; the cwd and the python are those of the first package giving one, the env's
-    own ``py_executable`` winning over the python; the Java jars' folders in order."""
+    own ``py_executable`` winning over the python; the Java jars' folders in order.
+    ``uv_venv``: the venv the env's create derived: a ``uv run`` project's (the worker runs its
+    python, ``VIRTUAL_ENV`` set, as ``uv run`` would), or a pip or uv set's keyed by the files
+    it names (placed as the env's own venv)."""
     paths: list[str] = []
     cwd = ""
     python = None
@@ -69,7 +72,9 @@ def build_context(
     if paths:
         env_vars["PYTHONPATH"] = os.pathsep.join(paths)
     own_command = env.py_executable
-    if uv_venv is not None:
+    if uv_venv is not None and env.uv_run is None:  # a pip or uv set's, keyed by its files:
+        python = str(uv_venv / "bin" / "python")  # placed as the env's own venv
+    elif uv_venv is not None:
         env_vars["VIRTUAL_ENV"] = str(uv_venv)
         own_command = shlex.quote(str(uv_venv / "bin" / "python"))
     check_env_var_size(env_vars, limits)

@@ -61,6 +61,17 @@ PLACEMENTS: dict[UriKind, Placement] = {
 }
 
 
+def venv_package(spec: PipSpec | UvSpec) -> Package:
+    """A pip or uv set's venv as a package: its kind says the tool, and whether it has Ray's
+    semantics (``node_site``: the Ray door's). A set naming local sources has its bytes read
+    first (``PipSpec.contents``): its key holds them."""
+    if isinstance(spec, PipSpec):
+        kind = UriKind.RAY_PIP if spec.node_site else UriKind.PIP
+    else:
+        kind = UriKind.RAY_UV if spec.node_site else UriKind.UV
+    return Package(UriKey(kind, spec.uri), spec)
+
+
 def placement_of(kind: UriKind) -> Placement:
     """The kind's row of ``PLACEMENTS``; a kind without one is a bug (the table is complete)."""
     placement = PLACEMENTS.get(kind)

@@ -12,16 +12,20 @@ whitespace is dropped, and the list is sorted and de-duplicated; the set, the op
 Python version and the platform are hashed into ``pip://<hash>``, so the same set written in
 another order or spelling is the same venv.
 
-Every place pip would read packages from is checked up front: a direct reference
-(``name @ file:///x.whl``, ``name @ git+file:///repo``), ``--find-links``, ``--index-url``,
-``--extra-index-url`` and ``--editable``. A local one must be an absolute path or a ``file:``
-URL; with allowed file roots set it must lie inside one (links resolved: PERMISSION_DENIED
-otherwise), a ``--find-links`` must then be a folder (an HTML page's links lead anywhere) and a
-local index is refused (its pages, likewise). Options that make pip read a file of requirements
-(``-r``, ``-c``, which may name further files, and whose lines pip quotes in its errors), pass
-arguments to a build backend (``--config-settings``) or write outside the venv are refused by
-name; only the options of ``_ALLOWED`` pass. Requirement strings are PEP 508, so never a bare
-path; their markers compare the interpreter's properties and name no file.
+Every place pip would read packages from is checked up front (``agent.core.places``): a direct
+reference (``name @ file:///x.whl``, ``name @ git+file:///repo``), a path, ``--find-links``,
+``--index-url``, ``--extra-index-url`` and ``--editable``. A local one must be an absolute path
+or a ``file:`` URL; with allowed file roots set it must lie inside one (links resolved:
+PERMISSION_DENIED otherwise), a ``--find-links`` must then be a folder (an HTML page's links
+lead anywhere) and a local index is refused (its pages, likewise). Options that make pip read a
+file of requirements (``-r``, ``-c``, which may name further files, and whose lines pip quotes
+in its errors), pass arguments to a build backend (``--config-settings``) or write outside the
+venv are refused by name; only the options of ``_ALLOWED`` pass. Requirement strings are PEP
+508, whose markers compare the interpreter's properties and name no file, or a line pip reads as
+a path or URL: a wheel, an sdist or a project folder by its absolute path (or ``file:`` URL),
+``-e <folder>``, a bare remote URL (``agent.core.local_sources``: what is taken, what is refused
+and why). A set naming files or folders of the node keeps them apart (``PipSpec.sources``): its
+key holds their bytes, read at create, so it has none at parse.
 """
 
 from __future__ import annotations
@@ -31,8 +35,6 @@ import json
 import os
 import platform
 import sys
-import urllib.parse
-import urllib.request
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -40,6 +42,18 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from agent.core.errors import InvalidRuntimeEnv, PermissionDenied, echo
+from agent.core.local_sources import (
+    LocalSource,
+    bare,
+    direct,
+    editable,
+    is_archive_name,
+    listed,
+    option_line,
+    relative,
+    source_identity,
+)
+from agent.core.places import check_place
 from agent.core.roots import FileRoots
 
 # pip install options allowed in an env, by their full spelling only (pip would also take any
@@ -76,9 +90,6 @@ _FIND_LINKS = ("-f", "--find-links")
 # uv's: the last two (pip has neither)
 _INDEXES = ("-i", "--index-url", "--extra-index-url", "--index", "--default-index")
 _EDITABLE = ("-e", "--editable")
-_REMOTE = frozenset({"http", "https"})
-_VCS = frozenset({"git", "hg", "svn", "bzr"})
-_VCS_REMOTE = frozenset({"http", "https", "ssh", "git", "svn"})
 MAX_REQUIREMENTS = 512
 _RAY_PIP_KEYS = ("pip_check", "pip_version")  # Ray's normalised form adds them
 _MAX_ITEM_CHARS = 4096
@@ -97,6 +108,10 @@ class PipSpec:
     # the node's python whose site folders such a venv adds (``node_site``): another python,
     # another venv, even on one shared root
     node_python: str = ""
+    # lines naming files or folders of the node (``agent.core.local_sources``), sorted, distinct;
+    # and their bytes' digests, read at create: only then has the set a key
+    sources: tuple[LocalSource, ...] = ()
+    contents: tuple[str, ...] = ()
 
     @property
     def digest(self) -> str:
@@ -107,6 +122,8 @@ class PipSpec:
         if self.node_site:
             fields["node_site"] = True
             fields["node_python"] = self.node_python
+        if self.sources:
+            fields["sources"] = source_identity(self.sources, self.contents)
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
@@ -116,7 +133,10 @@ class PipSpec:
 
     def canonical(self) -> dict[str, list[str]]:
         """The env's identity keeps the set and the options (the interpreter is the node's)."""
-        return {"packages": list(self.packages), "pip_install_options": list(self.options)}
+        return {
+            "packages": listed(self.packages, self.sources),
+            "pip_install_options": list(self.options),
+        }
 
     @property
     def pip_only(self) -> tuple[str, ...]:
@@ -153,11 +173,16 @@ def _requirement(text: str, field: str) -> Requirement:
     try:
         return Requirement(text)
     except InvalidRequirement as exc:
-        reason = (str(exc).splitlines() or [""])[0][:200]
-        raise InvalidRuntimeEnv(
-            f"{field} {echo(text)} is not a requirement (a name, optionally with extras, a "
-            f"version specifier or a marker, such as 'requests>=2.31'): {reason}"
-        ) from exc
+        raise _not_a_requirement(text, field, exc) from exc
+
+
+def _not_a_requirement(text: str, field: str, exc: InvalidRequirement) -> InvalidRuntimeEnv:
+    reason = (str(exc).splitlines() or [""])[0][:200]
+    return InvalidRuntimeEnv(
+        f"{field} {echo(text)} is not a requirement (a name, optionally with extras, a "
+        "version specifier or a marker, such as 'requests>=2.31'; or a wheel, an sdist or a "
+        f"project folder by its absolute path, such as '/abs/x-1.0-py3-none-any.whl'): {reason}"
+    )
 
 
 def _canonical(req: Requirement) -> str:
@@ -192,13 +217,15 @@ def parse_pip(value: object, *, file_roots: Sequence[str] | FileRoots = ()) -> P
         options = value.get("pip_install_options", [])
     else:
         raise InvalidRuntimeEnv("pip must be a list of requirements or an object with packages")
-    normalised, kept = checked_set(
+    normalised, sources, kept = checked_set(
         "pip", packages, "pip_install_options", options, file_roots, _ALLOWED, _REFUSED
     )
-    if not normalised:
+    if not normalised and not sources:
         return None
     python, machine = interpreter()
-    return PipSpec(packages=normalised, options=kept, python=python, platform=machine)
+    return PipSpec(
+        packages=normalised, options=kept, python=python, platform=machine, sources=sources
+    )
 
 
 def checked_set(
@@ -210,16 +237,20 @@ def checked_set(
     allowed: Mapping[str, bool],
     refused: Mapping[str, str],
     dropped: Collection[str] = (),
-) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """A pip or uv set's requirements (parsed, normalised, sorted; () when it names none) and
-    install options (``dropped`` ones left out), each checked against its allow-list and the
-    file roots. ``file_roots``: resolved once (``FileRoots.of``), or folder names."""
+) -> tuple[tuple[str, ...], tuple[LocalSource, ...], tuple[str, ...]]:
+    """A pip or uv set's requirements (parsed, normalised, sorted; () when it names none), its
+    lines naming files or folders of the node (``LocalSource``, sorted) and install options
+    (``dropped`` ones left out), each checked against its allow-list and the file roots.
+    ``file_roots``: resolved once (``FileRoots.of``), or folder names."""
     requirements = check_items(f"{field}.packages", packages)
     given = check_items(f"{field}.{options_field}", options)
     kept = tuple(option for option in given if option not in dropped)
     roots = file_roots if isinstance(file_roots, FileRoots) else FileRoots.of(file_roots)
     check_options(kept, roots, f"{field}.{options_field}", allowed, refused)
-    return parse_requirements(requirements, f"{field}.packages", roots), kept
+    named, sources = parse_requirements(
+        requirements, f"{field}.packages", roots, f"{field}.{options_field}"
+    )
+    return named, sources, kept
 
 
 def interpreter() -> tuple[str, str]:
@@ -246,17 +277,48 @@ def check_items(field: str, items: object) -> list[str]:
     return items
 
 
-def parse_requirements(packages: Sequence[str], field: str, roots: FileRoots) -> tuple[str, ...]:
-    """The requirements, each parsed (PEP 508) and its direct reference checked against the
-    roots, normalised, sorted and de-duplicated."""
-    normalised = set()
+def parse_requirements(
+    packages: Sequence[str], field: str, roots: FileRoots, options_field: str
+) -> tuple[tuple[str, ...], tuple[LocalSource, ...]]:
+    """The requirements, each parsed (PEP 508, or a line pip reads as a path or URL) and each
+    place it reads checked against the roots, normalised, sorted and de-duplicated: the lines
+    naming files or folders of the node apart (``agent.core.local_sources``)."""
+    normalised: set[str] = set()
+    sources: dict[str, LocalSource] = {}
     for i, text in enumerate(packages):
-        where = f"{field}[{i}]"
-        requirement = _requirement(text, where)
-        if requirement.url:
-            _check_url(requirement.url, where, roots, vcs=True, path=False)
-        normalised.add(_canonical(requirement))
-    return tuple(sorted(normalised))
+        found = _line(text.strip(), f"{field}[{i}]", roots, options_field)
+        if isinstance(found, LocalSource):
+            sources.setdefault(found.line, found)
+        else:
+            normalised.add(found)
+    return tuple(sorted(normalised)), tuple(sources[line] for line in sorted(sources))
+
+
+def _line(text: str, where: str, roots: FileRoots, options_field: str) -> str | LocalSource:
+    """One package line as pip reads it: a requirement (normalised), or a local source."""
+    if text.startswith("-"):
+        source = editable(text, where, roots, options_field)
+        if source is None:
+            raise option_line(text, where, options_field)
+        return source
+    try:
+        requirement = Requirement(text)
+    except InvalidRequirement as exc:
+        found = bare(text, where, roots)
+        if found is None:
+            raise _not_a_requirement(text, where, exc) from exc
+        return found
+    canonical = _canonical(requirement)
+    if requirement.url:
+        marker = "" if requirement.marker is None else str(requirement.marker)
+        head = canonical.partition(" @ ")[0]
+        source = direct(canonical, head, marker, requirement.url, where, roots)
+        if source is not None:
+            return source
+        check_place(requirement.url, where, roots, vcs=True, path=False)
+    elif not requirement.specifier and not requirement.extras and is_archive_name(text):
+        raise relative(where, text)  # pip would take it as a file in its working directory
+    return canonical
 
 
 def _check_ray_pip_keys(value: dict[str, object]) -> None:
@@ -313,7 +375,7 @@ def check_options(
             value = options[i]
         where = f"{field}: {flag}"
         if flag in _FIND_LINKS:
-            path = _check_url(value, where, roots, vcs=False)
+            path = check_place(value, where, roots, vcs=False)
             if path is not None and roots and not os.path.isdir(os.path.realpath(path)):
                 raise InvalidRuntimeEnv(
                     f"{where} {echo(value)} is not a folder: with allow-file-root set, a "
@@ -321,79 +383,16 @@ def check_options(
                     "page's links wherever they lead)"
                 )
         elif flag in _INDEXES:
-            path = _check_url(value, where, roots, vcs=False)
+            path = check_place(value, where, roots, vcs=False)
             if path is not None and roots:
                 raise PermissionDenied(
                     f"{where} {echo(value)} is a local index, refused with allow-file-root "
                     "set (its pages may link anywhere); name a folder of archives inside the "
                     "allowed roots with --find-links instead"
                 )
-        elif flag in _EDITABLE and _check_url(value, where, roots, vcs=True) and not roots:
+        elif flag in _EDITABLE and check_place(value, where, roots, vcs=True) and not roots:
             raise PermissionDenied(
                 f"{where} {echo(value)}: an editable install of a local path needs the "
                 "allow-file-root setting, and the path inside one of its folders"
             )
         i += 1
-
-
-def check_place(value: str, where: str, roots: FileRoots, *, vcs: bool) -> str | None:
-    """The local path a place to read packages from names (a ``file:`` URL, an absolute path,
-    ``vcs+file:`` when ``vcs``), checked against the roots; None when it is remote. Anything
-    else is refused, naming ``where``. (``uv_project`` checks a project's settings with it.)"""
-    return _check_url(value, where, roots, vcs=vcs)
-
-
-def _check_url(
-    value: str, where: str, roots: FileRoots, *, vcs: bool, path: bool = True
-) -> str | None:
-    """The local path ``value`` names (a ``file:`` URL, ``vcs+file:`` when ``vcs``, or an
-    absolute path when ``path``), checked against the roots; None when it is remote (http(s),
-    or a VCS over http(s), ssh, git, svn when ``vcs``). Anything else is refused."""
-    try:
-        parts = urllib.parse.urlsplit(value)
-    except ValueError as exc:  # such as an unclosed [ of an IPv6 host
-        raise InvalidRuntimeEnv(
-            f"{where} {echo(value)} is not a valid URL: {echo(str(exc))}"
-        ) from exc
-    scheme = parts.scheme.lower()
-    base, plus, transport = scheme.partition("+")
-    if vcs and plus and base in _VCS:
-        if transport in _VCS_REMOTE:
-            return None
-        if transport != "file":
-            raise InvalidRuntimeEnv(
-                f"{where} {echo(value)}: a VCS URL must use http(s), ssh, git, svn or file"
-            )
-        # pip cuts an @revision off the path before it decodes it: so must this check
-        local = _file_url_path(parts._replace(path=parts.path.rsplit("@", 1)[0]), value, where)
-    elif scheme in _REMOTE:
-        return None
-    elif scheme == "file":
-        local = _file_url_path(parts, value, where)
-    elif path and not scheme and os.path.isabs(value):
-        local = value
-    else:
-        what = "a URL (http, https, file" + (", or git+ and the like)" if vcs else ")")
-        raise InvalidRuntimeEnv(
-            f"{where} {echo(value)} is not {what}"
-            + (" nor an absolute path (a relative one would mean the agent's working directory)"
-               if path else "")
-        )  # fmt: skip
-    if not roots.allow_opened(os.path.realpath(local)):
-        raise PermissionDenied(
-            f"{where} {echo(value)} is outside the folders pip may read from "
-            f"({', '.join(roots.real)}; the allow-file-root setting)"
-        )
-    return local
-
-
-def _file_url_path(parts: urllib.parse.SplitResult, value: str, where: str) -> str:
-    """The path pip makes of a ``file:`` URL: percent-escapes decoded, as ``url_to_path`` does."""
-    if parts.netloc not in ("", "localhost"):
-        raise InvalidRuntimeEnv(f"{where} {echo(value)}: a file: URL must name no host")
-    path = urllib.request.url2pathname(parts.path)
-    if not os.path.isabs(path) or "\x00" in path:
-        raise InvalidRuntimeEnv(
-            f"{where} {echo(value)}: a file: URL must be absolute, and decode to no NUL"
-        )
-    return path

@@ -64,7 +64,8 @@ def build_ray_context(
     """The worker context of ``env`` as Ray's worker reads it (see the module docstring).
     ``uv_venv``: a ``uv run`` env's project venv, built by the agent: the worker runs its
     python, ``VIRTUAL_ENV`` set and its ``bin`` first on ``PATH``, as ``uv run`` would; or the
-    venv of requirements files the env's working dir holds, placed as its own pip venv."""
+    venv of requirements files the env's working dir holds, or of a set naming files of the
+    node (keyed by their bytes), placed as its own pip venv."""
     roots: list[str] = []  # the folders put on the path, in the env's order of packages
     site_packages: list[str] = []
     venv_bins: list[str] = []

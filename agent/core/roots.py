@@ -45,6 +45,9 @@ class FileRoots:
         return ", ".join(self.given)
 
 
+NO_ROOTS = FileRoots()  # the setting unset: every path may be read
+
+
 def within_roots(path: str, roots: Sequence[str]) -> bool:
     """``path`` (absolute, normalized) is one of ``roots`` or lies under one. ``/`` holds all."""
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)

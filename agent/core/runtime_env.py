@@ -47,13 +47,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.core.errors import InvalidRuntimeEnv, UnsupportedOnNode, echo, type_name
-from agent.core.packages import Package
+from agent.core.packages import Package, venv_package
 from agent.core.pip_spec import PipSpec, parse_pip
 from agent.core.roots import FileRoots
 from agent.core.uris import SCHEMES, ParsedUri, UriKey, UriKind, is_wheel, parse_uri
 from agent.core.uv_run import Passthrough, UvRun, is_uv_run, parse_uv_run
-from agent.core.uv_spec import parse_uv
-from agent.core.wd_requirements import VARIABLE, WdRequirements, split
+from agent.core.uv_spec import UvSpec, parse_uv
+from agent.core.wd_requirements import WdRequirements, of_fields
 
 # Linux's MAX_ARG_STRLEN: one "KEY=value\0" string handed to execve may not exceed it.
 MAX_ARG_STRLEN = 128 * 1024
@@ -120,6 +120,9 @@ class RuntimeEnv:
     wd_requirements: WdRequirements | None = None
     # unknown fields the Ray door ignores, as Ray's agent does (it warns on each create)
     ignored: tuple[str, ...] = ()
+    # a pip or uv set naming files or folders of the node: its create reads their bytes into
+    # its venv's key (``agent.app.project_venvs``); it is then none of ``packages``
+    local_venv: PipSpec | UvSpec | None = None
     uri_keys: tuple[UriKey, ...] = field(init=False, repr=False, compare=False)  # packages' keys
 
     def __post_init__(self) -> None:
@@ -128,7 +131,11 @@ class RuntimeEnv:
     @property
     def derives_venv(self) -> bool:
         """Whether its create makes its venv from its working dir's files, once installed."""
-        return self.uv_run is not None or self.wd_requirements is not None
+        return (
+            self.uv_run is not None
+            or self.wd_requirements is not None
+            or self.local_venv is not None
+        )
 
     @property
     def pip(self) -> PipSpec | None:
@@ -213,7 +220,7 @@ def parse_runtime_env(
             "the pip and uv fields cannot both be set (as Ray says): one env has one venv; "
             "list every requirement in one of them"
         )
-    wd_requirements = _wd_requirements(
+    wd_requirements = of_fields(
         obj, node_site=node_site, node_python=node_python, file_roots=file_roots
     )
     pip = None if wd_requirements else parse_pip(obj.get("pip"), file_roots=file_roots)
@@ -223,18 +230,23 @@ def parse_runtime_env(
             pip = dataclasses.replace(pip, node_site=True, node_python=node_python)
         if uv is not None:
             uv = dataclasses.replace(uv, node_site=True, node_python=node_python)
-    if pip is not None:
-        kind = UriKind.RAY_PIP if node_site else UriKind.PIP
-        packages.append(Package(UriKey(kind, pip.uri), pip))
+    # a set naming files or folders of the node: its venv is keyed by their bytes, at create
+    local_venv = pip if pip is not None and pip.sources else uv if uv and uv.sources else None
+    if pip is not None and local_venv is None:
+        packages.append(venv_package(pip))
     packages.extend(Package(UriKey(UriKind.JAVA_JARS, u), p) for u, p in jars.items())
-    if uv is not None:
-        packages.append(Package(UriKey(UriKind.RAY_UV if node_site else UriKind.UV, uv.uri), uv))
+    if uv is not None and local_venv is None:
+        packages.append(venv_package(uv))
     uv_run = _uv_run(py_executable, working_dir, env_vars)
-    if uv_run is not None and wd_requirements is not None:
+    reads_files = "reads a requirements file of the working dir" if wd_requirements else ""
+    if local_venv is not None:
+        reads_files = "names a file or folder of the node"
+    if uv_run is not None and reads_files:
+        tool = "pip" if obj.get("pip") is not None else "uv"
         raise InvalidRuntimeEnv(
-            f"{wd_requirements.tool}.packages reads a requirements file of the working dir, and "
-            "py_executable is a uv run line: uv run makes the worker's venv from the project; "
-            f"leave {wd_requirements.tool} out"
+            f"{tool}.packages {reads_files}, and py_executable is a uv run line: uv run makes "
+            f"the worker's venv from the project (add it to the project's dependencies); "
+            f"leave {tool} out"
         )
     if len(packages) > limits.max_uris:
         raise InvalidRuntimeEnv(
@@ -282,36 +294,8 @@ def parse_runtime_env(
         plugins=plugins,
         wd_requirements=wd_requirements,
         ignored=ignored,
+        local_venv=local_venv,
     )
-
-
-def _wd_requirements(
-    obj: Mapping[str, Any],
-    *,
-    node_site: bool,
-    node_python: str,
-    file_roots: Sequence[str] | FileRoots,
-) -> WdRequirements | None:
-    """The env's ``pip`` or ``uv`` field when it reads requirements files of the working dir
-    (``agent.core.wd_requirements``): the Ray door's only; the rest of the field checked now."""
-    for tool, parse in (("pip", parse_pip), ("uv", parse_uv)):
-        found = split(tool, obj.get(tool), node_python)
-        if found is None:
-            continue
-        if not node_site:
-            raise InvalidRuntimeEnv(
-                f"{tool}.packages names a requirements file by ${{{VARIABLE}}}, which only "
-                "Ray's agent sets (this agent reads such files at its Ray door); list the "
-                f"requirements in {tool}.packages instead"
-            )
-        if obj.get("working_dir") is None:
-            raise InvalidRuntimeEnv(
-                f"{tool}.packages reads a requirements file of the working dir "
-                f"(${{{VARIABLE}}}), but the env names no working_dir"
-            )
-        parse(found.rest(), file_roots=file_roots)
-        return found
-    return None
 
 
 def _uv_run(

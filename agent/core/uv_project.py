@@ -5,7 +5,7 @@ first). uv honours its ``[tool.uv]`` settings when it builds the project's envir
 agent does too, within its rules: every place a setting names to read packages from must be one
 the agent may read. A relative path is the project's own when it stays inside the working dir;
 any other local path (absolute, ``file:``, or a relative one leading out) must lie in the
-allow-file-root folders, as ``pip``'s ``--find-links`` must (``pip_spec.check_place``); a remote
+allow-file-root folders, as ``pip``'s ``--find-links`` must (``places.check_place``); a remote
 index or URL is allowed as it is for ``pip``. A setting that reaches outside is refused, naming
 the setting, its value and the rule: PERMISSION_DENIED, as a ``file://`` package outside the
 roots is.
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.core.errors import InvalidRuntimeEnv, PermissionDenied, echo, type_name
-from agent.core.pip_spec import check_place
+from agent.core.places import check_place
 from agent.core.roots import FileRoots, within_roots
 from agent.core.uv_run import Passthrough
 

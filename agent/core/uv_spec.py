@@ -5,7 +5,8 @@ Ray's two forms are accepted: a list of requirement strings, or ``{"packages": [
 "uv_version": ..., "uv_check": ..., "uv_pip_install_options": [...]}``. The two spellings of
 one set are one venv: the list, and the object with the same packages and nothing else (or
 ``uv_check: false``, an empty or null ``uv_version``, no options), hash alike into
-``uv://<hash>``. Requirements are normalised as ``pip``'s are (``parse_requirements``).
+``uv://<hash>``. Requirements are normalised as ``pip``'s are (``parse_requirements``), and
+lines naming files or folders of the node are taken as ``pip``'s are (``local_sources``).
 
 - ``uv_version``: a version specifier Ray appends to ``uv`` (``"==0.13.9"``, ``">=0.5"``). Ray
   installs that uv into the venv; this agent builds every venv with its own uv (beside its
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from agent.core.errors import InvalidRuntimeEnv, echo, type_name
+from agent.core.local_sources import LocalSource, listed, source_identity
 from agent.core.pip_spec import checked_set, interpreter
 from agent.core.roots import FileRoots
 
@@ -90,6 +92,8 @@ class UvSpec:
     platform: str  # "linux-x86_64"
     node_site: bool = False  # Ray's semantics, as ``PipSpec.node_site``
     node_python: str = ""  # as ``PipSpec.node_python``
+    sources: tuple[LocalSource, ...] = ()  # as ``PipSpec.sources``
+    contents: tuple[str, ...] = ()  # their digests, read at create
 
     @property
     def digest(self) -> str:
@@ -104,6 +108,8 @@ class UvSpec:
         if self.node_site:
             identity["node_site"] = True
             identity["node_python"] = self.node_python
+        if self.sources:
+            identity["sources"] = source_identity(self.sources, self.contents)
         canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
@@ -114,7 +120,8 @@ class UvSpec:
     def canonical(self) -> dict[str, object]:
         """The env's identity: the set, the options, and the keys that change the venv."""
         out: dict[str, object] = {
-            "packages": list(self.packages), "uv_pip_install_options": list(self.options),
+            "packages": listed(self.packages, self.sources),
+            "uv_pip_install_options": list(self.options),
         }  # fmt: skip
         if self.uv_version:
             out["uv_version"] = self.uv_version
@@ -147,16 +154,16 @@ def parse_uv(value: object, *, file_roots: Sequence[str] | FileRoots = ()) -> Uv
         raise InvalidRuntimeEnv(
             f"uv must be a list of requirements or an object with packages, got {type_name(value)}"
         )
-    normalised, kept = checked_set(
+    normalised, sources, kept = checked_set(
         "uv", packages, "uv_pip_install_options", options, file_roots, _ALLOWED, _REFUSED,
         dropped=_DROPPED,
     )  # fmt: skip
-    if not normalised:
+    if not normalised and not sources:
         return None
     python, machine = interpreter()
     return UvSpec(
         packages=normalised, options=kept, uv_version=version, uv_check=check, python=python,
-        platform=machine,
+        platform=machine, sources=sources,
     )  # fmt: skip
 
 

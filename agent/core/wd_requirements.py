@@ -26,15 +26,14 @@ import json
 import os
 import re
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent.core.errors import InvalidRuntimeEnv, echo
-from agent.core.packages import Package
 from agent.core.pip_spec import PipSpec, parse_pip
 from agent.core.roots import FileRoots
-from agent.core.uris import UriKey, UriKind
 from agent.core.uv_spec import UvSpec, parse_uv
 
 VARIABLE = "RAY_RUNTIME_ENV_CREATE_WORKING_DIR"
@@ -123,22 +122,45 @@ def read_field(wd: WdRequirements, folder: Path, label: str) -> object:
     return out
 
 
-def venv_package(
+def venv_spec(
     wd: WdRequirements, value: object, file_roots: Sequence[str] | FileRoots
-) -> Package | None:
-    """The venv of the field ``read_field`` gave, as the Ray door's ``pip`` or ``uv`` field
+) -> PipSpec | UvSpec | None:
+    """The set of the field ``read_field`` gave, as the Ray door's ``pip`` or ``uv`` field
     makes it (Ray's semantics: ``node_site``); None if its files name no requirement."""
-    spec: PipSpec | UvSpec | None
-    if wd.tool == "pip":
-        spec = parse_pip(value, file_roots=file_roots)
-        kind = UriKind.RAY_PIP
-    else:
-        spec = parse_uv(value, file_roots=file_roots)
-        kind = UriKind.RAY_UV
+    parse = parse_pip if wd.tool == "pip" else parse_uv
+    spec = parse(value, file_roots=file_roots)
     if spec is None:
         return None
-    spec = dataclasses.replace(spec, node_site=True, node_python=wd.node_python)
-    return Package(UriKey(kind, spec.uri), spec)
+    return dataclasses.replace(spec, node_site=True, node_python=wd.node_python)
+
+
+def of_fields(
+    obj: Mapping[str, Any],
+    *,
+    node_site: bool,
+    node_python: str,
+    file_roots: Sequence[str] | FileRoots,
+) -> WdRequirements | None:
+    """The env's ``pip`` or ``uv`` field when it reads requirements files of the working dir
+    (``agent.core.wd_requirements``): the Ray door's only; the rest of the field checked now."""
+    for tool, parse in (("pip", parse_pip), ("uv", parse_uv)):
+        found = split(tool, obj.get(tool), node_python)
+        if found is None:
+            continue
+        if not node_site:
+            raise InvalidRuntimeEnv(
+                f"{tool}.packages names a requirements file by ${{{VARIABLE}}}, which only "
+                "Ray's agent sets (this agent reads such files at its Ray door); list the "
+                f"requirements in {tool}.packages instead"
+            )
+        if obj.get("working_dir") is None:
+            raise InvalidRuntimeEnv(
+                f"{tool}.packages reads a requirements file of the working dir "
+                f"(${{{VARIABLE}}}), but the env names no working_dir"
+            )
+        parse(found.rest(), file_roots=file_roots)
+        return found
+    return None
 
 
 def _read_into(out: list[str], root: Path, path: Path, seen: set[Path], label: str) -> None:

@@ -164,8 +164,8 @@ class RuntimeEnvAgentServicer:
         ).SerializeToString()
         jars = sum(len(jar) + 100 for jar in created.context.java_jars)
         weight = env_var_bytes(created.context.env_vars) + 100 * len(created.uris) + 1024 + jars
-        if created.env.uv_run is None:  # a uv run env's project venv is its create's (derived,
-            # named by the lock a later create may find otherwise): its reply is built each time
+        if not created.env.derives_venv:  # a venv its create derived (from a project's lock,
+            # or files a later create may find otherwise): its reply is built each time
             self._replies.put(created.env_id, reply, weight + sum(map(len, created.uris)))
         return reply
 

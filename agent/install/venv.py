@@ -207,11 +207,13 @@ async def build_venv(
     label: str,
     uv: str | None = None,
     cache: Path | None = None,
+    sources: Sequence[str] = (),
 ) -> Path:
     """Make ``staging/venv`` with the spec installed; return it. ``label`` names the package in
     messages, already cut (``UriKey.label``). ``uv``: the uv binary (``find_uv``), used for a
     ``UvSpec`` always and for a ``PipSpec`` when ``installer`` is "uv"; ``cache``: the root's
-    wheel cache uv installs from, by hardlinks (``agent.install.wheel_cache``)."""
+    wheel cache uv installs from, by hardlinks (``agent.install.wheel_cache``); ``sources``:
+    the installer's arguments for the spec's local sources (their copies: ``local_read``)."""
     venv = staging / "venv"
     venv_python = str(venv / "bin" / "python")
     if isinstance(spec, UvSpec) and uv is None:
@@ -246,7 +248,7 @@ async def build_venv(
             python, "-m", "pip", "--python", venv_python, "--isolated",
             "install", "--disable-pip-version-check", "--no-input",
         ]  # fmt: skip
-    await run_installer([*install, *options, *spec.packages], log_path, label, staging)
+    await run_installer([*install, *options, *spec.packages, *sources], log_path, label, staging)
     if isinstance(spec, UvSpec) and spec.uv_check and uv is not None:
         await run_installer([uv, "pip", "check", "--python", venv_python], log_path, label, staging)
     if spec.node_site:

@@ -36,6 +36,7 @@ from agent.app.token import Token, read_token
 from agent.core import plugin_config
 from agent.core.errors import StartupError
 from agent.core.refs import RefTables
+from agent.core.roots import FileRoots
 from agent.core.units import human_bytes
 from agent.doors.access import TokenInterceptor
 from agent.doors.metrics import Metrics, start_metrics_server
@@ -193,7 +194,7 @@ class Agent:
                 InstallTools(
                     fetcher, settings.archive, settings.py_executable, settings.pip_installer,
                     root / "logs", self._unpack, settings.overlap_downloads, uv,
-                    wheel_cache.path,
+                    wheel_cache.path, FileRoots.of(settings.allow_file_roots),
                 )
             )  # fmt: skip
             store = UriStore(

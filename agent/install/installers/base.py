@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from agent.core.packages import Package
+from agent.core.roots import NO_ROOTS, FileRoots
 from agent.install.fetch import Fetcher
 from agent.install.fetch_base import Space
 from agent.install.unpack_pool import UnpackPool
@@ -32,6 +33,7 @@ class InstallTools:
     overlap: bool = True  # a large http(s) zip extracted while it downloads (with a pool)
     uv: str | None = None  # the uv binary (``find_uv``); None: uv envs refused, pip by pip
     wheel_cache: Path | None = None  # the root's wheel cache uv links venvs from
+    file_roots: FileRoots = NO_ROOTS  # where a pip or uv set's local sources may be read
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,10 @@
 ``UvSpec``), by pip or uv.
 
 Build it in the staging folder with the installer as a subprocess (``agent.install.venv``), its
-output in a log under the root's ``logs/``; then rewrite the staging path to the final one in
-its scripts, give its files the agent's modes (the installer ran under the agent's umask) and
-measure it, in one thread hop.
+output in a log under the root's ``logs/``, from a copy of the files and folders the set names
+(``agent.install.local_read``: their bytes checked against the key's); then rewrite the staging
+path to the final one in its scripts, give its files the agent's modes (the installer ran under
+the agent's umask) and measure it, in one thread hop.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from pathlib import Path
 
 from agent.core.packages import Package
 from agent.core.pip_spec import PipSpec
+from agent.core.roots import NO_ROOTS, FileRoots
 from agent.core.uv_spec import UvSpec
 from agent.install.disk import du
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
+from agent.install.local_read import copy_into
 from agent.install.modes import harden_tree, make_dir
 from agent.install.staging import through
 from agent.install.venv import build_venv, relocate
@@ -34,12 +37,14 @@ class PipVenvInstaller:
         logs: Path,
         uv: str | None = None,
         wheel_cache: Path | None = None,
+        roots: FileRoots = NO_ROOTS,
     ) -> None:
         self._python = python
         self._installer = installer  # of pip envs: "pip", or "uv" when there is one
         self._logs = logs
         self._uv = uv
         self._wheel_cache = wheel_cache
+        self._roots = roots  # where the sets' local sources may be read
 
     @classmethod
     def of(cls, tools: InstallTools) -> PipVenvInstaller:
@@ -49,7 +54,7 @@ class PipVenvInstaller:
         by_uv = tools.uv is not None and installer == "uv"
         return cls(
             python=tools.python, installer=installer, logs=tools.logs, uv=tools.uv,
-            wheel_cache=tools.wheel_cache if by_uv else None,
+            wheel_cache=tools.wheel_cache if by_uv else None, roots=tools.file_roots,
         )  # fmt: skip
 
     @classmethod
@@ -57,7 +62,7 @@ class PipVenvInstaller:
         """The uv kind's: always by uv, from the wheel cache."""
         return cls(
             python=tools.python, installer="uv", logs=tools.logs, uv=tools.uv,
-            wheel_cache=tools.wheel_cache,
+            wheel_cache=tools.wheel_cache, roots=tools.file_roots,
         )  # fmt: skip
 
     def check(self, package: Package, label: str) -> None:
@@ -75,10 +80,15 @@ class PipVenvInstaller:
     async def install(self, package: Package, job: InstallJob) -> Installed:
         if not isinstance(package.recipe, PipSpec | UvSpec):
             raise recipe_error(package, "pip or uv")
+        spec = package.recipe
         log_path = self._logs / f"{job.final.name}-{uuid.uuid4().hex[:8]}.log"
+        sources = await copy_into(
+            spec.sources, spec.contents, self._roots, job.staging / "sources", job.label
+        )
         venv = await build_venv(
-            package.recipe, job.staging, python=self._python, installer=self._installer,
+            spec, job.staging, python=self._python, installer=self._installer,
             log_path=log_path, label=job.label, uv=self._uv, cache=self._wheel_cache,
+            sources=sources,
         )  # fmt: skip
         job.unpacked()
         # through: a cancelled install lets the venv's rewrite end before its staging goes
