@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from agent.core.errors import StartupError
-from agent.ops.cli import format_info
+from agent.ops.info_address import format_info
 from agent.ops.startup import check_root_free, lock_root
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.harness.agent_process import (
@@ -137,7 +137,10 @@ async def test_info_where_nothing_listens_says_so_at_once(base: Path, family: st
          "starts)"),
         ("a-file/agent.sock", "the socket file does not exist (is the agent running? it prints "
          "its address when it starts)"),
+        ("f" * 120 + "/agent.sock", "the socket file does not exist (is the agent running? it "
+         "prints its address when it starts)"),
     ],
+    ids=["no-file", "no-folder", "not-a-socket", "a-file-as-folder", "no-folder-over-107-bytes"],
 )  # fmt: skip
 async def test_info_on_a_unix_path_with_no_socket_file_says_so_at_once(
     base: Path, where: str, said: str
@@ -149,6 +152,22 @@ async def test_info_on_a_unix_path_with_no_socket_file_says_so_at_once(
     code, out, err = await run_cli("info", "--address", address)
     assert (code, out) == (1, ""), err
     assert one_line(err) == f"rtenv-agent info: cannot connect to {address}: {said}"
+
+
+async def test_a_socket_name_too_long_to_reach_is_refused_in_words_for_info(base: Path) -> None:
+    """A path over 107 bytes is reached through its folder (tests/test_ray_agent_cli.py); one
+    whose file name alone is too long for that is one line worded for info, exit 2: not
+    serve's "choose a shorter --root", which means nothing to info."""
+    name = "n" * 100 + ".sock"
+    address = f"unix:{base / name}"
+    code, out, err = await run_cli("info", "--address", address)
+    assert (code, out) == (2, ""), err
+    assert one_line(err) == (
+        f"rtenv-agent info: cannot connect to {address}: its path is "
+        f"{len(os.fsencode(str(base / name)))} bytes, over the 107 a unix socket's may be "
+        "(AF_UNIX), and its file name alone (105 bytes) is too long to reach through its "
+        "folder; make a link with a shorter name to the socket and give info that"
+    )
 
 
 async def test_info_root_reads_the_roots_index_and_info_address_asks_one_agent(base: Path) -> None:
