@@ -47,10 +47,50 @@ def one_line(err: str) -> str:
 @pytest.mark.parametrize(
     ("args", "line"),
     [
+        (["serve", "--root", "ROOT", "--budget", "1G"],
+         "rtenv-agent serve: unrecognized arguments: --budget 1G (did you mean --cache-budget?) "
+         "(see rtenv-agent serve --help)"),
+        (["config", "--root", "ROOT", "--budget=1G", "--log-levl", "debug"],
+         "rtenv-agent config: unrecognized arguments: --budget=1G --log-levl debug (did you mean "
+         "--cache-budget for --budget, --log-level for --log-levl?) (see rtenv-agent config "
+         "--help)"),
+        (["serve", "--rot", "ROOT"],
+         "rtenv-agent serve: the following arguments are required: --root (did you mean --root "
+         "for --rot?) (see rtenv-agent serve --help)"),
+        (["info", "--root", "ROOT", "--jsn"],
+         "rtenv-agent info: unrecognized arguments: --jsn (did you mean --json?) (see "
+         "rtenv-agent info --help)"),
+        (["info", "--adress", "unix:/x"],
+         "rtenv-agent info: one of the arguments --address --root is required (did you mean "
+         "--address for --adress?) (see rtenv-agent info --help)"),
+        (["ray", "enable", "--pyton", "ROOT"],
+         "rtenv-agent ray enable: unrecognized arguments: --pyton ROOT (did you mean --python?) "
+         "(see rtenv-agent ray enable --help)"),
+        (["--verson"],
+         "rtenv-agent: the following arguments are required: command (did you mean --version "
+         "for --verson?) (see rtenv-agent --help)"),
+    ],
+    ids=["serve", "config-two", "serve-required", "info", "info-required", "ray-enable", "top"],
+)  # fmt: skip
+async def test_an_unknown_flag_is_refused_by_its_subcommand_with_the_flag_it_likely_meant(
+    base: Path, args: list[str], line: str
+) -> None:
+    """As a config file's unknown key gets its "did you mean": one line, exit 2, naming the
+    subcommand's own --help; argparse's top parser refused it with no hint and no subcommand."""
+    root = base / "root"
+    code, out, err = await run_cli(*(str(root) if a == "ROOT" else a for a in args))
+    assert (code, out) == (2, ""), err
+    assert one_line(err) == line.replace("ROOT", str(root))
+    assert not root.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
         (["serve"], "rtenv-agent serve: the following arguments are required: --root (see "
          "rtenv-agent serve --help)"),
         (["serve", "--root", "ROOT", "--bogus"],
-         "rtenv-agent: unrecognized arguments: --bogus (see rtenv-agent --help)"),
+         "rtenv-agent serve: unrecognized arguments: --bogus (see rtenv-agent serve --help)"),
         (["serve", "--root", "ROOT", "--cache-budget"],
          "rtenv-agent serve: argument --cache-budget: expected one argument (see rtenv-agent "
          "serve --help)"),
@@ -79,8 +119,8 @@ async def test_a_mistaken_argument_is_echoed_on_one_line_and_cut(base: Path) -> 
     assert out == ""
     assert code == 2, err
     line = one_line(err)
-    assert line.startswith("rtenv-agent: unrecognized arguments: --bogus\\nxxx"), line
-    assert line.endswith("... (5032 characters) (see rtenv-agent --help)"), line
+    assert line.startswith("rtenv-agent serve: unrecognized arguments: --bogus\\nxxx"), line
+    assert line.endswith("... (5032 characters) (see rtenv-agent serve --help)"), line
     assert len(line) < 700
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import difflib
 import sys
 import textwrap
 import tomllib
@@ -34,6 +33,7 @@ from agent.core.units import (
 )
 from agent.install.disk import DiskFloor
 from agent.ops.startup import split_host_port
+from agent.ops.usage import closest
 
 __all__ = ["OPTIONS", "Option", "parse_bytes", "parse_duration"]
 
@@ -355,8 +355,8 @@ def _unknown_keys(keys: Sequence[str]) -> str:
     known = [o.toml_key for o in OPTIONS]
     parts = []
     for key in keys:
-        close = difflib.get_close_matches(key, known, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        close = closest(key, known)
+        hint = f" (did you mean {close!r}?)" if close else ""
         parts.append(f"unknown setting {quoted(key)}{hint}")
     return "; ".join(parts) + "; `rtenv-agent config --help` lists every setting"
 
