@@ -39,7 +39,7 @@ SAMPLES = {
     "extract-workers": "2",
     "overlap-downloads": "false",
     "default-setup-timeout": "12.5",
-    "max-setup-timeout": "99",
+    "max-setup-timeout": "900",
     "max-message-bytes": "2M",
     "max-env-json-bytes": "64K",
     "max-uris": "9",
@@ -245,7 +245,53 @@ def test_a_toml_value_of_a_type_its_key_does_not_take_is_refused_naming_both_typ
         assert caught.value.message == f"config file /etc/rtenv.toml: {said}"
 
 
+@pytest.mark.parametrize(
+    ("argv", "environ", "toml", "said"),
+    [
+        (("--default-setup-timeout", "2h"), {}, None,
+         "default-setup-timeout 2h (from --default-setup-timeout) is above max-setup-timeout 1h "
+         "(the default): a request naming no timeout would get more than any request may ask "
+         "for; lower default-setup-timeout or raise max-setup-timeout"),
+        ((), {"RTENV_MAX_SETUP_TIMEOUT": "5m"}, None,
+         "default-setup-timeout 10m (the default) is above max-setup-timeout 5m (from "
+         "RTENV_MAX_SETUP_TIMEOUT): a request naming no timeout would get more than any request "
+         "may ask for; lower default-setup-timeout or raise max-setup-timeout"),
+        (("--max-message-bytes", "2M"), {}, 'max_env_json_bytes = "3M"\n',
+         "max-env-json-bytes 3.0 MiB (from /etc/rtenv.toml) is above max-message-bytes 2.0 MiB "
+         "(from --max-message-bytes): a runtime env that large could never arrive (the request "
+         "carrying it is refused first); lower max-env-json-bytes or raise max-message-bytes"),
+    ],
+    ids=["default-timeout-flag", "max-timeout-env", "env-json-toml"],
+)  # fmt: skip
+def test_a_setting_above_the_one_that_bounds_it_is_refused_naming_both_and_their_sources(
+    argv: tuple[str, ...], environ: dict[str, str], toml: str | None, said: str
+) -> None:
+    """A default setup timeout above the maximum was taken silently (and applied uncapped); an
+    env JSON limit above the message limit could never be reached. Equal is fine."""
+    with pytest.raises(ConfigError) as caught:
+        resolve(argv, environ, toml)
+    assert caught.value.message == said
+    settings, _ = resolve(("--default-setup-timeout", "1h", "--max-env-json-bytes", "4M"))
+    assert settings.default_setup_timeout_s == settings.max_setup_timeout_s == 3600.0
+    assert settings.env.max_json_bytes == settings.max_message_bytes
+
+
 # -- the command line ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["config", "serve"])
+def test_a_default_setup_timeout_above_the_maximum_exits_2_in_one_line(
+    tmp_path: Path, command: str
+) -> None:
+    root = tmp_path / "root"
+    result = run_agent(command, "--root", str(root), "--default-setup-timeout", "2h")
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert result.stderr.startswith(
+        "rtenv-agent: default-setup-timeout 2h (from --default-setup-timeout) is above "
+        "max-setup-timeout 1h (the default): "
+    ), result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert not root.exists()
 
 
 def run_agent(

@@ -28,7 +28,8 @@ from agent.core.errors import StartupError
 from agent.core.ray_context import RAY_CONTEXT_KEYS
 from agent.doors import ray_http
 from agent.ops.logs import BoundFields
-from agent.ops.options import effective, parse_ray_address
+from agent.ops.option_parsers import parse_ray_address
+from agent.ops.options import effective
 from agent.ops.server import Agent, AgentState
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
 from tests.harness.agent_process import refused

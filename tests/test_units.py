@@ -78,11 +78,11 @@ def test_bad_numbers_say_what_was_expected_in_the_agents_words(
 
 def test_durations_and_decimal_sizes_are_accepted_where_a_time_or_size_is_asked() -> None:
     args = _namespace(
-        "--default-setup-timeout", "10m", "--max-setup-timeout", "90s",
+        "--default-setup-timeout", "90s", "--max-setup-timeout", "10m",
         "--cache-budget", "1.5GiB", "--max-download-bytes", "10GB",
     )  # fmt: skip
     settings, _ = options.resolve(args, {}, Path.read_text)
-    assert (settings.default_setup_timeout_s, settings.max_setup_timeout_s) == (600.0, 90.0)
+    assert (settings.default_setup_timeout_s, settings.max_setup_timeout_s) == (90.0, 600.0)
     assert settings.cache_budget_bytes == 3 * GiB // 2
     assert settings.fetch.max_download_bytes == 10**10
 
