@@ -20,7 +20,9 @@ import pytest
 from agent.app.config import Settings
 from agent.core.errors import ConfigError
 from agent.install.disk import DiskFloor
+from agent.install.wheel_cache import find_uv
 from agent.ops import options
+from agent.ops.config_view import effective, effective_json
 from agent.ops.options import OPTIONS, Option
 
 REPO = Path(__file__).resolve().parents[1]
@@ -336,6 +338,48 @@ def test_config_command_prints_each_effective_value_with_its_source(tmp_path: Pa
 
 
 @pytest.mark.parametrize(
+    ("setting", "uv", "said", "resolved"),
+    [
+        ("auto", "/opt/uv/bin/uv", "auto (uv: /opt/uv/bin/uv)", "uv"),
+        ("auto", None, "auto (pip: no uv beside the agent's python nor on PATH)", "pip"),
+        ("uv", "/opt/uv/bin/uv", "uv (uv: /opt/uv/bin/uv)", "uv"),
+        ("uv", None, "uv (pip: no uv beside the agent's python nor on PATH)", "pip"),
+        ("pip", "/opt/uv/bin/uv", "pip", "pip"),
+    ],
+)
+def test_config_says_what_pip_installer_resolved_to_in_text_and_json(
+    setting: str, uv: str | None, said: str, resolved: str
+) -> None:
+    """``pip-installer auto`` said nothing of what builds pip envs: uv (which one) or pip (and
+    a ``uv`` setting with no uv found falls back to pip)."""
+    settings, sources = resolve(("--pip-installer", setting))
+    text = effective(settings, sources, uv=uv)
+    assert effective_lines(text)["pip-installer"] == (said, "--pip-installer")
+    doc = json.loads(effective_json(settings, sources, uv=uv))
+    entry = doc["settings"]["pip-installer"]
+    assert entry == {"value": setting, "source": "--pip-installer", "resolved": resolved, "uv": uv}
+    assert set(doc["settings"]) == set(BY_NAME)
+    assert doc["settings"]["cache-budget"] == {"value": "10.0 GiB", "source": "default"}
+
+
+def test_config_command_shows_the_uv_the_agent_would_use_in_text_and_json(tmp_path: Path) -> None:
+    """This venv has uv beside its python (the dev extras): the agent's pip envs are built by
+    that one, and config says so."""
+    uv = find_uv()
+    assert uv is not None, "no uv here: the test proves nothing"
+    result = run_agent("config", "--root", str(tmp_path / "root"))
+    assert result.returncode == 0, result.stderr
+    assert effective_lines(result.stdout)["pip-installer"] == (f"auto (uv: {uv})", "default")
+    result = run_agent("config", "--root", str(tmp_path / "root"), "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["root"] == str(tmp_path / "root")
+    assert doc["settings"]["pip-installer"] == {
+        "value": "auto", "source": "default", "resolved": "uv", "uv": uv,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
     ("argv", "env", "toml", "words"),
     [
         (("--cache-budget", "lots"), {}, "", ["cache-budget from --cache-budget", "'lots'"]),
@@ -407,6 +451,8 @@ def test_serve_help_documents_every_option_with_its_default_and_env_var(base: Pa
     for opt in OPTIONS:
         assert f"--{opt.name}" in text, opt.name
         default = defaults[opt.name][0]
+        if opt.name == "pip-installer":  # config adds what auto resolved to on this machine
+            default = default.partition(" (")[0]
         assert f"(default {default}; env {opt.env_var})" in text, (opt.name, default)
     assert "--config" in text
     assert "RTENV_CONFIG" in text

@@ -20,6 +20,7 @@ from agent.core.units import (
 )
 from agent.install.disk import DiskFloor
 from agent.ops import options
+from agent.ops.config_view import effective
 from agent.ops.options import OPTIONS
 from agent.ops.startup import check_address
 
@@ -159,7 +160,7 @@ def test_missing_config_file_is_named_without_an_errno() -> None:
 
 def test_effective_settings_show_the_address_listened_on_and_sizes_for_humans() -> None:
     settings, sources = options.resolve(_namespace(), {}, Path.read_text)
-    rows = {line.split()[0]: line for line in options.effective(settings, sources).splitlines()}
+    rows = {line.split()[0]: line for line in effective(settings, sources, uv=None).splitlines()}
     assert rows["address"].split()[1] == "unix:/r/agent.sock"
     assert "10.0 GiB" in rows["cache-budget"]
     assert "10m" in rows["default-setup-timeout"]

@@ -20,7 +20,18 @@ from typing import Any
 from agent.app.config import Settings
 from agent.core.errors import AgentError
 from agent.core.units import parse_duration
-from agent.ops import info_address, keeper, logs, loops, options, ray_agent, ray_flags, root_view
+from agent.install.wheel_cache import find_uv
+from agent.ops import (
+    config_view,
+    info_address,
+    keeper,
+    logs,
+    loops,
+    options,
+    ray_agent,
+    ray_flags,
+    root_view,
+)
 from agent.ops.entry import serve
 from agent.ops.startup import file_root_warning, missing_folders
 from agent.ops.usage import OneLineParser
@@ -61,13 +72,13 @@ def _parser() -> argparse.ArgumentParser:
     options.add_arguments(
         sub.add_parser("serve", help="run the agent", formatter_class=_HelpFormatter)
     )
-    options.add_arguments(
-        sub.add_parser(
-            "config",
-            help="print the effective settings and where each came from",
-            formatter_class=_HelpFormatter,
-        )
+    config = sub.add_parser(
+        "config",
+        help="print the effective settings and where each came from",
+        formatter_class=_HelpFormatter,
     )
+    options.add_arguments(config)
+    config.add_argument("--json", action="store_true", help="print them as one JSON object")
     i = sub.add_parser(
         "info",
         help="print what one agent holds (--address) or what a root's shared index holds (--root)",
@@ -222,7 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings, sources = options.resolve(args, os.environ, lambda p: p.read_text())
         if args.command == "config":
             loops.loop_factory(os.environ)  # a mistaken RTENV_EVENT_LOOP is serve's mistake too
-            print(options.effective(settings, sources))
+            shown = config_view.effective_json if args.json else config_view.effective
+            print(shown(settings, sources, uv=find_uv()))
             for missing in missing_folders(settings.allow_file_roots):  # as serve warns
                 print(f"rtenv-agent: warning: {file_root_warning(missing)}", file=sys.stderr)
             return 0

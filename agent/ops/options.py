@@ -3,7 +3,8 @@ default, and what happens at its limit.
 
 Precedence: a flag, then ``RTENV_<NAME>``, then the TOML file given by ``--config`` (or
 ``RTENV_CONFIG``), then the default. ``rtenv-agent config`` prints the effective values and where
-each came from. The README's settings table is this table (a test keeps them in step).
+each came from (``config_view``). The README's settings table is this table (a test keeps them in
+step).
 
 Pure: parsing and resolving take their inputs (argv namespace, environ, TOML text) as values.
 """
@@ -345,15 +346,6 @@ def _raw(
             item = [item]
         return item, f"{config_path}"
     return None, "default"
-
-
-def effective(settings: Settings, sources: Mapping[str, str]) -> str:
-    """``rtenv-agent config``: one line per option, its value and its source."""
-    lines = [f"{'root':<26} {settings.root}"]
-    for opt in OPTIONS:
-        value = value_text(settings, opt)
-        lines.append(f"{opt.name:<26} {value:<28} ({sources.get(opt.name, 'default')})")
-    return "\n".join(lines)
 
 
 def _get(settings: Settings, path: str) -> Any:
