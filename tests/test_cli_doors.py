@@ -47,31 +47,45 @@ def one_line(err: str) -> str:
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["serve", "--root", "ROOT", "--budget", "1G"],
-         "rtenv-agent serve: unrecognized arguments: --budget 1G (did you mean --cache-budget?) "
-         "(see rtenv-agent serve --help)"),
-        (["config", "--root", "ROOT", "--budget=1G", "--log-levl", "debug"],
-         "rtenv-agent config: unrecognized arguments: --budget=1G --log-levl debug (did you mean "
-         "--cache-budget for --budget, --log-level for --log-levl?) (see rtenv-agent config "
-         "--help)"),
-        (["serve", "--rot", "ROOT"],
-         "rtenv-agent serve: the following arguments are required: --root (did you mean --root "
-         "for --rot?) (see rtenv-agent serve --help)"),
-        (["info", "--root", "ROOT", "--jsn"],
-         "rtenv-agent info: unrecognized arguments: --jsn (did you mean --json?) (see "
-         "rtenv-agent info --help)"),
-        (["info", "--adress", "unix:/x"],
-         "rtenv-agent info: one of the arguments --address --root is required (did you mean "
-         "--address for --adress?) (see rtenv-agent info --help)"),
-        (["ray", "enable", "--pyton", "ROOT"],
-         "rtenv-agent ray enable: unrecognized arguments: --pyton ROOT (did you mean --python?) "
-         "(see rtenv-agent ray enable --help)"),
-        (["--verson"],
-         "rtenv-agent: the following arguments are required: command (did you mean --version "
-         "for --verson?) (see rtenv-agent --help)"),
+        (
+            ["serve", "--root", "ROOT", "--budget", "1G"],
+            "rtenv-agent serve: unrecognized arguments: --budget 1G (did you mean --cache-budget?) "
+            "(see rtenv-agent serve --help)",
+        ),
+        (
+            ["config", "--root", "ROOT", "--budget=1G", "--log-levl", "debug"],
+            "rtenv-agent config: unrecognized arguments: --budget=1G --log-levl debug (did you mean "
+            "--cache-budget for --budget, --log-level for --log-levl?) (see rtenv-agent config "
+            "--help)",
+        ),
+        (
+            ["serve", "--rot", "ROOT"],
+            "rtenv-agent serve: the following arguments are required: --root (did you mean --root "
+            "for --rot?) (see rtenv-agent serve --help)",
+        ),
+        (
+            ["info", "--root", "ROOT", "--jsn"],
+            "rtenv-agent info: unrecognized arguments: --jsn (did you mean --json?) (see "
+            "rtenv-agent info --help)",
+        ),
+        (
+            ["info", "--adress", "unix:/x"],
+            "rtenv-agent info: one of the arguments --address --root is required (did you mean "
+            "--address for --adress?) (see rtenv-agent info --help)",
+        ),
+        (
+            ["ray", "enable", "--pyton", "ROOT"],
+            "rtenv-agent ray enable: unrecognized arguments: --pyton ROOT (did you mean --python?) "
+            "(see rtenv-agent ray enable --help)",
+        ),
+        (
+            ["--verson"],
+            "rtenv-agent: the following arguments are required: command (did you mean --version "
+            "for --verson?) (see rtenv-agent --help)",
+        ),
     ],
     ids=["serve", "config-two", "serve-required", "info", "info-required", "ray-enable", "top"],
-)  # fmt: skip
+)
 async def test_an_unknown_flag_is_refused_by_its_subcommand_with_the_flag_it_likely_meant(
     base: Path, args: list[str], line: str
 ) -> None:

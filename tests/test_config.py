@@ -250,21 +250,33 @@ def test_a_toml_value_of_a_type_its_key_does_not_take_is_refused_naming_both_typ
 @pytest.mark.parametrize(
     ("argv", "environ", "toml", "said"),
     [
-        (("--default-setup-timeout", "2h"), {}, None,
-         "default-setup-timeout 2h (from --default-setup-timeout) is above max-setup-timeout 1h "
-         "(the default): a request naming no timeout would get more than any request may ask "
-         "for; lower default-setup-timeout or raise max-setup-timeout"),
-        ((), {"RTENV_MAX_SETUP_TIMEOUT": "5m"}, None,
-         "default-setup-timeout 10m (the default) is above max-setup-timeout 5m (from "
-         "RTENV_MAX_SETUP_TIMEOUT): a request naming no timeout would get more than any request "
-         "may ask for; lower default-setup-timeout or raise max-setup-timeout"),
-        (("--max-message-bytes", "2M"), {}, 'max_env_json_bytes = "3M"\n',
-         "max-env-json-bytes 3.0 MiB (from /etc/rtenv.toml) is above max-message-bytes 2.0 MiB "
-         "(from --max-message-bytes): a runtime env that large could never arrive (the request "
-         "carrying it is refused first); lower max-env-json-bytes or raise max-message-bytes"),
+        (
+            ("--default-setup-timeout", "2h"),
+            {},
+            None,
+            "default-setup-timeout 2h (from --default-setup-timeout) is above max-setup-timeout 1h "
+            "(the default): a request naming no timeout would get more than any request may ask "
+            "for; lower default-setup-timeout or raise max-setup-timeout",
+        ),
+        (
+            (),
+            {"RTENV_MAX_SETUP_TIMEOUT": "5m"},
+            None,
+            "default-setup-timeout 10m (the default) is above max-setup-timeout 5m (from "
+            "RTENV_MAX_SETUP_TIMEOUT): a request naming no timeout would get more than any request "
+            "may ask for; lower default-setup-timeout or raise max-setup-timeout",
+        ),
+        (
+            ("--max-message-bytes", "2M"),
+            {},
+            'max_env_json_bytes = "3M"\n',
+            "max-env-json-bytes 3.0 MiB (from /etc/rtenv.toml) is above max-message-bytes 2.0 MiB "
+            "(from --max-message-bytes): a runtime env that large could never arrive (the request "
+            "carrying it is refused first); lower max-env-json-bytes or raise max-message-bytes",
+        ),
     ],
     ids=["default-timeout-flag", "max-timeout-env", "env-json-toml"],
-)  # fmt: skip
+)
 def test_a_setting_above_the_one_that_bounds_it_is_refused_naming_both_and_their_sources(
     argv: tuple[str, ...], environ: dict[str, str], toml: str | None, said: str
 ) -> None:
@@ -375,8 +387,11 @@ def test_config_command_shows_the_uv_the_agent_would_use_in_text_and_json(tmp_pa
     doc = json.loads(result.stdout)
     assert doc["root"] == str(tmp_path / "root")
     assert doc["settings"]["pip-installer"] == {
-        "value": "auto", "source": "default", "resolved": "uv", "uv": uv,
-    }  # fmt: skip
+        "value": "auto",
+        "source": "default",
+        "resolved": "uv",
+        "uv": uv,
+    }
 
 
 @pytest.mark.parametrize(

@@ -253,14 +253,20 @@ def resolve(
 
 
 # Settings one of which may not be above the other (lower, upper, why): taken as they were, the
-# agent would settle the contradiction silently (a default past the cap it never applies to
-# it; a limit no request can reach, refused before by the other).
+# agent would settle the contradiction silently (a default above the cap, applied uncapped; a
+# limit no request can reach, the other refusing it first).
 PAIRS: tuple[tuple[str, str, str], ...] = (
-    ("default-setup-timeout", "max-setup-timeout",
-     "a request naming no timeout would get more than any request may ask for"),
-    ("max-env-json-bytes", "max-message-bytes",
-     "a runtime env that large could never arrive (the request carrying it is refused first)"),
-)  # fmt: skip
+    (
+        "default-setup-timeout",
+        "max-setup-timeout",
+        "a request naming no timeout would get more than any request may ask for",
+    ),
+    (
+        "max-env-json-bytes",
+        "max-message-bytes",
+        "a runtime env that large could never arrive (the request carrying it is refused first)",
+    ),
+)
 
 
 def _check_pairs(settings: Settings, sources: Mapping[str, str]) -> None:
