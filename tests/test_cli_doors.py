@@ -54,9 +54,9 @@ def one_line(err: str) -> str:
         ),
         (
             ["config", "--root", "ROOT", "--budget=1G", "--log-levl", "debug"],
-            "rtenv-agent config: unrecognized arguments: --budget=1G --log-levl debug (did you mean "
-            "--cache-budget for --budget, --log-level for --log-levl?) (see rtenv-agent config "
-            "--help)",
+            "rtenv-agent config: unrecognized arguments: --budget=1G --log-levl debug (did you "
+            "mean --cache-budget for --budget, --log-level for --log-levl?) (see rtenv-agent "
+            "config --help)",
         ),
         (
             ["serve", "--rot", "ROOT"],

@@ -187,7 +187,8 @@ def _connect_problem(target: Target) -> str | None:
 def format_info(reply: agent_pb2.GetRuntimeEnvsInfoReply) -> str:
     """The info reply as two tables and a cache line, sizes in binary units. Under an env:
     its error, the jobs that created it (newest last; a client's text, quoted if not
-    printable) and whether its latest create asked for eager_install."""
+    printable) and whether its latest create asked for eager_install. A package by its URI and
+    its folder, in the words ``info --root`` uses (installing, ready, unused)."""
     lines = [f"{'ENV ID':<34}{'REFS':>5}  {'STATE':<9}URIS"]
     for env in reply.envs:
         uris = ", ".join(env.uris) or "-"
@@ -202,10 +203,17 @@ def format_info(reply: agent_pb2.GetRuntimeEnvsInfoReply) -> str:
     if len(reply.envs) < reply.total_envs:
         lines.append(f"... {reply.total_envs - len(reply.envs)} more not shown (the reply's cap)")
     lines.append("")
-    lines.append(f"{'KIND':<13}{'REFS':>5}  {'STATE':<11}{'SIZE':>10}  URI")
-    for uri in reply.uris:
-        size = human_bytes(uri.size_bytes)
-        lines.append(f"{uri.kind:<13}{uri.references:>5}  {uri.state:<11}{size:>10}  {uri.uri}")
+    # its folder under uris/ (<kind>-<hash of the URI>), as info --root shows it: none yet
+    # while installing
+    folders = [os.path.basename(uri.local_path) or "-" for uri in reply.uris]
+    width = max([len("FOLDER"), *map(len, folders)]) + 2
+    lines.append(f"{'KIND':<13}{'REFS':>5}  {'STATE':<11}{'SIZE':>10}  {'FOLDER':<{width}}URI")
+    for uri, folder in zip(reply.uris, folders, strict=True):
+        size = human_bytes(uri.size_bytes) if uri.local_path else "-"
+        lines.append(
+            f"{uri.kind:<13}{uri.references:>5}  {uri.state:<11}{size:>10}  "
+            f"{folder:<{width}}{uri.uri}"
+        )
     if len(reply.uris) < reply.total_uris:
         lines.append(f"... {reply.total_uris - len(reply.uris)} more not shown (the reply's cap)")
     c = reply.cache
