@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import itertools
 import os
 import re
 import shutil
@@ -45,56 +46,38 @@ def one_line(err: str) -> str:
 
 
 @pytest.mark.parametrize(
-    ("args", "line"),
+    ("command", "said"),
     [
+        ("serve --root ROOT --budget 1G", "--budget 1G (did you mean --cache-budget?)"),
         (
-            ["serve", "--root", "ROOT", "--budget", "1G"],
-            "rtenv-agent serve: unrecognized arguments: --budget 1G (did you mean --cache-budget?) "
-            "(see rtenv-agent serve --help)",
+            "config --root ROOT --budget=1G --log-levl debug",
+            "--budget=1G --log-levl debug (did you mean --cache-budget for --budget, --log-level "
+            "for --log-levl?)",
         ),
-        (
-            ["config", "--root", "ROOT", "--budget=1G", "--log-levl", "debug"],
-            "rtenv-agent config: unrecognized arguments: --budget=1G --log-levl debug (did you "
-            "mean --cache-budget for --budget, --log-level for --log-levl?) (see rtenv-agent "
-            "config --help)",
-        ),
-        (
-            ["serve", "--rot", "ROOT"],
-            "rtenv-agent serve: the following arguments are required: --root (did you mean --root "
-            "for --rot?) (see rtenv-agent serve --help)",
-        ),
-        (
-            ["info", "--root", "ROOT", "--jsn"],
-            "rtenv-agent info: unrecognized arguments: --jsn (did you mean --json?) (see "
-            "rtenv-agent info --help)",
-        ),
-        (
-            ["info", "--adress", "unix:/x"],
-            "rtenv-agent info: one of the arguments --address --root is required (did you mean "
-            "--address for --adress?) (see rtenv-agent info --help)",
-        ),
-        (
-            ["ray", "enable", "--pyton", "ROOT"],
-            "rtenv-agent ray enable: unrecognized arguments: --pyton ROOT (did you mean --python?) "
-            "(see rtenv-agent ray enable --help)",
-        ),
-        (
-            ["--verson"],
-            "rtenv-agent: the following arguments are required: command (did you mean --version "
-            "for --verson?) (see rtenv-agent --help)",
-        ),
+        ("info --root ROOT --jsn", "--jsn (did you mean --json?)"),
+        ("ray enable --pyton ROOT", "--pyton ROOT (did you mean --python?)"),
+        ("serve --rot ROOT", "required: --root (did you mean --root for --rot?)"),
+        ("info --adress unix:/x", "required (did you mean --address for --adress?)"),
+        ("--verson", "required: command (did you mean --version for --verson?)"),
     ],
-    ids=["serve", "config-two", "serve-required", "info", "info-required", "ray-enable", "top"],
+    ids=["serve", "config-two", "info", "ray-enable", "serve-required", "info-required", "top"],
 )
 async def test_an_unknown_flag_is_refused_by_its_subcommand_with_the_flag_it_likely_meant(
-    base: Path, args: list[str], line: str
+    base: Path, command: str, said: str
 ) -> None:
-    """As a config file's unknown key gets its "did you mean": one line, exit 2, naming the
-    subcommand's own --help; argparse's top parser refused it with no hint and no subcommand."""
+    """As a config file's unknown key gets its "did you mean": one line, exit 2, by the
+    subcommand given it (naming its own --help), also where another mistake is told first;
+    argparse's top parser refused it with no hint, naming no subcommand."""
     root = base / "root"
-    code, out, err = await run_cli(*(str(root) if a == "ROOT" else a for a in args))
+    args = command.replace("ROOT", str(root)).split()
+    prog = " ".join(["rtenv-agent", *itertools.takewhile(lambda a: a[0] != "-", args)])
+    code, out, err = await run_cli(*args)
     assert (code, out) == (2, ""), err
-    assert one_line(err) == line.replace("ROOT", str(root))
+    line = one_line(err)
+    assert line.startswith(f"{prog}: "), line
+    if "required" not in said:
+        assert line.startswith(f"{prog}: unrecognized arguments: "), line
+    assert line.endswith(f"{said.replace('ROOT', str(root))} (see {prog} --help)"), line
     assert not root.exists()
 
 
