@@ -1,7 +1,7 @@
 """Settings: every option is a flag, an ``RTENV_`` variable and a TOML key, in that order of
 precedence over the default; ``rtenv-agent config`` shows the effective values and their sources;
-bad values exit 2 naming the setting and where it came from; ``serve --help`` and the README's
-table document every option."""
+bad values exit 2 naming the setting and where it came from; ``serve --help`` and the settings
+table of docs/operations.md document every option."""
 
 from __future__ import annotations
 
@@ -473,13 +473,13 @@ def test_serve_help_documents_every_option_with_its_default_and_env_var(base: Pa
     assert "RTENV_CONFIG" in text
 
 
-def test_readme_settings_table_is_the_generated_one() -> None:
-    readme = (REPO / "README.md").read_text()
-    match = re.search(r"<!-- settings-table[^>]*-->\n(.*?)\n<!-- /settings-table -->", readme, re.S)
-    assert match is not None, "README.md lost its <!-- settings-table --> markers"
+def test_the_docs_settings_table_is_the_generated_one() -> None:
+    ops = (REPO / "docs" / "operations.md").read_text()
+    match = re.search(r"<!-- settings-table[^>]*-->\n(.*?)\n<!-- /settings-table -->", ops, re.S)
+    assert match is not None, "docs/operations.md lost its <!-- settings-table --> markers"
     assert match.group(1) == options.markdown_table(), (
-        "README.md's settings table is stale: replace the lines between the settings-table "
-        "markers with the output of "
+        "docs/operations.md's settings table is stale: replace the lines between the "
+        "settings-table markers with the output of "
         "`.venv/bin/python -c 'from agent.ops.options import markdown_table; "
         "print(markdown_table())'`"
     )

@@ -129,7 +129,7 @@ def _launcher(version: str, *argv: str, tmp: Path) -> subprocess.CompletedProces
 @pytest.mark.parametrize(
     ("version", "argv", "refused"),
     [("2.50.0", ["start", "--head"], True), ("2.10.0", ["start"], True),
-     ("2.50.0", ["stop", "--help"], False), ("2.51.1", ["start", "--head"], False)],
+     ("2.50.0", ["status", "--help"], False), ("2.51.1", ["start", "--head"], False)],
 )  # fmt: skip
 def test_ray_start_on_an_older_ray_refuses_by_name_before_rays_cli_runs(
     version: str, argv: list[str], refused: bool, base: Path

@@ -122,8 +122,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "ray", add_help=False,
         help="Ray's own CLI, its raylets starting this agent: rtenv-agent ray start --head ...; "
-        "and rtenv-agent ray enable|disable|enabled [--python PATH]: every Ray node that python "
-        "starts (a bare ray.init() too) runs this agent",
+        "rtenv-agent ray stop [--temp-dir DIR | --address HOST:PORT]: only the nodes of that temp "
+        "dir or cluster, by PID; and rtenv-agent ray enable|disable|enabled [--python PATH]: every "
+        "Ray node that python starts (a bare ray.init() too) runs this agent",
     )  # fmt: skip
     return parser
 

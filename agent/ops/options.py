@@ -3,8 +3,8 @@ default, and what happens at its limit.
 
 Precedence: a flag, then ``RTENV_<NAME>``, then the TOML file given by ``--config`` (or
 ``RTENV_CONFIG``), then the default. ``rtenv-agent config`` prints the effective values and where
-each came from (``config_view``). The README's settings table is this table (a test keeps them in
-step).
+each came from (``config_view``). The settings table of docs/operations.md is this table (a test
+keeps them in step).
 
 Pure: parsing and resolving take their inputs (argv namespace, environ, TOML text) as values.
 """
@@ -51,7 +51,7 @@ class Option:
     field: str  # dotted path into Settings
     parse: Callable[[str], Any]
     help: str
-    at_limit: str = ""  # what happens when the limit is reached (for the README table)
+    at_limit: str = ""  # what happens when the limit is reached (for the settings table)
     flag: bool = False  # a switch: --name sets it
     repeat: bool = False  # a list: the flag repeats, the env var is ':'-separated
     metavar: str | None = None
@@ -395,7 +395,7 @@ def _show(value: Any) -> str:
 
 
 def markdown_table(options: Sequence[Option] = OPTIONS) -> str:
-    """The README's settings table (a test keeps the README's copy equal to this)."""
+    """The settings table of docs/operations.md (a test keeps that copy equal to this)."""
     defaults = Settings(root=Path("ROOT"))
     lines = [
         "| setting (flag, `RTENV_…`, TOML key) | default | what it is | at the limit |",

@@ -6,22 +6,31 @@ passed through; a mistake of ours (Ray not installed) is one line, exit 2; so is
 a Ray this agent does not support (older than ``hook.SUPPORTED_RAY``), refused by its version
 and the supported range before anything starts (``ray stop`` and the rest still run).
 
+Once a ``ray start`` whose raylet runs this agent has its node up (as Ray notes the cluster's
+address, after Ray's own "Next steps"; else as Ray's CLI returns), the launcher prints this
+agent's next steps on stdout (``agent.ray.next_steps``): how to add a node on this agent, how to
+stop just this node.
+
 ``rtenv-agent ray enable|disable|enabled`` are ours, not Ray's (Ray has no such commands; its
 ``enable-usage-stats`` is hyphenated): the switch of a Python environment (``agent.ray.switch``).
+So is ``rtenv-agent ray stop`` (``agent.ray.stop``): it stops the nodes of one temp dir or GCS
+address, where Ray's ``ray stop`` stops every Ray node on the machine; neither needs Ray.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from agent.core.errors import echo
 from agent.ops.ray_agent import agent_root
-from agent.ray import AGENT_FLAG, install, switch
+from agent.ray import AGENT_FLAG, install, stop, switch
 from agent.ray.hook import (
     ROOT_FLAG,
     longest_socket_path,
@@ -30,6 +39,7 @@ from agent.ray.hook import (
     running_ray_version,
     socket_path_warning,
 )
+from agent.ray.next_steps import NextSteps
 
 PROG = "rtenv-agent ray"
 ROOT_CHARS = 300  # of the root's path in the announcement
@@ -38,6 +48,8 @@ ROOT_CHARS = 300  # of the root's path in the announcement
 def main(argv: Sequence[str]) -> int:
     if argv[:1] and argv[0] in switch.COMMANDS:
         return switch.main(argv[0], argv[1:], os.environ)
+    if argv[:1] == ["stop"]:
+        return stop.main(argv[1:], os.environ)
     try:
         from ray.scripts import scripts
     except ImportError as exc:
@@ -55,12 +67,45 @@ def main(argv: Sequence[str]) -> int:
         return 2
     if argv[:1] == ["start"] and (said := start_warning(argv[1:], os.environ)) is not None:
         print(f"{PROG}: warning: {said}", file=sys.stderr, flush=True)
-    install(on_swap=_announce)
+    steps = NextSteps.here()
+
+    def swapped(raylet_argv: list[str]) -> None:
+        _announce(raylet_argv)
+        steps.saw(raylet_argv)
+
+    install(on_swap=swapped)
+    code = 0
     try:
-        scripts.cli.main(args=list(argv), prog_name=PROG, standalone_mode=True)
+        with _after_the_address_is_noted(steps):
+            scripts.cli.main(args=list(argv), prog_name=PROG, standalone_mode=True)
     except SystemExit as exc:
-        return _exit_code(exc.code)
-    return 0
+        code = _exit_code(exc.code)
+    if code == 0 and argv[:1] == ["start"]:
+        steps.say(sys.stdout)  # a Ray that noted no address: now that its CLI is done
+    return code
+
+
+@contextlib.contextmanager
+def _after_the_address_is_noted(steps: NextSteps) -> Iterator[None]:
+    """Ray's ``write_ray_address`` wrapped while Ray's CLI runs: ``ray start`` calls it once its
+    node is up, after its "Next steps" and before ``--block`` waits, the moment to say ours."""
+    from ray._private import utils
+
+    original = getattr(utils, "write_ray_address", None)
+    if original is None:
+        yield
+        return
+
+    def write_ray_address(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        steps.say(sys.stdout)
+        return result
+
+    utils.write_ray_address = write_ray_address
+    try:
+        yield
+    finally:
+        utils.write_ray_address = original
 
 
 def start_warning(start_argv: Sequence[str], environ: Mapping[str, str]) -> str | None:

@@ -13,7 +13,7 @@ one create of an env without packages (``shared_root.Node``):
 
 - one: ONE agent on a private root (the baseline: what one node alone pays);
 - private: ``fleet_nodes`` agents on private roots (the simulated nodes of today's cluster);
-- shared: ``fleet_nodes`` agents on ONE shared root (README "Sharing a root").
+- shared: ``fleet_nodes`` agents on ONE shared root (docs/operations.md, "Sharing a root").
 
 Each round, each set in turn (the order rotates over the rounds) has every one of its agents
 create all the envs at once, under URLs new to the round and the set (hard links of the same

@@ -312,11 +312,13 @@ def start_node(
     token: str | None = None,
     dashboard: bool = False,
     python: str | None = None,
+    cli: list[str] | None = None,
 ) -> RayNode:
     """Start a head node (``head`` None) or a worker node joining ``head``; return once its
     agent has written its port file. With ``token``, Ray's token auth is on for the node; with
     ``dashboard`` (a head), Ray's dashboard and job server run, on ``ports["dashboard-port"]``
-    (they need ``ray[default]``); ``python`` runs ``ray start`` (default: this process's).
+    (they need ``ray[default]``); ``python`` runs ``ray start`` (default: this process's);
+    ``cli``, the words before ``start`` (default: ``<python> -m agent ray``, or Ray's own CLI).
     A worker node needs an ``ip`` of its own (127.0.0.3...)."""
     temp_dir = Path(tempfile.mkdtemp(prefix="r-e2e-", dir="/tmp"))
     (temp_dir / "tmp").mkdir()
@@ -342,9 +344,10 @@ def start_node(
         "--object-store-memory=80000000", "--min-worker-port=0", "--max-worker-port=0",
         *(f"--{name}={port}" for name, port in ports.items()),
     ]  # fmt: skip
+    command = [*(cli or _ray_cli(python)), *args]
     with (temp_dir / "start.log").open("wb") as log:
         proc = subprocess.Popen(
-            [*_ray_cli(python), *args], env=node_env, cwd=temp_dir, stdin=subprocess.DEVNULL,
+            command, env=node_env, cwd=temp_dir, stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     node = RayNode(temp_dir, head is None, ip, gcs, ports, node_env, proc.pid, token=token)
