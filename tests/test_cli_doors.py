@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import itertools
 import os
 import re
 import shutil
@@ -20,7 +21,7 @@ import grpc
 import pytest
 
 from agent.core.errors import StartupError
-from agent.ops.cli import format_info
+from agent.ops.info_address import format_info
 from agent.ops.startup import check_root_free, lock_root
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.harness.agent_process import (
@@ -45,12 +46,48 @@ def one_line(err: str) -> str:
 
 
 @pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        ("serve --root ROOT --budget 1G", "--budget 1G (did you mean --cache-budget?)"),
+        (
+            "config --root ROOT --budget=1G --log-levl debug",
+            "--budget=1G --log-levl debug (did you mean --cache-budget for --budget, --log-level "
+            "for --log-levl?)",
+        ),
+        ("info --root ROOT --jsn", "--jsn (did you mean --json?)"),
+        ("ray enable --pyton ROOT", "--pyton ROOT (did you mean --python?)"),
+        ("serve --rot ROOT", "required: --root (did you mean --root for --rot?)"),
+        ("info --adress unix:/x", "required (did you mean --address for --adress?)"),
+        ("--verson", "required: command (did you mean --version for --verson?)"),
+    ],
+    ids=["serve", "config-two", "info", "ray-enable", "serve-required", "info-required", "top"],
+)
+async def test_an_unknown_flag_is_refused_by_its_subcommand_with_the_flag_it_likely_meant(
+    base: Path, command: str, said: str
+) -> None:
+    """As a config file's unknown key gets its "did you mean": one line, exit 2, by the
+    subcommand given it (naming its own --help), also where another mistake is told first;
+    argparse's top parser refused it with no hint, naming no subcommand."""
+    root = base / "root"
+    args = command.replace("ROOT", str(root)).split()
+    prog = " ".join(["rtenv-agent", *itertools.takewhile(lambda a: a[0] != "-", args)])
+    code, out, err = await run_cli(*args)
+    assert (code, out) == (2, ""), err
+    line = one_line(err)
+    assert line.startswith(f"{prog}: "), line
+    if "required" not in said:
+        assert line.startswith(f"{prog}: unrecognized arguments: "), line
+    assert line.endswith(f"{said.replace('ROOT', str(root))} (see {prog} --help)"), line
+    assert not root.exists()
+
+
+@pytest.mark.parametrize(
     ("args", "line"),
     [
         (["serve"], "rtenv-agent serve: the following arguments are required: --root (see "
          "rtenv-agent serve --help)"),
         (["serve", "--root", "ROOT", "--bogus"],
-         "rtenv-agent: unrecognized arguments: --bogus (see rtenv-agent --help)"),
+         "rtenv-agent serve: unrecognized arguments: --bogus (see rtenv-agent serve --help)"),
         (["serve", "--root", "ROOT", "--cache-budget"],
          "rtenv-agent serve: argument --cache-budget: expected one argument (see rtenv-agent "
          "serve --help)"),
@@ -79,8 +116,8 @@ async def test_a_mistaken_argument_is_echoed_on_one_line_and_cut(base: Path) -> 
     assert out == ""
     assert code == 2, err
     line = one_line(err)
-    assert line.startswith("rtenv-agent: unrecognized arguments: --bogus\\nxxx"), line
-    assert line.endswith("... (5032 characters) (see rtenv-agent --help)"), line
+    assert line.startswith("rtenv-agent serve: unrecognized arguments: --bogus\\nxxx"), line
+    assert line.endswith("... (5032 characters) (see rtenv-agent serve --help)"), line
     assert len(line) < 700
 
 
@@ -137,7 +174,10 @@ async def test_info_where_nothing_listens_says_so_at_once(base: Path, family: st
          "starts)"),
         ("a-file/agent.sock", "the socket file does not exist (is the agent running? it prints "
          "its address when it starts)"),
+        ("f" * 120 + "/agent.sock", "the socket file does not exist (is the agent running? it "
+         "prints its address when it starts)"),
     ],
+    ids=["no-file", "no-folder", "not-a-socket", "a-file-as-folder", "no-folder-over-107-bytes"],
 )  # fmt: skip
 async def test_info_on_a_unix_path_with_no_socket_file_says_so_at_once(
     base: Path, where: str, said: str
@@ -149,6 +189,22 @@ async def test_info_on_a_unix_path_with_no_socket_file_says_so_at_once(
     code, out, err = await run_cli("info", "--address", address)
     assert (code, out) == (1, ""), err
     assert one_line(err) == f"rtenv-agent info: cannot connect to {address}: {said}"
+
+
+async def test_a_socket_name_too_long_to_reach_is_refused_in_words_for_info(base: Path) -> None:
+    """A path over 107 bytes is reached through its folder (tests/test_ray_agent_cli.py); one
+    whose file name alone is too long for that is one line worded for info, exit 2: not
+    serve's "choose a shorter --root", which means nothing to info."""
+    name = "n" * 100 + ".sock"
+    address = f"unix:{base / name}"
+    code, out, err = await run_cli("info", "--address", address)
+    assert (code, out) == (2, ""), err
+    assert one_line(err) == (
+        f"rtenv-agent info: cannot connect to {address}: its path is "
+        f"{len(os.fsencode(str(base / name)))} bytes, over the 107 a unix socket's may be "
+        "(AF_UNIX), and its file name alone (105 bytes) is too long to reach through its "
+        "folder; make a link with a shorter name to the socket and give info that"
+    )
 
 
 async def test_info_root_reads_the_roots_index_and_info_address_asks_one_agent(base: Path) -> None:

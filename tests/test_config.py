@@ -20,7 +20,9 @@ import pytest
 from agent.app.config import Settings
 from agent.core.errors import ConfigError
 from agent.install.disk import DiskFloor
+from agent.install.wheel_cache import find_uv
 from agent.ops import options
+from agent.ops.config_view import effective, effective_json
 from agent.ops.options import OPTIONS, Option
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +41,7 @@ SAMPLES = {
     "extract-workers": "2",
     "overlap-downloads": "false",
     "default-setup-timeout": "12.5",
-    "max-setup-timeout": "99",
+    "max-setup-timeout": "900",
     "max-message-bytes": "2M",
     "max-env-json-bytes": "64K",
     "max-uris": "9",
@@ -245,7 +247,65 @@ def test_a_toml_value_of_a_type_its_key_does_not_take_is_refused_naming_both_typ
         assert caught.value.message == f"config file /etc/rtenv.toml: {said}"
 
 
+@pytest.mark.parametrize(
+    ("argv", "environ", "toml", "said"),
+    [
+        (
+            ("--default-setup-timeout", "2h"),
+            {},
+            None,
+            "default-setup-timeout 2h (from --default-setup-timeout) is above max-setup-timeout 1h "
+            "(the default): a request naming no timeout would get more than any request may ask "
+            "for; lower default-setup-timeout or raise max-setup-timeout",
+        ),
+        (
+            (),
+            {"RTENV_MAX_SETUP_TIMEOUT": "5m"},
+            None,
+            "default-setup-timeout 10m (the default) is above max-setup-timeout 5m (from "
+            "RTENV_MAX_SETUP_TIMEOUT): a request naming no timeout would get more than any request "
+            "may ask for; lower default-setup-timeout or raise max-setup-timeout",
+        ),
+        (
+            ("--max-message-bytes", "2M"),
+            {},
+            'max_env_json_bytes = "3M"\n',
+            "max-env-json-bytes 3.0 MiB (from /etc/rtenv.toml) is above max-message-bytes 2.0 MiB "
+            "(from --max-message-bytes): a runtime env that large could never arrive (the request "
+            "carrying it is refused first); lower max-env-json-bytes or raise max-message-bytes",
+        ),
+    ],
+    ids=["default-timeout-flag", "max-timeout-env", "env-json-toml"],
+)
+def test_a_setting_above_the_one_that_bounds_it_is_refused_naming_both_and_their_sources(
+    argv: tuple[str, ...], environ: dict[str, str], toml: str | None, said: str
+) -> None:
+    """A default setup timeout above the maximum was taken silently (and applied uncapped); an
+    env JSON limit above the message limit could never be reached. Equal is fine."""
+    with pytest.raises(ConfigError) as caught:
+        resolve(argv, environ, toml)
+    assert caught.value.message == said
+    settings, _ = resolve(("--default-setup-timeout", "1h", "--max-env-json-bytes", "4M"))
+    assert settings.default_setup_timeout_s == settings.max_setup_timeout_s == 3600.0
+    assert settings.env.max_json_bytes == settings.max_message_bytes
+
+
 # -- the command line ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["config", "serve"])
+def test_a_default_setup_timeout_above_the_maximum_exits_2_in_one_line(
+    tmp_path: Path, command: str
+) -> None:
+    root = tmp_path / "root"
+    result = run_agent(command, "--root", str(root), "--default-setup-timeout", "2h")
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert result.stderr.startswith(
+        "rtenv-agent: default-setup-timeout 2h (from --default-setup-timeout) is above "
+        "max-setup-timeout 1h (the default): "
+    ), result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert not root.exists()
 
 
 def run_agent(
@@ -287,6 +347,51 @@ def test_config_command_prints_each_effective_value_with_its_source(tmp_path: Pa
     assert rows["log-format"] == ("json", str(config))
     assert rows["max-archive-entries"] == ("100000", "default")
     assert rows["min-free-disk"] == ("auto (min of 1.0 GiB and 5%)", "default")
+
+
+@pytest.mark.parametrize(
+    ("setting", "uv", "said", "resolved"),
+    [
+        ("auto", "/opt/uv/bin/uv", "auto (uv: /opt/uv/bin/uv)", "uv"),
+        ("auto", None, "auto (pip: no uv beside the agent's python nor on PATH)", "pip"),
+        ("uv", "/opt/uv/bin/uv", "uv (uv: /opt/uv/bin/uv)", "uv"),
+        ("uv", None, "uv (pip: no uv beside the agent's python nor on PATH)", "pip"),
+        ("pip", "/opt/uv/bin/uv", "pip", "pip"),
+    ],
+)
+def test_config_says_what_pip_installer_resolved_to_in_text_and_json(
+    setting: str, uv: str | None, said: str, resolved: str
+) -> None:
+    """``pip-installer auto`` said nothing of what builds pip envs: uv (which one) or pip (and
+    a ``uv`` setting with no uv found falls back to pip)."""
+    settings, sources = resolve(("--pip-installer", setting))
+    text = effective(settings, sources, uv=uv)
+    assert effective_lines(text)["pip-installer"] == (said, "--pip-installer")
+    doc = json.loads(effective_json(settings, sources, uv=uv))
+    entry = doc["settings"]["pip-installer"]
+    assert entry == {"value": setting, "source": "--pip-installer", "resolved": resolved, "uv": uv}
+    assert set(doc["settings"]) == set(BY_NAME)
+    assert doc["settings"]["cache-budget"] == {"value": "10.0 GiB", "source": "default"}
+
+
+def test_config_command_shows_the_uv_the_agent_would_use_in_text_and_json(tmp_path: Path) -> None:
+    """This venv has uv beside its python (the dev extras): the agent's pip envs are built by
+    that one, and config says so."""
+    uv = find_uv()
+    assert uv is not None, "no uv here: the test proves nothing"
+    result = run_agent("config", "--root", str(tmp_path / "root"))
+    assert result.returncode == 0, result.stderr
+    assert effective_lines(result.stdout)["pip-installer"] == (f"auto (uv: {uv})", "default")
+    result = run_agent("config", "--root", str(tmp_path / "root"), "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["root"] == str(tmp_path / "root")
+    assert doc["settings"]["pip-installer"] == {
+        "value": "auto",
+        "source": "default",
+        "resolved": "uv",
+        "uv": uv,
+    }
 
 
 @pytest.mark.parametrize(
@@ -361,6 +466,8 @@ def test_serve_help_documents_every_option_with_its_default_and_env_var(base: Pa
     for opt in OPTIONS:
         assert f"--{opt.name}" in text, opt.name
         default = defaults[opt.name][0]
+        if opt.name == "pip-installer":  # config adds what auto resolved to on this machine
+            default = default.partition(" (")[0]
         assert f"(default {default}; env {opt.env_var})" in text, (opt.name, default)
     assert "--config" in text
     assert "RTENV_CONFIG" in text

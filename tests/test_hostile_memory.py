@@ -323,7 +323,7 @@ async def test_request_log_refuses_ids_over_the_limit_and_keeps_fingerprints_sho
 
 def test_format_info_says_how_many_envs_and_uris_the_capped_reply_left_out() -> None:
     """A reply cut by size lists fewer entries than it counts: the CLI says how many it left out."""
-    from agent.ops.cli import format_info
+    from agent.ops.info_address import format_info
 
     reply = agent_pb2.GetRuntimeEnvsInfoReply(total_envs=5, total_uris=3)
     reply.envs.add(runtime_env_id="a" * 32, references=1, state="ready")

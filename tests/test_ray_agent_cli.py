@@ -12,7 +12,8 @@ import signal
 import socket
 import sys
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -587,13 +588,12 @@ async def test_as_a_raylet_starts_it_it_logs_where_ray_reads_and_dies_with_the_r
         await stop(other)
 
 
-async def test_an_agent_whose_root_is_too_long_for_a_socket_listens_under_rays_temp_dir(
-    base: Path,
-) -> None:
-    """The root's own socket path is over 107 bytes: the agent listens under Ray's temp dir (a
-    link named by the node in the root points there) and answers there; the folder it made and
-    the link are gone when it stops."""
-    root_dir = base / ("d" * 90)
+@asynccontextmanager
+async def _long_root_agent(
+    base: Path, root_dir: Path
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, Path, Path]]:
+    """``ray-agent`` with ``--runtime-env-dir root_dir``, serving: the process, the socket it
+    listens on and the link in its root (``agent-<node>.sock``) to it."""
     raylet = await _fake_raylet()
     agent = await asyncio.create_subprocess_exec(
         sys.executable, "-u", "-m", "agent", "ray-agent",
@@ -606,24 +606,62 @@ async def test_an_agent_whose_root_is_too_long_for_a_socket_listens_under_rays_t
         line = (await asyncio.wait_for(agent.stdout.readline(), START_S)).decode()
         assert line.startswith("rtenv-agent serving on unix:"), line
         socket_path = Path(line.split("unix:", 1)[1].strip())
+        yield agent, socket_path, root_dir / "rtenv" / f"agent-{NODE[:16]}.sock"
+    finally:
+        await stop(agent)
+        await stop(raylet)
+
+
+async def _info(address: str) -> tuple[int, str, str]:
+    info = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agent", "info", "--address", address,
+        cwd=REPO, env=_environ(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(info.communicate(), START_S)
+    assert info.returncode is not None
+    return info.returncode, out.decode(), err.decode()
+
+
+async def test_an_agent_whose_root_is_too_long_for_a_socket_listens_under_rays_temp_dir(
+    base: Path,
+) -> None:
+    """The root's own socket path is over 107 bytes: the agent listens under Ray's temp dir (a
+    link named by the node in the root points there) and answers there; the folder it made and
+    the link are gone when it stops."""
+    root_dir = base / ("d" * 90)
+    async with _long_root_agent(base, root_dir) as (agent, socket_path, link):
         assert socket_path.parent.parent == base  # under Ray's --temp-dir
-        link = root_dir / "rtenv" / f"agent-{NODE[:16]}.sock"
         assert os.readlink(link) == str(socket_path)
-        info = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agent", "info", "--address", f"unix:{socket_path}",
-            cwd=REPO, env=_environ(), stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        out, err = await asyncio.wait_for(info.communicate(), START_S)
-        assert info.returncode == 0, err.decode()
-        assert "ENV ID" in out.decode()
+        code, out, err = await _info(f"unix:{socket_path}")
+        assert code == 0, err
+        assert "ENV ID" in out
         agent.terminate()
         assert await asyncio.wait_for(agent.wait(), STOP_S) == 0
         assert not socket_path.parent.exists()  # the folder it made, removed at its exit
         assert not os.path.lexists(link)
-    finally:
-        await stop(agent)
-        await stop(raylet)
+
+
+async def test_info_asks_the_agent_through_the_link_in_its_root_over_107_bytes(
+    base: Path,
+) -> None:
+    """The path the docs point to, ``<root>/agent-<node>.sock``, is the agent's link, over the
+    107 bytes of a socket's path (108 with a 12-character RAY_TMPDIR): info follows it, through
+    its folder, and the agent answers, as on its socket's own path (info refused it, saying
+    "choose a shorter --root")."""
+    root_dir = base / ("d" * 90)
+    async with _long_root_agent(base, root_dir) as (_, socket_path, link):
+        assert len(os.fsencode(str(link))) > 107, "short enough to connect: proves nothing"
+        assert os.readlink(link) == str(socket_path)
+        code, out, err = await _info(f"unix:{link}")
+        assert (code, err) == (0, ""), err
+        assert out.splitlines()[0].split() == ["ENV", "ID", "REFS", "STATE", "URIS"], out
+        code, out, err = await _info(f"unix:{link.parent / 'agent-nobody.sock'}")
+        assert (code, out) == (1, ""), err
+        assert err == (
+            f"rtenv-agent info: cannot connect to unix:{link.parent / 'agent-nobody.sock'}: the "
+            "socket file does not exist (is the agent running? it prints its address when it "
+            "starts)\n"
+        )
 
 
 @pytest.mark.parametrize(

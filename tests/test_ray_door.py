@@ -27,8 +27,9 @@ from agent.app.config import RaySettings, Settings
 from agent.core.errors import StartupError
 from agent.core.ray_context import RAY_CONTEXT_KEYS
 from agent.doors import ray_http
+from agent.ops.config_view import effective
 from agent.ops.logs import BoundFields
-from agent.ops.options import effective, parse_ray_address
+from agent.ops.option_parsers import parse_ray_address
 from agent.ops.server import Agent, AgentState
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
 from tests.harness.agent_process import refused
@@ -534,7 +535,6 @@ def test_ray_address_parses_off_and_malformed_and_shows_in_config() -> None:
     with pytest.raises(ValueError, match="malformed"):
         parse_ray_address("no-port")
     settings = replace(Settings(root=Path("/r")), ray=parse_ray_address("[::1]:8000"))
-    line = next(
-        line for line in effective(settings, {}).splitlines() if line.startswith("ray-address")
-    )
+    lines = effective(settings, {}, uv=None).splitlines()
+    line = next(line for line in lines if line.startswith("ray-address"))
     assert "[::1]:8000" in line

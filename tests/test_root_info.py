@@ -167,6 +167,7 @@ async def test_both_agents_of_a_root_are_shown_alive_with_their_references_and_e
                 assert line.split()[1:5] == [str(pid), "alive", "2", "1"], text
             [shared] = [x for x in lines if x.endswith(url["shared"])]
             assert shared.split()[:3] == ["py_modules", "2", "ready"], text
+            assert shared.split()[-2] == packages[url["shared"]]["dir"], text
             assert lines[-1].startswith("holders: 2 alive, 0 dead; 3 packages, "), text
             assert lines[-1].endswith("; unused 0 B (ready, no live holder references them)")
 
@@ -180,9 +181,56 @@ async def test_both_agents_of_a_root_are_shown_alive_with_their_references_and_e
                 text = await info_text(root)
                 [line] = [x for x in text.splitlines() if x.startswith(" " * 64)]
                 assert line.strip() == f"installing by holder {holders[pid1]['id']} (alive)"
+                [row] = [x for x in text.splitlines() if x.endswith(url["held"])]
+                assert row.split()[2:4] == ["installing", "-"], text  # no size, and
+                assert row.split()[-2] == "-", text  # no folder yet
             finally:
                 gate.set()
                 await asyncio.wait_for(creating, 30)
+
+
+async def test_info_root_and_info_address_name_a_package_alike_by_uri_folder_and_state(
+    base: Path,
+) -> None:
+    """The same package was ``ready`` in info --root (any installed row) and ``unused`` in info
+    --address, and shown by its URI alone while its folder has another hash: both views now say
+    ready (in use) or unused (cached, evictable) alike, in text and JSON, and show the folder
+    under uris/ beside the URI."""
+    root = base / "root"
+    async with package_server() as pkgs:
+        url = serve_packages(pkgs, "used", "released")
+        async with agent(base, "one", root) as (one, c1):
+            await c1.create(env_json(url["used"]))
+            released = await c1.create(env_json(url["released"]))
+            await c1.stub.DeleteRuntimeEnv(
+                agent_pb2.DeleteRuntimeEnvRequest(runtime_env_id=released), timeout=30
+            )
+            want = {url["used"]: "ready", url["released"]: "unused"}
+            # a lone agent writes its released reference behind, within about a second
+            doc = await wait_info(
+                root,
+                lambda d: {p["uri"]: p["state"] for p in d["packages"]} == want,
+                "the released reference written behind",
+            )
+            folders = {p["uri"]: p["dir"] for p in doc["packages"]}
+            assert all((root / "uris" / f).is_dir() for f in folders.values()), folders
+            assert doc["summary"]["unused_bytes"] == by_uri(doc)[url["released"]]["size_bytes"]
+            code, out, err = await run_cli("info", "--address", one.address, "--json")
+            assert code == 0, err
+            uris = {u["uri"]: u for u in json.loads(out)["uris"]}
+            assert {u: p["state"] for u, p in uris.items()} == want
+            assert {u: Path(p["local_path"]).name for u, p in uris.items()} == folders
+            root_text = await info_text(root)
+            code, address_text, err = await run_cli("info", "--address", one.address)
+            assert code == 0, err
+            for text in (root_text, address_text):
+                lines = text.splitlines()
+                table = lines[lines.index(next(x for x in lines if x.startswith("KIND"))) :]
+                assert table[0].split()[-2:] == ["FOLDER", "URI"], text
+                for uri, state in want.items():
+                    [line] = [x for x in table if x.endswith(uri)]
+                    assert line.split()[2] == state, text
+                    assert line.split()[-2] == folders[uri], text
 
 
 async def test_an_agent_killed_is_shown_dead_then_gone_after_a_pass_of_the_survivor(
@@ -247,7 +295,7 @@ async def test_a_root_no_agent_serves_is_read_without_making_a_file_in_it(base: 
     doc = await info_json(root)
     assert doc["holders"] == [], doc
     [package] = doc["packages"]
-    assert (package["uri"], package["state"], package["references"]) == (url["a"], "ready", 0)
+    assert (package["uri"], package["state"], package["references"]) == (url["a"], "unused", 0)
     assert doc["summary"]["unused_bytes"] == package["size_bytes"] > 0, doc["summary"]
     assert _files(root) == before, "info changed the root"
 
@@ -396,15 +444,15 @@ async def test_a_holder_whose_lock_file_this_user_cannot_open_is_shown_unknown(
 
 
 def test_the_table_quotes_what_a_terminal_would_act_on_and_cuts_long_uris() -> None:
-    """The index's text is anyone's who could write the file: a URI or a holder id with a
-    control character is quoted, a very long URI cut, as info --address shows a job id."""
+    """The index's text is anyone's who could write the file: a URI, a folder or a holder id
+    with a control character is quoted, a very long URI cut, as info --address shows a job id."""
     forged = "\x1b[2Jhttps://x/\nforged"
     holder = HolderView("h\x07" * 3, 12, True, 1, 0, 1_000)
     view = RootView(
         Path("/r"),
         (holder,),
         (
-            PackageView("working_dir", forged, "d", "ready", None, 2048, 1, 1_000),
+            PackageView("working_dir", forged, "\x1b[1md", "ready", None, 2048, 1, 1_000),
             PackageView("py_modules", "https://x/" + "y" * 5000, "e", "installing",
                         holder.id, 0, 0, 0),
         ),

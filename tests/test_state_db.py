@@ -147,6 +147,40 @@ async def test_a_version_1_file_opens_as_version_3_keeping_its_packages(tmp_path
     assert query(path, "PRAGMA integrity_check") == [("ok",)]
 
 
+async def test_a_new_file_logs_once_that_it_was_created_and_an_old_one_each_migration(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fresh root logged "state.db migrated to schema version N" three times (1, 2, 3),
+    which read like an upgrade: one line says it was created at the schema's version; a real
+    upgrade (a version-1 file) logs each step, from and to; a plain open logs nothing."""
+    caplog.set_level(logging.INFO, logger="agent.state.index_file")
+
+    def said() -> list[str]:
+        lines = [r.getMessage() for r in caplog.records if r.name == "agent.state.index_file"]
+        caplog.clear()
+        return lines
+
+    (tmp_path / "new").mkdir()
+    async with opened(tmp_path / "new" / "state.db"):
+        pass
+    assert said() == [f"state.db created at schema version {SCHEMA_VERSION}"]
+    async with opened(tmp_path / "new" / "state.db"):
+        pass
+    assert said() == []
+    (tmp_path / "old").mkdir()
+    conn = sqlite3.connect(tmp_path / "old" / "state.db", isolation_level=None)
+    try:
+        conn.executescript(V1_SCHEMA)
+    finally:
+        conn.close()
+    async with opened(tmp_path / "old" / "state.db"):
+        pass
+    assert said() == [
+        "state.db migrated from schema version 1 to 2",
+        "state.db migrated from schema version 2 to 3",
+    ]
+
+
 async def test_record_install_is_committed_when_it_returns(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     async with opened(path, flush_interval_s=NEVER) as db:

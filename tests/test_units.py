@@ -20,6 +20,7 @@ from agent.core.units import (
 )
 from agent.install.disk import DiskFloor
 from agent.ops import options
+from agent.ops.config_view import effective
 from agent.ops.options import OPTIONS
 from agent.ops.startup import check_address
 
@@ -78,11 +79,11 @@ def test_bad_numbers_say_what_was_expected_in_the_agents_words(
 
 def test_durations_and_decimal_sizes_are_accepted_where_a_time_or_size_is_asked() -> None:
     args = _namespace(
-        "--default-setup-timeout", "10m", "--max-setup-timeout", "90s",
+        "--default-setup-timeout", "90s", "--max-setup-timeout", "10m",
         "--cache-budget", "1.5GiB", "--max-download-bytes", "10GB",
     )  # fmt: skip
     settings, _ = options.resolve(args, {}, Path.read_text)
-    assert (settings.default_setup_timeout_s, settings.max_setup_timeout_s) == (600.0, 90.0)
+    assert (settings.default_setup_timeout_s, settings.max_setup_timeout_s) == (90.0, 600.0)
     assert settings.cache_budget_bytes == 3 * GiB // 2
     assert settings.fetch.max_download_bytes == 10**10
 
@@ -159,7 +160,7 @@ def test_missing_config_file_is_named_without_an_errno() -> None:
 
 def test_effective_settings_show_the_address_listened_on_and_sizes_for_humans() -> None:
     settings, sources = options.resolve(_namespace(), {}, Path.read_text)
-    rows = {line.split()[0]: line for line in options.effective(settings, sources).splitlines()}
+    rows = {line.split()[0]: line for line in effective(settings, sources, uv=None).splitlines()}
     assert rows["address"].split()[1] == "unix:/r/agent.sock"
     assert "10.0 GiB" in rows["cache-budget"]
     assert "10m" in rows["default-setup-timeout"]

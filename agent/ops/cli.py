@@ -9,8 +9,6 @@ import argparse
 import asyncio
 import importlib
 import os
-import socket
-import stat
 import sys
 import textwrap
 import time
@@ -19,21 +17,24 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import grpc
-from google.protobuf import json_format
-
 from agent.app.config import Settings
-from agent.app.token import read_token
-from agent.core.errors import AgentError, echo_label
-from agent.core.units import human_bytes, parse_duration, plural
-from agent.ops import keeper, logs, loops, options, ray_agent, ray_flags, root_view
+from agent.core.errors import AgentError
+from agent.core.units import parse_duration
+from agent.install.wheel_cache import find_uv
+from agent.ops import (
+    config_view,
+    info_address,
+    keeper,
+    logs,
+    loops,
+    options,
+    ray_agent,
+    ray_flags,
+    root_view,
+)
 from agent.ops.entry import serve
-from agent.ops.startup import check_address, file_root_warning, missing_folders, split_host_port
+from agent.ops.startup import file_root_warning, missing_folders
 from agent.ops.usage import OneLineParser
-from rtenv.v1 import agent_pb2, agent_pb2_grpc
-
-CONNECT_TIMEOUT_S = 2.0  # info: an agent that is running accepts a connection at once
-INFO_TIMEOUT_S = 10.0  # info --address: the answer's deadline unless --timeout says
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -71,13 +72,13 @@ def _parser() -> argparse.ArgumentParser:
     options.add_arguments(
         sub.add_parser("serve", help="run the agent", formatter_class=_HelpFormatter)
     )
-    options.add_arguments(
-        sub.add_parser(
-            "config",
-            help="print the effective settings and where each came from",
-            formatter_class=_HelpFormatter,
-        )
+    config = sub.add_parser(
+        "config",
+        help="print the effective settings and where each came from",
+        formatter_class=_HelpFormatter,
     )
+    options.add_arguments(config)
+    config.add_argument("--json", action="store_true", help="print them as one JSON object")
     i = sub.add_parser(
         "info",
         help="print what one agent holds (--address) or what a root's shared index holds (--root)",
@@ -128,124 +129,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def format_info(reply: agent_pb2.GetRuntimeEnvsInfoReply) -> str:
-    """The info reply as two tables and a cache line, sizes in binary units. Under an env:
-    its error, the jobs that created it (newest last; a client's text, quoted if not
-    printable) and whether its latest create asked for eager_install."""
-    lines = [f"{'ENV ID':<34}{'REFS':>5}  {'STATE':<9}URIS"]
-    for env in reply.envs:
-        uris = ", ".join(env.uris) or "-"
-        lines.append(f"{env.runtime_env_id:<34}{env.references:>5}  {env.state:<9}{uris}")
-        if env.error:
-            lines.append(f"{'':<41}error: {env.error}")
-        said = [f"jobs: {', '.join(map(echo_label, env.job_ids))}"] if env.job_ids else []
-        if env.eager_install:
-            said.append("eager_install")
-        if said:
-            lines.append(f"{'':<41}{'; '.join(said)}")
-    if len(reply.envs) < reply.total_envs:
-        lines.append(f"... {reply.total_envs - len(reply.envs)} more not shown (the reply's cap)")
-    lines.append("")
-    lines.append(f"{'KIND':<13}{'REFS':>5}  {'STATE':<11}{'SIZE':>10}  URI")
-    for uri in reply.uris:
-        size = human_bytes(uri.size_bytes)
-        lines.append(f"{uri.kind:<13}{uri.references:>5}  {uri.state:<11}{size:>10}  {uri.uri}")
-    if len(reply.uris) < reply.total_uris:
-        lines.append(f"... {reply.total_uris - len(reply.uris)} more not shown (the reply's cap)")
-    c = reply.cache
-    lines.append("")
-    lines.append(
-        f"{plural(reply.total_envs, 'env')}, cache: used {human_bytes(c.used_bytes)}, "
-        f"unused {human_bytes(c.unused_bytes)} of budget {human_bytes(c.budget_bytes)}; "
-        f"{plural(c.downloads, 'download')}, {plural(c.hits, 'hit')}, "
-        f"{plural(c.evictions, 'eviction')}"
-    )
-    r = reply.recovery
-    lines.append(
-        f"at start: {plural(r.rows_kept, 'package')} kept, {plural(r.rows_dropped, 'row')} "
-        f"dropped, {plural(r.orphans_deleted, 'orphan')} deleted, {human_bytes(r.bytes_freed)} "
-        f"freed, {plural(r.envs_forgotten, 'env')} forgotten, in {r.seconds:.3f}s"
-    )
-    return "\n".join(lines)
-
-
 def _info(args: argparse.Namespace) -> int:
-    if args.root is not None:
-        return _info_root(args)
-    try:
-        address = check_address(args.address, allow_remote=True)
-        token = read_token(args.token_file) if args.token_file else None
-    except AgentError as exc:
-        print(f"rtenv-agent info: {exc.message}", file=sys.stderr)
-        return 2
-    if (problem := _connect_problem(address)) is not None:  # known at once: no 2 s wait
-        print(f"rtenv-agent info: cannot connect to {address}: {problem}", file=sys.stderr)
-        return 1
-    metadata = [("authorization", f"Bearer {token.decode()}")] if token else []
-    channel_options = [
-        ("grpc.enable_http_proxy", 0),
-        ("grpc.max_receive_message_length", 64 * 1024 * 1024),  # info lists many envs
-    ]
-    with grpc.insecure_channel(address, options=channel_options) as channel:
-        try:
-            grpc.channel_ready_future(channel).result(timeout=CONNECT_TIMEOUT_S)
-        except grpc.FutureTimeoutError:
-            print(
-                f"rtenv-agent info: cannot connect to {address} within {CONNECT_TIMEOUT_S:g}s "
-                "(is the agent running? it prints its address when it starts)",
-                file=sys.stderr,
-            )
-            return 1
-        stub = agent_pb2_grpc.RuntimeEnvAgentStub(channel)  # type: ignore[no-untyped-call]
-        try:
-            reply = stub.GetRuntimeEnvsInfo(
-                agent_pb2.GetRuntimeEnvsInfoRequest(limit=args.limit or 0),
-                timeout=INFO_TIMEOUT_S if args.timeout is None else args.timeout,
-                metadata=metadata,
-            )
-        except grpc.RpcError as exc:
-            hint = ""
-            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
-                hint = " (info: pass --token-file FILE)" if token is None else ""
-            print(f"rtenv-agent info: {exc.code().name}: {exc.details()}{hint}", file=sys.stderr)
-            return 1
-    if args.json:
-        print(json_format.MessageToJson(reply, preserving_proto_field_name=True))
-    else:
-        print(format_info(reply))
-    return 0
-
-
-def _connect_problem(address: str) -> str | None:
-    """What one plain connect tells at once, where gRPC would retry for the whole connect wait
-    and then say only that it cannot connect: no socket file there, a file that is no socket,
-    or nothing listening (a killed agent's leftover socket file; a TCP port refused). None: it
-    connected, or took longer than the wait (gRPC's wait then says so)."""
-    running = "is the agent running? it prints its address when it starts"
-    target: str | tuple[str, int]
-    if address.startswith("unix:"):
-        path = address.removeprefix("unix:")
-        try:
-            mode = os.stat(path).st_mode
-        except (FileNotFoundError, NotADirectoryError):
-            return f"the socket file does not exist ({running})"
-        except OSError:
-            return None  # not ours to tell (a folder we may not search): the connect says
-        if not stat.S_ISSOCK(mode):
-            return "the file there is not a socket (the agent prints its address when it starts)"
-        family, target = socket.AF_UNIX, path
-    else:
-        target = split_host_port(address)
-        family = socket.AF_INET6 if ":" in target[0] else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.settimeout(CONNECT_TIMEOUT_S)
-            probe.connect(target)
-    except ConnectionRefusedError:
-        return f"nothing listens there ({running}; a killed agent leaves its socket file)"
-    except OSError:
-        return None  # a timeout, a name to resolve, a route: gRPC's own wait says
-    return None
+    return _info_root(args) if args.root is not None else info_address.ask(args)
 
 
 def _info_root(args: argparse.Namespace) -> int:
@@ -349,7 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings, sources = options.resolve(args, os.environ, lambda p: p.read_text())
         if args.command == "config":
             loops.loop_factory(os.environ)  # a mistaken RTENV_EVENT_LOOP is serve's mistake too
-            print(options.effective(settings, sources))
+            shown = config_view.effective_json if args.json else config_view.effective
+            print(shown(settings, sources, uv=find_uv()))
             for missing in missing_folders(settings.allow_file_roots):  # as serve warns
                 print(f"rtenv-agent: warning: {file_root_warning(missing)}", file=sys.stderr)
             return 0

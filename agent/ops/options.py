@@ -3,8 +3,8 @@ default, and what happens at its limit.
 
 Precedence: a flag, then ``RTENV_<NAME>``, then the TOML file given by ``--config`` (or
 ``RTENV_CONFIG``), then the default. ``rtenv-agent config`` prints the effective values and where
-each came from. The settings table of docs/operations.md is this table (a test keeps them in
-step).
+each came from (``config_view``). The settings table of docs/operations.md is this table (a test
+keeps them in step).
 
 Pure: parsing and resolving take their inputs (argv namespace, environ, TOML text) as values.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import difflib
 import sys
 import textwrap
 import tomllib
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.app.config import RaySettings, Settings
-from agent.core.errors import ConfigError, StartupError, echo
+from agent.core.errors import ConfigError, echo
 from agent.core.units import (
     exact_bytes,
     human_duration,
@@ -33,80 +32,17 @@ from agent.core.units import (
     parse_int,
     quoted,
 )
-from agent.install.disk import DiskFloor
-from agent.ops.startup import split_host_port
+from agent.ops.option_parsers import (
+    one_of,
+    parse_bool,
+    parse_floor,
+    parse_ray_address,
+    parse_workers,
+    positive,
+)
+from agent.ops.usage import closest
 
 __all__ = ["OPTIONS", "Option", "parse_bytes", "parse_duration"]
-
-
-def parse_floor(text: str) -> DiskFloor:
-    """'1GiB', '5%' or 'auto' (the smaller of 1 GiB and 5% of the file system)."""
-    text = str(text).strip().lower()
-    if text == "auto":
-        return DiskFloor()
-    if text.endswith("%"):
-        percent = parse_float(text[:-1])
-        if not 0 <= percent < 100:
-            raise ValueError(f"{quoted(text)}: a percentage from 0 to 100")
-        return DiskFloor(bytes_=None, percent=percent)
-    return DiskFloor(bytes_=parse_bytes(text), percent=None)
-
-
-def parse_ray_address(text: str) -> RaySettings | None:
-    """``--ray-address``: HOST:PORT of the Ray door ("" = off); loopback unless allow-remote
-    (checked at start, as for ``address``)."""
-    if not text.strip():
-        return None
-    try:
-        host, port = split_host_port(text.strip())
-    except StartupError as exc:
-        raise ValueError(exc.message) from exc
-    return RaySettings(host=host, port=port)
-
-
-def parse_bool(text: str) -> bool:
-    lowered = str(text).strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(f"{quoted(text)} is not a boolean (true/false)")
-
-
-def parse_workers(text: str) -> int | None:
-    """``--extract-workers``: 'auto' (None: one per core, at most 4) or a count from 0."""
-    if str(text).strip().lower() == "auto":
-        return None
-    try:
-        value = parse_int(text)
-    except ValueError:
-        value = -1  # said below, with what is allowed
-    if not 0 <= value <= 256:
-        raise ValueError(f"{quoted(text)}: auto, or a count from 0 to 256")
-    return value
-
-
-def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        value = kind(text)
-        if value <= 0:
-            raise ValueError(f"{quoted(text)} must be above 0")
-        return value
-
-    return parse
-
-
-def _one_of(*choices: str) -> Callable[[str], str]:
-    """One of ``choices``, in any case ('debug' is DEBUG)."""
-    by_folded = {choice.casefold(): choice for choice in choices}
-
-    def parse(text: str) -> str:
-        choice = by_folded.get(str(text).strip().casefold())
-        if choice is None:
-            raise ValueError(f"{quoted(text)} is not one of {', '.join(choices)}")
-        return choice
-
-    return parse
 
 
 @dataclass(frozen=True)
@@ -168,7 +104,7 @@ OPTIONS: tuple[Option, ...] = (
            "free space an install must leave: a size, a percentage, or auto (min of 1GiB, 5%)",
            "unused packages evicted, then RESOURCE_EXHAUSTED naming needed and free bytes",
            toml=_SIZE),
-    Option("max-concurrent-installs", "max_concurrent_installs", _positive(parse_int),
+    Option("max-concurrent-installs", "max_concurrent_installs", positive(parse_int),
            "installs (download and unpack) at once", "further installs wait in a queue",
            toml=_COUNT),
     Option("extract-workers", "extract_workers", parse_workers,
@@ -180,45 +116,45 @@ OPTIONS: tuple[Option, ...] = (
            "with a ranged GET (false: download, then extract)",
            "a server that refuses ranges, or answers another object: the whole file is "
            "extracted after its download", toml=_BOOL),
-    Option("default-setup-timeout", "default_setup_timeout_s", _positive(parse_duration),
+    Option("default-setup-timeout", "default_setup_timeout_s", positive(parse_duration),
            "time an env's setup may take when the request names none",
            "DEADLINE_EXCEEDED; an install nobody else waits for is cancelled, its files removed",
            unit="seconds", toml=_TIME),
-    Option("max-setup-timeout", "max_setup_timeout_s", _positive(parse_duration),
+    Option("max-setup-timeout", "max_setup_timeout_s", positive(parse_duration),
            "the most a request may ask for (setup_timeout_seconds -1 means this)",
            "larger requests are capped to it", unit="seconds", toml=_TIME),
-    Option("max-message-bytes", "max_message_bytes", _positive(parse_bytes),
+    Option("max-message-bytes", "max_message_bytes", positive(parse_bytes),
            "largest gRPC request", "RESOURCE_EXHAUSTED from gRPC", unit="bytes", toml=_SIZE),
-    Option("max-env-json-bytes", "env.max_json_bytes", _positive(parse_bytes),
+    Option("max-env-json-bytes", "env.max_json_bytes", positive(parse_bytes),
            "largest serialized runtime env", "INVALID_ARGUMENT naming size and limit",
            unit="bytes", toml=_SIZE),
-    Option("max-uris", "env.max_uris", _positive(parse_int), "distinct URIs per env",
+    Option("max-uris", "env.max_uris", positive(parse_int), "distinct URIs per env",
            "INVALID_ARGUMENT naming count and limit", toml=_COUNT),
-    Option("max-env-var-bytes", "env.max_env_var_bytes", _positive(parse_bytes),
+    Option("max-env-var-bytes", "env.max_env_var_bytes", positive(parse_bytes),
            "size of a worker's env vars, PYTHONPATH included (kept well under ARG_MAX)",
            "INVALID_ARGUMENT naming size and limit; one variable over 128KiB likewise",
            unit="bytes", toml=_SIZE),
-    Option("max-download-bytes", "fetch.max_download_bytes", _positive(parse_bytes),
+    Option("max-download-bytes", "fetch.max_download_bytes", positive(parse_bytes),
            "largest package download", "FAILED_PRECONDITION naming size and limit", unit="bytes",
            toml=_SIZE),
-    Option("download-attempts", "fetch.attempts", _positive(parse_int),
+    Option("download-attempts", "fetch.attempts", positive(parse_int),
            "tries of a download that fails transiently (5xx, reset, timeout)",
            "UNAVAILABLE after the last try", toml=_COUNT),
-    Option("max-archive-entries", "archive.max_entries", _positive(parse_int), "entries per zip",
+    Option("max-archive-entries", "archive.max_entries", positive(parse_int), "entries per zip",
            "FAILED_PRECONDITION naming count and limit", toml=_COUNT),
-    Option("max-uncompressed-bytes", "archive.max_uncompressed_bytes", _positive(parse_bytes),
+    Option("max-uncompressed-bytes", "archive.max_uncompressed_bytes", positive(parse_bytes),
            "size one zip may unpack to", "FAILED_PRECONDITION naming size and limit",
            unit="bytes", toml=_SIZE),
-    Option("max-compression-ratio", "archive.max_ratio", _positive(parse_float),
+    Option("max-compression-ratio", "archive.max_ratio", positive(parse_float),
            "unpacked bytes per zip byte, past 16MiB unpacked", "FAILED_PRECONDITION (zip bomb)",
            toml=_NUMBER),
-    Option("request-log-capacity", "request_log_capacity", _positive(parse_int),
+    Option("request-log-capacity", "request_log_capacity", positive(parse_int),
            "request ids remembered for idempotent retries",
            "the oldest answered ids are forgotten (never one in flight)", toml=_COUNT),
     Option("python", "py_executable", str,
            "the python workers are started with, and pip venvs are made from",
            "one that does not exist or does not run: refused at start"),
-    Option("pip-installer", "pip_installer", _one_of("auto", "pip", "uv"),
+    Option("pip-installer", "pip_installer", one_of("auto", "pip", "uv"),
            "what installs a pip env: uv (hardlinked from the root's wheel cache), or pip (each "
            "venv a copy); auto: uv when there is one beside the agent's python or on PATH, "
            "else pip; `uv` envs always use uv",
@@ -240,8 +176,8 @@ OPTIONS: tuple[Option, ...] = (
            "requires that token too)",
            "a malformed address, a port in use or another door's, or a non-loopback host "
            "without allow-remote: refused at start, before the root is touched"),
-    Option("log-format", "log_format", _one_of("text", "json"), "text or json"),
-    Option("log-level", "log_level", _one_of("DEBUG", "INFO", "WARNING", "ERROR"),
+    Option("log-format", "log_format", one_of("text", "json"), "text or json"),
+    Option("log-level", "log_level", one_of("DEBUG", "INFO", "WARNING", "ERROR"),
            "DEBUG, INFO, WARNING or ERROR (any case)"),
 )  # fmt: skip
 
@@ -265,7 +201,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     state_db = parser.add_mutually_exclusive_group()
     defaults = Settings(root=Path("ROOT"))
     for opt in OPTIONS:
-        default = _value_text(defaults, opt)
+        default = value_text(defaults, opt)
         text = f"{opt.help} (default {default}; env {opt.env_var})".replace("%", "%%")
         group = state_db if opt.name == "state-db" else parser
         if opt.flag:
@@ -312,7 +248,42 @@ def resolve(
             raise ConfigError(f"{opt.name} from {source}: {exc}") from exc
         settings = _set(settings, opt.field, tuple(values) if opt.repeat else values)
         sources[opt.name] = source
+    _check_pairs(settings, sources)
     return settings, sources
+
+
+# Settings one of which may not be above the other (lower, upper, why): taken as they were, the
+# agent would settle the contradiction silently (a default above the cap, applied uncapped; a
+# limit no request can reach, the other refusing it first).
+PAIRS: tuple[tuple[str, str, str], ...] = (
+    (
+        "default-setup-timeout",
+        "max-setup-timeout",
+        "a request naming no timeout would get more than any request may ask for",
+    ),
+    (
+        "max-env-json-bytes",
+        "max-message-bytes",
+        "a runtime env that large could never arrive (the request carrying it is refused first)",
+    ),
+)
+
+
+def _check_pairs(settings: Settings, sources: Mapping[str, str]) -> None:
+    """A ConfigError naming both values of a pair out of order and where each came from."""
+    by_name = {o.name: o for o in OPTIONS}
+    for lower, upper, why in PAIRS:
+        low, high = by_name[lower], by_name[upper]
+        if _get(settings, low.field) > _get(settings, high.field):
+            said = [
+                f"{o.name} {value_text(settings, o)} (from {sources[o.name]})"
+                if sources[o.name] != "default"
+                else f"{o.name} {value_text(settings, o)} (the default)"
+                for o in (low, high)
+            ]
+            raise ConfigError(
+                f"{said[0]} is above {said[1]}: {why}; lower {lower} or raise {upper}"
+            )
 
 
 def _check_types(table: Mapping[str, Any], config_path: Path) -> None:
@@ -356,8 +327,8 @@ def _unknown_keys(keys: Sequence[str]) -> str:
     known = [o.toml_key for o in OPTIONS]
     parts = []
     for key in keys:
-        close = difflib.get_close_matches(key, known, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        close = closest(key, known)
+        hint = f" (did you mean {close!r}?)" if close else ""
         parts.append(f"unknown setting {quoted(key)}{hint}")
     return "; ".join(parts) + "; `rtenv-agent config --help` lists every setting"
 
@@ -383,15 +354,6 @@ def _raw(
     return None, "default"
 
 
-def effective(settings: Settings, sources: Mapping[str, str]) -> str:
-    """``rtenv-agent config``: one line per option, its value and its source."""
-    lines = [f"{'root':<26} {settings.root}"]
-    for opt in OPTIONS:
-        value = _value_text(settings, opt)
-        lines.append(f"{opt.name:<26} {value:<28} ({sources.get(opt.name, 'default')})")
-    return "\n".join(lines)
-
-
 def _get(settings: Settings, path: str) -> Any:
     value: Any = settings
     for part in path.split("."):
@@ -406,7 +368,7 @@ def _set(settings: Any, path: str, value: Any) -> Any:
     return replace(settings, **{head: _set(getattr(settings, head), rest, value)})
 
 
-def _value_text(settings: Settings, opt: Option) -> str:
+def value_text(settings: Settings, opt: Option) -> str:
     """An option's value as people read it: sizes in binary units, times in s, m or h, the
     address an agent would really listen on."""
     value = _get(settings, opt.field)
@@ -440,7 +402,7 @@ def markdown_table(options: Sequence[Option] = OPTIONS) -> str:
         "| --- | --- | --- | --- |",
     ]
     for o in options:
-        default = _value_text(defaults, o).replace(sys.executable, "the agent's python")
+        default = value_text(defaults, o).replace(sys.executable, "the agent's python")
         lines.append(
             f"| `--{o.name}`, `{o.env_var}`, `{o.toml_key}` | {default} | {o.help} | "
             f"{o.at_limit or '-'} |"

@@ -5,8 +5,11 @@ to ask: what the root holds is its index, which every agent with a state.db writ
 and every query's text are ``agent.state.schema``, the rules ``agent.state.index``). This
 reads it directly, with no agent running or needed: the holders (each agent serving the root, or
 dead and not yet reaped, alive exactly as ``holders.liveness`` tests it, or unknown when its
-lock file is not this user's to open: an agent run by another user), the packages (ready or
-being installed, with their references by live holders), and the root's totals.
+lock file is not this user's to open: an agent run by another user), the packages (with their
+references by live holders, in ``info --address``'s words, ``PackageState``: installing; ready,
+some live holder references it; unused, none does, so a pass may evict it), and the root's
+totals. A package is shown by its URI and its folder under ``uris/`` (``<kind>-<hash of the
+URI>``: a ``pip://<hash>`` URI's own hash is of its requirements, another one).
 
 The file is opened read-only (SQLite's ``mode=ro``: never created, never migrated, never
 written; a WAL reader does not wait for the agents' writers) and read in one transaction, so
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.app.snapshot import PackageState
 from agent.core.errors import echo_label
 from agent.core.units import human_bytes, plural
 from agent.state import schema
@@ -67,8 +71,8 @@ class HolderView:
 class PackageView:
     kind: str
     uri: str
-    dir: str  # its folder under ``uris/``
-    state: str  # "ready" | "installing" (or whatever the file says)
+    dir: str  # its folder under ``uris/`` (the name it will have, while installing)
+    state: str  # a PackageState's value (or whatever the file says for a row not ready)
     installer: str | None  # while installing: the holder whose claim it is
     size_bytes: int  # unpacked; 0 while installing
     references: int  # live holders referencing it
@@ -101,7 +105,7 @@ class RootView:
     @property
     def unused_bytes(self) -> int:
         """Of the ready packages no live holder references: what a pass may evict."""
-        return sum(p.size_bytes for p in self.packages if p.state == "ready" and not p.references)
+        return sum(p.size_bytes for p in self.packages if p.state == PackageState.UNUSED.value)
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -196,7 +200,7 @@ def _read(conn: sqlite3.Connection, root: Path) -> RootView:
             kind,
             uri,
             directory,
-            state,
+            _state(state, live_refs.get((kind, uri), 0)),
             holder if state == "installing" else None,
             size,
             live_refs.get((kind, uri), 0),
@@ -206,6 +210,14 @@ def _read(conn: sqlite3.Connection, root: Path) -> RootView:
     ]
     packages.sort(key=lambda p: (p.kind, p.uri))
     return RootView(root, tuple(holders), tuple(packages))
+
+
+def _state(stored: str, references: int) -> str:
+    """A row's state in ``info --address``'s words: a ready row is ready while a live holder
+    references it, else unused; any other (installing) as the file says."""
+    if stored != "ready":
+        return stored
+    return str((PackageState.READY if references else PackageState.UNUSED).value)
 
 
 def _text(value: object) -> str:
@@ -250,18 +262,23 @@ def format_root(view: RootView) -> str:
         )
     alive = {h.id: h.alive for h in view.holders}
     lines.append("")
-    lines.append(f"{'KIND':<13}{'REFS':>5}  {'STATE':<11}{'SIZE':>10}  {'LAST USED':<21}URI")
-    for p in view.packages:
-        size = human_bytes(p.size_bytes) if p.state == "ready" else "-"
+    folders = [_folder(p.dir, p.state) for p in view.packages]
+    width = max([len("FOLDER"), *map(len, folders)]) + 2
+    lines.append(
+        f"{'KIND':<13}{'REFS':>5}  {'STATE':<11}{'SIZE':>10}  {'LAST USED':<21}"
+        f"{'FOLDER':<{width}}URI"
+    )
+    for p, folder in zip(view.packages, folders, strict=True):
+        size = "-" if p.state == PackageState.INSTALLING.value else human_bytes(p.size_bytes)
         lines.append(
             f"{echo_label(p.kind):<13}{p.references:>5}  {echo_label(p.state):<11}{size:>10}  "
-            f"{_when(p.last_used_ms):<21}{echo_label(p.uri)}"
+            f"{_when(p.last_used_ms):<21}{folder:<{width}}{echo_label(p.uri)}"
         )
         if p.installer is not None:
             by = {True: "alive", None: "unknown: a pass keeps its claim"}.get(
                 alive.get(p.installer, False), "dead: a pass reaps its claim"
             )
-            lines.append(f"{'':<64}installing by holder {echo_label(p.installer)} ({by})")
+            lines.append(f"{'':<{64 + width}}installing by holder {echo_label(p.installer)} ({by})")
     lines.append("")
     unknown = (
         f", {view.unknown} unknown (lock files this user cannot open: run info as their owner)"
@@ -274,6 +291,11 @@ def format_root(view: RootView) -> str:
         f"unused {human_bytes(view.unused_bytes)} (ready, no live holder references them)"
     )
     return "\n".join(lines)
+
+
+def _folder(name: str, state: str) -> str:
+    """A package's folder under ``uris/`` as the table shows it: none yet while installing."""
+    return "-" if state == PackageState.INSTALLING.value else echo_label(name)
 
 
 def root_json(view: RootView) -> str:

@@ -40,21 +40,30 @@ _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
 _HOST_NAME = re.compile(rf"{_LABEL}(\.{_LABEL})*")
 
 
+def unix_path(address: str) -> str | None:
+    """The absolute path of a ``unix:PATH`` (or ``unix://PATH``) address; None for another
+    address. A StartupError when it names no path."""
+    if not address.startswith("unix:"):
+        return None
+    path = address.removeprefix("unix:")
+    if path.startswith("//"):
+        path = path[2:]
+    if not path:
+        raise StartupError("the unix socket address names no path")
+    return os.path.abspath(path)
+
+
 def check_address(address: str, allow_remote: bool) -> str:
     """Validate a listen address before binding; raise a clear error naming what is wrong."""
-    if address.startswith("unix:"):
-        path = address.removeprefix("unix:")
-        if path.startswith("//"):
-            path = path[2:]
-        if not path:
-            raise StartupError("the unix socket address names no path")
-        size = len(os.fsencode(os.path.abspath(path)))
+    path = unix_path(address)
+    if path is not None:
+        size = len(os.fsencode(path))
         if size > MAX_UNIX_PATH_BYTES:
             raise StartupError(
                 f"unix socket path {path!r} is {size} bytes; the kernel allows "
                 f"{MAX_UNIX_PATH_BYTES} (AF_UNIX sun_path); choose a shorter --root or --address"
             )
-        return f"unix:{os.path.abspath(path)}"
+        return f"unix:{path}"
     bare = split_host_port(address)[0]
     if not allow_remote and not _is_loopback(bare):
         raise StartupError(

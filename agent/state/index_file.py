@@ -37,11 +37,11 @@ def open_index(
         path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s
     )
     try:
-        _check(conn, path)
+        found = _check(conn, path)
         set_wal(conn, busy_timeout_s)
         conn.execute(schema.SYNCHRONOUS_NORMAL)
         conn.execute(schema.RECURSIVE_TRIGGERS)
-        _migrate(conn, path, in_memory=in_memory)
+        _migrate(conn, path, found=found, in_memory=in_memory)
         conn.execute(schema.TEMP_IN_MEMORY)
         index.create_released(conn)
         with transaction(conn):
@@ -59,7 +59,8 @@ def open_index(
     return conn
 
 
-def _check(conn: sqlite3.Connection, path: Path) -> None:
+def _check(conn: sqlite3.Connection, path: Path) -> int:
+    """The file's schema version, once the file is found usable (0: a new file)."""
     # One read transaction, one snapshot: read apart, the version and the tables could
     # straddle another agent's migration step (version 0 read, then its tables), and a
     # fresh shared root looked like a database this agent did not write.
@@ -83,23 +84,36 @@ def _check(conn: sqlite3.Connection, path: Path) -> None:
             f"{path} is an SQLite database this agent did not write (schema version 0 "
             f"with {tables} objects in it); {WAY_OUT}"
         )
+    return int(version)
 
 
-def _migrate(conn: sqlite3.Connection, path: Path, *, in_memory: bool) -> None:
-    """Climb to ``SCHEMA_VERSION``, one step per transaction."""
+def _migrate(conn: sqlite3.Connection, path: Path, *, found: int, in_memory: bool) -> None:
+    """Climb to ``SCHEMA_VERSION``, one step per transaction. Logged (but for an index in
+    memory, ``--no-state-db``, which makes no state.db): a file ``found`` new (version 0) as
+    created at the schema's version, once; an older file's every step as its migration."""
+    climbed = False
     while True:
         with transaction(conn):
             version = conn.execute(schema.VERSION).fetchone()[0]
             if version >= schema.SCHEMA_VERSION:
-                return
+                break
             for statement in schema.statements(schema.MIGRATIONS[version + 1]):
                 conn.execute(statement)
             conn.execute(schema.set_version(version + 1))
-        if not in_memory:  # --no-state-db: an index in memory, no state.db
+        climbed = True
+        if found and not in_memory:
             log.info(
-                "state.db migrated to schema version %d", version + 1,
+                "state.db migrated from schema version %d to %d",
+                version,
+                version + 1,
                 extra={"path": str(path), "version": version + 1},
-            )  # fmt: skip
+            )
+    if climbed and not found and not in_memory:
+        log.info(
+            "state.db created at schema version %d",
+            schema.SCHEMA_VERSION,
+            extra={"path": str(path), "version": schema.SCHEMA_VERSION},
+        )
 
 
 def is_busy(exc: BaseException) -> bool:
