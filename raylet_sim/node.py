@@ -44,8 +44,10 @@ class Node:
         env_keepalive_s: float = 0.0,
         address: str | None = None,
         log_path: Path | None = None,
+        max_idle_workers: int | None = None,
     ) -> None:
-        """``address`` and ``log_path``: the agent's own, when several nodes share one root."""
+        """``address`` and ``log_path``: the agent's own, when several nodes share one root;
+        ``max_idle_workers``: the pool's (``WorkerPool``)."""
         self.sidecar = AgentSidecar(
             root, command=agent_command, extra_args=agent_args, address=address,
             log_path=log_path,
@@ -54,6 +56,7 @@ class Node:
         self._worker_stderr = worker_stderr
         self._watch_interval_s = watch_interval_s
         self._env_keepalive_s = env_keepalive_s
+        self._max_idle_workers = max_idle_workers
         self._channel: grpc.aio.Channel | None = None
         self.client: AgentClient | None = None
         self.pool: WorkerPool | None = None
@@ -73,6 +76,7 @@ class Node:
             worker_stderr=self._worker_stderr,
             watch_interval_s=self._watch_interval_s,
             env_keepalive_s=self._env_keepalive_s,
+            max_idle_workers=self._max_idle_workers,
         )
         self._watcher = asyncio.create_task(self._watch(), name="watch the agent")
 
