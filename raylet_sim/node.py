@@ -62,6 +62,7 @@ class Node:
         self.pool: WorkerPool | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._stopping = False
+        self._interrupted = False
         self.died: AgentDied | None = None
         self._died = asyncio.Event()
 
@@ -97,8 +98,10 @@ class Node:
     def interrupt(self) -> None:
         """Ctrl-C, SIGTERM or SIGHUP: the agent, in the run's process group, may have got the
         signal too and be exiting. Its exit is not a death to report, and nothing is deleted at
-        an agent on its way out; ``stop`` then stops the workers and the agent."""
+        an agent on its way out; ``stop`` then stops the workers at once (SIGTERM, as after a
+        death: no task of theirs is awaited) and the agent."""
         self._stopping = True
+        self._interrupted = True
         if self.pool is not None:
             self.pool.abandon_agent()
 
@@ -130,9 +133,10 @@ class Node:
         return running.result()
 
     async def stop(self) -> None:
-        """Stop the workers, give every env back to the agent, then stop the agent."""
+        """Stop the workers, give every env back to the agent, then stop the agent (after its
+        death or an interrupt: kill the workers, nothing to give back)."""
         self._stopping = True
-        if self.pool is not None and self.died is None:
+        if self.pool is not None and self.died is None and not self._interrupted:
             await self.pool.close()
         elif self.pool is not None:
             await self.pool.kill_all()
