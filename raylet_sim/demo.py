@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import shutil
 import sys
 import tempfile
 import time
@@ -22,6 +21,7 @@ from typing import Any, TextIO
 from raylet_sim.interrupt import Interrupt
 from raylet_sim.node import AgentDied, Node
 from raylet_sim.pool import TaskFailed, TaskSpec
+from raylet_sim.removal import remove_tree
 from raylet_sim.samples import PackageServer, Samples, build_samples
 from raylet_sim.sidecar import SidecarError
 from rtenv.v1 import agent_pb2
@@ -120,7 +120,7 @@ async def run_demo(
         code = await _run_in(workdir, args, out, interrupt)
     finally:
         if made and not args.keep:
-            await asyncio.to_thread(shutil.rmtree, workdir, True)
+            await asyncio.to_thread(remove_tree, workdir)
     if args.keep:
         print(f"kept {workdir}", file=out)
     return code
