@@ -26,6 +26,11 @@ from raylet_sim.samples import PackageServer, Samples, build_samples
 from raylet_sim.sidecar import SidecarError
 from rtenv.v1 import agent_pb2
 
+# Idle workers kept at most (the pool stops the one idle longest beyond): the default workload's
+# 36 envs keep about 60, so it reuses them as before; a workload over many more envs cannot pile
+# up a worker per env (the demo's processes: --concurrency busy workers, these, the agent).
+MAX_IDLE_WORKERS = 64
+
 
 @dataclass
 class Outcome:
@@ -67,16 +72,18 @@ async def _workload(
     node: Node, samples: Samples, tasks: int, concurrency: int, seed: int, out: TextIO
 ) -> Outcome:
     rng = random.Random(seed)
-    plan = [rng.choice(samples.envs) for _ in range(tasks)]
-    outcome = Outcome(envs_used={env.index for env in plan})
+    outcome = Outcome()
     progress = Progress(tasks, out)
     assert node.pool is not None
     pool = node.pool
-    indices = iter(range(tasks))  # shared: `concurrency` runners take the next task each
+    # shared: `concurrency` runners take the next task each, and its env drawn then (the plan
+    # is never held: a run of many tasks over many envs costs no memory for it)
+    plan = ((index, rng.randrange(len(samples.envs))) for index in range(tasks))
 
     async def runner() -> None:
-        for index in indices:
-            env = plan[index]
+        for index, env_index in plan:
+            env = samples.envs[env_index]
+            outcome.envs_used.add(env_index)
             try:
                 result = await node.run(
                     TaskSpec(env.serialized, "task:run", (index,)), task_id=str(index)
@@ -136,9 +143,14 @@ async def _run_in(
     samples = build_samples(
         args.envs, server.base_url, seed=args.seed, filler_bytes=args.package_kib * 1024
     )
-    server.packages.update(samples.packages)
+    server.made = samples.packages
     started = time.monotonic()
-    node = Node(root, idle_timeout_s=args.idle_timeout, agent_args=["--log-level", "WARNING"])
+    node = Node(
+        root,
+        idle_timeout_s=args.idle_timeout,
+        agent_args=["--log-level", "WARNING"],
+        max_idle_workers=MAX_IDLE_WORKERS,
+    )
     if interrupt is not None:
         interrupt.on_interrupt(node.interrupt)
     try:
@@ -188,10 +200,11 @@ def _summary(
     after: agent_pb2.GetRuntimeEnvsInfoReply, leftovers: list[str], elapsed: float,
 ) -> bool:  # fmt: skip
     stats = pool.stats
-    fetched = {name: server.gets[name] for name in samples.packages if server.gets[name]}
+    fetched = {name: n for name, n in server.gets.items() if name in samples.packages}
     once = all(n == 1 for n in fetched.values())
+    size = samples.unpacked_bytes
     own_copies = sum(
-        samples.sizes[env.working_dir] + sum(samples.sizes[m] for m in env.py_modules)
+        size(env.working_dir) + sum(size(m) for m in env.py_modules)
         for env in (samples.envs[i] for i in outcome.envs_used)
     )
     on_disk = after.cache.used_bytes + after.cache.unused_bytes
