@@ -222,8 +222,9 @@ def _summary(
         f"workers      {stats.workers_started} started ({len(outcome.pids)} ran tasks), "
         f"{stats.workers_exited} exited; idle workers reused for "
         f"{args.tasks - stats.workers_started} tasks",
-        f"envs         {stats.creates} created, {busy.total_envs} live before the drain, "
-        f"{stats.deletes} deleted",
+        # an env is created again when a task needs it after its last worker exited
+        f"envs         {len(outcome.envs_used)} distinct, {stats.creates} create calls, "
+        f"{busy.total_envs} live before the drain, {stats.deletes} delete calls",
         f"downloads    {sum(fetched.values())} GETs for {len(fetched)} packages: "
         + ("each downloaded once" if once else f"REPEATED {fetched}"),
         f"cache        {after.cache.hits} hits, {after.cache.downloads} installs, "

@@ -39,12 +39,15 @@ def check_summary(text: str, *, tasks: int, envs: int, packages: int) -> None:
     )
     assert 1 <= ran <= started == exited
     assert started + reused == tasks
-    created, live, deleted = field(
-        r"^envs\s+(\d+) created, (\d+) live before the drain, (\d+) deleted", text
+    distinct, created, live, deleted = field(
+        r"^envs\s+(\d+) distinct, (\d+) create calls, (\d+) live before the drain, "
+        r"(\d+) delete calls",
+        text,
     )
-    assert 1 <= created <= envs
+    assert 1 <= distinct <= envs
+    assert distinct <= created, "each env the tasks used was created at least once"
     assert created == deleted, "every env created was deleted"
-    assert live <= created
+    assert live <= distinct
     gets, fetched = field(r"^downloads\s+(\d+) GETs for (\d+) packages: each downloaded once", text)
     assert gets == fetched <= packages
     (installs,) = field(r"^cache\s+\d+ hits, (\d+) installs, 0 evictions", text)
@@ -134,3 +137,31 @@ def test_a_command_line_mistake_gets_one_line_and_exit_2(args: list[str], messag
     assert_refused_in_one_line(
         [sys.executable, "-m", "raylet_sim", "demo"], args, f"raylet-sim: {message}"
     )
+
+
+async def test_the_envs_line_tells_distinct_envs_from_create_calls() -> None:
+    """Issue 37: "envs 648 created" against --envs 144 counted create calls as envs. Over 3
+    envs, a worker idle for 10 ms exits and its env is deleted, so each env is created again
+    and again: the line says 3 distinct, and how many create calls."""
+    base = short_tempdir()
+    args = argparse.Namespace(
+        tasks=40,
+        envs=3,
+        concurrency=1,
+        workdir=str(base / "work"),
+        keep=False,
+        seed=1,
+        idle_timeout=0.01,
+        package_kib=0,
+    )
+    out = io.StringIO()
+    try:
+        code = await run_demo(args, out)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    text = out.getvalue()
+    assert code == 0, text
+    check_summary(text, tasks=40, envs=3, packages=5)
+    distinct, created = field(r"^envs\s+(\d+) distinct, (\d+) create calls", text)
+    assert distinct == 3, "the seeded workload's 40 tasks use each of the 3 envs"
+    assert created > 3, "envs were created again after their last worker exited"
