@@ -7,13 +7,14 @@ import asyncio
 import contextlib
 import logging
 import math
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from raylet_sim.demo import run_demo
-from raylet_sim.interrupt import STOP_SIGNALS, Interrupt
+from raylet_sim.interrupt import STOP_SIGNALS, Interrupt, QuietOnClose
 
 
 class _Parser(argparse.ArgumentParser):
@@ -87,12 +88,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     # Ctrl-C, SIGTERM (kill, timeout) and SIGHUP (a closing terminal) stop the run alike
     interrupt = Interrupt(STOP_SIGNALS)
+    out = QuietOnClose(sys.stdout, interrupt)  # `raylet-sim demo | head`: a quiet end
     try:
         with interrupt.raising():
-            code = asyncio.run(interrupt.run(run_demo(args, interrupt=interrupt)))
+            code = asyncio.run(interrupt.run(run_demo(args, out, interrupt=interrupt)))
     except KeyboardInterrupt:  # before the run began, or as asyncio shut down after it
         code = None
     if code is None:
+        if interrupt.signal is signal.SIGPIPE:
+            return interrupt.exit_code
         with contextlib.suppress(OSError):  # a closed terminal takes no line
             print(
                 f"raylet-sim: {interrupt.said}; the node stopped, its temp files removed",

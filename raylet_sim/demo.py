@@ -16,7 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol
 
 from raylet_sim.interrupt import Interrupt
 from raylet_sim.node import AgentDied, Node
@@ -25,6 +25,15 @@ from raylet_sim.removal import remove_tree
 from raylet_sim.samples import PackageServer, Samples, build_samples
 from raylet_sim.sidecar import SidecarError
 from rtenv.v1 import agent_pb2
+
+
+class Output(Protocol):
+    """Where the demo writes: a text stream (stdout, or a closed pipe's quiet stand-in)."""
+
+    def write(self, text: str, /) -> int: ...
+    def flush(self) -> None: ...
+    def isatty(self) -> bool: ...
+
 
 # Idle workers kept at most (the pool stops the one idle longest beyond): the default workload's
 # 36 envs keep about 60, so it reuses them as before; a workload over many more envs cannot pile
@@ -44,7 +53,7 @@ class Outcome:
 class Progress:
     """A progress bar on a terminal; a line per tenth of the work elsewhere."""
 
-    def __init__(self, total: int, out: TextIO) -> None:
+    def __init__(self, total: int, out: Output) -> None:
         self._total = total
         self._out = out
         self._tty = out.isatty()
@@ -69,7 +78,7 @@ class Progress:
 
 
 async def _workload(
-    node: Node, samples: Samples, tasks: int, concurrency: int, seed: int, out: TextIO
+    node: Node, samples: Samples, tasks: int, concurrency: int, seed: int, out: Output
 ) -> Outcome:
     rng = random.Random(seed)
     outcome = Outcome()
@@ -117,7 +126,7 @@ def _mib(n: int) -> str:
 
 
 async def run_demo(
-    args: argparse.Namespace, out: TextIO = sys.stdout, interrupt: Interrupt | None = None
+    args: argparse.Namespace, out: Output = sys.stdout, interrupt: Interrupt | None = None
 ) -> int:
     """Run the demo; return the process exit code (0 only if everything checked out). Whatever
     happens (a failure, a Ctrl-C through ``interrupt``), a temp workdir it made is removed."""
@@ -134,7 +143,7 @@ async def run_demo(
 
 
 async def _run_in(
-    workdir: Path, args: argparse.Namespace, out: TextIO, interrupt: Interrupt | None
+    workdir: Path, args: argparse.Namespace, out: Output, interrupt: Interrupt | None
 ) -> int:
     await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
     root = workdir / "agent-root"
@@ -195,7 +204,7 @@ def _disk_leftovers(root: Path, info: agent_pb2.GetRuntimeEnvsInfoReply) -> list
 
 
 def _summary(
-    out: TextIO, args: argparse.Namespace, samples: Samples, server: PackageServer,
+    out: Output, args: argparse.Namespace, samples: Samples, server: PackageServer,
     outcome: Outcome, pool: Any, busy: agent_pb2.GetRuntimeEnvsInfoReply,
     after: agent_pb2.GetRuntimeEnvsInfoReply, leftovers: list[str], elapsed: float,
 ) -> bool:  # fmt: skip

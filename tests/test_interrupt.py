@@ -2,7 +2,8 @@
 or the chaos runner is under way: one line on stderr, no traceback, exit 130, the node stopped
 (no agent, no worker left) and the temp folder it made removed. SIGTERM and SIGHUP (kill,
 timeout, a closing terminal), to the demo or to its group, are treated alike (exit 128 + the
-signal); a worker whose pool is gone exits quietly. Over 100,000 envs the demo runs in bounded
+signal); a worker whose pool is gone exits quietly. A closed stdout (``raylet-sim demo | head``)
+ends the demo as SIGPIPE would: quietly, exit 141. Over 100,000 envs the demo runs in bounded
 memory and stops within seconds of SIGTERM."""
 
 from __future__ import annotations
@@ -227,3 +228,34 @@ def test_the_demo_over_100000_envs_runs_in_bounded_memory_and_stops_soon_after_s
     ], err[-4000:]
     assert not tmp.exists() or list(tmp.iterdir()) == [], "the stopped run left files"
     assert memory.most >= PILED_UP
+
+
+@pytest.mark.timeout(120)
+def test_a_closed_stdout_ends_the_demo_quietly_with_exit_141_and_the_node_stopped() -> None:
+    """Issue 37: ``raylet-sim demo | head -3`` ended in a BrokenPipeError traceback. Its reader
+    gone, the demo stops as SIGPIPE stops a program: no line, exit 128 + SIGPIPE, the node
+    stopped, its temp folder removed."""
+    base = short_tempdir()
+    tmp = base / "tmp"
+    tmp.mkdir()
+    # a line per 200 tasks when not on a terminal: the third comes at 200 of 2,000, and the next
+    # (seconds later, the pipe closed) fails with EPIPE
+    args = [sys.executable, "-m", "raylet_sim", "demo", "--tasks", "2000", "--envs", "12"]
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    with (base / "stderr").open("wb") as err:
+        proc = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=err, cwd=REPO, env=env, start_new_session=True
+        )
+    agent: list[int] = []
+    try:
+        assert proc.stdout is not None
+        head = [proc.stdout.readline() for _ in range(3)]  # as `head -3` reads, then it exits
+        agent += [int(m) for m in re.findall(rb"agent pid (\d+)", head[0])]
+        assert agent, head
+        proc.stdout.close()
+        code = proc.wait(timeout=STOP_S)
+        check_node_stopped(agent, base)
+        assert (code, (base / "stderr").read_text()) == (128 + signal.SIGPIPE, "")
+        assert not tmp.exists() or list(tmp.iterdir()) == [], "the stopped run left files"
+    finally:
+        stop_everything(proc, agent, base)
