@@ -145,7 +145,7 @@ async def run_demo(
 async def _run_in(
     workdir: Path, args: argparse.Namespace, out: Output, interrupt: Interrupt | None
 ) -> int:
-    await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+    await asyncio.to_thread(workdir.mkdir, exist_ok=True)  # in a folder that exists
     root = workdir / "agent-root"
     server = PackageServer()
     await server.start()
