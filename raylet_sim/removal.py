@@ -3,7 +3,8 @@ package) with its unlinks spread over threads.
 
 Where each unlink waits on the disk for about a millisecond (this project's VM, busy), a serial
 ``shutil.rmtree`` of the 12,600 files a 1,000-task run over 100,000 envs cached took 12 s, at the
-end of the run or after a Ctrl-C; spread over 16 threads, the same removal takes a tenth of it.
+end of the run or after a Ctrl-C. Spread over 16 threads, the removal of 12,000 such files went
+from 14 s to 1.5 s (on the machine less busy, from 2.2 s to 1.3 s).
 """
 
 from __future__ import annotations

@@ -61,8 +61,8 @@ class EnvSpec:
 def _index(name: str, prefix: str, count: int) -> int | None:
     """N of a name ``<prefix>N`` with 0 <= N < count, written without leading zeros, or None."""
     digits = name.removeprefix(prefix)
-    if digits == name or not digits.isdigit() or str(int(digits)) != digits:
-        return None
+    if digits == name or not digits.isdigit() or len(digits) > 9 or str(int(digits)) != digits:
+        return None  # (over 9 digits: past any count, and never parsed)
     return int(digits) if int(digits) < count else None
 
 
