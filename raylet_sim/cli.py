@@ -7,13 +7,15 @@ import asyncio
 import contextlib
 import logging
 import math
+import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
 from raylet_sim.demo import run_demo
-from raylet_sim.interrupt import STOP_SIGNALS, Interrupt
+from raylet_sim.interrupt import STOP_SIGNALS, Interrupt, QuietOnClose
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,47 +29,101 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {cut} (see {self.prog} --help)\n")
 
 
+_DESCRIPTION = (
+    "The simulated scheduler: a node (the runtime-env agent as its sidecar, a pool of worker "
+    "processes) and its demo."
+)
+
+
+@dataclass(frozen=True)
+class _Number:
+    """A number's flag: what it is, its default and its bounds (the help and the check)."""
+
+    flag: str
+    kind: type[int] | type[float]
+    what: str
+    default: int | float
+    low: int | float  # at least this (a float: above it)
+    high: int | float  # at most this
+
+    @property
+    def bounds(self) -> str:
+        if self.kind is float:
+            return f"above {self.low:g} and at most {self.high:g}"
+        return f"from {self.low} to {self.high}"
+
+    def mistake(self, value: int | float) -> str | None:
+        if self.kind is float:
+            if math.isfinite(value) and self.low < value <= self.high:
+                return None
+            return f"--{self.flag} must be a number {self.bounds}, got {value:g}"
+        if self.low <= value <= self.high:
+            return None
+        text = str(value)
+        cut = text if len(text) <= 30 else f"{text[:30]}... ({len(text)} digits)"
+        return f"--{self.flag} must be {self.bounds}, got {cut}"
+
+
+# The bounds keep a run on one machine and its memory bounded (docs/development.md: the demo's
+# processes and memory at the maximum of each), and end a run in hours, not years.
+_NUMBERS = (
+    _Number("tasks", int, "tasks to run", 400, 1, 1_000_000),
+    _Number("envs", int, "distinct runtime envs", 36, 1, 100_000),
+    _Number("concurrency", int, "tasks at once", 8, 1, 64),
+    _Number("seed", int, "the workload's random seed", 1, 0, 2**32 - 1),
+    _Number("idle-timeout", float, "seconds an idle worker waits for another task", 2.0, 0, 3600),
+    _Number(
+        "package-kib",
+        int,
+        "filler KiB in each working dir, half that in each py_module",
+        256,
+        0,
+        64 * 1024,
+    ),
+)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="raylet-sim", description=__doc__)
+    parser = _Parser(prog="raylet-sim", description=_DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run a whole node with a workload and check it")
-    demo.add_argument("--tasks", type=int, default=400, help="tasks to run (400)")
-    demo.add_argument("--envs", type=int, default=36, help="distinct runtime envs (36)")
-    demo.add_argument("--concurrency", type=int, default=8, help="tasks at once (8)")
-    demo.add_argument("--workdir", help="where the agent's root and logs go (a temp dir)")
+    demo = sub.add_parser(
+        "demo",
+        help="run a whole node with a workload and check it",
+        description="Run a whole node on this machine with a seeded workload of tasks over "
+        "runtime envs that share packages; then check every result, and that every count is "
+        "back to 0 and no file is left over.",
+    )
+    for number in _NUMBERS:
+        demo.add_argument(
+            f"--{number.flag}",
+            type=number.kind,
+            default=number.default,
+            help=f"{number.what} ({number.default:g}; {number.bounds})",
+        )
+    demo.add_argument(
+        "--workdir",
+        help="where the agent's root and logs go: made if absent (in a folder that exists), "
+        "and kept (default: a temp folder, removed after)",
+    )
     demo.add_argument("--keep", action="store_true", help="keep the workdir afterwards")
-    demo.add_argument("--seed", type=int, default=1, help="the workload's random seed (1)")
-    demo.add_argument(
-        "--idle-timeout",
-        type=float,
-        default=2.0,
-        help="seconds an idle worker waits for another task (2)",
-    )
-    demo.add_argument(
-        "--package-kib",
-        type=int,
-        default=256,
-        help="filler KiB in each working dir, half that in each py_module (256)",
-    )
     return parser
 
 
 def _mistake(args: argparse.Namespace) -> str | None:
     """What is wrong with the command line, in one line, or None."""
-    for name, value in (
-        ("tasks", args.tasks),
-        ("envs", args.envs),
-        ("concurrency", args.concurrency),
-    ):
-        if value < 1:
-            return f"--{name} must be at least 1, got {value}"
-    if not (math.isfinite(args.idle_timeout) and args.idle_timeout > 0):
-        return f"--idle-timeout must be a number of seconds above 0, got {args.idle_timeout}"
-    if args.package_kib < 0:
-        return f"--package-kib must be at least 0, got {args.package_kib}"
+    for number in _NUMBERS:
+        mistake = number.mistake(getattr(args, number.flag.replace("-", "_")))
+        if mistake is not None:
+            return mistake
     if args.workdir is not None:
+        folder = Path(args.workdir)
         try:  # made here, so that a path that cannot be a folder is a mistake, not a traceback
-            Path(args.workdir).mkdir(parents=True, exist_ok=True)
+            folder.mkdir(exist_ok=True)
+        except FileNotFoundError:
+            return (
+                f"--workdir {shown(args.workdir)}: no folder {shown(str(folder.parent))} to make "
+                "it in (the demo makes the workdir, not its parents)"
+            )
         except OSError as exc:
             return f"--workdir {shown(args.workdir)} cannot be a folder: {exc.strerror or exc}"
     return None
@@ -87,12 +143,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     # Ctrl-C, SIGTERM (kill, timeout) and SIGHUP (a closing terminal) stop the run alike
     interrupt = Interrupt(STOP_SIGNALS)
+    out = QuietOnClose(sys.stdout, interrupt)  # `raylet-sim demo | head`: a quiet end
     try:
         with interrupt.raising():
-            code = asyncio.run(interrupt.run(run_demo(args, interrupt=interrupt)))
+            code = asyncio.run(interrupt.run(run_demo(args, out, interrupt=interrupt)))
     except KeyboardInterrupt:  # before the run began, or as asyncio shut down after it
         code = None
     if code is None:
+        if interrupt.signal is signal.SIGPIPE:
+            return interrupt.exit_code
         with contextlib.suppress(OSError):  # a closed terminal takes no line
             print(
                 f"raylet-sim: {interrupt.said}; the node stopped, its temp files removed",

@@ -11,20 +11,34 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import shutil
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol
 
 from raylet_sim.interrupt import Interrupt
 from raylet_sim.node import AgentDied, Node
 from raylet_sim.pool import TaskFailed, TaskSpec
+from raylet_sim.removal import remove_tree
 from raylet_sim.samples import PackageServer, Samples, build_samples
 from raylet_sim.sidecar import SidecarError
 from rtenv.v1 import agent_pb2
+
+
+class Output(Protocol):
+    """Where the demo writes: a text stream (stdout, or a closed pipe's quiet stand-in)."""
+
+    def write(self, text: str, /) -> int: ...
+    def flush(self) -> None: ...
+    def isatty(self) -> bool: ...
+
+
+# Idle workers kept at most (the pool stops the one idle longest beyond): the default workload's
+# 36 envs keep about 60, so it reuses them as before; a workload over many more envs cannot pile
+# up a worker per env (the demo's processes: --concurrency busy workers, these, the agent).
+MAX_IDLE_WORKERS = 64
 
 
 @dataclass
@@ -39,7 +53,7 @@ class Outcome:
 class Progress:
     """A progress bar on a terminal; a line per tenth of the work elsewhere."""
 
-    def __init__(self, total: int, out: TextIO) -> None:
+    def __init__(self, total: int, out: Output) -> None:
         self._total = total
         self._out = out
         self._tty = out.isatty()
@@ -64,19 +78,21 @@ class Progress:
 
 
 async def _workload(
-    node: Node, samples: Samples, tasks: int, concurrency: int, seed: int, out: TextIO
+    node: Node, samples: Samples, tasks: int, concurrency: int, seed: int, out: Output
 ) -> Outcome:
     rng = random.Random(seed)
-    plan = [rng.choice(samples.envs) for _ in range(tasks)]
-    outcome = Outcome(envs_used={env.index for env in plan})
+    outcome = Outcome()
     progress = Progress(tasks, out)
     assert node.pool is not None
     pool = node.pool
-    indices = iter(range(tasks))  # shared: `concurrency` runners take the next task each
+    # shared: `concurrency` runners take the next task each, and its env drawn then (the plan
+    # is never held: a run of many tasks over many envs costs no memory for it)
+    plan = ((index, rng.randrange(len(samples.envs))) for index in range(tasks))
 
     async def runner() -> None:
-        for index in indices:
-            env = plan[index]
+        for index, env_index in plan:
+            env = samples.envs[env_index]
+            outcome.envs_used.add(env_index)
             try:
                 result = await node.run(
                     TaskSpec(env.serialized, "task:run", (index,)), task_id=str(index)
@@ -110,7 +126,7 @@ def _mib(n: int) -> str:
 
 
 async def run_demo(
-    args: argparse.Namespace, out: TextIO = sys.stdout, interrupt: Interrupt | None = None
+    args: argparse.Namespace, out: Output = sys.stdout, interrupt: Interrupt | None = None
 ) -> int:
     """Run the demo; return the process exit code (0 only if everything checked out). Whatever
     happens (a failure, a Ctrl-C through ``interrupt``), a temp workdir it made is removed."""
@@ -120,25 +136,30 @@ async def run_demo(
         code = await _run_in(workdir, args, out, interrupt)
     finally:
         if made and not args.keep:
-            await asyncio.to_thread(shutil.rmtree, workdir, True)
+            await asyncio.to_thread(remove_tree, workdir)
     if args.keep:
         print(f"kept {workdir}", file=out)
     return code
 
 
 async def _run_in(
-    workdir: Path, args: argparse.Namespace, out: TextIO, interrupt: Interrupt | None
+    workdir: Path, args: argparse.Namespace, out: Output, interrupt: Interrupt | None
 ) -> int:
-    await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+    await asyncio.to_thread(workdir.mkdir, exist_ok=True)  # in a folder that exists
     root = workdir / "agent-root"
     server = PackageServer()
     await server.start()
     samples = build_samples(
         args.envs, server.base_url, seed=args.seed, filler_bytes=args.package_kib * 1024
     )
-    server.packages.update(samples.packages)
+    server.made = samples.packages
     started = time.monotonic()
-    node = Node(root, idle_timeout_s=args.idle_timeout, agent_args=["--log-level", "WARNING"])
+    node = Node(
+        root,
+        idle_timeout_s=args.idle_timeout,
+        agent_args=["--log-level", "WARNING"],
+        max_idle_workers=MAX_IDLE_WORKERS,
+    )
     if interrupt is not None:
         interrupt.on_interrupt(node.interrupt)
     try:
@@ -183,15 +204,16 @@ def _disk_leftovers(root: Path, info: agent_pb2.GetRuntimeEnvsInfoReply) -> list
 
 
 def _summary(
-    out: TextIO, args: argparse.Namespace, samples: Samples, server: PackageServer,
+    out: Output, args: argparse.Namespace, samples: Samples, server: PackageServer,
     outcome: Outcome, pool: Any, busy: agent_pb2.GetRuntimeEnvsInfoReply,
     after: agent_pb2.GetRuntimeEnvsInfoReply, leftovers: list[str], elapsed: float,
 ) -> bool:  # fmt: skip
     stats = pool.stats
-    fetched = {name: server.gets[name] for name in samples.packages if server.gets[name]}
+    fetched = {name: n for name, n in server.gets.items() if name in samples.packages}
     once = all(n == 1 for n in fetched.values())
+    size = samples.unpacked_bytes
     own_copies = sum(
-        samples.sizes[env.working_dir] + sum(samples.sizes[m] for m in env.py_modules)
+        size(env.working_dir) + sum(size(m) for m in env.py_modules)
         for env in (samples.envs[i] for i in outcome.envs_used)
     )
     on_disk = after.cache.used_bytes + after.cache.unused_bytes
@@ -209,8 +231,9 @@ def _summary(
         f"workers      {stats.workers_started} started ({len(outcome.pids)} ran tasks), "
         f"{stats.workers_exited} exited; idle workers reused for "
         f"{args.tasks - stats.workers_started} tasks",
-        f"envs         {stats.creates} created, {busy.total_envs} live before the drain, "
-        f"{stats.deletes} deleted",
+        # an env is created again when a task needs it after its last worker exited
+        f"envs         {len(outcome.envs_used)} distinct, {stats.creates} create calls, "
+        f"{busy.total_envs} live before the drain, {stats.deletes} delete calls",
         f"downloads    {sum(fetched.values())} GETs for {len(fetched)} packages: "
         + ("each downloaded once" if once else f"REPEATED {fetched}"),
         f"cache        {after.cache.hits} hits, {after.cache.downloads} installs, "

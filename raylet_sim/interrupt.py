@@ -9,16 +9,20 @@ once: its ``finally`` blocks stop the node and remove what it made. Another stop
 that is ignored; the stop is bounded. Outside the event loop (before the run begins, or as asyncio
 shuts down after it) ``raising`` turns each of the signals into a KeyboardInterrupt, as Python
 does SIGINT, so that a caller handles them all in one place.
+
+A closed stdout (``raylet-sim demo | head``) ends the run as SIGPIPE ends a program that leaves it
+be: ``QuietOnClose`` stops the run the same way, with no line, and exit 141 (128 + SIGPIPE).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 T = TypeVar("T")
 
@@ -32,6 +36,7 @@ class Interrupt:
         self.signals = tuple(signals)
         self.signal: signal.Signals | None = None  # the one that stopped the run
         self._hooks: list[Callable[[], None]] = []
+        self._task: asyncio.Future[Any] | None = None  # the run, while ``run`` runs it
 
     @property
     def fired(self) -> bool:
@@ -53,6 +58,18 @@ class Interrupt:
     def on_interrupt(self, hook: Callable[[], None]) -> None:
         """Run ``hook`` at once (in the signal handler, before the run is cancelled)."""
         self._hooks.append(hook)
+
+    def stop(self, sig: signal.Signals) -> None:
+        """Stop the run as ``sig`` does: run the hooks, then cancel the run, once (a later stop
+        is ignored). Outside ``run`` the signal is only recorded."""
+        if self.fired:
+            return
+        self.signal = sig
+        if self._task is None:
+            return
+        for hook in self._hooks:
+            hook()
+        self._task.cancel()
 
     @contextlib.contextmanager
     def raising(self) -> Iterator[None]:
@@ -76,18 +93,10 @@ class Interrupt:
         None."""
         loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(main)
-
-        def handle(sig: signal.Signals) -> None:
-            if self.fired:
-                return
-            self.signal = sig
-            for hook in self._hooks:
-                hook()
-            task.cancel()
-
+        self._task = task
         before = {sig: signal.getsignal(sig) for sig in self.signals}
         for sig in self.signals:
-            loop.add_signal_handler(sig, handle, sig)
+            loop.add_signal_handler(sig, self.stop, sig)
         try:
             return await task
         except asyncio.CancelledError:
@@ -95,7 +104,42 @@ class Interrupt:
                 raise
             return None
         finally:
+            self._task = None
             for sig, handler in before.items():
                 loop.remove_signal_handler(sig)  # leaves SIG_DFL (SIGINT: Python's own)
                 if handler is not None:
                     signal.signal(sig, handler)
+
+
+class QuietOnClose:
+    """``stream`` (stdout) for a run: once its reader has gone (EPIPE), the run stops as SIGPIPE
+    would stop it (``interrupt.stop``), and the stream's file becomes /dev/null, so that neither a
+    later line nor the interpreter's last flush fails on it again."""
+
+    def __init__(self, stream: TextIO, interrupt: Interrupt) -> None:
+        self._stream = stream
+        self._interrupt = interrupt
+
+    def write(self, text: str, /) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def _gone(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+        self._interrupt.stop(signal.SIGPIPE)

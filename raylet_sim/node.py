@@ -44,8 +44,10 @@ class Node:
         env_keepalive_s: float = 0.0,
         address: str | None = None,
         log_path: Path | None = None,
+        max_idle_workers: int | None = None,
     ) -> None:
-        """``address`` and ``log_path``: the agent's own, when several nodes share one root."""
+        """``address`` and ``log_path``: the agent's own, when several nodes share one root;
+        ``max_idle_workers``: the pool's (``WorkerPool``)."""
         self.sidecar = AgentSidecar(
             root, command=agent_command, extra_args=agent_args, address=address,
             log_path=log_path,
@@ -54,11 +56,13 @@ class Node:
         self._worker_stderr = worker_stderr
         self._watch_interval_s = watch_interval_s
         self._env_keepalive_s = env_keepalive_s
+        self._max_idle_workers = max_idle_workers
         self._channel: grpc.aio.Channel | None = None
         self.client: AgentClient | None = None
         self.pool: WorkerPool | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._stopping = False
+        self._interrupted = False
         self.died: AgentDied | None = None
         self._died = asyncio.Event()
 
@@ -73,6 +77,7 @@ class Node:
             worker_stderr=self._worker_stderr,
             watch_interval_s=self._watch_interval_s,
             env_keepalive_s=self._env_keepalive_s,
+            max_idle_workers=self._max_idle_workers,
         )
         self._watcher = asyncio.create_task(self._watch(), name="watch the agent")
 
@@ -93,8 +98,10 @@ class Node:
     def interrupt(self) -> None:
         """Ctrl-C, SIGTERM or SIGHUP: the agent, in the run's process group, may have got the
         signal too and be exiting. Its exit is not a death to report, and nothing is deleted at
-        an agent on its way out; ``stop`` then stops the workers and the agent."""
+        an agent on its way out; ``stop`` then stops the workers at once (SIGTERM, as after a
+        death: no task of theirs is awaited) and the agent."""
         self._stopping = True
+        self._interrupted = True
         if self.pool is not None:
             self.pool.abandon_agent()
 
@@ -126,9 +133,10 @@ class Node:
         return running.result()
 
     async def stop(self) -> None:
-        """Stop the workers, give every env back to the agent, then stop the agent."""
+        """Stop the workers, give every env back to the agent, then stop the agent (after its
+        death or an interrupt: kill the workers, nothing to give back)."""
         self._stopping = True
-        if self.pool is not None and self.died is None:
+        if self.pool is not None and self.died is None and not self._interrupted:
             await self.pool.close()
         elif self.pool is not None:
             await self.pool.kill_all()

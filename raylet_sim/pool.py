@@ -9,8 +9,11 @@ A worker start counts one on its key's slot (``EnvSlots.acquire``), gets the key
 (created once by the slots), spawns a process with it (``raylet_sim.workers``) and waits for its
 ready line; from then on the worker's reaper owns the count, and uncounts it at the worker's exit
 (reaped, whatever the cause). A worker back from a task idles until reused or until its idle time
-runs out. Jobs (``start_job``, ``finish_job``) are the slots' business: an eager job's env is
-ready before its first worker.
+runs out; with ``max_idle_workers``, one more idle worker than that stops the one idle longest
+(Ray's raylet likewise stops idle workers beyond its soft limit), so that the pool's processes
+are bounded by the tasks at once plus that many, however many envs the tasks use. Jobs
+(``start_job``, ``finish_job``) are the slots' business: an eager job's env is ready before its
+first worker.
 
 Invariants (``check_invariants``):
   P0. a worker in the idle lists is IDLE: a worker being stopped (STOPPING) is taken out of them
@@ -79,8 +82,10 @@ class WorkerPool:
         on_worker_exit: Callable[[Worker, int], None] | None = None,
         watch_interval_s: float | None = None,
         env_keepalive_s: float = 0.0,
+        max_idle_workers: int | None = None,
     ) -> None:
         self._idle_timeout_s = idle_timeout_s
+        self._max_idle = max_idle_workers  # None: no limit
         self._stderr = worker_stderr
         self._on_worker_exit = on_worker_exit
         self._watch_interval_s = watch_interval_s
@@ -91,6 +96,7 @@ class WorkerPool:
         self.workers: dict[int, Worker] = {}
         # P0: only IDLE workers, each in self.workers; a worker being stopped leaves at once
         self._idle: dict[str, list[Worker]] = {}
+        self._idle_since: dict[int, Worker] = {}  # the same workers, idle longest first
         self._starting: dict[str, int] = {}  # env key -> starts counted but not yet adopted
         self._reapers: set[asyncio.Task[None]] = set()
         self._next_id = 0
@@ -136,6 +142,7 @@ class WorkerPool:
         idle = self._idle.get(env_key)
         while idle:
             worker = idle.pop()
+            self._idle_since.pop(worker.worker_id, None)
             if worker.state is WorkerState.IDLE and worker.process.returncode is None:
                 self._cancel_timer(worker)
                 worker.state = WorkerState.BUSY
@@ -181,9 +188,12 @@ class WorkerPool:
         worker.state = WorkerState.IDLE
         worker.unread = True
         self._idle.setdefault(worker.env_key, []).append(worker)
+        self._idle_since[worker.worker_id] = worker
         worker.timer = asyncio.get_running_loop().call_later(
             self._idle_timeout_s, self._terminate, worker
         )
+        if self._max_idle is not None and len(self._idle_since) > self._max_idle:
+            self._terminate(next(iter(self._idle_since.values())))
 
     def _started(self, env_key: str) -> None:
         left = self._starting[env_key] - 1
@@ -238,6 +248,7 @@ class WorkerPool:
             _signal_group(worker, signal.SIGTERM)
 
     def _unidle(self, worker: Worker) -> None:
+        self._idle_since.pop(worker.worker_id, None)
         idle = self._idle.get(worker.env_key)
         if idle and worker in idle:
             idle.remove(worker)
@@ -289,6 +300,9 @@ class WorkerPool:
                 assert self.workers.get(worker.worker_id) is worker, (
                     f"P0: worker {worker.pid} of {key!r} is idle but not in the pool's table"
                 )
+        assert set(self._idle_since) == {
+            w.worker_id for idle in self._idle.values() for w in idle
+        }, "P0: the idle workers by age are not those in the idle lists"
         holders = dict(self._starting)
         for worker in self.workers.values():
             holders[worker.env_key] = holders.get(worker.env_key, 0) + 1

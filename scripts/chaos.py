@@ -357,7 +357,7 @@ async def _check_end(seats: list[Seat], root: Path, budget: int, tally: Tally) -
 @dataclass
 class Plan:
     envs: list[EnvSpec]
-    values: dict[str, int]
+    values: Mapping[str, int]  # the samples' (made from the seed at each lookup)
 
 
 def _plan(server: ChaosServer, n_envs: int, seed: int) -> Plan:

@@ -2,7 +2,9 @@
 or the chaos runner is under way: one line on stderr, no traceback, exit 130, the node stopped
 (no agent, no worker left) and the temp folder it made removed. SIGTERM and SIGHUP (kill,
 timeout, a closing terminal), to the demo or to its group, are treated alike (exit 128 + the
-signal); a worker whose pool is gone exits quietly."""
+signal); a worker whose pool is gone exits quietly. A closed stdout (``raylet-sim demo | head``)
+ends the demo as SIGPIPE would: quietly, exit 141. Over 100,000 envs the demo runs in bounded
+memory and stops within seconds of SIGTERM."""
 
 from __future__ import annotations
 
@@ -19,21 +21,39 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.processes import gone, is_agent, is_worker, poll, workers_in
+from tests.harness.processes import gone, is_agent, is_worker, poll, rss_bytes, workers_in
+from tests.harness.ray_nodes import group_and_descendants
 from tests.harness.tempdirs import short_tempdir
 
 REPO = Path(__file__).resolve().parents[1]
 UNDER_WAY_S = 90.0  # deadline for the run to be under way (tasks finishing)
 STOP_S = 30.0  # deadline for the run to stop after the SIGINT
+# The demo over 100,000 envs, with --idle-timeout 60 piling idle workers up to the pool's limit:
+# its processes (the demo, the agent, 8 busy and at most 64 idle workers, about 17 MiB each) hold
+# about 1.4 GiB at most; measured, 1.3 GiB at 78 processes. Before issue 37 it built every
+# sample in memory first: 8.6 GB, past this bound within seconds.
+MEMORY_BOUND = 2 * 1024**3
+PILED_UP = 60  # processes in the demo's tree: idle workers have piled up near the pool's limit
+# After SIGTERM it stops within this: generous for a loaded machine. By hand, on this project's
+# 2-core machine shared with other jobs: 0.2 to 0.5 s a few seconds into the run, 1.7 to 2 s
+# after 40 s of it (72 workers to kill, about 1,800 cached packages to remove).
+SIGTERM_STOP_S = 10.0
 
 
 def interrupt_when(
-    args: list[str], under_way: str, sig: signal.Signals = signal.SIGINT, *, group: bool = True
+    args: list[str],
+    under_way: str,
+    sig: signal.Signals = signal.SIGINT,
+    *,
+    group: bool = True,
+    watch: Callable[[int], bool] | None = None,
+    stop_s: float = STOP_S,
 ) -> tuple[int, str, str, Path]:
     """Start ``args`` in a session of its own with a private TMPDIR; once its stdout matches
-    ``under_way``, send ``sig`` to its process group (or, not ``group``, to it alone); return
-    (exit code, stdout, stderr, that TMPDIR). Everything it started is killed by PID if the
-    test fails on the way."""
+    ``under_way`` (and ``watch``, called with its pid at each look until it exits, says True),
+    send ``sig`` to its process group (or, not ``group``, to it alone); wait ``stop_s`` for it
+    to exit; return (exit code, stdout, stderr, that TMPDIR). Everything it started is killed by
+    PID if the test fails on the way."""
     base = short_tempdir()
     tmp = base / "tmp"
     tmp.mkdir()
@@ -44,31 +64,48 @@ def interrupt_when(
             args, stdout=out, stderr=err, cwd=REPO, env=env, start_new_session=True
         )
     agent: list[int] = []
+
+    def ready() -> bool | None:
+        if watch is not None and not watch(proc.pid):
+            return None
+        return re.search(under_way, out_path.read_text(errors="replace")) is not None or None
+
+    def ended() -> int | None:
+        if watch is not None:
+            watch(proc.pid)
+        return proc.poll()
+
     try:
-        poll(
-            lambda: re.search(under_way, out_path.read_text(errors="replace")),
-            UNDER_WAY_S,
-            f"{under_way!r} in the output",
-        )
+        poll(ready, UNDER_WAY_S, f"{under_way!r} in the output")
         agent += [int(m) for m in re.findall(r"agent pid (\d+)", out_path.read_text())]
         if group:
             os.killpg(proc.pid, sig)
         else:
             os.kill(proc.pid, sig)
-        code = proc.wait(timeout=STOP_S)
-        for pid in agent:
-            poll(exited(pid), STOP_S, f"the agent {pid} to exit")
-        assert workers_in(base) == [], "a worker outlived the interrupted run"
+        code = poll(ended, stop_s, f"the run to exit within {stop_s} s of {sig.name}")
+        check_node_stopped(agent, base)
         return code, out_path.read_text(), err_path.read_text(), tmp
     finally:
-        with suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        for pid in [*agent, *workers_in(base)]:
-            if not gone(pid) and (is_agent(pid) or is_worker(pid)):
-                with suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        proc.wait(timeout=STOP_S)
-        shutil.rmtree(base, ignore_errors=True)
+        stop_everything(proc, agent, base)
+
+
+def check_node_stopped(agent: list[int], base: Path) -> None:
+    """The agent exits (soon), and no worker of the run under ``base`` is left."""
+    for pid in agent:
+        poll(exited(pid), STOP_S, f"the agent {pid} to exit")
+    assert workers_in(base) == [], "a worker outlived the interrupted run"
+
+
+def stop_everything(proc: subprocess.Popen[bytes], agent: list[int], base: Path) -> None:
+    """Kill by PID what the run under ``base`` started and what is left of it; remove ``base``."""
+    with suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in [*agent, *workers_in(base)]:
+        if not gone(pid) and (is_agent(pid) or is_worker(pid)):
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=STOP_S)
+    shutil.rmtree(base, ignore_errors=True)
 
 
 def exited(pid: int) -> Callable[[], bool | None]:
@@ -156,3 +193,70 @@ def test_a_worker_whose_replies_pipe_is_closed_exits_1_quietly() -> None:
             proc.kill()
         proc.wait(timeout=STOP_S)
     assert (proc.returncode, err.decode(errors="replace")) == (1, "")
+
+
+class TreeMemory:
+    """Watches a run: its processes (its group and their descendants: workers have sessions of
+    their own) must hold at most MEMORY_BOUND at each look; ready once PILED_UP of them run."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self.most = 0
+
+    def __call__(self, pid: int) -> bool:
+        tree = group_and_descendants(pid)
+        self.peak = max(self.peak, rss_bytes(tree))
+        self.most = max(self.most, len(tree))
+        assert self.peak <= MEMORY_BOUND, (
+            f"{len(tree)} processes of the demo hold {self.peak / 1024**2:.0f} MiB"
+        )
+        return len(tree) >= PILED_UP
+
+
+@pytest.mark.timeout(240)
+def test_the_demo_over_100000_envs_runs_in_bounded_memory_and_stops_soon_after_sigterm() -> None:
+    """Issue 37: ``--envs 100000`` grew to 8.6 GB and ignored SIGTERM for ten minutes: every
+    sample was built in memory, on the event loop, before the first task."""
+    memory = TreeMemory()
+    demo = [sys.executable, "-m", "raylet_sim", "demo", "--tasks", "100000"]
+    args = [*demo, "--envs", "100000", "--idle-timeout", "60"]
+    code, _, err, tmp = interrupt_when(
+        args, r"\d+/100000 tasks", signal.SIGTERM, group=False, watch=memory, stop_s=SIGTERM_STOP_S
+    )
+    assert code == 128 + signal.SIGTERM, f"exit {code}; stderr:\n{err[-4000:]}"
+    assert err.splitlines() == [
+        "raylet-sim: interrupted by SIGTERM; the node stopped, its temp files removed"
+    ], err[-4000:]
+    assert not tmp.exists() or list(tmp.iterdir()) == [], "the stopped run left files"
+    assert memory.most >= PILED_UP
+
+
+@pytest.mark.timeout(120)
+def test_a_closed_stdout_ends_the_demo_quietly_with_exit_141_and_the_node_stopped() -> None:
+    """Issue 37: ``raylet-sim demo | head -3`` ended in a BrokenPipeError traceback. Its reader
+    gone, the demo stops as SIGPIPE stops a program: no line, exit 128 + SIGPIPE, the node
+    stopped, its temp folder removed."""
+    base = short_tempdir()
+    tmp = base / "tmp"
+    tmp.mkdir()
+    # a line per 200 tasks when not on a terminal: the third comes at 200 of 2,000, and the next
+    # (seconds later, the pipe closed) fails with EPIPE
+    args = [sys.executable, "-m", "raylet_sim", "demo", "--tasks", "2000", "--envs", "12"]
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    with (base / "stderr").open("wb") as err:
+        proc = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=err, cwd=REPO, env=env, start_new_session=True
+        )
+    agent: list[int] = []
+    try:
+        assert proc.stdout is not None
+        head = [proc.stdout.readline() for _ in range(3)]  # as `head -3` reads, then it exits
+        agent += [int(m) for m in re.findall(rb"agent pid (\d+)", head[0])]
+        assert agent, head
+        proc.stdout.close()
+        code = proc.wait(timeout=STOP_S)
+        check_node_stopped(agent, base)
+        assert (code, (base / "stderr").read_text()) == (128 + signal.SIGPIPE, "")
+        assert not tmp.exists() or list(tmp.iterdir()) == [], "the stopped run left files"
+    finally:
+        stop_everything(proc, agent, base)

@@ -132,6 +132,29 @@ async def test_an_idle_worker_exits_after_its_idle_timeout_and_the_env_is_delete
         await drained(h)
 
 
+async def test_beyond_max_idle_workers_the_worker_idle_longest_is_stopped_and_its_env_deleted() -> (
+    None
+):
+    """Issue 37 (demo --envs 100000 piled up a worker per env): two idle workers at most; a
+    worker reused and back is the newest idle one, so the next over the limit stops another."""
+    async with harness(max_idle_workers=2) as h:
+
+        def pids(state: WorkerState | None = None) -> set[int]:
+            return {w.pid for w in h.pool.workers.values() if state in (None, w.state)}
+
+        a, b, c = [(await h.pool.run(TaskSpec(key(name), INFO)))["pid"] for name in "abc"]
+        await wait_until(lambda: a not in pids(), what="a's worker to exit")
+        assert pids() == pids(WorkerState.IDLE) == {b, c}
+        await wait_until(lambda: len(h.deleted_ids()) == 1, what="a's env deleted")
+        assert key("a") not in h.pool.slots
+        assert (await h.pool.run(TaskSpec(key("b"), INFO)))["pid"] == b, "b's worker reused"
+        d = (await h.pool.run(TaskSpec(key("d"), INFO)))["pid"]
+        await wait_until(lambda: c not in pids(), what="c's worker to exit")
+        assert pids() == pids(WorkerState.IDLE) == {b, d}
+        h.pool.check_invariants()
+        await drained(h)
+
+
 async def test_an_env_kept_alive_is_reused_by_the_next_start_without_a_create() -> None:
     """With env_keepalive_s, the last worker's exit keeps the env (and its reference) a while:
     the next start of the key reuses it, no create, no delete; close() gives it back."""

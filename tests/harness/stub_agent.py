@@ -126,7 +126,7 @@ class Harness:
 
 @asynccontextmanager
 async def harness(
-    idle_timeout_s: float = 30.0, env_keepalive_s: float = 0.0
+    idle_timeout_s: float = 30.0, env_keepalive_s: float = 0.0, max_idle_workers: int | None = None
 ) -> AsyncIterator[Harness]:
     """A stub agent on a unix socket, a client with fast retries, and a pool; all stopped."""
     base = short_tempdir()
@@ -136,7 +136,10 @@ async def harness(
         async with served(stub, base) as channel:
             client = AgentClient(channel, FAST)
             pool = WorkerPool(
-                client, idle_timeout_s=idle_timeout_s, env_keepalive_s=env_keepalive_s
+                client,
+                idle_timeout_s=idle_timeout_s,
+                env_keepalive_s=env_keepalive_s,
+                max_idle_workers=max_idle_workers,
             )
             try:
                 yield Harness(stub, client, pool)
