@@ -27,7 +27,7 @@ AGENT = Path(agent.__file__).parent
 # The modules that speak gRPC: the doors, the server that builds them, and the info command
 # (a gRPC client).
 # ... and the GCS client (gcs:// packages), a client of Ray's GCS as transport.py is of HTTP
-GRPC_ALLOWED = ("doors/", "ops/server.py", "ops/cli.py", "install/gcs_source.py")
+GRPC_ALLOWED = ("doors/", "ops/server.py", "ops/info_address.py", "install/gcs_source.py")
 _GRPC_MODULES = ("grpc", "rtenv.")  # grpc, grpc_health, grpc_reflection...; the generated stubs
 
 

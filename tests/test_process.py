@@ -51,7 +51,7 @@ async def test_serves_on_a_0600_socket_in_the_root_is_healthy_and_info_prints_th
         code, out, err = await run_cli("info", "--address", agent.address)
         assert code == 0, err
         assert re.search(r"^ENV ID\s+REFS\s+STATE\s+URIS$", out, re.M), out
-        assert re.search(r"^KIND\s+REFS\s+STATE\s+SIZE\s+URI$", out, re.M), out
+        assert re.search(r"^KIND\s+REFS\s+STATE\s+SIZE\s+FOLDER\s+URI$", out, re.M), out
         assert "0 envs, cache:" in out
 
         async with grpc.aio.insecure_channel(agent.address) as channel:
@@ -65,7 +65,8 @@ async def test_serves_on_a_0600_socket_in_the_root_is_healthy_and_info_prints_th
         assert code == 0, err
         uri = re.escape(f"file://{package}")
         assert re.search(rf"^{env_id}\s+1\s+ready\s+working_dir:{uri}$", out, re.M), out
-        assert re.search(rf"^working_dir\s+1\s+ready\s+\d+ B\s+{uri}$", out, re.M), out
+        folder = r"working_dir-[0-9a-f]{32}"
+        assert re.search(rf"^working_dir\s+1\s+ready\s+\d+ B\s+{folder}\s+{uri}$", out, re.M), out
         assert "1 env, cache:" in out, "a count of one is singular"
         assert "1 download, 0 hits" in out, out
 
