@@ -1,5 +1,3 @@
-import sys
+from raylet_sim.cli import entry
 
-from raylet_sim.cli import main
-
-sys.exit(main())
+entry()

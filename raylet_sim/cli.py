@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -153,13 +154,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         if interrupt.signal is signal.SIGPIPE:
             return interrupt.exit_code
         with contextlib.suppress(OSError):  # a closed terminal takes no line
-            print(
-                f"raylet-sim: {interrupt.said}; the node stopped, its temp files removed",
-                file=sys.stderr,
-            )
+            after = f", {interrupt.aftermath}" if interrupt.aftermath else ""
+            print(f"raylet-sim: {interrupt.said}; the node stopped{after}", file=sys.stderr)
         return interrupt.exit_code
     return code
 
 
+def entry() -> NoReturn:
+    """The command (``raylet-sim``, ``python -m raylet_sim``): ``main``, and after a stop signal
+    (an exit code of 128 + it, which only the stop gives) an exit without the interpreter's
+    teardown. By then the node is stopped, its temp files handed to their remover and the line
+    said; what is left is freeing the run's memory and modules, which took 0.2 to 0.7 s of the
+    stop on a busy 2-core VM."""
+    code = main()
+    if code < 128:
+        sys.exit(code)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _c = main()
+    sys.exit(_c)

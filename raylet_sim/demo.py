@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from raylet_sim.interrupt import Interrupt
 from raylet_sim.node import AgentDied, Node
 from raylet_sim.pool import TaskFailed, TaskSpec
-from raylet_sim.removal import remove_tree
+from raylet_sim.removal import remove_detached, remove_tree
 from raylet_sim.samples import PackageServer, Samples, build_samples
 from raylet_sim.sidecar import SidecarError
 from rtenv.v1 import agent_pb2
@@ -129,13 +129,25 @@ async def run_demo(
     args: argparse.Namespace, out: Output = sys.stdout, interrupt: Interrupt | None = None
 ) -> int:
     """Run the demo; return the process exit code (0 only if everything checked out). Whatever
-    happens (a failure, a Ctrl-C through ``interrupt``), a temp workdir it made is removed."""
+    happens (a failure, a Ctrl-C through ``interrupt``), a temp workdir it made is removed: here,
+    or, after a stop signal, by a detached process (``remove_detached``) that
+    ``interrupt.aftermath`` names, so that the stop is prompt however much the run cached."""
     made = not args.workdir
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="raylet-"))
     try:
         code = await _run_in(workdir, args, out, interrupt)
     finally:
-        if made and not args.keep:
+        if not made or args.keep:
+            if interrupt is not None:
+                interrupt.aftermath = f"its workdir kept: {workdir}"
+        elif interrupt is not None and interrupt.fired:
+            remover = await asyncio.to_thread(remove_detached, workdir)
+            interrupt.aftermath = (
+                "its temp files removed"
+                if remover is None
+                else f"its temp files are being removed by process {remover.pid}"
+            )
+        else:
             await asyncio.to_thread(remove_tree, workdir)
     if args.keep:
         print(f"kept {workdir}", file=out)

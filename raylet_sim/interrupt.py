@@ -37,6 +37,8 @@ class Interrupt:
         self.signal: signal.Signals | None = None  # the one that stopped the run
         self._hooks: list[Callable[[], None]] = []
         self._task: asyncio.Future[Any] | None = None  # the run, while ``run`` runs it
+        # what the stopped run says of what it leaves, after its stop line's "the node stopped"
+        self.aftermath = ""
 
     @property
     def fired(self) -> bool:

@@ -21,6 +21,11 @@ from raylet_sim.sidecar import DEFAULT_AGENT_COMMAND, FAST_RECONNECT, AgentSidec
 
 log = logging.getLogger(__name__)
 
+# A stop signal (the run must end within a second, whatever it did): the workers and the agent,
+# told at once, have this long to exit before SIGKILL. Measured on a busy 2-core VM, 70 workers
+# exited 0.04 to 0.08 s after their SIGTERM and the agent 0.2 to 0.35 s after its own.
+INTERRUPT_GRACE_S = 0.5
+
 
 class AgentDied(Exception):
     def __init__(self, pid: int, code: int, workers_killed: int) -> None:
@@ -98,8 +103,8 @@ class Node:
     def interrupt(self) -> None:
         """Ctrl-C, SIGTERM or SIGHUP: the agent, in the run's process group, may have got the
         signal too and be exiting. Its exit is not a death to report, and nothing is deleted at
-        an agent on its way out; ``stop`` then stops the workers at once (SIGTERM, as after a
-        death: no task of theirs is awaited) and the agent."""
+        an agent on its way out; ``stop`` then stops the workers (SIGTERM, as after a death: no
+        task of theirs is awaited) and the agent, both at once."""
         self._stopping = True
         self._interrupted = True
         if self.pool is not None:
@@ -134,9 +139,15 @@ class Node:
 
     async def stop(self) -> None:
         """Stop the workers, give every env back to the agent, then stop the agent (after its
-        death or an interrupt: kill the workers, nothing to give back)."""
+        death: kill the workers, nothing to give back; after an interrupt: stop the workers and
+        the agent at once, each SIGKILLed if still there after ``INTERRUPT_GRACE_S``)."""
         self._stopping = True
-        if self.pool is not None and self.died is None and not self._interrupted:
+        if self._interrupted:
+            await asyncio.gather(
+                self.sidecar.stop(INTERRUPT_GRACE_S),
+                *([] if self.pool is None else [self.pool.kill_all(INTERRUPT_GRACE_S)]),
+            )
+        elif self.pool is not None and self.died is None:
             await self.pool.close()
         elif self.pool is not None:
             await self.pool.kill_all()
