@@ -49,6 +49,7 @@ from agent.app.records import MAX_JOB_ID_BYTES
 from agent.app.service import AgentService
 from agent.core import logfields
 from agent.core.bounded import BoundedCache
+from agent.core.dialect import RAY
 from agent.core.errors import (
     AgentError,
     EnvNotFound,
@@ -244,16 +245,23 @@ class RayFront:
         raises (a context that cannot be built gives the reference back)."""
         service = self.service
         key = service.check_create(
-            serialized, setup_timeout_seconds, job_id=job, eager_install=eager_install,
-            node_site=True,
-        )  # fmt: skip
+            serialized,
+            setup_timeout_seconds,
+            job_id=job,
+            eager_install=eager_install,
+            dialect=RAY,
+        )
         if service.create_hit(key):  # a hit: counted in this step, no coroutine
             env = key.env
         else:
             created = await service.create(
-                serialized, setup_timeout_seconds, "", job_id=job, eager_install=eager_install,
-                node_site=True,
-            )  # fmt: skip
+                serialized,
+                setup_timeout_seconds,
+                "",
+                job_id=job,
+                eager_install=eager_install,
+                dialect=RAY,
+            )
             env = created.env
             warn_ignored(env)  # as Ray's agent warns, on each setup
         env_id = env.env_id

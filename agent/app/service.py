@@ -54,6 +54,7 @@ from agent.app.snapshot import EnvState, Levels, Snapshot
 from agent.app.views import cache_view, env_view, failed_view, recovery_view, uri_view
 from agent.core import logfields
 from agent.core.context import WorkerContext, build_context
+from agent.core.dialect import GRPC, ContextFormat, Dialect
 from agent.core.errors import (
     AgentError,
     Conflict,
@@ -63,6 +64,7 @@ from agent.core.errors import (
     cap_message,
     echo,
 )
+from agent.core.packages import Package
 from agent.core.ray_context import build_ray_context
 from agent.core.refs import RefTables
 from agent.core.runtime_env import RuntimeEnv, env_id_of
@@ -139,15 +141,14 @@ class AgentService:
         *,
         job_id: str = "",
         eager_install: bool = False,
-        node_site: bool = False,
+        dialect: Dialect = GRPC,
     ) -> Created:
         """Count one reference on the env, installing what is missing first. ``job_id`` and
         ``eager_install`` (the request's; the JSON's ``config.eager_install`` counts too) are
         kept in the env's record for info, nothing more (see the module docstring).
-        ``node_site``: the text read as the Ray door reads it (``parse_runtime_env``): its
-        plugin fields are run (another door's are refused)."""
+        ``dialect``: how the door reads the text (``agent.core.dialect``)."""
         check_job_id(job_id)
-        env = self._parses.parse(serialized, node_site=node_site)
+        env = self._parses.parse(serialized, dialect)
         eager = eager_install or env.eager_install is True
         logfields.note(env_id=env.env_id)  # on this request's log lines from here on
         timeout = self._setup_timeout(env, timeout_s)
@@ -165,13 +166,13 @@ class AgentService:
         *,
         job_id: str = "",
         eager_install: bool = False,
-        node_site: bool = False,
+        dialect: Dialect = GRPC,
     ) -> HitKey:
         """``create``'s checks of its input, in its order and raising its errors, with nothing
         counted: what ``create_hit`` needs. A pure function of the request (and the settings):
         a door may keep the key of a request it sees again."""
         check_job_id(job_id)
-        env = self._parses.parse(serialized, node_site=node_site)
+        env = self._parses.parse(serialized, dialect)
         self._setup_timeout(env, timeout_s)
         return HitKey(env, job_id, eager_install or env.eager_install is True)
 
@@ -202,16 +203,25 @@ class AgentService:
         """The env's worker context: a pure function of the env, the settings and the venv its
         create derived (``ProjectVenvs``), built each time it is asked for (the doors keep
         their replies; a record keeps no context)."""
-        return build_context(
-            env, self.store.path_for, py_executable=self.settings.py_executable,
-            limits=self.settings.env, uv_venv=self._uv_venv(env),
-        )  # fmt: skip
+        _check_format(env, ContextFormat.WORKER)
+        return self._worker_context(env)
 
-    def _uv_venv(self, env: RuntimeEnv) -> Path | None:
-        """The folder of the venv the env's create derived (``ProjectVenvs``), if it did."""
+    def _worker_context(self, env: RuntimeEnv) -> WorkerContext:
+        """``context_of`` whatever the env's dialect: before counting a create, the check that
+        a worker could be started with its variables (E2BIG), the same in either format."""
+        return build_context(
+            env,
+            self.store.path_for,
+            py_executable=self.settings.py_executable,
+            limits=self.settings.env,
+            derived=self._derived(env),
+        )
+
+    def _derived(self, env: RuntimeEnv) -> tuple[Package, ...]:
+        """The package the env's create derived (``ProjectVenvs``), if it did."""
         record = self.records.get(env.env_id) if env.derives_venv else None
-        key = None if record is None else record.uv_venv
-        return None if key is None else self.store.path_for(key)
+        derived = None if record is None else record.derived
+        return () if derived is None else (derived,)
 
     def ray_context_of(
         self, env: RuntimeEnv, *, node_pythonpath: str, python_version: tuple[int, int]
@@ -219,11 +229,15 @@ class AgentService:
         """The env's worker context as Ray's worker reads it (``build_ray_context``), for a
         node whose ``PYTHONPATH`` is ``node_pythonpath`` and whose venvs' python is of
         ``python_version``: a pure function, as ``context_of``."""
+        _check_format(env, ContextFormat.RAY)
         return build_ray_context(
-            env, self.store.path_for, py_executable=self.settings.py_executable,
-            node_pythonpath=node_pythonpath, python_version=python_version,
-            uv_venv=self._uv_venv(env),
-        )  # fmt: skip
+            env,
+            self.store.path_for,
+            py_executable=self.settings.py_executable,
+            node_pythonpath=node_pythonpath,
+            python_version=python_version,
+            derived=self._derived(env),
+        )
 
     async def _create(
         self, env: RuntimeEnv, setup_timeout_s: float, job_id: str, eager_install: bool
@@ -234,7 +248,7 @@ class AgentService:
         env_id = env.env_id
         record = self.records.get(env_id)
         if record is None:
-            self.context_of(env)  # a worker could be started with it (E2BIG): before counting
+            self._worker_context(env)  # a worker could be started with it (E2BIG)
             record = EnvRecord(env.canonical, EnvState.CREATING, self._now_ms())
         record.note_job(job_id, eager_install, self._job_ids)
         # Bookkeeping, atomically: no await from here to the first install.
@@ -432,6 +446,15 @@ class AgentService:
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
+
+
+def _check_format(env: RuntimeEnv, wanted: ContextFormat) -> None:
+    """A door asks for the context in its dialect's format; another is a bug of the caller."""
+    if env.dialect.context is not wanted:
+        raise AssertionError(
+            f"env {env.env_id} was read in the {env.dialect.name} dialect, whose context is "
+            f"{env.dialect.context.value}, not {wanted.value}"
+        )
 
 
 def _none_held(env_id: str) -> int:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from agent.core.errors import InvalidRuntimeEnv, echo, type_name
+from agent.core.kinds import NodeSite
 from agent.core.local_sources import LocalSource, listed, source_identity
 from agent.core.pip_spec import checked_set, interpreter
 from agent.core.roots import FileRoots
@@ -90,8 +91,10 @@ class UvSpec:
     uv_check: bool  # run ``uv pip check`` after the install
     python: str  # "3.11"
     platform: str  # "linux-x86_64"
-    node_site: bool = False  # Ray's semantics, as ``PipSpec.node_site``
-    node_python: str = ""  # as ``PipSpec.node_python``
+    # a venv that sees the node's packages after its own (a kind placed ``NODE_SITE``: Ray's
+    # venvs; ``agent.install.venv.NODE_SITE_PTH``): another venv than an isolated one, so another
+    # digest; None (isolated) leaves the digest as it always was
+    sees: NodeSite | None = None
     sources: tuple[LocalSource, ...] = ()  # as ``PipSpec.sources``
     contents: tuple[str, ...] = ()  # their digests, read at create
 
@@ -105,9 +108,9 @@ class UvSpec:
             identity["uv_version"] = self.uv_version
         if self.uv_check:
             identity["uv_check"] = True
-        if self.node_site:
-            identity["node_site"] = True
-            identity["node_python"] = self.node_python
+        if self.sees is not None:
+            identity["node_site"] = True  # the digest's keys as they always were
+            identity["node_python"] = self.sees.python
         if self.sources:
             identity["sources"] = source_identity(self.sources, self.contents)
         canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
