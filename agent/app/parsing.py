@@ -97,5 +97,8 @@ def warn_ignored(env: RuntimeEnv) -> None:
         shown = name if name.isprintable() else echo(name)  # a bare name, as Ray writes it
         log.warning(
             "runtime_env field %s is not recognized and will be ignored, as Ray's agent ignores "
-            "it (env %s)", shown, env.env_id, extra={"field": shown, "env_id": env.env_id},
-        )  # fmt: skip
+            "it (env %s)",
+            shown,
+            env.env_id,
+            extra={"field": shown, "env_id": env.env_id},
+        )

@@ -64,9 +64,10 @@ class ProjectVenvs:
         self._note = note  # the service's: a package's last use, for the index
         cache = store.wheel_cache
         self._planning = Planning(
-            uv=None if cache is None else cache.uv, roots=FileRoots.of(settings.allow_file_roots),
+            uv=None if cache is None else cache.uv,
+            roots=FileRoots.of(settings.allow_file_roots),
             logs=store.root / "logs",
-        )  # fmt: skip
+        )
 
     async def derive(self, env: RuntimeEnv, record: EnvRecord) -> None:
         """Plan, hold and install the env's project venv (its own packages installed), or say
@@ -87,9 +88,13 @@ class ProjectVenvs:
         scratch = self._store.scratch_folder()
         try:
             planned = await plan_project(
-                self._store.path_for(wd), run, wd_uri=wd.uri, planning=self._planning,
-                scratch=scratch, label=f"env {env.env_id}'s uv run project",
-            )  # fmt: skip
+                self._store.path_for(wd),
+                run,
+                wd_uri=wd.uri,
+                planning=self._planning,
+                scratch=scratch,
+                label=f"env {env.env_id}'s uv run project",
+            )
         finally:
             await asyncio.shield(asyncio.to_thread(remove_tree, scratch))
         if isinstance(planned, Passthrough):
@@ -134,5 +139,7 @@ class ProjectVenvs:
 def _log_passthrough(env: RuntimeEnv, why: Passthrough) -> None:
     log.info(
         "runtime env %s: its uv run line is left to uv in each worker: %s",
-        env.env_id, why.reason, extra={"env_id": env.env_id, "reason": why.reason},
-    )  # fmt: skip
+        env.env_id,
+        why.reason,
+        extra={"env_id": env.env_id, "reason": why.reason},
+    )

@@ -46,8 +46,12 @@ _JAVA_JAR_SUFFIXES = (".jar", ".zip")
 # Ray's keys the agent has nothing to do for: versions, upload filters, and the setup hook (the
 # worker runs it, fetching it from the GCS by the key this field holds). Never identity.
 RAY_EXTRAS = (
-    "_ray_commit", "_ray_release", "_inject_current_ray", "excludes", "worker_process_setup_hook",
-)  # fmt: skip
+    "_ray_commit",
+    "_ray_release",
+    "_inject_current_ray",
+    "excludes",
+    "worker_process_setup_hook",
+)
 # Ray 2.60's fields this agent refuses by name (FAILED_PRECONDITION): what each needs on the node.
 NEEDS_ON_NODE: dict[str, str] = {
     "conda": "a conda installation on the node, which this agent does not manage (it makes pip "

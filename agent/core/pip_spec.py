@@ -114,9 +114,11 @@ class PipSpec:
     @property
     def digest(self) -> str:
         fields: dict[str, object] = {
-            "packages": self.packages, "options": self.options, "python": self.python,
+            "packages": self.packages,
+            "options": self.options,
+            "python": self.python,
             "platform": self.platform,
-        }  # fmt: skip
+        }
         if self.sees is not None:
             fields["node_site"] = True  # the digest's keys as they always were
             fields["node_python"] = self.sees.python

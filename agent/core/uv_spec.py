@@ -101,9 +101,12 @@ class UvSpec:
     @property
     def digest(self) -> str:
         identity: dict[str, object] = {
-            "tool": "uv", "packages": self.packages, "options": self.options,
-            "python": self.python, "platform": self.platform,
-        }  # fmt: skip
+            "tool": "uv",
+            "packages": self.packages,
+            "options": self.options,
+            "python": self.python,
+            "platform": self.platform,
+        }
         if self.uv_version:
             identity["uv_version"] = self.uv_version
         if self.uv_check:
@@ -125,7 +128,7 @@ class UvSpec:
         out: dict[str, object] = {
             "packages": listed(self.packages, self.sources),
             "uv_pip_install_options": list(self.options),
-        }  # fmt: skip
+        }
         if self.uv_version:
             out["uv_version"] = self.uv_version
         if self.uv_check:
@@ -158,16 +161,27 @@ def parse_uv(value: object, *, file_roots: Sequence[str] | FileRoots = ()) -> Uv
             f"uv must be a list of requirements or an object with packages, got {type_name(value)}"
         )
     normalised, sources, kept = checked_set(
-        "uv", packages, "uv_pip_install_options", options, file_roots, _ALLOWED, _REFUSED,
+        "uv",
+        packages,
+        "uv_pip_install_options",
+        options,
+        file_roots,
+        _ALLOWED,
+        _REFUSED,
         dropped=_DROPPED,
-    )  # fmt: skip
+    )
     if not normalised and not sources:
         return None
     python, machine = interpreter()
     return UvSpec(
-        packages=normalised, options=kept, uv_version=version, uv_check=check, python=python,
-        platform=machine, sources=sources,
-    )  # fmt: skip
+        packages=normalised,
+        options=kept,
+        uv_version=version,
+        uv_check=check,
+        python=python,
+        platform=machine,
+        sources=sources,
+    )
 
 
 def _check_flag(value: object) -> bool:
