@@ -11,9 +11,10 @@ import pytest
 
 from agent.core.context import build_context
 from agent.core.errors import InvalidRuntimeEnv
+from agent.core.packages import Package
 from agent.core.ray_context import build_ray_context
 from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
-from agent.core.uris import UriKey
+from agent.core.uris import UriKey, UriKind, parse_uri
 
 LIMITS = EnvLimits()
 WD = "file:///pkgs/wd.zip"
@@ -165,16 +166,17 @@ def test_a_uv_run_env_runs_its_project_venvs_python_instead_of_its_uv_run_line()
     VIRTUAL_ENV set, in both contexts (the gRPC door's and Ray's), PATH's first folder its bin
     for Ray's; the working dir stays the cwd and on the path."""
     uv_env = env(working_dir=WD, py_executable="uv run --python 3.11.7 python")
-    venv = Path("/root/uris/uv_project-x y")
+    project = Package(UriKey(UriKind.UV_PROJECT, "uvproject://x y"), parse_uri("x", WD))
+    venv = path_for(project.key)
     context = build_context(
-        uv_env, path_for, py_executable="/usr/bin/python3", limits=LIMITS, uv_venv=venv
+        uv_env, path_for, py_executable="/usr/bin/python3", limits=LIMITS, derived=(project,)
     )
-    assert context.py_executable == "'/root/uris/uv_project-x y/bin/python'"
+    assert context.py_executable == "'/store/uris/uv_project-x y/bin/python'"
     assert context.env_vars["VIRTUAL_ENV"] == str(venv)
     assert context.cwd == str(path_for(uv_env.uri_keys[0]))
     ray = build_ray_context(
         uv_env, path_for, py_executable="/usr/bin/python3", node_pythonpath="",
-        python_version=(3, 11), uv_venv=venv,
+        python_version=(3, 11), derived=(project,),
     )  # fmt: skip
     assert ray["py_executable"] == context.py_executable
     env_vars = ray["env_vars"]

@@ -1,6 +1,6 @@
-"""Package kinds: each kind's installer and placement come from a table, the store installs a
-package from the recipe it carries (never from its URI parsed again), and a new kind is one
-installer and one placement registered in the tables, with nothing else changed."""
+"""Package kinds: every trait of a kind is its row of one table (``KINDS``), the store installs
+a package from the recipe it carries (never from its URI parsed again), and a new kind is one
+row there (and an installer where no ``Build`` fits), with nothing else changed."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ import aiohttp
 import pytest
 
 from agent.core.context import build_context
-from agent.core.packages import PLACEMENTS, Package, Placement
+from agent.core.dialect import GRPC, RAY
+from agent.core.kinds import KINDS, Build, KindRow, Origin, Placement, VenvPlace
+from agent.core.packages import Package
 from agent.core.ray_context import build_ray_context
 from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
 from agent.core.uris import ParsedUri, UriKey, UriKind, parse_uri
@@ -64,8 +66,38 @@ async def a_store(root: Path) -> AsyncIterator[UriStore]:
         await db.close()
 
 
-def test_every_kind_has_one_installer_and_one_placement() -> None:
-    assert set(INSTALLERS) == set(UriKind) == set(PLACEMENTS)
+def test_every_kind_has_one_row_and_every_way_of_building_one_installer() -> None:
+    assert set(KINDS) == set(UriKind)
+    assert set(INSTALLERS) == set(Build)
+    assert {row.build for row in KINDS.values()} == set(Build)  # no installer unused
+
+
+@pytest.mark.parametrize("kind", list(UriKind))
+def test_each_kinds_row_is_complete_and_consistent(kind: UriKind) -> None:
+    """Every column set; a venv kind builds a venv, a derived kind is never named by an env,
+    and what Ray's folder shows is what Ray's cache variable of that name caps."""
+    row = KINDS[kind]
+    venv = row.build in {Build.PIP_VENV, Build.UV_VENV, Build.PROJECT_VENV}
+    assert (row.placement.venv is not None) == venv
+    assert (row.origin is Origin.SET) == (row.build in {Build.PIP_VENV, Build.UV_VENV})
+    assert (row.origin is Origin.DERIVED) == (row.placement.venv is VenvPlace.PROJECT)
+    assert row.ray_folder in {
+        "working_dir_files",
+        "py_modules_files",
+        "java_jars_files",
+        "pip",
+        "uv",
+    }
+    assert row.ray_cache == row.ray_folder.removesuffix("_files")
+    placements = [row.placement.on_path, row.placement.java, row.placement.venv is not None]
+    assert sum(placements) == 1  # each kind is put on the worker one way
+
+
+def test_the_dialects_venv_and_module_kinds_are_rows() -> None:
+    for dialect in (GRPC, RAY):
+        for tool in ("pip", "uv"):
+            assert KINDS[dialect.venv_kind(tool)].origin is Origin.SET
+        assert KINDS[dialect.py_modules_zip].placement.on_path
 
 
 def test_a_parsed_env_carries_each_package_with_its_recipe_in_order() -> None:
@@ -152,6 +184,13 @@ class _NewKind(StrEnum):
 JARS = cast(UriKind, _NewKind.JARS)  # the tables and keys take it as they would a UriKind
 
 
+class _NewBuild(StrEnum):
+    LIB = "lib"
+
+
+LIB = cast(Build, _NewBuild.LIB)  # likewise, a Build
+
+
 class _JarInstaller:
     """A kind the store and the context have never heard of: one jar fetched into a folder."""
 
@@ -184,11 +223,13 @@ def _jar_package(uri: str) -> Package:
 async def test_a_new_kind_is_installed_and_placed_by_registering_it_in_the_tables_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Store and contexts (ours and Ray's) untouched: the kind's installer (``INSTALLERS``)
-    makes its folder, its placement (``PLACEMENTS``) puts the folder on the worker's PYTHONPATH
-    and makes it the cwd (which only a working dir gives today)."""
-    monkeypatch.setitem(INSTALLERS, JARS, _JarInstaller)
-    monkeypatch.setitem(PLACEMENTS, JARS, Placement(on_path=True, cwd=True))
+    """Store and contexts (ours and Ray's) untouched: the kind's row (``KINDS``) names a new way
+    of building it, whose installer (``INSTALLERS``) makes its folder, and its placement puts
+    the folder on the worker's PYTHONPATH and makes it the cwd (which only a working dir gives
+    today)."""
+    row = KindRow(Placement(on_path=True, cwd=True), LIB, Origin.NAMED, "lib_jars", "lib_jars")
+    monkeypatch.setitem(KINDS, JARS, row)
+    monkeypatch.setitem(INSTALLERS, LIB, _JarInstaller)
     jar = tmp_path / "lib.jar"
     jar.write_bytes(b"PK\x05\x06" + bytes(18))
     package = _jar_package(f"file://{jar}")

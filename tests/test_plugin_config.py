@@ -4,8 +4,11 @@ identity (``parse_runtime_env(plugin_fields=...)``)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from agent.core.dialect import GRPC, PluginFields
 from agent.core.errors import ConfigError, InvalidRuntimeEnv
 from agent.core.plugin_config import (
     MAX_PLUGINS,
@@ -65,8 +68,17 @@ def test_plugins_are_configured_only_by_a_nonblank_variable() -> None:
     assert configured({"RAY_RUNTIME_ENV_PLUGINS": "[]x"})
 
 
+# the gRPC door's dialect but for its plugin fields: the columns are independent
+_RUNS_PLUGINS = dataclasses.replace(GRPC, plugin_fields=PluginFields.RUN)
+
+
 def _parse(text: str, fields: frozenset[str] = FIELDS):  # type: ignore[no-untyped-def]
-    return parse_runtime_env(text, EnvLimits(), plugin_fields=fields)
+    return parse_runtime_env(text, EnvLimits(), dialect=_RUNS_PLUGINS, plugin_fields=fields)
+
+
+def test_a_dialect_that_runs_no_plugins_refuses_their_fields_naming_them() -> None:
+    with pytest.raises(InvalidRuntimeEnv, match=r"plugin field\(s\) MyPlugin are run only"):
+        parse_runtime_env('{"MyPlugin": {}}', EnvLimits(), plugin_fields=FIELDS)
 
 
 def test_a_plugin_field_is_refused_when_no_plugin_names_it() -> None:

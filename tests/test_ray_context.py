@@ -8,6 +8,7 @@ import inspect
 import json
 from pathlib import Path
 
+from agent.core.dialect import RAY
 from agent.core.ray_context import RAY_CONTEXT_KEYS, build_ray_context
 from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
 from agent.core.uris import UriKey
@@ -155,7 +156,7 @@ def test_a_venv_with_rays_semantics_runs_the_worker_under_its_python() -> None:
     for field in ("pip", "uv"):
         ray_env = parse_runtime_env(
             json.dumps({field: ["requests"], "working_dir": "https://h/wd.zip"}), EnvLimits(),
-            node_site=True,
+            dialect=RAY,
         )  # fmt: skip
         built = build_ray_context(
             ray_env, path_for, py_executable=BASE, node_pythonpath="/node/lib",

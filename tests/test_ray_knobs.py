@@ -12,10 +12,10 @@ import pytest
 
 from agent.core.errors import ConfigError
 from agent.ops.ray_knobs import (
-    KIND_GROUPS,
     MAX_HEADER_CHARS,
     RAYS_USER_AGENT,
     cache_size_var,
+    kind_groups,
     ray_cache_budgets,
     ray_http_headers,
 )
@@ -35,9 +35,17 @@ def test_only_the_variables_set_add_a_budget_in_bytes_of_their_kinds() -> None:
     assert ray_cache_budgets({}) == ()
     (budget,) = ray_cache_budgets({"RAY_RUNTIME_ENV_PY_MODULES_CACHE_SIZE_GB": "0.5"})
     assert budget.budget_bytes == 512 * 1024**2
-    assert budget.kinds == frozenset(k.value for k in KIND_GROUPS["py_modules"])
+    assert budget.kinds == frozenset(k.value for k in kind_groups()["py_modules"])
     assert "py_modules_wheel" in budget.kinds
     assert "ray_py_modules" in budget.kinds
+
+
+def test_rays_caches_are_listed_in_rays_order_and_uv_caps_uv_run_project_venvs() -> None:
+    """What Ray's ``uv`` folder shows is what its variable caps: a uv run project's venv too."""
+    groups = kind_groups()
+    assert list(groups) == ["working_dir", "py_modules", "pip", "uv", "java_jars"]
+    (budget,) = ray_cache_budgets({"RAY_RUNTIME_ENV_UV_CACHE_SIZE_GB": "1"})
+    assert budget.kinds == {"uv", "ray_uv", "uv_project"}
 
 
 @pytest.mark.parametrize("value", ["x", "-1", "nan", "inf", ""])

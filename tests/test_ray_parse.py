@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from agent.core.dialect import RAY
 from agent.core.errors import InvalidRuntimeEnv
 from agent.core.pip_spec import PipSpec
 from agent.core.runtime_env import EnvLimits, parse_runtime_env
@@ -103,7 +104,7 @@ def test_a_venv_read_as_ray_reads_it_is_another_package_and_env(field: str) -> N
     with the gRPC door's isolated ones; the gRPC door's keys are unchanged by the option."""
     text = json.dumps({field: ["requests"], "env_vars": {"A": "1"}})
     grpc = parse_runtime_env(text, LIMITS)
-    ray = parse_runtime_env(text, LIMITS, node_site=True)
+    ray = parse_runtime_env(text, LIMITS, dialect=RAY)
     assert grpc.env_id != ray.env_id
     assert grpc.packages[0].key != ray.packages[0].key
     assert grpc.packages[0].key.kind == field
@@ -112,12 +113,12 @@ def test_a_venv_read_as_ray_reads_it_is_another_package_and_env(field: str) -> N
     isolated, rays = grpc.packages[0].recipe, ray.packages[0].recipe
     assert isinstance(isolated, PipSpec | UvSpec)
     assert isinstance(rays, PipSpec | UvSpec)
-    assert not isolated.node_site
-    assert rays.node_site
+    assert isolated.sees is None
+    assert rays.sees is not None
     # an env with no venv is the same env through either door
     plain = json.dumps({"env_vars": {"A": "1"}})
     assert parse_runtime_env(plain, LIMITS).env_id == parse(json.loads(plain))
-    assert parse_runtime_env(plain, LIMITS, node_site=True).env_id == parse(json.loads(plain))
+    assert parse_runtime_env(plain, LIMITS, dialect=RAY).env_id == parse(json.loads(plain))
 
 
 @pytest.mark.parametrize("field", ["pip", "uv"])
@@ -125,9 +126,9 @@ def test_a_ray_venv_of_another_node_python_is_another_package(field: str) -> Non
     """A Ray-semantics venv adds the site folders of the node's python: two agents on one shared
     root with different node pythons (of one version) never share such a venv."""
     text = json.dumps({field: ["requests"]})
-    one = parse_runtime_env(text, LIMITS, node_site=True, node_python="/opt/a/bin/python3")
-    two = parse_runtime_env(text, LIMITS, node_site=True, node_python="/opt/b/bin/python3")
-    again = parse_runtime_env(text, LIMITS, node_site=True, node_python="/opt/a/bin/python3")
+    one = parse_runtime_env(text, LIMITS, dialect=RAY, node_python="/opt/a/bin/python3")
+    two = parse_runtime_env(text, LIMITS, dialect=RAY, node_python="/opt/b/bin/python3")
+    again = parse_runtime_env(text, LIMITS, dialect=RAY, node_python="/opt/a/bin/python3")
     assert one.packages[0].key != two.packages[0].key
     assert one.packages[0].key == again.packages[0].key
     # the gRPC door's isolated venv does not depend on it

@@ -10,14 +10,10 @@ import logging
 
 import pytest
 
+from agent.core.dialect import RAY
+from agent.core.env_fields import MAX_IGNORED_FIELDS, MAX_IGNORED_NAME_CHARS
 from agent.core.errors import InvalidRuntimeEnv, UnsupportedOnNode
-from agent.core.runtime_env import (
-    MAX_IGNORED_FIELDS,
-    MAX_IGNORED_NAME_CHARS,
-    EnvLimits,
-    RuntimeEnv,
-    parse_runtime_env,
-)
+from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
 from tests.harness.ray_door import ray_agent
 
@@ -27,7 +23,7 @@ FAILED = ray_pb2.AGENT_RPC_STATUS_FAILED
 
 
 def ray_env(obj: dict[str, object]) -> RuntimeEnv:
-    return parse_runtime_env(json.dumps(obj), LIMITS, node_site=True, node_python="/py")
+    return parse_runtime_env(json.dumps(obj), LIMITS, dialect=RAY, node_python="/py")
 
 
 def test_the_ray_door_ignores_an_unknown_field_naming_it_in_the_envs_identity() -> None:

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.core.env_fields import NEEDS_ON_NODE
 from agent.core.errors import ErrorKind, InvalidRuntimeEnv, UnsupportedOnNode
 from agent.core.runtime_env import (
     MAX_ARG_STRLEN,
-    NEEDS_ON_NODE,
     EnvLimits,
     check_env_var_size,
     env_var_bytes,

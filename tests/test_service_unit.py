@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from agent.core.dialect import RAY
 from agent.core.errors import EnvNotFound, InvalidRuntimeEnv, PackageNotFound, SetupTimeout
 from tests.harness.packages import env_json
 from tests.harness.polling import wait_until
@@ -249,12 +250,12 @@ async def test_two_spellings_of_one_env_keep_each_its_own_config(tmp_path: Path)
 
 async def test_plugin_fields_are_refused_but_at_the_ray_door(tmp_path: Path) -> None:
     """With the node's plugin fields accepted, a create that cannot run them (gRPC's) is
-    refused naming them; the Ray front's (``node_site``) counts the env, nothing installed."""
+    refused naming them; the Ray front's (``dialect=RAY``) counts the env, nothing installed."""
     async with service_rig(tmp_path) as r:
         r.service.accept_plugin_fields(frozenset({"MyPlugin"}))
         env = '{"MyPlugin": {"a": 1}}'
         with pytest.raises(InvalidRuntimeEnv, match="MyPlugin are run only for Ray"):
             await r.create(env)
-        created = await r.service.create(env, 0, "", node_site=True)
+        created = await r.service.create(env, 0, "", dialect=RAY)
         assert r.service.tables.env_count(created.env_id) == 1
         assert r.packages.gets == {}

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from agent.app.config import RaySettings
-from agent.core.runtime_env import NEEDS_ON_NODE
+from agent.core.env_fields import NEEDS_ON_NODE
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
 from tests.harness.in_process import running_agent
 from tests.harness.ray_door import RayClient

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.core.dialect import RAY
 from agent.core.errors import InvalidRuntimeEnv
+from agent.core.kinds import NodeSite
 from agent.core.packages import venv_package
 from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
 from agent.core.uris import UriKind
@@ -20,10 +22,10 @@ from agent.core.wd_requirements import (
     MAX_FILE_BYTES,
     MAX_FILES,
     WdRequirements,
-    read_field,
     split,
     venv_spec,
 )
+from agent.install.wd_read import read_field
 
 LIMITS = EnvLimits()
 LINE = "-r ${RAY_RUNTIME_ENV_CREATE_WORKING_DIR}/requirements.txt"
@@ -31,11 +33,11 @@ WD = "gcs://_ray_pkg_0123456789abcdef.zip"
 
 
 def ray_env(obj: Mapping[str, object]) -> RuntimeEnv:
-    return parse_runtime_env(json.dumps(obj), LIMITS, node_site=True, node_python="/py")
+    return parse_runtime_env(json.dumps(obj), LIMITS, dialect=RAY, node_python="/py")
 
 
 def wd_of(packages: list[object], tool: str = "pip") -> WdRequirements:
-    found = split(tool, {"packages": packages}, "/py")
+    found = split(tool, {"packages": packages}, RAY.venv_kind(tool), NodeSite("/py"))
     assert found is not None
     return found
 
@@ -119,7 +121,7 @@ def test_the_venv_is_the_one_the_field_written_out_makes(tmp_path: Path) -> None
     spec = venv_spec(wd, read_field(wd, tmp_path, "e"), ())
     written = ray_env({"uv": ["alpha", "gamma_pkg"]})
     assert spec is not None
-    package = venv_package(spec)
+    package = venv_package(wd.kind, spec)
     assert package.key.kind is UriKind.RAY_UV
     assert (package.key,) == written.uri_keys
 

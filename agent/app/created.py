@@ -65,8 +65,8 @@ class Created:
     def uris(self) -> tuple[str, ...]:
         if self._uris is None:
             record = self._records.get(self.env_id) if self.env.derives_venv else None
-            derived = None if record is None else record.uv_venv
-            keys = self.env.uri_keys if derived is None else (*self.env.uri_keys, derived)
+            derived = None if record is None else record.derived
+            keys = self.env.uri_keys if derived is None else (*self.env.uri_keys, derived.key)
             self._uris = uris_of(keys)
         return self._uris
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from agent.app.records import env_weight
 from agent.core.bounded import BoundedCache
-from agent.core.errors import InvalidRuntimeEnv, echo
+from agent.core.dialect import GRPC, Dialect
+from agent.core.errors import echo
 from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
 
 log = logging.getLogger(__name__)
@@ -35,12 +36,13 @@ class ParseCache:
         *,
         node_python: str = "",
     ) -> None:
-        """``plugin_fields``: the fields of the node's runtime env plugins (accepted);
-        ``node_python``: the node's python, whose site folders the Ray door's venvs see."""
+        """``plugin_fields``: the fields of the node's runtime env plugins (run where the
+        dialect runs them); ``node_python``: the node's python, whose site folders a venv that
+        sees the node's packages sees."""
         self._limits = limits
         self._plugin_fields = plugin_fields
         self._file_roots = file_roots
-        self._node_python = node_python  # the Ray door's venvs see its site folders
+        self._node_python = node_python
         # digest of a JSON text -> env id (and the text's config) -> parsed env: many spellings
         # share one value
         self._spellings: BoundedCache[bytes, _Spelling] = BoundedCache(
@@ -48,13 +50,12 @@ class ParseCache:
         )
         self._parsed: BoundedCache[str, RuntimeEnv] = BoundedCache(_PARSED_KEPT, _PARSED_BYTES)
 
-    def parse(self, serialized: str, *, node_site: bool = False) -> RuntimeEnv:
-        """The env the text names (``InvalidRuntimeEnv`` if it names none); ``node_site``: as
-        the Ray door reads it (``parse_runtime_env``), remembered apart. Only the Ray door runs
-        plugin fields: another caller's env that has some is refused."""
+    def parse(self, serialized: str, dialect: Dialect = GRPC) -> RuntimeEnv:
+        """The env the text names as ``dialect`` reads it (``InvalidRuntimeEnv`` if it names
+        none), each dialect's remembered apart."""
         digest = hashlib.sha256(serialized.encode("utf-8", "surrogatepass")).digest()
-        if node_site:
-            digest = b"ray:" + digest
+        if dialect is not GRPC:
+            digest = dialect.name.encode() + b":" + digest
         spelling = self._spellings.get(digest)
         env = self._parsed.get(spelling.env_id) if spelling is not None else None
         if env is None or spelling is None:
@@ -62,8 +63,8 @@ class ParseCache:
                 serialized,
                 self._limits,
                 file_roots=self._file_roots,
-                node_site=node_site,
-                node_python=self._node_python if node_site else "",
+                dialect=dialect,
+                node_python=self._node_python,
                 plugin_fields=self._plugin_fields,
             )
             config = _Spelling(env.env_id, env.setup_timeout_seconds, env.eager_install)
@@ -73,12 +74,6 @@ class ParseCache:
             # one env, another spelling with another ``config`` (not part of the env's identity)
             timeout, eager = spelling.config
             env = dataclasses.replace(env, setup_timeout_seconds=timeout, eager_install=eager)
-        if env.plugins and not node_site:
-            names = ", ".join(name for name, _ in env.plugins)
-            raise InvalidRuntimeEnv(
-                f"runtime env plugin field(s) {names} are run only for Ray (through the Ray "
-                "door, whose raylet names the plugins); this door cannot run them"
-            )
         return env
 
 
@@ -97,10 +92,13 @@ class _Spelling:
 
 
 def warn_ignored(env: RuntimeEnv) -> None:
-    """One warning per unknown field the Ray door ignored in ``env`` (``RuntimeEnv.ignored``)."""
+    """One warning per unknown field the dialect ignored in ``env`` (``RuntimeEnv.ignored``)."""
     for name in env.ignored:
         shown = name if name.isprintable() else echo(name)  # a bare name, as Ray writes it
         log.warning(
             "runtime_env field %s is not recognized and will be ignored, as Ray's agent ignores "
-            "it (env %s)", shown, env.env_id, extra={"field": shown, "env_id": env.env_id},
-        )  # fmt: skip
+            "it (env %s)",
+            shown,
+            env.env_id,
+            extra={"field": shown, "env_id": env.env_id},
+        )

@@ -1,19 +1,19 @@
 """Venvs an env's create derives once its working dir is installed: a ``uv run`` env's project
 venv, and a Ray env's venv whose requirements files its working dir holds.
 
-The env names a working dir and a ``uv run`` line (``RuntimeEnv.uv_run``). When the line is one
-the agent builds (a ``UvRun``), its create, after the env's own packages are installed, plans
-the project's venv (``plan_project``: read, check and lock the project in a scratch folder of
-its own, removed after), holds the venv's key for the env (``RefTables.derive``: counted and
-released with the env's own keys) and installs it through the store, single-flight and counted
-in the budget as every package. The env's record keeps the key (``EnvRecord.uv_venv``), from
-which the worker's context is built. A line left to uv (a ``Passthrough``, at parse or at
+The env names a working dir and a ``uv run`` line (``RuntimeEnv.uv_run``). When the line is one the
+agent builds (a ``UvRun``), its create, after the env's own packages are installed, plans the
+project's venv (``plan_project``: read, check and lock the project in a scratch folder of its own,
+removed after), holds the venv's key for the env (``RefTables.derive``: counted and released with
+the env's own keys) and installs it through the store, single-flight and counted in the budget as
+every package. The env's record keeps the package (``EnvRecord.derived``), placed in the worker's
+context as its kind says, as the env's own. A line left to uv (a ``Passthrough``, at parse or at
 plan) is said in one log line per create that installs.
 
 An env whose ``pip`` or ``uv`` packages read ``-r ${RAY_RUNTIME_ENV_CREATE_WORKING_DIR}/<file>``
-(``RuntimeEnv.wd_requirements``, the Ray door's) gets its venv the same way: its files read from
-the installed working dir (``read_field``, in a thread), the field they make parsed as any, the
-venv held for the env, kept in its record and installed through the store.
+(``RuntimeEnv.wd_requirements``, the Ray door's) gets its venv the same way: its files read from the
+installed working dir (``agent.install.wd_read.read_field``, in a thread), the field they make
+parsed as any, the venv held for the env, kept in its record and installed through the store.
 
 An env whose ``pip`` or ``uv`` set names files or folders of the node (``RuntimeEnv.local_venv``,
 either door's), or whose requirements files do, gets its venv the same way too: their bytes read
@@ -39,10 +39,11 @@ from agent.core.runtime_env import RuntimeEnv
 from agent.core.uris import UriKey, UriKind
 from agent.core.uv_run import Passthrough
 from agent.core.uv_spec import UvSpec
-from agent.core.wd_requirements import read_field, venv_spec
+from agent.core.wd_requirements import venv_spec
 from agent.install.disk import remove_tree
 from agent.install.local_read import read_contents
 from agent.install.uv_project import Planning, plan_project
+from agent.install.wd_read import read_field
 from agent.state.store import UriStore
 
 log = logging.getLogger(__name__)
@@ -63,9 +64,10 @@ class ProjectVenvs:
         self._note = note  # the service's: a package's last use, for the index
         cache = store.wheel_cache
         self._planning = Planning(
-            uv=None if cache is None else cache.uv, roots=FileRoots.of(settings.allow_file_roots),
+            uv=None if cache is None else cache.uv,
+            roots=FileRoots.of(settings.allow_file_roots),
             logs=store.root / "logs",
-        )  # fmt: skip
+        )
 
     async def derive(self, env: RuntimeEnv, record: EnvRecord) -> None:
         """Plan, hold and install the env's project venv (its own packages installed), or say
@@ -86,9 +88,13 @@ class ProjectVenvs:
         scratch = self._store.scratch_folder()
         try:
             planned = await plan_project(
-                self._store.path_for(wd), run, wd_uri=wd.uri, planning=self._planning,
-                scratch=scratch, label=f"env {env.env_id}'s uv run project",
-            )  # fmt: skip
+                self._store.path_for(wd),
+                run,
+                wd_uri=wd.uri,
+                planning=self._planning,
+                scratch=scratch,
+                label=f"env {env.env_id}'s uv run project",
+            )
         finally:
             await asyncio.shield(asyncio.to_thread(remove_tree, scratch))
         if isinstance(planned, Passthrough):
@@ -114,17 +120,18 @@ class ProjectVenvs:
         """Hold and install the venv of a pip or uv set; one naming files or folders of the
         node is keyed by their bytes, read now (in a thread): a file rebuilt since the env's
         last life is another venv."""
+        tool = "pip" if isinstance(spec, PipSpec) else "uv"
         if spec.sources:
-            label = f"env {env.env_id}'s {'pip' if isinstance(spec, PipSpec) else 'uv'} field"
+            label = f"env {env.env_id}'s {tool} field"
             contents = await read_contents(spec.sources, self._planning.roots, label)
             spec = dataclasses.replace(spec, contents=contents)
-        await self._hold_and_install(env, record, venv_package(spec))
+        await self._hold_and_install(env, record, venv_package(env.dialect.venv_kind(tool), spec))
 
     async def _hold_and_install(self, env: RuntimeEnv, record: EnvRecord, venv: Package) -> None:
         """Count the derived venv for the env, keep it in its record, install it."""
         self._tables.derive(env.env_id, [venv.key])
-        if record.uv_venv is None:
-            record.uv_venv = venv.key
+        if record.derived is None:
+            record.derived = venv
         self._note((venv.key,))
         await self._store.ensure(venv)
 
@@ -132,5 +139,7 @@ class ProjectVenvs:
 def _log_passthrough(env: RuntimeEnv, why: Passthrough) -> None:
     log.info(
         "runtime env %s: its uv run line is left to uv in each worker: %s",
-        env.env_id, why.reason, extra={"env_id": env.env_id, "reason": why.reason},
-    )  # fmt: skip
+        env.env_id,
+        why.reason,
+        extra={"env_id": env.env_id, "reason": why.reason},
+    )

@@ -45,10 +45,12 @@ from dataclasses import dataclass
 
 from agent.app.parsing import warn_ignored
 from agent.app.ray_plugins import PluginRunner, PluginSetups
+from agent.app.recent_failures import RecentFailures
 from agent.app.records import MAX_JOB_ID_BYTES
 from agent.app.service import AgentService
 from agent.core import logfields
 from agent.core.bounded import BoundedCache
+from agent.core.dialect import RAY
 from agent.core.errors import (
     AgentError,
     EnvNotFound,
@@ -99,15 +101,6 @@ class _String:
     creation_time_ms: int = 0  # how long that create took
 
 
-@dataclass(frozen=True, slots=True)
-class _Failed:
-    error: str
-    creation_time_ms: int
-
-    def weight(self, serialized: str) -> int:
-        return len(serialized) + len(self.error) + 200
-
-
 class RayFront:
     def __init__(
         self,
@@ -141,10 +134,8 @@ class RayFront:
         # env ids holding one uncounted reference each for Ray Client's server (client_server
         # creates), oldest first, until a counted create of the env takes over
         self._client_holds: OrderedDict[str, None] = OrderedDict()
-        # Recent failures of strings not held, oldest first: at most _MAX_FAILED entries and
-        # _FAILED_BYTES of their weight (``_failed_bytes``).
-        self._failed: OrderedDict[str, _Failed] = OrderedDict()
-        self._failed_bytes = 0
+        # Recent failures of strings not held
+        self._failed = RecentFailures(_MAX_FAILED, _FAILED_BYTES)
         # env id -> its serialized context (a create's answer): built once, kept bounded
         self._answers: BoundedCache[str, str] = BoundedCache(_CONTEXTS_KEPT, _CONTEXT_BYTES)
         service.keep_held(self.refs_on)  # the gRPC door cannot drop what Ray holds
@@ -188,7 +179,8 @@ class RayFront:
         except BaseException as exc:  # failed, a bug, or cancelled: its count given back
             await self._give_back(serialized, entry)
             if isinstance(exc, AgentError) and serialized not in self._strings:
-                self._remember_failure(serialized, exc.message, self._elapsed_ms(started))
+                message = self._message(exc.message)
+                self._failed.remember(serialized, message, self._elapsed_ms(started))
             raise
         # No await until the releases: the reference just taken is recorded in this step.
         entry.in_flight -= 1
@@ -206,7 +198,7 @@ class RayFront:
             strings.add(serialized)
             entry.env_id = env_id
             entry.creation_time_ms = self._elapsed_ms(started)
-            self._forget_failure(serialized)
+            self._failed.forget(serialized)
         entry.refs += 1
         excess = max(0, entry.refs - entry.count)  # deletes that arrived while this ran
         if excess:
@@ -244,16 +236,23 @@ class RayFront:
         raises (a context that cannot be built gives the reference back)."""
         service = self.service
         key = service.check_create(
-            serialized, setup_timeout_seconds, job_id=job, eager_install=eager_install,
-            node_site=True,
-        )  # fmt: skip
+            serialized,
+            setup_timeout_seconds,
+            job_id=job,
+            eager_install=eager_install,
+            dialect=RAY,
+        )
         if service.create_hit(key):  # a hit: counted in this step, no coroutine
             env = key.env
         else:
             created = await service.create(
-                serialized, setup_timeout_seconds, "", job_id=job, eager_install=eager_install,
-                node_site=True,
-            )  # fmt: skip
+                serialized,
+                setup_timeout_seconds,
+                "",
+                job_id=job,
+                eager_install=eager_install,
+                dialect=RAY,
+            )
             env = created.env
             warn_ignored(env)  # as Ray's agent warns, on each setup
         env_id = env.env_id
@@ -290,7 +289,7 @@ class RayFront:
 
     def _context(self, env: RuntimeEnv) -> str:
         return json.dumps(
-            self.service.ray_context_of(
+            self.service.contexts.ray(
                 env, node_pythonpath=self._node_pythonpath, python_version=self.python_version
             )
         )
@@ -325,8 +324,11 @@ class RayFront:
             try:
                 await self.service.delete(env_id, "", "", holder=True)
             except AgentError:
-                log.exception("ray door: giving back a reference on %s failed (a bug)", env_id,
-                              extra={"env_id": env_id})  # fmt: skip
+                log.exception(
+                    "ray door: giving back a reference on %s failed (a bug)",
+                    env_id,
+                    extra={"env_id": env_id},
+                )
 
     def _drop_if_idle(self, serialized: str, entry: _String) -> None:
         if entry.count or entry.in_flight:
@@ -358,7 +360,7 @@ class RayFront:
             if len(states) < most and size + len(text) <= MAX_INFO_BYTES:
                 size += len(text)
                 states.append(RayEnvState(text, entry.count, True, None, entry.creation_time_ms))
-        for text, failed in reversed(self._failed.items()):
+        for text, failed in self._failed.newest_first():
             total += 1
             weight = len(text) + len(failed.error)
             if len(states) < most and size + weight <= MAX_INFO_BYTES:
@@ -410,10 +412,7 @@ class RayFront:
             f"strings weigh {held_bytes}, noted {self._held_bytes}"
         )
         assert held_bytes <= MAX_HELD_BYTES, f"strings weigh {held_bytes}"
-        weight = sum(f.weight(t) for t, f in self._failed.items())
-        assert weight == self._failed_bytes, f"failures weigh {weight}, noted {self._failed_bytes}"
-        assert len(self._failed) <= _MAX_FAILED, f"{len(self._failed)} failures kept"
-        assert weight <= _FAILED_BYTES, f"failures weigh {weight}"
+        self._failed.check_invariants()
 
     # -- helpers ---------------------------------------------------------------------------
     def _message(self, message: str) -> str:
@@ -421,23 +420,6 @@ class RayFront:
 
     def _elapsed_ms(self, started: float) -> int:
         return max(0, round((self._clock() - started) * 1000))
-
-    def _remember_failure(self, serialized: str, error: str, elapsed_ms: int) -> None:
-        self._forget_failure(serialized)
-        failed = _Failed(self._message(error), elapsed_ms)
-        weight = failed.weight(serialized)
-        if weight > _FAILED_BYTES:
-            return
-        self._failed[serialized] = failed
-        self._failed_bytes += weight
-        while len(self._failed) > _MAX_FAILED or self._failed_bytes > _FAILED_BYTES:
-            text, dropped = self._failed.popitem(last=False)
-            self._failed_bytes -= dropped.weight(text)
-
-    def _forget_failure(self, serialized: str) -> None:
-        failed = self._failed.pop(serialized, None)
-        if failed is not None:
-            self._failed_bytes -= failed.weight(serialized)
 
 
 def _job_text(job_id: bytes) -> str:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from agent.app.snapshot import EnvState
 from agent.core.bounded import BoundedCache
 from agent.core.errors import InvalidArgument, echo
+from agent.core.packages import Package
 from agent.core.runtime_env import RuntimeEnv
-from agent.core.uris import UriKey
 
 MAX_JOB_ID_BYTES = 128  # Ray's job ids are 8 hex digits; a submission id is about 30 characters
 MAX_JOB_IDS = 4  # job ids kept per env: the latest distinct ones
@@ -44,11 +44,11 @@ class EnvRecord:
     # MAX_JOB_ID_BYTES (checked in ``create``)
     job_ids: tuple[str, ...] = ()
     eager_install: bool = False  # the latest create asked for it (the service says why no more)
-    # a uv run env's project venv, a Ray env's venv whose requirements its working dir holds,
-    # or the venv of a set naming files of the node, keyed by their bytes: derived by its first
-    # create that planned it (held with the env's own keys: ``RefTables.derive``); the worker
-    # runs its python
-    uv_venv: UriKey | None = None
+    # a package of the env its first create that planned it derived (held with the env's own
+    # keys: ``RefTables.derive``): a uv run env's project venv, a venv whose requirements its
+    # working dir holds, or the venv of a set naming files of the node, keyed by their bytes;
+    # placed on the worker as its kind's row says, as every package of the env
+    derived: Package | None = None
 
     def note_job(self, job_id: str, eager_install: bool, pool: JobIds) -> None:
         """One more create of this env, by ``job_id`` ("" = none said)."""

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from agent.app.config import Settings
+from agent.app.contexts import EnvContexts
 from agent.app.created import Created, HitKey
 from agent.app.idempotency import RequestLog
 from agent.app.parsing import ParseCache
@@ -53,7 +54,7 @@ from agent.app.records import (
 from agent.app.snapshot import EnvState, Levels, Snapshot
 from agent.app.views import cache_view, env_view, failed_view, recovery_view, uri_view
 from agent.core import logfields
-from agent.core.context import WorkerContext, build_context
+from agent.core.dialect import GRPC, Dialect
 from agent.core.errors import (
     AgentError,
     Conflict,
@@ -63,7 +64,6 @@ from agent.core.errors import (
     cap_message,
     echo,
 )
-from agent.core.ray_context import build_ray_context
 from agent.core.refs import RefTables
 from agent.core.runtime_env import RuntimeEnv, env_id_of
 from agent.core.uris import UriKey
@@ -109,6 +109,7 @@ class AgentService:
             settings.env, settings.allow_file_roots, node_python=settings.py_executable
         )
         self._projects = ProjectVenvs(settings, store, tables, self._note)
+        self.contexts = EnvContexts(settings, store.path_for, self.records)
         # References a holder of its own keeps on an env (the Ray door's, counted per string
         # by ``RayFront``; set by ``keep_held``): a delete by anyone else may not drop the
         # count below them, or that holder's later deletes would find nothing to give back
@@ -139,15 +140,14 @@ class AgentService:
         *,
         job_id: str = "",
         eager_install: bool = False,
-        node_site: bool = False,
+        dialect: Dialect = GRPC,
     ) -> Created:
         """Count one reference on the env, installing what is missing first. ``job_id`` and
         ``eager_install`` (the request's; the JSON's ``config.eager_install`` counts too) are
         kept in the env's record for info, nothing more (see the module docstring).
-        ``node_site``: the text read as the Ray door reads it (``parse_runtime_env``): its
-        plugin fields are run (another door's are refused)."""
+        ``dialect``: how the door reads the text (``agent.core.dialect``)."""
         check_job_id(job_id)
-        env = self._parses.parse(serialized, node_site=node_site)
+        env = self._parses.parse(serialized, dialect)
         eager = eager_install or env.eager_install is True
         logfields.note(env_id=env.env_id)  # on this request's log lines from here on
         timeout = self._setup_timeout(env, timeout_s)
@@ -156,7 +156,7 @@ class AgentService:
         )
         # The request log remembers only ``hit``: the reply is built from the env, the same
         # for every create of it, so a retry after a delete gets the answer it missed.
-        return Created(env, hit, self.context_of, self.records)
+        return Created(env, hit, self.contexts.worker, self.records)
 
     def check_create(
         self,
@@ -165,13 +165,13 @@ class AgentService:
         *,
         job_id: str = "",
         eager_install: bool = False,
-        node_site: bool = False,
+        dialect: Dialect = GRPC,
     ) -> HitKey:
         """``create``'s checks of its input, in its order and raising its errors, with nothing
         counted: what ``create_hit`` needs. A pure function of the request (and the settings):
         a door may keep the key of a request it sees again."""
         check_job_id(job_id)
-        env = self._parses.parse(serialized, node_site=node_site)
+        env = self._parses.parse(serialized, dialect)
         self._setup_timeout(env, timeout_s)
         return HitKey(env, job_id, eager_install or env.eager_install is True)
 
@@ -196,34 +196,7 @@ class AgentService:
 
     def created(self, env: RuntimeEnv) -> Created:
         """What a create of this live env answers (a door prepares its reply from it once)."""
-        return Created(env, True, self.context_of, self.records)
-
-    def context_of(self, env: RuntimeEnv) -> WorkerContext:
-        """The env's worker context: a pure function of the env, the settings and the venv its
-        create derived (``ProjectVenvs``), built each time it is asked for (the doors keep
-        their replies; a record keeps no context)."""
-        return build_context(
-            env, self.store.path_for, py_executable=self.settings.py_executable,
-            limits=self.settings.env, uv_venv=self._uv_venv(env),
-        )  # fmt: skip
-
-    def _uv_venv(self, env: RuntimeEnv) -> Path | None:
-        """The folder of the venv the env's create derived (``ProjectVenvs``), if it did."""
-        record = self.records.get(env.env_id) if env.derives_venv else None
-        key = None if record is None else record.uv_venv
-        return None if key is None else self.store.path_for(key)
-
-    def ray_context_of(
-        self, env: RuntimeEnv, *, node_pythonpath: str, python_version: tuple[int, int]
-    ) -> dict[str, object]:
-        """The env's worker context as Ray's worker reads it (``build_ray_context``), for a
-        node whose ``PYTHONPATH`` is ``node_pythonpath`` and whose venvs' python is of
-        ``python_version``: a pure function, as ``context_of``."""
-        return build_ray_context(
-            env, self.store.path_for, py_executable=self.settings.py_executable,
-            node_pythonpath=node_pythonpath, python_version=python_version,
-            uv_venv=self._uv_venv(env),
-        )  # fmt: skip
+        return Created(env, True, self.contexts.worker, self.records)
 
     async def _create(
         self, env: RuntimeEnv, setup_timeout_s: float, job_id: str, eager_install: bool
@@ -234,7 +207,7 @@ class AgentService:
         env_id = env.env_id
         record = self.records.get(env_id)
         if record is None:
-            self.context_of(env)  # a worker could be started with it (E2BIG): before counting
+            self.contexts.startable(env)  # a worker could be started with it (E2BIG)
             record = EnvRecord(env.canonical, EnvState.CREATING, self._now_ms())
         record.note_job(job_id, eager_install, self._job_ids)
         # Bookkeeping, atomically: no await from here to the first install.
@@ -398,13 +371,16 @@ class AgentService:
         stats = self.store.stats()
         cache = self.store.wheel_cache
         return Levels(
-            used_bytes=stats.used_bytes, unused_bytes=stats.unused_bytes,
+            used_bytes=stats.used_bytes,
+            unused_bytes=stats.unused_bytes,
             budget_bytes=stats.budget_bytes,
-            installs_in_flight=self.store.installs_in_flight(), live_envs=len(self.records),
-            evictions=stats.evictions, hits=stats.hits,
+            installs_in_flight=self.store.installs_in_flight(),
+            live_envs=len(self.records),
+            evictions=stats.evictions,
+            hits=stats.hits,
             wheel_cache_bytes=0 if cache is None else cache.own_bytes,
             wheel_cache_clears=0 if cache is None else cache.clears,
-        )  # fmt: skip
+        )
 
     @property
     def root(self) -> Path:

@@ -75,16 +75,23 @@ def uri_view(entry: UriEntry, store: UriStore, tables: RefTables) -> UriView:
 def cache_view(stats: StoreStats) -> CacheView:
     """The store's figures as info shows them."""
     return CacheView(
-        used_bytes=stats.used_bytes, unused_bytes=stats.unused_bytes,
-        budget_bytes=stats.budget_bytes, downloads=stats.downloads,
-        extractions=stats.extractions, evictions=stats.evictions, hits=stats.hits,
-    )  # fmt: skip
+        used_bytes=stats.used_bytes,
+        unused_bytes=stats.unused_bytes,
+        budget_bytes=stats.budget_bytes,
+        downloads=stats.downloads,
+        extractions=stats.extractions,
+        evictions=stats.evictions,
+        hits=stats.hits,
+    )
 
 
 def recovery_view(summary: RecoverySummary) -> RecoveryView:
     """What recovery found at start, as info shows it."""
     return RecoveryView(
-        rows_kept=summary.rows_kept, rows_dropped=summary.rows_dropped,
-        orphans_deleted=summary.orphans_deleted, bytes_freed=summary.bytes_freed,
-        envs_forgotten=summary.envs_forgotten, seconds=summary.seconds,
-    )  # fmt: skip
+        rows_kept=summary.rows_kept,
+        rows_dropped=summary.rows_dropped,
+        orphans_deleted=summary.orphans_deleted,
+        bytes_freed=summary.bytes_freed,
+        envs_forgotten=summary.envs_forgotten,
+        seconds=summary.seconds,
+    )

@@ -10,19 +10,22 @@ python, else the agent's (``--python``), each a path quoted as one shell word (`
 as it is unless it holds a space or a quote). ``java_jars``: each java_jars package's folder, in the
 env's order (a Java worker puts ``<folder>/*`` and ``<folder>`` on its class path).
 
-Pure: where each package lives is a function of its key (``UriStore.path_for``), so the context,
-and whether a process could be started with it, are known before anything is downloaded.
+Each package is placed as its kind's row of ``agent.core.kinds`` says, those its create derived
+too. Pure: where each package lives is a function of its key (``UriStore.path_for``), so the
+context, and whether a process could be started with it, are known before anything is
+downloaded.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.core.packages import placement_of
+from agent.core.kinds import VENV_PYTHON, VenvPlace, row_of
+from agent.core.packages import Package
 from agent.core.runtime_env import EnvLimits, RuntimeEnv, check_env_var_size
 from agent.core.uris import UriKey
 
@@ -41,28 +44,31 @@ def build_context(
     *,
     py_executable: str,
     limits: EnvLimits,
-    uv_venv: Path | None = None,
+    derived: Sequence[Package] = (),
 ) -> WorkerContext:
-    """Each package is placed as its kind says (``PLACEMENTS``): PYTHONPATH is the folders put
-    on it in the env's order (the working dir, then each py_module root in order), then the
-    env's own; the cwd and the python are those of the first package giving one, the env's
-    own ``py_executable`` winning over the python; the Java jars' folders in order.
-    ``uv_venv``: the venv the env's create derived: a ``uv run`` project's (the worker runs its
-    python, ``VIRTUAL_ENV`` set, as ``uv run`` would), or a pip or uv set's keyed by the files
-    it names (placed as the env's own venv)."""
+    """Each package of the env, then each its create ``derived`` (a ``uv run`` project's venv, a
+    set's venv keyed by the files it reads), is placed as its kind's row says
+    (``agent.core.kinds``): PYTHONPATH is the folders put on it in order (the working dir, then
+    each py_module root in order), then the env's own; the cwd and the python are those of the
+    first package giving one, the env's own ``py_executable`` winning over the python; a ``uv
+    run`` project's venv runs in place of the env's line (its python, ``VIRTUAL_ENV`` set, as
+    ``uv run`` would); the Java jars' folders in order."""
     paths: list[str] = []
     cwd = ""
     python = None
+    project: Path | None = None
     jars: list[str] = []
-    for package in env.packages:
-        placement = placement_of(package.key.kind)
+    for package in (*env.packages, *derived):
+        placement = row_of(package.key.kind).placement
         folder = path_for(package.key)
         if placement.on_path:
             paths.append(str(folder))
         if placement.cwd and not cwd:
             cwd = str(folder)
-        if placement.python is not None and python is None:
-            python = str(folder / placement.python)
+        if placement.venv is VenvPlace.PROJECT:
+            project = project or folder
+        elif placement.venv is not None and python is None:
+            python = str(folder / VENV_PYTHON)
         if placement.java:
             jars.append(str(folder))
     env_vars = dict(env.env_vars)
@@ -72,11 +78,9 @@ def build_context(
     if paths:
         env_vars["PYTHONPATH"] = os.pathsep.join(paths)
     own_command = env.py_executable
-    if uv_venv is not None and env.uv_run is None:  # a pip or uv set's, keyed by its files:
-        python = str(uv_venv / "bin" / "python")  # placed as the env's own venv
-    elif uv_venv is not None:
-        env_vars["VIRTUAL_ENV"] = str(uv_venv)
-        own_command = shlex.quote(str(uv_venv / "bin" / "python"))
+    if project is not None:
+        env_vars["VIRTUAL_ENV"] = str(project)
+        own_command = shlex.quote(str(project / VENV_PYTHON))
     check_env_var_size(env_vars, limits)
     command = own_command or shlex.quote(python or py_executable)  # a path: one word
     return WorkerContext(env_vars=env_vars, cwd=cwd, py_executable=command, java_jars=tuple(jars))

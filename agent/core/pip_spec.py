@@ -42,6 +42,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from agent.core.errors import InvalidRuntimeEnv, PermissionDenied, echo
+from agent.core.kinds import NodeSite
 from agent.core.local_sources import (
     LocalSource,
     bare,
@@ -101,13 +102,10 @@ class PipSpec:
     options: tuple[str, ...]  # as given: their order can matter to pip
     python: str  # "3.11"
     platform: str  # "linux-x86_64"
-    # Ray's semantics (the Ray door's): the venv sees the node's packages after its own, and the
-    # worker runs its python (``agent.install.venv.NODE_SITE_PTH``). Another venv than the gRPC
-    # door's isolated one, so another digest; False leaves the digest as it always was.
-    node_site: bool = False
-    # the node's python whose site folders such a venv adds (``node_site``): another python,
-    # another venv, even on one shared root
-    node_python: str = ""
+    # a venv that sees the node's packages after its own (a kind placed ``NODE_SITE``: Ray's
+    # venvs; ``agent.install.venv.NODE_SITE_PTH``): another venv than an isolated one, so another
+    # digest; None (isolated) leaves the digest as it always was
+    sees: NodeSite | None = None
     # lines naming files or folders of the node (``agent.core.local_sources``), sorted, distinct;
     # and their bytes' digests, read at create: only then has the set a key
     sources: tuple[LocalSource, ...] = ()
@@ -116,12 +114,14 @@ class PipSpec:
     @property
     def digest(self) -> str:
         fields: dict[str, object] = {
-            "packages": self.packages, "options": self.options, "python": self.python,
+            "packages": self.packages,
+            "options": self.options,
+            "python": self.python,
             "platform": self.platform,
-        }  # fmt: skip
-        if self.node_site:
-            fields["node_site"] = True
-            fields["node_python"] = self.node_python
+        }
+        if self.sees is not None:
+            fields["node_site"] = True  # the digest's keys as they always were
+            fields["node_python"] = self.sees.python
         if self.sources:
             fields["sources"] = source_identity(self.sources, self.contents)
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))

@@ -3,8 +3,8 @@
 so it has exactly Ray's five keys (an unknown one crashes the worker before it starts).
 
 Pure: where each package lives is a function of its key (``UriStore.path_for``); how it is put
-on the worker is its kind's row of ``PLACEMENTS``, as for ``build_context`` (a kind added
-there is placed here too).
+on the worker is its kind's placement (``agent.core.kinds``), as for ``build_context`` (a kind
+added there is placed here too), the packages its create derived included.
 
 - ``command_prefix``: ``["cd", <quoted working dir>, "&&"]`` with a working_dir (Ray joins the
   prefix, the python and its arguments with spaces and runs it with ``bash -c``), else ``[]``.
@@ -20,8 +20,8 @@ there is placed here too).
   python (below), else the base python (quoted as one shell word, as the working dir is),
   also with an isolated venv (the gRPC door's, which has no Ray): its packages reach the
   worker through ``PYTHONPATH``.
-- A venv with Ray's semantics (``node_site``, what the Ray door builds: it sees the node's
-  packages, Ray among them) is put on the worker as Ray's agent puts its own: the worker runs
+- A venv that sees the node's packages (``VenvPlace.NODE_SITE``, what the Ray door builds:
+  Ray among them) is put on the worker as Ray's agent puts its own: the worker runs
   the venv's python (unless the env's own ``py_executable`` wins, as above), ``VIRTUAL_ENV`` is
   the venv and its ``bin`` first on ``PATH`` (what Ray's ``source <venv>/bin/activate`` sets),
   and its site-packages is not on ``PYTHONPATH`` (the venv's python has it, ``.pth`` files
@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from agent.core.packages import placement_of
+from agent.core.kinds import VENV_BIN, VENV_PYTHON, VenvPlace, row_of
+from agent.core.packages import Package
 from agent.core.runtime_env import RuntimeEnv
 from agent.core.uris import UriKey
 from agent.core.uv_run import with_program
@@ -59,33 +60,33 @@ def build_ray_context(
     py_executable: str,
     node_pythonpath: str,
     python_version: tuple[int, int],
-    uv_venv: Path | None = None,
+    derived: Sequence[Package] = (),
 ) -> dict[str, object]:
-    """The worker context of ``env`` as Ray's worker reads it (see the module docstring).
-    ``uv_venv``: a ``uv run`` env's project venv, built by the agent: the worker runs its
-    python, ``VIRTUAL_ENV`` set and its ``bin`` first on ``PATH``, as ``uv run`` would; or the
-    venv of requirements files the env's working dir holds, or of a set naming files of the
-    node (keyed by their bytes), placed as its own pip venv."""
+    """The worker context of ``env`` as Ray's worker reads it (see the module docstring), its
+    packages and those its create ``derived`` each placed as its kind's row says."""
     roots: list[str] = []  # the folders put on the path, in the env's order of packages
     site_packages: list[str] = []
     venv_bins: list[str] = []
     command_prefix: list[str] = []
     jars: list[str] = []
-    own_venv: Path | None = None  # a venv with Ray's semantics: the worker runs its python
+    own_venv: Path | None = None  # a venv that sees the node's: the worker runs its python
+    project: Path | None = None  # a uv run project's venv: runs in place of the env's line
     major, minor = python_version
-    for package in env.packages:  # each placed as its kind's row of PLACEMENTS says
-        placement = placement_of(package.key.kind)
+    for package in (*env.packages, *derived):
+        placement = row_of(package.key.kind).placement
         folder = path_for(package.key)
         if placement.on_path:
             roots.append(str(folder))
         if placement.cwd and not command_prefix:
             command_prefix = ["cd", shlex.quote(str(folder)), "&&"]
-        if placement.python is not None and placement.node_site:
-            own_venv = folder
-            venv_bins.append(str((folder / placement.python).parent))
-        elif placement.python is not None:  # an isolated venv: the worker keeps the base python
+        if placement.venv is VenvPlace.PROJECT:
+            project = project or folder
+        elif placement.venv is VenvPlace.NODE_SITE:
+            own_venv = own_venv or folder
+            venv_bins.append(str(folder / VENV_BIN))
+        elif placement.venv is VenvPlace.ISOLATED:  # the worker keeps the base python
             site_packages.append(str(folder / "lib" / f"python{major}.{minor}" / "site-packages"))
-            venv_bins.append(str((folder / placement.python).parent))
+            venv_bins.append(str(folder / VENV_BIN))
         if placement.java:
             jars.append(str(folder))
     env_vars = dict(env.env_vars)
@@ -98,17 +99,13 @@ def build_ray_context(
             paths.append(node_pythonpath)
         env_vars["PYTHONPATH"] = os.pathsep.join(paths)
     own_command = env.py_executable and with_program(env.py_executable)
-    if uv_venv is not None and env.uv_run is None:  # made from the working dir's files:
-        own_venv = uv_venv  # placed as the env's own pip venv (its py_executable still wins)
-        venv_bins.insert(0, str(uv_venv / "bin"))
-        uv_venv = None
-    if uv_venv is not None:
-        venv_bins.insert(0, str(uv_venv / "bin"))
-        env_vars["VIRTUAL_ENV"] = str(uv_venv)
-        own_command = shlex.quote(str(uv_venv / "bin" / "python"))
+    if project is not None:
+        venv_bins.insert(0, str(project / VENV_BIN))
+        env_vars["VIRTUAL_ENV"] = str(project)
+        own_command = shlex.quote(str(project / VENV_PYTHON))
     elif own_venv is not None:
         env_vars["VIRTUAL_ENV"] = str(own_venv)
-        own_command = own_command or shlex.quote(str(own_venv / "bin" / "python"))
+        own_command = own_command or shlex.quote(str(own_venv / VENV_PYTHON))
     if venv_bins:
         env_vars["PATH"] = os.pathsep.join([*venv_bins, env_vars.get("PATH") or "${PATH}"])
     context: dict[str, object] = {

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from agent.core.errors import InvalidRuntimeEnv, echo, type_name
+from agent.core.kinds import NodeSite
 from agent.core.local_sources import LocalSource, listed, source_identity
 from agent.core.pip_spec import checked_set, interpreter
 from agent.core.roots import FileRoots
@@ -90,24 +91,29 @@ class UvSpec:
     uv_check: bool  # run ``uv pip check`` after the install
     python: str  # "3.11"
     platform: str  # "linux-x86_64"
-    node_site: bool = False  # Ray's semantics, as ``PipSpec.node_site``
-    node_python: str = ""  # as ``PipSpec.node_python``
+    # a venv that sees the node's packages after its own (a kind placed ``NODE_SITE``: Ray's
+    # venvs; ``agent.install.venv.NODE_SITE_PTH``): another venv than an isolated one, so another
+    # digest; None (isolated) leaves the digest as it always was
+    sees: NodeSite | None = None
     sources: tuple[LocalSource, ...] = ()  # as ``PipSpec.sources``
     contents: tuple[str, ...] = ()  # their digests, read at create
 
     @property
     def digest(self) -> str:
         identity: dict[str, object] = {
-            "tool": "uv", "packages": self.packages, "options": self.options,
-            "python": self.python, "platform": self.platform,
-        }  # fmt: skip
+            "tool": "uv",
+            "packages": self.packages,
+            "options": self.options,
+            "python": self.python,
+            "platform": self.platform,
+        }
         if self.uv_version:
             identity["uv_version"] = self.uv_version
         if self.uv_check:
             identity["uv_check"] = True
-        if self.node_site:
-            identity["node_site"] = True
-            identity["node_python"] = self.node_python
+        if self.sees is not None:
+            identity["node_site"] = True  # the digest's keys as they always were
+            identity["node_python"] = self.sees.python
         if self.sources:
             identity["sources"] = source_identity(self.sources, self.contents)
         canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
@@ -122,7 +128,7 @@ class UvSpec:
         out: dict[str, object] = {
             "packages": listed(self.packages, self.sources),
             "uv_pip_install_options": list(self.options),
-        }  # fmt: skip
+        }
         if self.uv_version:
             out["uv_version"] = self.uv_version
         if self.uv_check:
@@ -155,16 +161,27 @@ def parse_uv(value: object, *, file_roots: Sequence[str] | FileRoots = ()) -> Uv
             f"uv must be a list of requirements or an object with packages, got {type_name(value)}"
         )
     normalised, sources, kept = checked_set(
-        "uv", packages, "uv_pip_install_options", options, file_roots, _ALLOWED, _REFUSED,
+        "uv",
+        packages,
+        "uv_pip_install_options",
+        options,
+        file_roots,
+        _ALLOWED,
+        _REFUSED,
         dropped=_DROPPED,
-    )  # fmt: skip
+    )
     if not normalised and not sources:
         return None
     python, machine = interpreter()
     return UvSpec(
-        packages=normalised, options=kept, uv_version=version, uv_check=check, python=python,
-        platform=machine, sources=sources,
-    )  # fmt: skip
+        packages=normalised,
+        options=kept,
+        uv_version=version,
+        uv_check=check,
+        python=python,
+        platform=machine,
+        sources=sources,
+    )
 
 
 def _check_flag(value: object) -> bool:

@@ -251,7 +251,7 @@ async def build_venv(
     await run_installer([*install, *options, *spec.packages, *sources], log_path, label, staging)
     if isinstance(spec, UvSpec) and spec.uv_check and uv is not None:
         await run_installer([uv, "pip", "check", "--python", venv_python], log_path, label, staging)
-    if spec.node_site:
+    if spec.sees is not None:
         sites = await node_sites(python, label)
         await asyncio.to_thread(write_node_site_pth, venv, sites)
     return venv

@@ -4,9 +4,9 @@ Ray's agent keeps one URI cache per plugin, sized by ``RAY_RUNTIME_ENV_<NAME>_CA
 (10 when unset; ``plugin.py``'s ``create_uri_cache_for_plugin``): an unused URI of that plugin
 is deleted once the plugin's cache is over its size. This agent keeps one budget for the whole
 root (``--cache-budget``); a Ray variable that is SET adds a cap on the bytes of the packages
-its plugin makes (``KIND_GROUPS``), used or not, as Ray's cache counts them, kept by evicting
-the unused ones in the same passes (``index.sweep``). An unset one adds nothing (the root's
-budget stays the default).
+its plugin makes (each kind's ``ray_cache`` in ``agent.core.kinds``), used or not, as Ray's
+cache counts them, kept by evicting the unused ones in the same passes (``index.sweep``). An
+unset one adds nothing (the root's budget stays the default).
 
 Ray's agent downloads http(s) packages with a ``User-Agent`` of
 ``RAY_RUNTIME_ENV_HTTP_USER_AGENT`` (``ray-runtime-env-curl/1.0`` when unset) and, when
@@ -21,19 +21,20 @@ import math
 from collections.abc import Mapping
 
 from agent.core.errors import ConfigError, echo
+from agent.core.kinds import KINDS
 from agent.core.uris import UriKind
 from agent.state.index import KindBudget
 
 _GIB = 1024**3
 
-# Ray's plugin name -> the kinds of this agent's packages it covers
-KIND_GROUPS: dict[str, tuple[UriKind, ...]] = {
-    "working_dir": (UriKind.WORKING_DIR,),
-    "py_modules": (UriKind.PY_MODULES, UriKind.RAY_PY_MODULES, UriKind.PY_MODULES_WHEEL),
-    "pip": (UriKind.PIP, UriKind.RAY_PIP),
-    "uv": (UriKind.UV, UriKind.RAY_UV),
-    "java_jars": (UriKind.JAVA_JARS,),
-}
+
+def kind_groups() -> dict[str, tuple[UriKind, ...]]:
+    """Ray's plugin name -> the kinds of this agent's packages its cache covers (each kind's
+    ``ray_cache``), in the order of ``KINDS``."""
+    groups: dict[str, tuple[UriKind, ...]] = {}
+    for kind, row in KINDS.items():
+        groups[row.ray_cache] = (*groups.get(row.ray_cache, ()), kind)
+    return groups
 
 
 def cache_size_var(name: str) -> str:
@@ -45,7 +46,7 @@ def ray_cache_budgets(environ: Mapping[str, str]) -> tuple[KindBudget, ...]:
     """The kind budgets the environment sets (``ConfigError`` naming a value that is not a
     number of GiB, 0 or more)."""
     budgets = []
-    for name, kinds in KIND_GROUPS.items():
+    for name, kinds in kind_groups().items():
         var = cache_size_var(name)
         text = environ.get(var)
         if text is None:

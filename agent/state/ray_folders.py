@@ -6,12 +6,12 @@ cached, empty once it is deleted; its cache tests add up the bytes of their file
 This agent keeps its packages in its root (``<runtime-env-dir>/rtenv/uris/<kind>-<hash>``: one
 layout for every door, shared with the index). Under Ray, with the root in Ray's
 ``runtime_resources`` (the default), each ready package of the agent's view also appears in its
-kind's Ray folder under its folder's name (``FOLDERS``): in the folders of files
-(``TREES``: working dirs, modules, jars) as a tree of hard links to its files, so that what
-Ray's tools count there is what is on disk (they skip symlinks) and no byte is stored twice;
-in the others (venvs) as a symlink to it. After each pass over the index (an install, a
-release, an eviction) the folders are brought in step with the view: a package evicted, by this
-agent or another of the root, loses its tree or link.
+kind's Ray folder (its row's ``ray_folder`` in ``agent.core.kinds``) under its folder's name:
+in the folders of files (``TREES``: working dirs, modules, jars) as a tree of hard links to
+its files, so that what Ray's tools count there is what is on disk (they skip symlinks) and
+no byte is stored twice; in the others (venvs) as a symlink to it. After each pass over the
+index (an install, a release, an eviction) the folders are brought in step with the view: a
+package evicted, by this agent or another of the root, loses its tree or link.
 
 Invariants: only entries named as this agent names packages (``OURS``; Ray's own are
 ``_ray_pkg_*``) or its trees' temporary names are ever made or removed there; anything else is
@@ -32,23 +32,11 @@ import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from agent.core.kinds import row_of
 from agent.core.uris import UriKind
 
 log = logging.getLogger(__name__)
 
-# each kind's folder in Ray's runtime_resources (Ray's plugin's own folder name)
-FOLDERS: dict[UriKind, str] = {
-    UriKind.WORKING_DIR: "working_dir_files",
-    UriKind.PY_MODULES: "py_modules_files",
-    UriKind.RAY_PY_MODULES: "py_modules_files",
-    UriKind.PY_MODULES_WHEEL: "py_modules_files",
-    UriKind.PIP: "pip",
-    UriKind.RAY_PIP: "pip",
-    UriKind.UV: "uv",
-    UriKind.RAY_UV: "uv",
-    UriKind.JAVA_JARS: "java_jars_files",
-    UriKind.UV_PROJECT: "uv",
-}
 # made even when empty: the folders Ray's GC checks list (``conda``: this agent makes none)
 ALWAYS = ("working_dir_files", "py_modules_files", "pip", "conda")
 # the folders whose packages appear as trees of hard links (files Ray's tools count)
@@ -63,7 +51,7 @@ def plan(ready: Iterable[tuple[UriKind, Path]]) -> dict[str, dict[str, Path]]:
     """Folder -> entry name -> package folder, for the ready packages (kind, folder). Pure."""
     out: dict[str, dict[str, Path]] = {name: {} for name in ALWAYS}
     for kind, path in ready:
-        out.setdefault(FOLDERS.get(kind, "other_files"), {})[path.name] = path
+        out.setdefault(row_of(kind).ray_folder, {})[path.name] = path
     return out
 
 

@@ -35,6 +35,8 @@ FILES: dict[str, str] = {
     "test_client_retry.py": "sockets",
     "test_config.py": "process",
     "test_context.py": "unit",
+    "test_core_pure.py": "unit",
+    "test_dialect.py": "unit",
     "test_crash_recovery.py": "process",
     "test_create_siblings.py": "sockets",
     "test_demo.py": "process",

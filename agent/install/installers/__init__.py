@@ -1,13 +1,15 @@
-"""The installers, one per package kind, chosen by kind from ``INSTALLERS``.
+"""The installers, one per way of making a package (``Build``), each kind's chosen by its row
+of ``agent.core.kinds.KINDS``.
 
-A new kind is one module here (an ``Installer``) and one row in the table, plus its parser and
-its placement in ``agent.core`` (``UriKind``, ``parse_runtime_env``, ``PLACEMENTS``).
+A kind whose ``Build`` is new adds one module here (an ``Installer``) and one row in
+``INSTALLERS``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from agent.core.kinds import KINDS, Build
 from agent.core.uris import UriKind
 from agent.install.installers.base import Installed, Installer, InstallJob, InstallTools
 from agent.install.installers.java_jars import JavaJarsInstaller
@@ -25,22 +27,21 @@ __all__ = [
     "build_installers",
 ]
 
-# Each kind and how its installer is made from the agent's tools. Complete: every UriKind.
-INSTALLERS: dict[UriKind, Callable[[InstallTools], Installer]] = {
-    UriKind.WORKING_DIR: ZipArchiveInstaller.working_dir,
-    UriKind.PY_MODULES: ZipArchiveInstaller.py_modules,
-    UriKind.PIP: PipVenvInstaller.of,
-    UriKind.JAVA_JARS: JavaJarsInstaller.of,
-    UriKind.UV: PipVenvInstaller.of_uv,
-    UriKind.RAY_PIP: PipVenvInstaller.of,  # the spec says node_site: the venv's build does the rest
-    UriKind.RAY_UV: PipVenvInstaller.of_uv,
-    UriKind.UV_PROJECT: UvProjectInstaller.of,
-    UriKind.PY_MODULES_WHEEL: PyWheelInstaller.of,
-    # Ray's agent unpacks a remote py_modules zip as a working dir: its single top folder dropped
-    UriKind.RAY_PY_MODULES: ZipArchiveInstaller.working_dir,
+# Each way of making a package and how its installer is made from the agent's tools. Complete:
+# every ``Build`` (``tests/test_kinds.py``).
+INSTALLERS: dict[Build, Callable[[InstallTools], Installer]] = {
+    Build.ZIP: ZipArchiveInstaller.py_modules,
+    # Ray's agent unpacks a working dir, and a remote py_modules zip, its single top folder dropped
+    Build.ZIP_AS_WORKING_DIR: ZipArchiveInstaller.working_dir,
+    Build.JARS: JavaJarsInstaller.of,
+    Build.WHEEL: PyWheelInstaller.of,
+    Build.PIP_VENV: PipVenvInstaller.of,  # a spec that sees the node's site: the build adds it
+    Build.UV_VENV: PipVenvInstaller.of_uv,
+    Build.PROJECT_VENV: UvProjectInstaller.of,
 }
 
 
 def build_installers(tools: InstallTools) -> dict[UriKind, Installer]:
-    """One installer per kind of ``INSTALLERS``, made once (the store does, at start)."""
-    return {kind: make(tools) for kind, make in INSTALLERS.items()}
+    """One installer per kind, as its row's ``Build`` makes it, made once (the store does, at
+    start)."""
+    return {kind: INSTALLERS[row.build](tools) for kind, row in KINDS.items()}
