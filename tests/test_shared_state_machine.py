@@ -237,17 +237,11 @@ async def crash(holder: Holder) -> None:
     store, db = holder.store, holder.db
     assert quiet(holder), "a crash in this process needs the holder quiet"
     freeze(holder)
-    tasks = [t for t in (store.pass_loop.periodic, db._flusher) if t is not None]
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    db._flusher = None
-    await db._run(lambda conn: conn.close())
-    db._conn = None
-    await asyncio.to_thread(db._thread.shutdown, wait=True)
-    assert db._holder is not None
-    os.close(db._holder.fd)  # the kernel drops the flock; the file stays, as after a kill
-    db._holder.fd = -1
+    periodic = store.pass_loop.periodic
+    if periodic is not None:
+        periodic.cancel()
+        await asyncio.gather(periodic, return_exceptions=True)
+    await db.crash()  # the kernel drops the flock; the file stays, as after a kill
     os.close(holder.lock_fd)
 
 
@@ -496,7 +490,7 @@ class SharedRootMachine(RuleBasedStateMachine):
             for holder in holders:
                 await holder.store.settle()
             for holder in holders if self.flush_each_step else ():
-                await holder.db.flush()
+                await holder.db.notes.flush()
 
         self.run(settle())
         index = read_index(self.root)
@@ -536,7 +530,7 @@ class SharedRootMachine(RuleBasedStateMachine):
             if n
             for key in self.keys(env)
         }
-        deferred = {(holder.id, key) for holder in live for key in holder.db._deferred}
+        deferred = {(holder.id, key) for holder in live for key in holder.db.notes.deferred()}
         assert not deferred & expected, f"a package in use is counted released: {deferred}"
         assert {(h, k) for h, k in index.refs if h in live_ids} == expected | deferred
         assert {h for h, _ in index.refs} <= live_ids | self.unreaped, index.refs

@@ -102,6 +102,13 @@ class HolderLock:
         os.close(self.fd)
         self.fd = -1
 
+    def lose(self) -> None:
+        """Unlock as the kernel does when the holder's process dies (``kill -9``): the file
+        stays, and the holder is dead to every peer that tests it."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
 
 def _open_lock(path: Path) -> int | None:
     """A lock file opened for reading, or None if it is missing or is not a regular file (a

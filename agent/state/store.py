@@ -132,6 +132,11 @@ class UriStore:
         db.on_leftovers = self.delete_in_background  # what a cancelled transaction set aside
 
     @property
+    def db(self) -> StateDB:
+        """The root's index, this agent a holder of it."""
+        return self._db
+
+    @property
     def budget_bytes(self) -> int:
         """The root's unused bytes kept; enforced by the passes."""
         return self.pass_loop.budget_bytes
@@ -198,7 +203,7 @@ class UriStore:
             return entry.path
         if (
             entry is not None and entry.state is UriState.READY and entry.dropping
-            and self._db.keep_ref(key.kind.value, key.uri)
+            and self._db.notes.keep_ref(key.kind.value, key.uri)
         ):  # fmt: skip
             # released moments ago, its reference still in the index (the drop only noted):
             # held again as it was, without a transaction (R1 holds: committed before)
@@ -249,7 +254,7 @@ class UriStore:
                 self.hits += 1
                 entry.last_used_ms = now
                 if note:
-                    self._db.note_uri(key.kind.value, key.uri, now)
+                    self._db.notes.note_uri(key.kind.value, key.uri, now)
 
     def _installer_for(self, kind: UriKind) -> Installer:
         installer = self._installers.get(kind)
@@ -357,9 +362,9 @@ class UriStore:
             del self._entries[key]
             if entry.was_ready:  # still ready in the index, maybe: a full read brings it back
                 self.pass_loop.lost()
-        self._db.note_claim_dropped(key.kind.value, key.uri)
+        self._db.notes.note_claim_dropped(key.kind.value, key.uri)
         if self._refcount(key) == 0:
-            self._db.note_ref_dropped(key.kind.value, key.uri)
+            self._db.notes.note_ref_dropped(key.kind.value, key.uri)
         if fetched is not None and self._on_install is not None:
             self._on_install(False, fetched, time.monotonic() - started)
 
@@ -390,7 +395,7 @@ class UriStore:
         for key in keys:
             entry = self._entries.get(key)
             if entry is not None and entry.state is UriState.READY:
-                self._db.note_uri(key.kind.value, key.uri, entry.last_used_ms)
+                self._db.notes.note_uri(key.kind.value, key.uri, entry.last_used_ms)
 
     # -- references ------------------------------------------------------------------------
     def release(self, keys: Iterable[UriKey]) -> None:
@@ -407,13 +412,13 @@ class UriStore:
                 # released when it ends, if its count is 0 then: a create may join it before,
                 # and its reference must still be in the index when it is handed out (R1)
                 continue
-            self._db.note_ref_dropped(key.kind.value, key.uri)
+            self._db.notes.note_ref_dropped(key.kind.value, key.uri)
             if entry is None:
                 continue
             entry.dropping = entry.held  # the drop noted is of a reference committed before
             entry.held = False
             entry.last_used_ms = now
-            self._db.note_uri(key.kind.value, key.uri, now)
+            self._db.notes.note_uri(key.kind.value, key.uri, now)
             self.remeasures.ask(key)  # what its users wrote in its folder, counted
         self.pass_loop.ask()
 
