@@ -19,12 +19,13 @@ from agent.core.errors import IndexUnavailable
 from agent.core.packages import Package
 from agent.core.uris import UriKey, UriKind, parse_uri
 from agent.install.installers import Installed, InstallJob
-from agent.state import index, reaping
+from agent.state import index, reaping, sweeping
 from agent.state.holders import HolderLock, is_alive, lock_path
-from agent.state.index import Found, plan_target
+from agent.state.index import Found
 from agent.state.recovery import recover
 from agent.state.state_db import UriRow
 from agent.state.store import UriStore
+from agent.state.sweeping import plan_target
 from tests.harness.in_process import running_agent
 from tests.harness.index_holders import KEY, die, holder, install, rows
 from tests.harness.package_server import package_server
@@ -67,7 +68,7 @@ async def test_a_pass_evicts_the_least_recently_used_first_and_only_as_many_as_n
             await install(a, key, size=sizes[name], used=used[name])
             a.notes.note_ref_dropped(*key)
 
-        def uris(swept: index.Swept) -> list[str]:
+        def uris(swept: sweeping.Swept) -> list[str]:
             return [e.row.uri.rsplit("/", 1)[1].removesuffix(".zip") for e in swept.evicted]
 
         swept = await a.sweep(budget_bytes=10**9)

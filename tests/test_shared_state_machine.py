@@ -212,7 +212,7 @@ async def start_holder(settings: Settings, clock: Clock) -> Holder:
 
 def quiet(holder: Holder) -> bool:
     """No pass runs or is asked for, no deletion is pending: what a crash may freeze here."""
-    return holder.store.pass_loop.running is None and not holder.store._background
+    return holder.store.pass_loop.running is None and not holder.store.deletions.tasks()
 
 
 def freeze(holder: Holder) -> None:
@@ -251,7 +251,7 @@ async def bury(holder: Holder) -> None:
         holder.stuck.cancel()
         await asyncio.gather(holder.stuck, return_exceptions=True)
     running = holder.store.pass_loop.running
-    tasks = [t for t in (running, *holder.store._background) if t is not None]
+    tasks = [t for t in (running, *holder.store.deletions.tasks()) if t is not None]
     for task in tasks:  # what the cancelled create scheduled: a dead holder runs nothing
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

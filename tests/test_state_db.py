@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from agent.core.errors import IndexUnavailable, StateDBError
 from agent.state import index_file, write_behind
+from agent.state.batch import Batch
 from agent.state.holders import is_alive, lock_path
 from agent.state.index import Found
 from agent.state.schema import SCHEMA_VERSION
@@ -334,8 +335,8 @@ OPS = st.lists(
 )
 
 
-def noted(ops: list[Op]) -> write_behind.Batch:
-    batch = write_behind.Batch()
+def noted(ops: list[Op]) -> Batch:
+    batch = Batch()
     for op, key, value in ops:
         if op == "use":
             batch.use(("py_modules", f"u{key}"), value)

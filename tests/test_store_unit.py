@@ -36,10 +36,11 @@ from agent.core.uris import UriKey, parse_uri
 from agent.install.fetch_base import FetchLimits
 from agent.install.transport import Failure, Request, TransportError
 from agent.state.entries import UriState
-from agent.state.index import KindBudget, Swept
+from agent.state.index import KindBudget
 from agent.state.passes import PASS_WINDOW_S
 from agent.state.state_db import StateDB
 from agent.state.store import UriStore
+from agent.state.sweeping import Swept
 from tests.harness.in_process import listed
 from tests.harness.polling import wait_until
 from tests.harness.store_rig import (

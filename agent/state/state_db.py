@@ -40,12 +40,13 @@ from typing import TypeVar
 
 from agent.core.errors import IndexUnavailable, StateDBError
 from agent.install.staging import through
-from agent.state import index, schema
+from agent.state import index, schema, sweeping
 from agent.state.holders import HolderLock
-from agent.state.index import KindBudget, Obtained, RowKey, Swept
+from agent.state.index import KindBudget, Obtained, RowKey
 from agent.state.index_file import now_ms, open_index
 from agent.state.obtain_queue import ObtainQueue, Wanted
 from agent.state.reaping import Reaped
+from agent.state.sweeping import Swept
 from agent.state.write_behind import DROP_LINGER_S, WriteBehind
 
 log = logging.getLogger(__name__)
@@ -357,13 +358,13 @@ class StateDB:
         since: int = -1,
         kind_budgets: Sequence[KindBudget] = (),
     ) -> Swept:
-        """R2, R4 (``index.sweep``): reap dead holders, evict over the budget (and for
+        """R2, R4 (``sweeping.sweep``): reap dead holders, evict over the budget (and for
         ``needed_bytes``); the changes of the ready packages after ``since``. The packages
         whose references this holder deferred count as unused: one taken again while the pass
         is in flight is kept by it, unless it was being evicted (``keep_ref`` then says so)."""
 
         def run(conn: sqlite3.Connection, reaped: Reaped) -> Swept:
-            return index.sweep(
+            return sweeping.sweep(
                 conn,
                 self.root,
                 self.holder_id,

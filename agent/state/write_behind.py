@@ -37,12 +37,12 @@ import logging
 import sqlite3
 import threading
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 from agent.crash import crash_point
 from agent.state import index, schema
+from agent.state.batch import Batch
 from agent.state.index import RowKey
 from agent.state.index_file import transaction
 
@@ -55,53 +55,6 @@ T = TypeVar("T")
 # so a package created again meanwhile is held again with no transaction. Past it, the drop is
 # written behind (a reader of the index, a peer that comes, sees the references as they are).
 DROP_LINGER_S = 1.0
-
-
-@dataclass
-class Batch:
-    """Changes noted behind, the latest per row, written in one transaction. A ready row is
-    never deleted from here: only a pass evicts, after checking its references (R2)."""
-
-    used: dict[RowKey, int] = field(default_factory=dict)  # -> last_used_ms
-    live_envs: int | None = None  # None: not noted
-    refs_dropped: set[RowKey] = field(default_factory=set)  # this holder's count reached 0
-    claims_dropped: set[RowKey] = field(default_factory=set)  # its install failed
-    # drops to defer (the rows stay, ``temp.released`` says so), and deferred drops cancelled
-    defer: set[RowKey] = field(default_factory=set)
-    undefer: set[RowKey] = field(default_factory=set)
-    deferred: list[RowKey] = field(default_factory=list)  # set by the thread: what it deferred
-    committed: bool = False  # set by the thread: its transaction committed
-    done: asyncio.Future[None] | None = None  # a batch that defers: done once ``written``
-
-    def use(self, key: RowKey, last_used_ms: int) -> None:
-        self.used[key] = last_used_ms
-
-    def __len__(self) -> int:
-        return (
-            len(self.used) + (self.live_envs is not None) + len(self.refs_dropped)
-            + len(self.claims_dropped) + len(self.defer) + len(self.undefer)
-        )  # fmt: skip
-
-    def then(self, newer: Batch) -> Batch:
-        """This batch followed by a newer one, as one batch: the same as noting this batch's
-        changes and then the newer one's into one (the newer note of a row wins). Dropping a
-        reference or a claim twice is dropping it once: those are unions. A failed batch is
-        carried with nothing to defer (``written_out``), so only the newer one defers."""
-        used = {**self.used, **newer.used}
-        live = self.live_envs if newer.live_envs is None else newer.live_envs
-        return Batch(
-            used, live, self.refs_dropped | newer.refs_dropped,
-            self.claims_dropped | newer.claims_dropped, self.defer | newer.defer,
-            self.undefer | newer.undefer,
-        )  # fmt: skip
-
-    def carried(self) -> Batch:
-        """What a failed write carries: this batch but its drops to defer, which the loop notes
-        again (``WriteBehind.written``): their rows are still there, rolled back."""
-        return Batch(
-            self.used, self.live_envs, self.refs_dropped, self.claims_dropped, set(),
-            self.undefer,
-        )  # fmt: skip
 
 
 class WriteBehind:
@@ -447,17 +400,20 @@ class WriteBehind:
                     if not failing:
                         log.exception(
                             "writing behind to %s failed; the changes are kept and retried "
-                            "every %gs", self.path, self._flush_interval_s,
+                            "every %gs",
+                            self.path,
+                            self._flush_interval_s,
                             extra={"path": str(self.path), "seconds": self._flush_interval_s},
-                        )  # fmt: skip
+                        )
                     failing = True
                     self._dirty.set()
                     continue
                 if failing:
                     log.warning(
-                        "writing behind to %s works again", self.path,
+                        "writing behind to %s works again",
+                        self.path,
                         extra={"path": str(self.path)},
-                    )  # fmt: skip
+                    )
                 failing = False
                 if self._deferred:  # looked at again a window later: written past the linger
                     self._dirty.set()
@@ -466,7 +422,9 @@ class WriteBehind:
         except BaseException:
             log.critical(
                 "the task writing behind to %s died (a bug): what is noted is now written only "
-                "with installs and at close, which raises this", self.path, exc_info=True,
+                "with installs and at close, which raises this",
+                self.path,
+                exc_info=True,
                 extra={"path": str(self.path)},
-            )  # fmt: skip
+            )
             raise
