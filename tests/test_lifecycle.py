@@ -461,7 +461,7 @@ async def test_info_right_after_a_create_counts_its_package_even_while_passes_ar
     asked for, so a package just installed is in used_bytes (not the pass before's figures)."""
     size = 1000
     async with package_server() as pkgs, running_agent() as a:
-        monkeypatch.setattr(a.service.store._db, "sweep", slow_passes(a))
+        monkeypatch.setattr(a.service.store.db, "sweep", slow_passes(a))
         ids = []
         for n in range(1, 4):
             url = pkgs.add(f"p{n}.zip", workdir_zip({"data.txt": "x" * size}))

@@ -42,7 +42,7 @@ async def test_a_scrape_right_after_a_create_counts_its_package_even_while_passe
     """The cache's bytes come from passes over the root's index; a scrape waits for the pass a
     create or delete asked for, as info does, so it never shows the figures of the pass before."""
     async with package_server() as pkgs, running_agent(metrics_address="127.0.0.1:0") as a:
-        monkeypatch.setattr(a.service.store._db, "sweep", slow_passes(a))
+        monkeypatch.setattr(a.service.store.db, "sweep", slow_passes(a))
         url = pkgs.add("a.zip", workdir_zip({"data.txt": "a" * SIZE}))
         reply = await a.create(env_json(url))
         used = await scrape(a.agent.metrics_address)

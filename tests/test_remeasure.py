@@ -169,7 +169,7 @@ async def test_a_package_evicted_while_measured_is_not_written_back(tmp_path: Pa
         await asyncio.to_thread(walking.wait, 30)
         peer = await holder(a.root)
         try:
-            await a.service.store._db.flush()  # this agent's reference dropped in the index
+            await a.service.store.db.notes.flush()  # this agent's reference dropped in the index
             swept = await peer.sweep(0)  # budget 0: the peer evicts every unused package
             [evicted] = [e.row for e in swept.evicted]
             assert evicted.dir == folder.name

@@ -19,12 +19,13 @@ from agent.core.errors import IndexUnavailable
 from agent.core.packages import Package
 from agent.core.uris import UriKey, UriKind, parse_uri
 from agent.install.installers import Installed, InstallJob
-from agent.state import index, reaping
+from agent.state import index, reaping, sweeping
 from agent.state.holders import HolderLock, is_alive, lock_path
-from agent.state.index import Found, plan_target
+from agent.state.index import Found
 from agent.state.recovery import recover
 from agent.state.state_db import UriRow
 from agent.state.store import UriStore
+from agent.state.sweeping import plan_target
 from tests.harness.in_process import running_agent
 from tests.harness.index_holders import KEY, die, holder, install, rows
 from tests.harness.package_server import package_server
@@ -65,9 +66,9 @@ async def test_a_pass_evicts_the_least_recently_used_first_and_only_as_many_as_n
         keys = {name: ("py_modules", f"http://127.0.0.1:1/{name}.zip") for name in sizes}
         for name, key in keys.items():
             await install(a, key, size=sizes[name], used=used[name])
-            a.note_ref_dropped(*key)
+            a.notes.note_ref_dropped(*key)
 
-        def uris(swept: index.Swept) -> list[str]:
+        def uris(swept: sweeping.Swept) -> list[str]:
             return [e.row.uri.rsplit("/", 1)[1].removesuffix(".zip") for e in swept.evicted]
 
         swept = await a.sweep(budget_bytes=10**9)
@@ -130,8 +131,8 @@ async def test_a_pass_never_evicts_what_a_live_holder_references(root: Path) -> 
         kept = await install(a, KEY, size=100, used=1)
         gone = await install(a, OTHER, size=100, used=2)
         await b.obtain(KEY, kept.name, take_ref=True)  # b uses KEY
-        a.note_ref_dropped(*KEY)
-        a.note_ref_dropped(*OTHER)
+        a.notes.note_ref_dropped(*KEY)
+        a.notes.note_ref_dropped(*OTHER)
         swept = await a.sweep(budget_bytes=0)
         assert [e.row.uri for e in swept.evicted] == [OTHER[1]]
         assert kept.is_dir()
@@ -163,7 +164,7 @@ async def test_a_reference_taken_after_an_eviction_finds_no_row_and_claims_it(
     a, b = await holder(root), await holder(root)
     try:
         folder = await install(a, KEY)
-        a.note_ref_dropped(*KEY)
+        a.notes.note_ref_dropped(*KEY)
         await a.sweep(budget_bytes=0)
         got = await b.obtain(KEY, folder.name, take_ref=True)
         assert got.found is Found.CLAIMED  # installed again, never handed a deleted folder
@@ -195,7 +196,7 @@ async def test_a_view_follows_the_changes_and_reads_everything_only_when_behind(
         second = await a.sweep(budget_bytes=10**9, since=first.gen)
         assert not second.full
         assert [k for k, r in second.changes if r is not None] == [KEY]
-        a.note_ref_dropped(*KEY)
+        a.notes.note_ref_dropped(*KEY)
         third = await a.sweep(budget_bytes=0, since=second.gen)
         assert third.changes == [(KEY, None)]
         quiet = await a.sweep(budget_bytes=0, since=third.gen)
@@ -305,19 +306,19 @@ async def test_a_transaction_whose_caller_is_cancelled_still_carries_the_notes_i
     a = await holder(root)
     try:
         assert (await a.obtain(KEY, "dir-a", take_ref=True)).found is Found.CLAIMED
-        a.note_claim_dropped(*KEY)  # its install failed
-        a.note_ref_dropped(*KEY)
+        a.notes.note_claim_dropped(*KEY)  # its install failed
+        a.notes.note_ref_dropped(*KEY)
         release = threading.Event()
-        busy = asyncio.ensure_future(a._run(lambda conn: release.wait(5)))
+        busy = asyncio.ensure_future(a.run(lambda conn: release.wait(5)))
         queued = asyncio.ensure_future(a.obtain(OTHER, "dir-b", take_ref=True))
         await asyncio.sleep(0.05)
         queued.cancel()
         asyncio.get_running_loop().call_later(0.1, release.set)
         await asyncio.gather(queued, return_exceptions=True)
         await busy
-        a.note_claim_dropped(*OTHER)  # as the store's _forget does for the cancelled obtain
-        a.note_ref_dropped(*OTHER)
-        await a.flush()
+        a.notes.note_claim_dropped(*OTHER)  # as the store's _forget does for the cancelled obtain
+        a.notes.note_ref_dropped(*OTHER)
+        await a.notes.flush()
         assert rows(root, "SELECT uri FROM uris") == []
         assert rows(root, "SELECT uri FROM refs") == []
     finally:
@@ -629,8 +630,8 @@ async def test_a_package_a_peer_installs_is_used_once_ready_not_at_the_next_poll
         )
 
         ensure = await waiting(OTHER)
-        peer.note_claim_dropped(*OTHER)  # its install failed
-        await peer.flush()
+        peer.notes.note_claim_dropped(*OTHER)  # its install failed
+        await peer.notes.flush()
         path = await asyncio.wait_for(ensure, 10)
         assert obtains == [KEY, OTHER, OTHER]
         assert gate.started.is_set()
@@ -653,7 +654,7 @@ async def test_a_missing_trash_is_made_and_never_makes_a_present_folder_look_gon
     a, b = await holder(root), await holder(root)
     try:
         folder = await install(a, KEY)
-        a.note_ref_dropped(*KEY)
+        a.notes.note_ref_dropped(*KEY)
         a.trash.rmdir()
         [evicted] = (await a.sweep(budget_bytes=0)).evicted
         assert evicted.trashed is not None

@@ -212,7 +212,7 @@ async def start_holder(settings: Settings, clock: Clock) -> Holder:
 
 def quiet(holder: Holder) -> bool:
     """No pass runs or is asked for, no deletion is pending: what a crash may freeze here."""
-    return holder.store.pass_loop.running is None and not holder.store._background
+    return holder.store.pass_loop.running is None and not holder.store.deletions.tasks()
 
 
 def freeze(holder: Holder) -> None:
@@ -237,17 +237,11 @@ async def crash(holder: Holder) -> None:
     store, db = holder.store, holder.db
     assert quiet(holder), "a crash in this process needs the holder quiet"
     freeze(holder)
-    tasks = [t for t in (store.pass_loop.periodic, db._flusher) if t is not None]
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    db._flusher = None
-    await db._run(lambda conn: conn.close())
-    db._conn = None
-    await asyncio.to_thread(db._thread.shutdown, wait=True)
-    assert db._holder is not None
-    os.close(db._holder.fd)  # the kernel drops the flock; the file stays, as after a kill
-    db._holder.fd = -1
+    periodic = store.pass_loop.periodic
+    if periodic is not None:
+        periodic.cancel()
+        await asyncio.gather(periodic, return_exceptions=True)
+    await db.crash()  # the kernel drops the flock; the file stays, as after a kill
     os.close(holder.lock_fd)
 
 
@@ -257,7 +251,7 @@ async def bury(holder: Holder) -> None:
         holder.stuck.cancel()
         await asyncio.gather(holder.stuck, return_exceptions=True)
     running = holder.store.pass_loop.running
-    tasks = [t for t in (running, *holder.store._background) if t is not None]
+    tasks = [t for t in (running, *holder.store.deletions.tasks()) if t is not None]
     for task in tasks:  # what the cancelled create scheduled: a dead holder runs nothing
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -496,7 +490,7 @@ class SharedRootMachine(RuleBasedStateMachine):
             for holder in holders:
                 await holder.store.settle()
             for holder in holders if self.flush_each_step else ():
-                await holder.db.flush()
+                await holder.db.notes.flush()
 
         self.run(settle())
         index = read_index(self.root)
@@ -536,7 +530,7 @@ class SharedRootMachine(RuleBasedStateMachine):
             if n
             for key in self.keys(env)
         }
-        deferred = {(holder.id, key) for holder in live for key in holder.db._deferred}
+        deferred = {(holder.id, key) for holder in live for key in holder.db.notes.deferred()}
         assert not deferred & expected, f"a package in use is counted released: {deferred}"
         assert {(h, k) for h, k in index.refs if h in live_ids} == expected | deferred
         assert {h for h, _ in index.refs} <= live_ids | self.unreaped, index.refs

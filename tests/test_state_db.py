@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from agent.core.errors import IndexUnavailable, StateDBError
 from agent.state import index_file, write_behind
+from agent.state.batch import Batch
 from agent.state.holders import is_alive, lock_path
 from agent.state.index import Found
 from agent.state.schema import SCHEMA_VERSION
@@ -193,17 +194,17 @@ async def test_noted_changes_are_not_written_until_flush(tmp_path: Path) -> None
     path = tmp_path / "state.db"
     async with opened(path, flush_interval_s=NEVER) as db:
         await installed(db, X)
-        db.note_uri(X.kind, X.uri, 7_000)
-        db.note_live_envs(3)
-        assert db.pending() == 2
+        db.notes.note_uri(X.kind, X.uri, 7_000)
+        db.notes.note_live_envs(3)
+        assert db.notes.pending() == 2
         assert last_used(path) == {X.uri: X.last_used_ms}, "a note was written before a flush"
         assert live_envs(path, db.holder_id) == 0
-        await db.flush()
+        await db.notes.flush()
         assert last_used(path) == {X.uri: 7_000}
         assert live_envs(path, db.holder_id) == 3
-        assert db.pending() == 0
-        db.note_uri(X.kind, X.uri, 7_500)
-        db.note_live_envs(4)
+        assert db.notes.pending() == 0
+        db.notes.note_uri(X.kind, X.uri, 7_500)
+        db.notes.note_live_envs(4)
         await installed(db, Y)  # a durable write carries what was noted before it
         assert last_used(path) == {X.uri: 7_500, Y.uri: Y.last_used_ms}
         assert live_envs(path, db.holder_id) == 4
@@ -216,9 +217,9 @@ async def test_flush_every_changes_writes_the_batch_without_waiting_for_the_wind
     async with opened(path, flush_interval_s=NEVER, flush_every=2) as db:
         await installed(db, X)
         await installed(db, Y)
-        db.note_uri(X.kind, X.uri, 8_000)
+        db.notes.note_uri(X.kind, X.uri, 8_000)
         assert last_used(path)[X.uri] == X.last_used_ms
-        db.note_uri(Y.kind, Y.uri, 9_000)
+        db.notes.note_uri(Y.kind, Y.uri, 9_000)
         await wait_until(
             lambda: last_used(path) == {X.uri: 8_000, Y.uri: 9_000},
             timeout_s=10,
@@ -230,8 +231,8 @@ async def test_notes_are_written_behind_when_the_window_closes(tmp_path: Path) -
     path = tmp_path / "state.db"
     async with opened(path, flush_interval_s=0.05) as db:
         await installed(db, X)
-        db.note_uri(X.kind, X.uri, 8_000)
-        db.note_live_envs(1)
+        db.notes.note_uri(X.kind, X.uri, 8_000)
+        db.notes.note_live_envs(1)
         await wait_until(
             lambda: last_used(path)[X.uri] == 8_000 and live_envs(path, db.holder_id) == 1,
             timeout_s=10,
@@ -249,8 +250,8 @@ async def main():
     await db.open()
     await db.obtain(("working_dir", "https://h/x.zip"), "working_dir-x", take_ref=True)
     await db.obtain(("working_dir", "https://h/z.zip"), "working_dir-z", take_ref=True)
-    db.note_live_envs(2)
-    await db.flush()
+    db.notes.note_live_envs(2)
+    await db.notes.flush()
     for own in (db.staging, db.trash):
         (own / "left").mkdir(parents=True)
     print(db.holder_id, flush=True)
@@ -314,8 +315,8 @@ async def test_close_writes_what_is_still_noted_then_drops_the_holders_rows(
         assert (await db.obtain((X.kind, X.uri), X.dir, take_ref=True)).found is Found.READY
         claimed = await db.obtain((Y.kind, Y.uri), Y.dir, take_ref=True)  # being installed
         assert claimed.found is Found.CLAIMED
-        db.note_uri(X.kind, X.uri, 9_000)
-        db.note_live_envs(5)
+        db.notes.note_uri(X.kind, X.uri, 9_000)
+        db.notes.note_live_envs(5)
         me = db.holder_id
         assert query(path, "SELECT count(*) FROM refs") == [(2,)]
     assert last_used(path) == {X.uri: 9_000}, "Y's claim was left, or X's last use lost"
@@ -334,8 +335,8 @@ OPS = st.lists(
 )
 
 
-def noted(ops: list[Op]) -> write_behind.Batch:
-    batch = write_behind.Batch()
+def noted(ops: list[Op]) -> Batch:
+    batch = Batch()
     for op, key, value in ops:
         if op == "use":
             batch.use(("py_modules", f"u{key}"), value)
@@ -382,9 +383,9 @@ async def test_a_failed_write_behind_keeps_its_changes_and_is_retried_in_order(
         await installed(db, X)
         await installed(db, Y)
         plant_failing_writes(path)
-        db.note_uri(X.kind, X.uri, 7_000)
-        db.note_uri(Y.kind, Y.uri, 7_100)
-        db.note_live_envs(3)
+        db.notes.note_uri(X.kind, X.uri, 7_000)
+        db.notes.note_uri(Y.kind, Y.uri, 7_100)
+        db.notes.note_live_envs(3)
         await wait_until(
             lambda: "writing behind" in caplog.text and "failed" in caplog.text,
             what="the failure logged",
@@ -393,11 +394,11 @@ async def test_a_failed_write_behind_keeps_its_changes_and_is_retried_in_order(
         assert len(failed) == 1, "a failure is logged once, not at every retry"
         assert failed[0].exc_info is not None, "logged without its traceback"
         assert "planted failure" in caplog.text
-        db.note_uri(X.kind, X.uri, 7_500)  # newer than the failed batch: it wins
-        db.note_uri(Y.kind, Y.uri, 7_600)
-        await wait_until(lambda: db.pending() == 0, what="the new notes taken by a retry")
+        db.notes.note_uri(X.kind, X.uri, 7_500)  # newer than the failed batch: it wins
+        db.notes.note_uri(Y.kind, Y.uri, 7_600)
+        await wait_until(lambda: db.notes.pending() == 0, what="the new notes taken by a retry")
         with pytest.raises(sqlite3.IntegrityError):
-            await db.flush()  # still failing, and after the retry's write (one thread)
+            await db.notes.flush()  # still failing, and after the retry's write (one thread)
         assert last_used(path) == {X.uri: X.last_used_ms, Y.uri: Y.last_used_ms}
         assert live_envs(path, db.holder_id) == 0
         with sqlite3.connect(path) as conn:  # the disk has room again, say
@@ -419,30 +420,26 @@ async def test_a_bug_in_the_write_behind_task_is_logged_and_raised_by_close_afte
     """Not an SQLite error: the task dies loudly (traceback logged at once), the changes it
     held are written at close all the same, and close() raises what it died of."""
     path = tmp_path / "state.db"
-    real_apply = StateDB._apply
     calls = []
 
-    def buggy_once(
-        self: StateDB, conn: sqlite3.Connection, batch: Any, *, crash_midway: bool = False
-    ) -> list[Any]:
-        calls.append(crash_midway)
-        if crash_midway and calls.count(True) == 1:
+    def buggy_once(name: str) -> None:  # the crash point only the write-behind task's writes pass
+        calls.append(name)
+        if calls.count("mid_count_batch") == 1:
             raise KeyError("planted bug")
-        return real_apply(self, conn, batch, crash_midway=crash_midway)
 
-    monkeypatch.setattr(StateDB, "_apply", buggy_once)
+    monkeypatch.setattr(write_behind, "crash_point", buggy_once)
     db = StateDB(path, flush_interval_s=0.02)
     await db.open()
     try:
         await installed(db, X)
         await installed(db, Y)
-        db.note_uri(X.kind, X.uri, 7_000)
+        db.notes.note_uri(X.kind, X.uri, 7_000)
         await wait_until(lambda: "died" in caplog.text, what="the task's death logged")
         [record] = [r for r in caplog.records if "died" in r.getMessage()]
         assert record.levelno == logging.CRITICAL
         assert record.exc_info is not None
         assert "planted bug" in caplog.text
-        db.note_uri(Y.kind, Y.uri, 8_000)  # noted after the task died
+        db.notes.note_uri(Y.kind, Y.uri, 8_000)  # noted after the task died
     finally:
         with pytest.raises(RuntimeError, match="died earlier") as raised:
             await db.close()
@@ -459,7 +456,7 @@ async def test_a_miss_awaits_only_its_installs_transactions_and_a_miss_of_cached
     taking its reference and its install claim, and the install's commit. The live envs are
     written behind all the same."""
     awaited: list[str] = []
-    real_transact = StateDB._transact
+    real_transact = StateDB.transact
     background = {"state-db flush", "sweep", "sweeps"}
 
     async def counting(self: StateDB, fn: Any, *rest: Any, **kwargs: Any) -> Any:
@@ -469,7 +466,7 @@ async def test_a_miss_awaits_only_its_installs_transactions_and_a_miss_of_cached
             awaited.append(task.get_name())
         return await real_transact(self, fn, *rest, **kwargs)
 
-    monkeypatch.setattr(StateDB, "_transact", counting)
+    monkeypatch.setattr(StateDB, "transact", counting)
     async with package_server() as pkgs, running_agent() as agent:
         url = pkgs.add("x.zip", workdir_zip({"x.txt": "x"}))
         await agent.settle()  # recovery's pass
@@ -528,10 +525,10 @@ async def test_a_failed_install_commit_wakes_the_write_behind_task_to_retry_what
         await db.obtain((Y.kind, Y.uri), Y.dir, take_ref=False)  # Y's claim
         plant_failing_writes(path)
         gate = threading.Event()
-        blocker = asyncio.ensure_future(db._run(lambda _conn: gate.wait(10)))  # the thread busy
-        db.note_live_envs(3)
+        blocker = asyncio.ensure_future(db.run(lambda _conn: gate.wait(10)))  # the thread busy
+        db.notes.note_live_envs(3)
         install = asyncio.ensure_future(db.record_install(Y))  # takes the note, queued
-        await wait_until(lambda: not db._dirty.is_set(), what="the write-behind task idle again")
+        await wait_until(lambda: not db.notes.noted, what="the write-behind task idle again")
         gate.set()
         await blocker
         with pytest.raises(IndexUnavailable, match="planted failure"):
@@ -552,9 +549,9 @@ async def test_close_never_drops_a_write_the_write_behind_task_has_queued(tmp_pa
     await db.open()
     await installed(db, X)
     gate = threading.Event()
-    blocker = asyncio.ensure_future(db._run(lambda _conn: gate.wait(10)))  # the thread busy
-    db.note_uri(X.kind, X.uri, 42_000)
-    await wait_until(lambda: db.pending() == 0, what="the write-behind task took the batch")
+    blocker = asyncio.ensure_future(db.run(lambda _conn: gate.wait(10)))  # the thread busy
+    db.notes.note_uri(X.kind, X.uri, 42_000)
+    await wait_until(lambda: db.notes.pending() == 0, what="the write-behind task took the batch")
     closing = asyncio.ensure_future(db.close())
     for _ in range(10):  # let close() begin and act on the task before the thread is free
         await asyncio.sleep(0)
@@ -571,7 +568,7 @@ async def test_obtains_asked_while_one_is_in_flight_run_together_in_one_transact
     each answered as if alone: claims of packages nobody had, the reference of one ready; the
     next obtain, asked alone, takes its own."""
     transactions: list[str] = []
-    real_transact = StateDB._transact
+    real_transact = StateDB.transact
 
     async def counting(self: StateDB, fn: Any, *rest: Any, **kwargs: Any) -> Any:
         task = asyncio.current_task()
@@ -582,9 +579,9 @@ async def test_obtains_asked_while_one_is_in_flight_run_together_in_one_transact
     async with opened(path) as db:
         await installed(db, X)
         (tmp_path / "uris" / X.dir).mkdir(parents=True)
-        monkeypatch.setattr(StateDB, "_transact", counting)
+        monkeypatch.setattr(StateDB, "transact", counting)
         gate = threading.Event()
-        blocker = asyncio.ensure_future(db._run(lambda _conn: gate.wait(10)))  # the thread busy
+        blocker = asyncio.ensure_future(db.run(lambda _conn: gate.wait(10)))  # the thread busy
         keys = [(X.kind, X.uri), *((Y.kind, f"https://h/{n}.zip") for n in range(4))]
         asked = [asyncio.ensure_future(db.obtain(k, f"dir-{i}", take_ref=True)) for i, k in
                  enumerate(keys)]  # fmt: skip
@@ -614,21 +611,21 @@ async def test_a_drop_a_failed_transaction_was_to_defer_is_noted_again_with_its_
         await installed(db, X)
         assert (await db.obtain((X.kind, X.uri), X.dir, take_ref=True)).found is Found.READY
         plant_failing_writes(path)
-        db.note_live_envs(1)  # the write that carries it fails
-        db.note_ref_dropped(X.kind, X.uri)
+        db.notes.note_live_envs(1)  # the write that carries it fails
+        db.notes.note_ref_dropped(X.kind, X.uri)
         with pytest.raises(IndexUnavailable, match="planted failure"):
             await db.sweep(budget_bytes=10**9)
-        assert db.deferred() == 0
+        assert len(db.notes.deferred()) == 0
         assert query(path, "SELECT uri FROM refs") == [(X.uri,)]
-        assert db.keep_ref(X.kind, X.uri), "the drop was lost, or is written anyway"
+        assert db.notes.keep_ref(X.kind, X.uri), "the drop was lost, or is written anyway"
         with sqlite3.connect(path) as conn:
             conn.execute("DELETE FROM fail")
         conn.close()
-        await db.flush()
+        await db.notes.flush()
         assert query(path, "SELECT uri FROM refs") == [(X.uri,)], "a reference kept was dropped"
         assert live_envs(path, db.holder_id) == 1
-        db.note_ref_dropped(X.kind, X.uri)
-        await db.flush()
+        db.notes.note_ref_dropped(X.kind, X.uri)
+        await db.notes.flush()
         assert query(path, "SELECT uri FROM refs") == []
 
 

@@ -36,10 +36,11 @@ from agent.core.uris import UriKey, parse_uri
 from agent.install.fetch_base import FetchLimits
 from agent.install.transport import Failure, Request, TransportError
 from agent.state.entries import UriState
-from agent.state.index import KindBudget, Swept
+from agent.state.index import KindBudget
 from agent.state.passes import PASS_WINDOW_S
 from agent.state.state_db import StateDB
 from agent.state.store import UriStore
+from agent.state.sweeping import Swept
 from tests.harness.in_process import listed
 from tests.harness.polling import wait_until
 from tests.harness.store_rig import (
@@ -396,7 +397,7 @@ async def test_a_create_joining_an_install_being_cancelled_gets_the_package_not_
         assert path.is_dir()
         assert r.packages.gets["a"] == 1, "the package the cancelled install committed is used"
         await r.store.settle()
-        await r.store._db.flush()
+        await r.store.db.notes.flush()
         with sqlite3.connect(r.store.root / "state.db") as conn:
             refs = conn.execute("SELECT uri FROM refs").fetchall()
         assert refs == [(url,)], "handed out without its reference in the index"
@@ -420,7 +421,7 @@ async def test_an_install_cancelled_after_its_commit_is_ready_in_the_view_at_onc
         await wait_until(lambda: not r.installing(url), what="the install to end")
         assert r.unused() == {"a"}, "installed on the root, unknown to this view"
         await r.store.settle()
-        await r.store._db.flush()
+        await r.store.db.notes.flush()
         with sqlite3.connect(r.store.root / "state.db") as conn:
             assert conn.execute("SELECT state FROM uris").fetchall() == [("ready",)]
             assert conn.execute("SELECT * FROM refs").fetchall() == []
@@ -568,7 +569,7 @@ async def test_a_package_released_while_it_installs_and_taken_again_keeps_its_re
         first = asyncio.ensure_future(r.store.ensure(Package(key, parse_uri("py_modules[0]", url))))
         await wait_until(lambda: r.packages.gets["a"] == 1, what="the download to start")
         r.drop(url)  # count 0: released while installing
-        await r.store._db.flush()
+        await r.store.db.notes.flush()
         r.refs[key] += 1  # count 0 -> 1: a create joins the install
         second = asyncio.ensure_future(
             r.store.ensure(Package(key, parse_uri("py_modules[0]", url)))
@@ -578,7 +579,7 @@ async def test_a_package_released_while_it_installs_and_taken_again_keeps_its_re
         path = await asyncio.wait_for(second, 10)
         await asyncio.wait_for(first, 10)
         await r.store.settle()
-        await r.store._db.flush()
+        await r.store.db.notes.flush()
         with sqlite3.connect(r.store.root / "state.db") as conn:
             refs = conn.execute("SELECT uri FROM refs").fetchall()
         assert refs == [(url,)], "handed out without its reference in the index"
@@ -632,7 +633,7 @@ async def test_a_package_taken_again_before_its_drop_is_written_is_held_without_
         await r.take(url)
         await asyncio.wait_for(r.store.settle(), 10)
         obtains: list[object] = []
-        db = r.store._db
+        db = r.store.db
         real_obtain = db.obtain
 
         async def counting(*args: object, **kwargs: bool) -> object:
@@ -672,8 +673,8 @@ async def test_a_failed_retake_of_an_unused_package_during_a_pass_leaves_it_in_t
     pass; the in-flight one does not answer the full read it never made."""
     async with rig(tmp_path) as r:
         (url,) = await r.installed_unused("a")
-        db = r.store._db
-        await db.flush()  # its reference's drop written (not deferred): taken again by obtain
+        db = r.store.db
+        await db.notes.flush()  # its reference's drop written (not deferred): taken again by obtain
         real_sweep = db.sweep
         read, answer = asyncio.Event(), asyncio.Event()
 
@@ -744,16 +745,16 @@ async def test_alone_a_released_package_keeps_its_reference_past_its_pass_and_is
         url = r.packages.add("a")
         await r.take(url)
         size = r.store.entry(key_of(url)).size  # type: ignore[union-attr]
-        obtains = _counting_obtains(r.store._db, monkeypatch)
+        obtains = _counting_obtains(r.store.db, monkeypatch)
         r.drop(url)
         await r.store.enforce_budget()  # the release's pass: it defers the drop
-        assert r.store._db.deferred() == 1
+        assert len(r.store.db.notes.deferred()) == 1
         assert _refs(r.store.root) == [url], "the deferred drop was written"
         assert r.store.stats().unused_bytes == size, "a deferred drop's package is unused"
         assert r.unused() == {"a"}
         path = await r.take(url)
         assert obtains == [], "taken again through a transaction"
-        assert r.store._db.deferred() == 0
+        assert len(r.store.db.notes.deferred()) == 0
         await r.store.enforce_budget()
         assert r.store.stats().unused_bytes == 0, "held again, still counted unused"
         assert path.is_dir()
@@ -761,9 +762,9 @@ async def test_alone_a_released_package_keeps_its_reference_past_its_pass_and_is
         r.check()
         r.drop(url)
         await r.store.settle()
-        await r.store._db.flush()  # writes the deferred drops too
+        await r.store.db.notes.flush()  # writes the deferred drops too
         assert _refs(r.store.root) == []
-        assert r.store._db.deferred() == 0
+        assert len(r.store.db.notes.deferred()) == 0
         await r.take(url)
         assert obtains == [("py_modules", url)], "its drop written, it is taken by obtain"
         r.check()
@@ -782,7 +783,7 @@ async def test_a_pass_evicts_a_package_whose_drop_it_deferred_and_its_reference_
         assert r.store.entry(key_of(url)) is None
         assert r.store.stats().evictions == 1
         assert _refs(r.store.root) == []
-        assert r.store._db.deferred() == 0
+        assert len(r.store.db.notes.deferred()) == 0
         assert r.store.stats().unused_bytes == 0
         assert (await r.take(url)).is_dir()
         assert r.packages.gets["a"] == 2
@@ -799,17 +800,17 @@ async def test_a_deferred_drop_is_written_behind_once_the_linger_is_over(tmp_pat
         await r.take(url)
         r.drop(url)
         await r.store.enforce_budget()
-        db = r.store._db
-        assert db.deferred() == 1
+        db = r.store.db
+        assert len(db.notes.deferred()) == 1
         clock.tick(4.0)
-        await db._write_behind()
+        await db.notes.write_behind()
         assert _refs(r.store.root) == [url], "written before the linger was over"
-        assert db.deferred() == 1
+        assert len(db.notes.deferred()) == 1
         clock.tick(2.0)
-        await db._write_behind()
+        await db.notes.write_behind()
         assert _refs(r.store.root) == []
-        assert db.deferred() == 0
-        assert not db.keep_ref("py_modules", url), "kept after its drop was written"
+        assert len(db.notes.deferred()) == 0
+        assert not db.notes.keep_ref("py_modules", url), "kept after its drop was written"
         r.check()
 
 
@@ -825,19 +826,19 @@ async def test_with_another_holder_on_the_root_drops_are_written_and_deferred_on
         await r.take(b)
         r.drop(a)
         await r.store.enforce_budget()
-        db = r.store._db
-        assert db.deferred() == 1
+        db = r.store.db
+        assert len(db.notes.deferred()) == 1
         assert sorted(_refs(r.store.root)) == sorted([a, b])
         peer = StateDB(r.store.root / "state.db", root=r.store.root)
         await peer.open()
         try:
             await r.store.enforce_budget()  # its transaction finds the peer
             await wait_until(lambda: _refs(r.store.root) == [b], what="the deferred drop written")
-            assert db.deferred() == 0
+            assert len(db.notes.deferred()) == 0
             r.drop(b)
             await r.store.enforce_budget()
             assert _refs(r.store.root) == [], "a drop deferred with a peer on the root"
-            assert db.deferred() == 0
+            assert len(db.notes.deferred()) == 0
         finally:
             await peer.close()
         r.check()
@@ -854,17 +855,17 @@ async def test_a_package_taken_again_while_a_pass_is_in_flight_is_kept_by_that_p
     ) as r:
         url = r.packages.add("a")
         await r.take(url)
-        db = r.store._db
+        db = r.store.db
         r.store.budget_bytes = 10**9
         r.drop(url)
         await r.store.enforce_budget()  # deferred, kept by a roomy budget
-        assert db.deferred() == 1
+        assert len(db.notes.deferred()) == 1
         r.store.budget_bytes = 0
         obtains = _counting_obtains(db, monkeypatch)
         busy = threading.Event()
-        blocker = asyncio.ensure_future(db._run(lambda conn: busy.wait(10)))
+        blocker = asyncio.ensure_future(db.run(lambda conn: busy.wait(10)))
         passing = asyncio.ensure_future(r.store.enforce_budget())
-        await wait_until(lambda: db._evicting == 1, what="the pass queued")
+        await wait_until(lambda: db.notes.evicting == 1, what="the pass queued")
         path = await r.take(url)
         assert obtains == []
         busy.set()
@@ -886,15 +887,15 @@ async def test_a_package_its_pass_in_flight_is_evicting_is_taken_again_through_t
     gone and installs it again (R2: a package in use is never deleted)."""
     async with rig(tmp_path, budget_bytes=0, db_options={"flush_interval_s": NEVER_S}) as r:
         url = r.packages.add("a")
-        db = r.store._db
+        db = r.store.db
         r.store.budget_bytes = 10**9
         await r.take(url)
         r.drop(url)
         await r.store.enforce_budget()
-        assert db.deferred() == 1
+        assert len(db.notes.deferred()) == 1
         r.store.budget_bytes = 0
         chosen, go_on = threading.Event(), threading.Event()
-        real_may_evict = db._may_evict
+        real_may_evict = db.notes.may_evict
 
         def held(key: tuple[str, str]) -> bool:
             answer = real_may_evict(key)
@@ -902,10 +903,10 @@ async def test_a_package_its_pass_in_flight_is_evicting_is_taken_again_through_t
             go_on.wait(10)
             return answer
 
-        monkeypatch.setattr(db, "_may_evict", held)
+        monkeypatch.setattr(db.notes, "may_evict", held)
         passing = asyncio.ensure_future(r.store.enforce_budget())
         await asyncio.to_thread(chosen.wait, 10)
-        assert not db.keep_ref("py_modules", url), "kept while its pass evicts it"
+        assert not db.notes.keep_ref("py_modules", url), "kept while its pass evicts it"
         taking = asyncio.ensure_future(r.take(url))
         await asyncio.sleep(0)
         go_on.set()
@@ -928,19 +929,19 @@ async def test_a_package_whose_drop_a_transaction_in_flight_defers_is_held_again
     async with rig(tmp_path, pass_window_s=60, db_options={"flush_interval_s": NEVER_S}) as r:
         url = r.packages.add("a")
         await r.take(url)
-        db = r.store._db
+        db = r.store.db
         obtains = _counting_obtains(db, monkeypatch)
         busy = threading.Event()
-        blocker = asyncio.ensure_future(db._run(lambda conn: busy.wait(10)))
+        blocker = asyncio.ensure_future(db.run(lambda conn: busy.wait(10)))
         r.drop(url)
-        behind = asyncio.ensure_future(db._write_behind())
+        behind = asyncio.ensure_future(db.notes.write_behind())
         await asyncio.sleep(0)  # it takes the drop, to defer it, and waits for the thread
-        assert ("py_modules", url) in db._deferring
+        assert db.notes.is_deferring(("py_modules", url))
         path = await r.take(url)
         assert obtains == []
         busy.set()
         await asyncio.wait_for(asyncio.gather(blocker, behind), 10)
-        assert db.deferred() == 0, "deferred after it was taken again"
+        assert len(db.notes.deferred()) == 0, "deferred after it was taken again"
         r.store.budget_bytes = 0
         await r.store.enforce_budget()
         assert path.is_dir(), "a package taken again was evicted"

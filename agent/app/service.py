@@ -266,7 +266,7 @@ class AgentService:
         """Note the live envs and an env's packages' last use for the index, written behind
         (no I/O)."""
         if self._db is not None:
-            self._db.note_live_envs(len(self.records))
+            self._db.notes.note_live_envs(len(self.records))
             self.store.note(keys)
 
     def _setup_timeout(self, env: RuntimeEnv, requested: int) -> float:

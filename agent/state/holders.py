@@ -102,6 +102,13 @@ class HolderLock:
         os.close(self.fd)
         self.fd = -1
 
+    def lose(self) -> None:
+        """Unlock as the kernel does when the holder's process dies (``kill -9``): the file
+        stays, and the holder is dead to every peer that tests it."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
 
 def _open_lock(path: Path) -> int | None:
     """A lock file opened for reading, or None if it is missing or is not a regular file (a
@@ -131,12 +138,14 @@ def _warn_once(path: Path, error: OSError, message: str, *args: object) -> None:
 
 def _warn_untestable(path: Path, exc: OSError) -> None:
     _warn_once(
-        path, exc,
+        path,
+        exc,
         "cannot test whether the holder of %s is alive (%s): an agent run as another user "
         "made it; that holder is taken as alive, so nothing it may use is reaped. If no agent "
         "of that user serves this root any more, remove the file as its owner (or root)",
-        path, exc.strerror or exc,
-    )  # fmt: skip
+        path,
+        exc.strerror or exc,
+    )
 
 
 def _test_lock(root: Path, holder_id: str) -> bool:
@@ -238,9 +247,12 @@ def _remove_lock(path: Path, *, locked: bool) -> None:
         return
     except OSError as exc:
         _warn_once(
-            path, exc, "cannot remove %s, the lock file of a dead holder (%s); remove it by hand",
-            path, exc.strerror or exc,
-        )  # fmt: skip
+            path,
+            exc,
+            "cannot remove %s, the lock file of a dead holder (%s); remove it by hand",
+            path,
+            exc.strerror or exc,
+        )
 
 
 def begin_reaping(root: Path, holder_id: str) -> Reaping | None:

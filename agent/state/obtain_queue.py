@@ -3,32 +3,26 @@ run together, in the next one.
 
 A transaction of a root's index waits for the other agents' writers (``BEGIN IMMEDIATE``): one
 wait for many, as when eight agents create the same envs at once on one root. Each obtain is
-``index.obtain`` (R1, R3), in the order asked; a failed transaction fails each of its obtains,
-and a cancelled caller's obtain runs all the same (what it set aside is handed to
-``on_leftovers``). ``ObtainQueue`` is a part of ``StateDB`` (its base).
+``index.obtain`` (R1, R3), in the order asked (``StateDB`` runs them, in one transaction, given
+the ones queued); a failed transaction fails each of its obtains, and a cancelled caller's
+obtain runs all the same (what it set aside is handed to ``leftovers``). ``ObtainQueue`` is a
+part of ``StateDB``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import sqlite3
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
 
 from agent.install.staging import through
-from agent.state import index
 from agent.state.index import Obtained, RowKey
-from agent.state.index_file import now_ms
 from agent.state.reaping import Reaped
-
-T = TypeVar("T")
 
 
 @dataclass
-class _Wanted:
+class Wanted:
     """One ``obtain`` queued: what it asks, and where its answer goes."""
 
     key: RowKey
@@ -38,31 +32,23 @@ class _Wanted:
 
 
 class ObtainQueue:
-    """``obtain``, queued: one transaction for the obtains asked for meanwhile."""
+    """``obtain``, queued: one transaction for the obtains asked for meanwhile. ``run_all``:
+    the obtains queued, in one transaction, answered in order; ``taken``: told of each
+    reference taken again, before it is queued; ``leftovers``: what a cancelled caller's obtain
+    set aside."""
 
-    if TYPE_CHECKING:  # what the StateDB it is a part of gives it
-        root: Path
-        on_leftovers: Callable[[list[Path]], None] | None
-
-        @property
-        def holder_id(self) -> str: ...
-
-        @property
-        def trash(self) -> Path: ...
-
-        def _taken(self, key: RowKey) -> None: ...
-
-        async def _transact(
-            self,
-            fn: Callable[[sqlite3.Connection, Reaped], T],
-            leftovers: Callable[[T], list[Path]] = ...,
-            *,
-            refs: bool = True,
-        ) -> T: ...
-
-    def _init_obtain_queue(self) -> None:
+    def __init__(
+        self,
+        run_all: Callable[[list[Wanted]], Awaitable[list[Obtained]]],
+        *,
+        taken: Callable[[RowKey], None],
+        leftovers: Callable[[list[Path]], None],
+    ) -> None:
+        self._run_all = run_all
+        self._taken = taken
+        self._leftovers = leftovers
         # obtains asked for while one transaction of them is in flight: the next one runs them all
-        self._obtains: list[_Wanted] = []
+        self._obtains: list[Wanted] = []
         self._obtaining: asyncio.Task[None] | None = None
 
     async def obtain(self, key: RowKey, dir_name: str, *, take_ref: bool) -> Obtained:
@@ -71,7 +57,7 @@ class ObtainQueue:
 
         if take_ref:  # dropped then taken again is taken: the reference is (re)inserted here
             self._taken(key)
-        want = _Wanted(key, dir_name, take_ref, asyncio.get_running_loop().create_future())
+        want = Wanted(key, dir_name, take_ref, asyncio.get_running_loop().create_future())
         self._obtains.append(want)
         if self._obtaining is None:
             self._obtaining = asyncio.create_task(self._obtain_queued(), name="state-db obtain")
@@ -79,43 +65,19 @@ class ObtainQueue:
             return await through(want.done)
         except asyncio.CancelledError:  # it ran all the same: what it set aside is deleted
             done = want.done
-            if not done.cancelled() and done.exception() is None and self.on_leftovers:
-                self.on_leftovers(done.result().reaped.aside)
+            if not done.cancelled() and done.exception() is None:
+                self._leftovers(done.result().reaped.aside)
             raise
-
-    def _obtain_all(
-        self, batch: list[_Wanted], conn: sqlite3.Connection, reaped: Reaped
-    ) -> list[Obtained]:
-        """``index.obtain`` for each of ``batch``, in order, in the transaction open. On the
-        thread."""
-        return [
-            index.obtain(
-                conn,
-                self.root,
-                self.holder_id,
-                w.key,
-                w.dir_name,
-                now_ms(),
-                self.trash,
-                reaped,
-                take_ref=w.take_ref,
-            )
-            for w in batch
-        ]
 
     async def _obtain_queued(self) -> None:
         """The obtains queued, all in one transaction (in the order asked), then those queued
         meanwhile, until none is left. A failed transaction fails each of its obtains."""
-        batch: list[_Wanted] = []
+        batch: list[Wanted] = []
         try:
             while self._obtains:
                 batch, self._obtains = self._obtains, []
-
-                run = functools.partial(self._obtain_all, batch)
                 try:
-                    results = await self._transact(
-                        run, lambda got: got[0].reaped.aside if got else [], refs=False
-                    )
+                    results = await self._run_all(batch)
                 except Exception as exc:
                     for w in batch:
                         if not w.done.done():

@@ -25,8 +25,9 @@ from agent.core.uris import UriKey, UriKind
 from agent.install.disk import remove_all
 from agent.install.wheel_cache import WheelCache
 from agent.state.entries import UriEntry, UriState
-from agent.state.index import KindBudget, Swept
+from agent.state.index import KindBudget
 from agent.state.state_db import StateDB
+from agent.state.sweeping import Swept
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +133,9 @@ class Passes:
                 except AgentError as exc:  # busy or failing: retried at the next pass
                     log.warning(
                         "a pass over the cache index failed (%s); retried at the next",
-                        exc.message, extra={"error": exc.message, "kind": exc.kind.value},
-                    )  # fmt: skip
+                        exc.message,
+                        extra={"error": exc.message, "kind": exc.kind.value},
+                    )
                     return
                 except Exception:  # a bug: logged with its traceback, the next pass runs
                     log.exception("a pass over the cache index failed (a bug)")
@@ -145,9 +147,7 @@ class Passes:
                     try:
                         await self.after_pass()
                     except OSError as exc:  # a folder it could not write: the next pass again
-                        log.warning(
-                            "after a pass: %s", exc, extra={"error": str(exc)}
-                        )  # fmt: skip
+                        log.warning("after a pass: %s", exc, extra={"error": str(exc)})
                 if not self._again:
                     return
         finally:
@@ -179,10 +179,15 @@ class Passes:
         if await cache.measure() and unused + cache.own_bytes > self.budget_bytes:
             log.info(
                 "the wheel cache's own %d bytes and %d unused bytes are over the budget of %d",
-                cache.own_bytes, unused, self.budget_bytes,
-                extra={"bytes": cache.own_bytes, "unused_bytes": unused,
-                       "budget_bytes": self.budget_bytes},
-            )  # fmt: skip
+                cache.own_bytes,
+                unused,
+                self.budget_bytes,
+                extra={
+                    "bytes": cache.own_bytes,
+                    "unused_bytes": unused,
+                    "budget_bytes": self.budget_bytes,
+                },
+            )
             await cache.clear()
 
     async def evict_for(self, needed: int) -> list[Path]:
@@ -215,9 +220,11 @@ class Passes:
             else:
                 trashed.append(evicted.trashed)
             log.info(
-                "evicted %s (%d bytes, unused)", label, row.size,
+                "evicted %s (%d bytes, unused)",
+                label,
+                row.size,
                 extra={"uri": label, "bytes": row.size},
-            )  # fmt: skip
+            )
         if delete and trashed:
             self._delete(trashed)
         self._delete(swept.reaped.aside)
@@ -263,6 +270,9 @@ def retrieve_exception(task: asyncio.Task[None]) -> None:
     garbage collector's 'never retrieved' warning."""
     if not task.cancelled() and (exc := task.exception()) is not None:
         log.debug(
-            "%s ended with %s: %s", task.get_name(), type(exc).__name__, exc,
+            "%s ended with %s: %s",
+            task.get_name(),
+            type(exc).__name__,
+            exc,
             extra={"task": task.get_name(), "error": type(exc).__name__},
-        )  # fmt: skip
+        )

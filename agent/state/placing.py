@@ -25,8 +25,9 @@ async def place(trash: Path, unpacked: Path, final: Path, staging: Path, delete:
     staging folder (the download), in one thread hop. The hop ends even if the install is
     cancelled meanwhile; a package it placed then goes again, as no commit will vouch for it
     (nothing in uris/ without a row)."""
-    step = asyncio.ensure_future(asyncio.to_thread(_place_and_clear, trash, unpacked, final,
-                                                   staging))  # fmt: skip
+    step = asyncio.ensure_future(
+        asyncio.to_thread(_place_and_clear, trash, unpacked, final, staging)
+    )
     try:
         leftover = await through(step)
     except asyncio.CancelledError:
@@ -44,7 +45,7 @@ async def commit(db: StateDB, entry: UriEntry, delete: Delete) -> None:
     IndexUnavailable (the create may try again) and leave the folder alone."""
     row = UriRow(
         entry.key.kind.value, entry.key.uri, entry.path.name, entry.size, entry.last_used_ms
-    )  # fmt: skip
+    )
     step = asyncio.create_task(db.record_install(row), name=f"commit {entry.key.label}")
     try:
         # a cancellation waits for the commit, to know its outcome

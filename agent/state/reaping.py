@@ -133,10 +133,12 @@ def reap(conn: sqlite3.Connection, root: Path, holder: str, trash: Path, reaped:
     reaped.holders.append((holder, envs))
     log.warning(
         "reaped holder %s (an agent that died): its references and claims dropped, %d env(s) "
-        "forgotten%s", holder, envs,
+        "forgotten%s",
+        holder,
+        envs,
         f", {killed} installer process group(s) it left running killed" if killed else "",
         extra={"holder": holder, "envs": envs, "killed": killed},
-    )  # fmt: skip
+    )
 
 
 def set_aside(path: Path, trash: Path, reaped: Reaped) -> None:
@@ -146,9 +148,11 @@ def set_aside(path: Path, trash: Path, reaped: Reaped) -> None:
         aside = into_trash(path, trash)
     except OSError as exc:
         log.warning(
-            "cannot set %s aside for deletion: %s", path, exc.strerror or exc,
+            "cannot set %s aside for deletion: %s",
+            path,
+            exc.strerror or exc,
             extra={"path": str(path), "error": str(exc.strerror or exc)},
-        )  # fmt: skip
+        )
         return
     if aside is not None:
         reaped.aside.append(aside)
@@ -180,9 +184,12 @@ def plain_name(name: object) -> bool:
     """A folder name read from the index names a folder of uris/ only if it is one plain name
     (text: SQLite stores whatever it is given, a blob or a number included)."""
     return (
-        isinstance(name, str) and bool(name) and "/" not in name and name not in (".", "..")
+        isinstance(name, str)
+        and bool(name)
+        and "/" not in name
+        and name not in (".", "..")
         and "\0" not in name
-    )  # fmt: skip
+    )
 
 
 def _names(folder: Path) -> list[str]:

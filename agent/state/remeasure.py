@@ -90,18 +90,23 @@ class Remeasure:
             if not measured.complete:
                 log.warning(
                     "re-measuring %s: its folder %s is too big to walk whole; counted as at "
-                    "least %d bytes", key.label, path, size,
+                    "least %d bytes",
+                    key.label,
+                    path,
+                    size,
                     extra={"uri": key.label, "path": str(path), "bytes": size},
-                )  # fmt: skip
+                )
             try:
                 changed = await self._db.resize(
                     (key.kind.value, key.uri), path.name, measured.ident, size
                 )
             except AgentError as exc:  # busy or failing: the next release measures again
                 log.warning(
-                    "re-measuring %s: %s", key.label, exc.message,
+                    "re-measuring %s: %s",
+                    key.label,
+                    exc.message,
                     extra={"uri": key.label, "error": exc.message},
-                )  # fmt: skip
+                )
                 return
         if not changed:
             return
@@ -110,9 +115,11 @@ class Remeasure:
             entry.size = size
         log.info(
             "re-measured %s: %d bytes (was %d): its users wrote to its folder",
-            key.label, size, before,
+            key.label,
+            size,
+            before,
             extra={"uri": key.label, "bytes": size, "was_bytes": before},
-        )  # fmt: skip
+        )
 
     def tasks(self) -> list[asyncio.Task[None]]:
         """The re-measures running (``UriStore.settle`` waits for them)."""

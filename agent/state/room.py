@@ -126,9 +126,14 @@ class InstallSpace:
 
 
 def _no_room(
-    label: str, needed: int, written: int | None, floor: int, free: int, others: int,
+    label: str,
+    needed: int,
+    written: int | None,
+    floor: int,
+    free: int,
+    others: int,
     evicted: int,
-) -> str:  # fmt: skip
+) -> str:
     keeps = f"keeps {floor} free (the min-free-disk setting)"
     held = f" ({others} of them expected by other installs in flight)" if others else ""
     after = f"after evicting {evicted} unused package(s)"

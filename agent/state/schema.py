@@ -89,7 +89,7 @@ CREATE TABLE refs (
 CREATE INDEX refs_by_uri ON refs (kind, uri);
 CREATE INDEX uris_by_use ON uris (state, last_used_ms);
 CREATE TABLE changes (         -- ready packages that appeared (1) or went (0), in order: how an
-    gen INTEGER PRIMARY KEY AUTOINCREMENT,   -- agent's view follows the index (index.sweep)
+    gen INTEGER PRIMARY KEY AUTOINCREMENT,   -- agent's view follows the index (sweeping.sweep)
     kind TEXT NOT NULL,
     uri TEXT NOT NULL,
     ready INTEGER NOT NULL

@@ -83,9 +83,11 @@ def reap(root: Path, holder_id: str) -> int:
             removed = _remove(root, named, ident)
         except OSError as exc:
             log.warning(
-                "cannot remove %s, the socket of a dead agent: %s", named, exc.strerror or exc,
+                "cannot remove %s, the socket of a dead agent: %s",
+                named,
+                exc.strerror or exc,
                 extra={"path": named, "error": str(exc.strerror or exc)},
-            )  # fmt: skip
+            )
             return 0
     with contextlib.suppress(FileNotFoundError):
         path.unlink()

@@ -10,11 +10,11 @@ needs to know *whether* a live holder uses a package.
 
 ``StateDB`` is this agent's holder of the index: it owns the connection (opened by
 ``index_file``) and the one thread every statement runs on, in submission order, and the
-transactions: each carries the changes noted before it (``write_behind``, its base, which also
-defers the drops of references while the holder is alone on its root), runs one of ``index``'s
-rules, and lets go the dead holders it reaped after the commit. What must survive ``kill -9``
-or be seen by another agent at once is committed before the reply that depends on it: a
-reference before the package is used (``obtain``, queued by ``obtain_queue``, its other base),
+transactions: each carries the changes noted before it (``notes``, a ``write_behind``, which
+also defers the drops of references while the holder is alone on its root), runs one of
+``index``'s rules, and lets go the dead holders it reaped after the commit. What must survive
+``kill -9`` or be seen by another agent at once is committed before the reply that depends on
+it: a reference before the package is used (``obtain``, queued by an ``obtain_queue``),
 a package's row before the create that installed it returns (``record_install``). A miss awaits
 only its own transactions (they carry the notes, but for the references dropped: those wait
 for the next pass or write-behind, and a package taken again meanwhile cancels its drop,
@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -38,15 +39,15 @@ from pathlib import Path
 from typing import TypeVar
 
 from agent.core.errors import IndexUnavailable, StateDBError
-from agent.crash import crash_point
 from agent.install.staging import through
-from agent.state import index, schema
+from agent.state import index, schema, sweeping
 from agent.state.holders import HolderLock
-from agent.state.index import KindBudget, RowKey, Swept
-from agent.state.index_file import open_index, transaction
-from agent.state.obtain_queue import ObtainQueue
+from agent.state.index import KindBudget, Obtained, RowKey
+from agent.state.index_file import now_ms, open_index
+from agent.state.obtain_queue import ObtainQueue, Wanted
 from agent.state.reaping import Reaped
-from agent.state.write_behind import DROP_LINGER_S, Batch, WriteBehind
+from agent.state.sweeping import Swept
+from agent.state.write_behind import DROP_LINGER_S, WriteBehind
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,9 @@ class Loaded:
     uris: list[UriRow]
 
 
-class StateDB(ObtainQueue, WriteBehind):
-    """The index, for this agent: one holder (``holder_id``) of the root."""
+class StateDB:
+    """The index, for this agent: one holder (``holder_id``) of the root. Its parts: ``notes``
+    (the write-behind) and the queue of its obtains."""
 
     def __init__(
         self,
@@ -90,21 +92,27 @@ class StateDB(ObtainQueue, WriteBehind):
             raise ValueError("an index in memory needs the root it indexes")
         self.root = root if root is not None else self.path.parent
         self._busy_timeout_s = busy_timeout_s
-        self._init_write_behind(
-            flush_interval_s=flush_interval_s, flush_every=flush_every,
-            drop_linger_s=drop_linger_s, clock=clock,
-        )  # fmt: skip
-        self._init_obtain_queue()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-db")
         self._conn: sqlite3.Connection | None = None
         self._holder: HolderLock | None = None
-        # A batch whose transaction failed, kept for the next write. Only the thread touches it
-        # (the loop reads whether it is set, after awaiting that write).
-        self._carried: Batch | None = None
+        # the changes noted, written with the next transaction or behind
+        self.notes = WriteBehind(
+            self.path,
+            self.run,
+            lambda: self._conn is not None,
+            flush_interval_s=flush_interval_s,
+            flush_every=flush_every,
+            drop_linger_s=drop_linger_s,
+            clock=clock,
+        )
+        self._obtains = ObtainQueue(
+            self._obtain_all, taken=self.notes.taken, leftovers=self._hand_leftovers
+        )
         # who deletes what a transaction set aside when its caller was cancelled (the store)
         self.on_leftovers: Callable[[list[Path]], None] | None = None
         # packages this holder re-measures now (``measuring``): its passes do not evict them
         # (read on the thread, under ``_guard``)
+        self._guard = threading.Lock()
         self._measuring: set[RowKey] = set()
 
     @property
@@ -124,7 +132,9 @@ class StateDB(ObtainQueue, WriteBehind):
         return self.root / "trash" / self.holder_id
 
     # -- running statements on the thread -------------------------------------------------
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn`` on the index's thread, after every statement submitted before it."""
+
         def call() -> T:
             assert self._conn is not None
             return fn(self._conn)
@@ -135,7 +145,7 @@ class StateDB(ObtainQueue, WriteBehind):
         """Become a holder of the root (its lock taken), open (or create) the database, bring
         its schema up to date and register (``index_file.open_index``)."""
         await asyncio.get_running_loop().run_in_executor(self._thread, self._open_sync)
-        self._start_write_behind()
+        self.notes.start(self.holder_id)
 
     def _open_sync(self) -> None:
         try:
@@ -147,9 +157,11 @@ class StateDB(ObtainQueue, WriteBehind):
             ) from exc
         try:
             self._conn = open_index(
-                self.path, holder_id=self.holder_id, busy_timeout_s=self._busy_timeout_s,
+                self.path,
+                holder_id=self.holder_id,
+                busy_timeout_s=self._busy_timeout_s,
                 in_memory=self.in_memory,
-            )  # fmt: skip
+            )
         except BaseException:
             self._holder.release()
             self._holder = None
@@ -159,28 +171,18 @@ class StateDB(ObtainQueue, WriteBehind):
         """Write what is noted (and what a failed write left), drop this holder's rows, close
         the file, end the thread, let the holder's lock go; then raise what killed the
         write-behind task, if anything did: a bug is not hidden."""
-        died: BaseException | None = None
-        flusher, self._flusher = self._flusher, None
-        if flusher is not None:
-            # Woken and told to end, not cancelled: a cancel could drop a write it has taken
-            # its batch for and queued behind another statement on the thread.
-            self._closing = True
-            self._dirty.set()
-            self._full.set()
-            await asyncio.wait([flusher])  # never raises the task's own exception
-            if not flusher.cancelled():
-                died = flusher.exception()
+        died = await self.notes.stop()
         try:
             if self._conn is not None:
                 try:
-                    await self.flush()
+                    await self.notes.flush()
                     try:
-                        await self._transact(lambda conn, _: index.unregister(conn, self.holder_id))
+                        await self.transact(lambda conn, _: index.unregister(conn, self.holder_id))
                     except IndexUnavailable as exc:  # its lock goes below: the next pass of
                         # another agent reaps its rows
                         log.warning("stopping: %s", exc.message, extra={"path": str(self.path)})
                 finally:
-                    await self._run(lambda conn: conn.close())
+                    await self.run(lambda conn: conn.close())
                     self._conn = None
         finally:
             # joins the thread: off the loop
@@ -193,12 +195,30 @@ class StateDB(ObtainQueue, WriteBehind):
                 "was written at close"
             ) from died
 
+    async def crash(self) -> None:
+        """Stop as ``kill -9`` leaves the root, for crash tests run in one process: the
+        write-behind task cancelled and what is noted lost, the connection closed with no
+        transaction open, the thread ended, the lock let go but its file left in place (a
+        peer's pass reaps this holder's rows)."""
+        await self.notes.crash()
+        if self._conn is not None:
+            await self.run(lambda conn: conn.close())
+            self._conn = None
+        await asyncio.to_thread(self._thread.shutdown, wait=True)
+        self.lose_lock()
+
+    def lose_lock(self) -> None:
+        """Let the holder's lock go as the kernel does for a killed process: its file and its
+        rows stay, and the connection stays open (peers take this holder for dead)."""
+        if self._holder is not None:
+            self._holder.lose()
+
     # -- reads ----------------------------------------------------------------------------
     async def load(self) -> Loaded:
         def read(conn: sqlite3.Connection) -> Loaded:
             return Loaded([UriRow(*row) for row in conn.execute(schema.READY_ROWS)])
 
-        return await self._run(read)
+        return await self.run(read)
 
     async def installs_ended(self, keys: list[RowKey]) -> dict[RowKey, UriRow | None]:
         """Of ``keys``, the packages whose install is no longer in flight, as the index says
@@ -216,52 +236,12 @@ class StateDB(ObtainQueue, WriteBehind):
             return ended
 
         try:
-            return await self._run(read)
+            return await self.run(read)
         except sqlite3.Error as exc:
             raise IndexUnavailable(f"the cache index {self.path} failed: {exc}") from exc
 
     # -- transactions, on the thread ------------------------------------------------------
-    def _write(
-        self,
-        conn: sqlite3.Connection,
-        batch: Batch,
-        then: Callable[[sqlite3.Connection], T] | None = None,
-        *,
-        crash_midway: bool = False,
-    ) -> T | None:
-        """One transaction: what a failed write left, then ``batch``, then ``then`` (its value
-        returned). On failure nothing is applied and the batches are kept for the next write,
-        which runs after this one (one thread): the order of the notes holds."""
-        mine = batch
-        if self._carried is not None:
-            batch = self._carried.then(batch)
-            self._carried = None
-        try:
-            with transaction(conn):
-                mine.deferred = self._apply(conn, batch, crash_midway=crash_midway)
-                result = then(conn) if then is not None else None
-        except BaseException:
-            mine.deferred = []
-            self._carried = batch.carried()
-            raise
-        mine.committed = True
-        return result
-
-    def _apply(self, conn: sqlite3.Connection, batch: Batch, *, crash_midway: bool) -> list[RowKey]:
-        conn.executemany(
-            schema.NOTE_USED, [(used, kind, uri) for (kind, uri), used in batch.used.items()]
-        )
-        if crash_midway:
-            crash_point("mid_count_batch")
-        if batch.live_envs is not None:
-            conn.execute(schema.SET_LIVE_ENVS, (batch.live_envs, self.holder_id))
-        index.undefer(conn, batch.undefer)
-        index.drop_refs(conn, self.holder_id, batch.refs_dropped)
-        index.drop_claims(conn, self.holder_id, batch.claims_dropped)
-        self._alone_seen = index.alone(conn, self.holder_id)
-        return index.defer_drops(conn, self.holder_id, batch.defer)
-
-    async def _transact(
+    async def transact(
         self,
         fn: Callable[[sqlite3.Connection, Reaped], T],
         leftovers: Callable[[T], list[Path]] = lambda _: [],
@@ -275,14 +255,14 @@ class StateDB(ObtainQueue, WriteBehind):
         given) are let go in the thread right after the commit, or abandoned if the transaction
         failed (the next pass reaps them again). SQLite's failures are IndexUnavailable: a
         root that stays busy says for how long it was waited for. ``refs=False``: the
-        references dropped stay noted (``_take_batch``)."""
-        batch = self._take_batch(refs=refs)
+        references dropped stay noted (``WriteBehind.take``)."""
+        batch = self.notes.take(refs=refs)
 
         def call() -> T:
             assert self._conn is not None
             reaped = Reaped()
             try:
-                result = self._write(self._conn, batch, lambda conn: fn(conn, reaped))
+                result = self.notes.carry(self._conn, batch, lambda conn: fn(conn, reaped))
             except BaseException:
                 reaped.abandon()
                 raise
@@ -297,7 +277,7 @@ class StateDB(ObtainQueue, WriteBehind):
                 self.on_leftovers(leftovers(job.result()))  # the caller is gone
             raise
         except sqlite3.Error as exc:
-            self._dirty.set()  # the batch it carried is kept: the write-behind task retries it
+            self.notes.retry()  # the batch it carried is kept: the write-behind task retries it
             if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
                 raise IndexUnavailable(
                     f"the cache index {self.path} stayed locked by another agent of the root "
@@ -305,12 +285,43 @@ class StateDB(ObtainQueue, WriteBehind):
                 ) from exc
             raise IndexUnavailable(f"the cache index {self.path} failed: {exc}") from exc
         finally:
-            self._written(batch)
+            self.notes.written(batch)
+
+    def _hand_leftovers(self, paths: list[Path]) -> None:
+        if self.on_leftovers:
+            self.on_leftovers(paths)
+
+    # -- obtains, queued: one transaction for those asked for meanwhile ---------------------
+    async def obtain(self, key: RowKey, dir_name: str, *, take_ref: bool) -> Obtained:
+        """R1, R3 (``index.obtain``): take this holder's reference and find the package ready,
+        claimed for this holder, or installed by a live peer now (``obtain_queue``)."""
+        return await self._obtains.obtain(key, dir_name, take_ref=take_ref)
+
+    async def _obtain_all(self, batch: list[Wanted]) -> list[Obtained]:
+        """The obtains queued, in one transaction, in order."""
+
+        def run(conn: sqlite3.Connection, reaped: Reaped) -> list[Obtained]:
+            return [
+                index.obtain(
+                    conn,
+                    self.root,
+                    self.holder_id,
+                    w.key,
+                    w.dir_name,
+                    now_ms(),
+                    self.trash,
+                    reaped,
+                    take_ref=w.take_ref,
+                )
+                for w in batch
+            ]
+
+        return await self.transact(run, lambda got: got[0].reaped.aside if got else [], refs=False)
 
     async def record_install(self, row: UriRow) -> bool:
         """Commit that a claimed package is installed, with every change noted before it; False
         (nothing committed but the notes) if the claim is no longer this holder's."""
-        return await self._transact(
+        return await self.transact(
             lambda conn, _: index.commit_install(conn, self.holder_id, row), refs=False
         )
 
@@ -318,7 +329,7 @@ class StateDB(ObtainQueue, WriteBehind):
         """A re-measured package's size committed (``index.resize``): False if nothing changed
         (the same size, or the package is no longer that folder). Its failure is
         IndexUnavailable."""
-        return await self._transact(
+        return await self.transact(
             lambda conn, _: index.resize(conn, self.root, key, directory, ident, size),
             refs=False,
         )
@@ -337,7 +348,7 @@ class StateDB(ObtainQueue, WriteBehind):
         with self._guard:
             if key in self._measuring:
                 return False
-        return self._may_evict(key)
+        return self.notes.may_evict(key)
 
     async def sweep(
         self,
@@ -347,33 +358,33 @@ class StateDB(ObtainQueue, WriteBehind):
         since: int = -1,
         kind_budgets: Sequence[KindBudget] = (),
     ) -> Swept:
-        """R2, R4 (``index.sweep``): reap dead holders, evict over the budget (and for
+        """R2, R4 (``sweeping.sweep``): reap dead holders, evict over the budget (and for
         ``needed_bytes``); the changes of the ready packages after ``since``. The packages
         whose references this holder deferred count as unused: one taken again while the pass
         is in flight is kept by it, unless it was being evicted (``keep_ref`` then says so)."""
 
         def run(conn: sqlite3.Connection, reaped: Reaped) -> Swept:
-            return index.sweep(
-                conn, self.root, self.holder_id, self.trash, budget_bytes=budget_bytes,
-                needed_bytes=needed_bytes, since=since, reaped=reaped,
-                may_evict=self._may_evict_now, kind_budgets=kind_budgets,
-            )  # fmt: skip
+            return sweeping.sweep(
+                conn,
+                self.root,
+                self.holder_id,
+                self.trash,
+                budget_bytes=budget_bytes,
+                needed_bytes=needed_bytes,
+                since=since,
+                reaped=reaped,
+                may_evict=self._may_evict_now,
+                kind_budgets=kind_budgets,
+            )
 
         def leftovers(swept: Swept) -> list[Path]:
             evicted = [e.trashed for e in swept.evicted if e.trashed is not None]
             return [*evicted, *swept.reaped.aside]
 
-        self._evicting += 1
-        try:
-            swept = await self._transact(run, leftovers)
-        finally:
-            self._evicting -= 1
-            if not self._evicting:
-                with self._guard:
-                    self._kept.clear()
-                    self._evicted.clear()
+        with self.notes.evicting_pass():
+            swept = await self.transact(run, leftovers)
         for evicted in swept.evicted:  # its reference went with it
-            self._deferred.pop((evicted.row.kind, evicted.row.uri), None)
+            self.notes.evicted((evicted.row.kind, evicted.row.uri))
         return swept
 
     async def reconcile(
@@ -387,4 +398,4 @@ class StateDB(ObtainQueue, WriteBehind):
                 conn, self.root, self.holder_id, self.trash, scan(), expected_dir, reaped
             )
 
-        return await self._transact(run, lambda r: [*r.reaped.aside, *r.orphans])
+        return await self.transact(run, lambda r: [*r.reaped.aside, *r.orphans])

@@ -7,16 +7,13 @@ Layout under the root (``state_db``, ``holders``)::
     tmp/<holder>/<random>/  this agent's staging: download, extraction, one rename into uris/
     trash/<holder>/<random>/  packages this agent evicted, deleted in a thread
 
-The lifecycle of one key is in ``entries``; peers' installs are waited on through
-``peer_watch``; an install is placed and committed by ``placing``; passes over the index (the
-evictions, and how this view follows the root) are ``passes``; a released package's folder is
-measured again (what its users wrote there counted) by ``remeasure``.
-
-One concept: a package's life in this agent, from the ``ensure`` that obtains it (single-flight,
-here and across the root: a hit, this agent's install under its claim, or a peer's awaited) to
-the ``release`` that hands its reference back. The steps of an install share one entry, its
-waiters and its cancellation, and stay together so that what each step gives back on a failure
-is read in one place; the rest of the store's work lives in the modules above.
+A package's life in this agent runs from the ``ensure`` that starts it (single-flight, here
+and across the root) to the ``release`` that hands its reference back. The lifecycle of one key
+is in ``entries``; its way in (its reference taken, then a hit, this agent's install under its
+claim, or a peer's awaited: ``peer_watch``) is ``installing``'s, placed and committed by
+``placing``; passes over the index (the evictions, and how this view follows the root) are
+``passes``; a released package's folder is measured again (what its users wrote there counted)
+by ``remeasure``; what is evicted or left over is deleted by ``deletions``.
 
 *Held*: this agent's reference to the package is committed in the index (``index`` R1), so no
 agent of the root evicts it. The store does not count references: it asks ``refcount`` (the
@@ -30,34 +27,30 @@ Blocking work (copy, hash, unzip, rmtree, SQLite) runs in threads.
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
-from agent.core.errors import DiskExhausted
 from agent.core.packages import Package
 from agent.core.uris import UriKey, UriKind
-from agent.crash import crash_point
 from agent.install.disk import (
     DiskFloor,
     package_dir,
     remove_all,
 )
-from agent.install.installers import Installer, InstallJob
+from agent.install.installers import Installer
 from agent.install.modes import make_dir
-from agent.install.staging import prepare_staging, through
 from agent.install.wheel_cache import WheelCache
 from agent.state import ray_folders
+from agent.state.deletions import Deletions
 from agent.state.entries import StoreStats, UriEntry, UriState
-from agent.state.index import Found
+from agent.state.installing import Installing
 from agent.state.passes import PASS_WINDOW_S, Passes, retrieve_exception
 from agent.state.peer_watch import PeerWatch
-from agent.state.placing import commit, place
 from agent.state.remeasure import Remeasure
-from agent.state.room import Claim, DiskRoom
+from agent.state.room import DiskRoom
 from agent.state.state_db import StateDB
 
 log = logging.getLogger(__name__)
@@ -65,10 +58,6 @@ STOP_MEASURE_S = 10.0  # at stop, for the re-measures of what this agent still h
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
-
-_WAIT_FIRST_S, _WAIT_MAX_S = 0.01, 0.25  # polling a peer's install: doubling, capped (the
-# peer watch wakes a waiter as soon as the install ends: the cap is how soon a dead peer's
-# claim is found)
 
 
 class UriStore:
@@ -106,30 +95,50 @@ class UriStore:
         self.root = root
         self._db = db
         self._refcount = refcount
-        self._install_slots = asyncio.Semaphore(install_slots)  # more installs wait here
-        self._on_install = on_install
         self._installers = dict(installers)
         self._clock = clock
         self._entries: dict[UriKey, UriEntry] = {}
-        self._background: set[asyncio.Task[None]] = set()  # deletions in threads
+        self.deletions = Deletions()  # in threads
         self.pass_loop = Passes(
-            db, self._entries, adopt=self.adopt, delete=self.delete_in_background,
-            budget_bytes=budget_bytes, wheel_cache=wheel_cache, sleep=sleep,
-            interval_s=sweep_interval_s, window_s=pass_window_s,
-        )  # fmt: skip
-        self._room = DiskRoom(root, disk_floor, self.pass_loop.evict_for)  # the floor, claims
+            db,
+            self._entries,
+            adopt=self.adopt,
+            delete=self.delete_in_background,
+            budget_bytes=budget_bytes,
+            wheel_cache=wheel_cache,
+            sleep=sleep,
+            interval_s=sweep_interval_s,
+            window_s=pass_window_s,
+        )
+        room = DiskRoom(root, disk_floor, self.pass_loop.evict_for)  # the floor, claims
         self._peers = PeerWatch(db, sleep)
+        self.installing = Installing(
+            db,
+            room,
+            self._peers,
+            self.pass_loop,
+            self.delete_in_background,
+            self._now_ms,
+            entries=self._entries,
+            refcount=refcount,
+            release=self.release,
+            on_install=on_install,
+            install_slots=install_slots,
+        )
         self.remeasures = Remeasure(db, self._entries.get, after=self.pass_loop.ask)
         self._last_release_ms = 0  # strictly increasing over this agent's releases
-        self.downloads = 0
-        self.extractions = 0
-        self.hits = 0
+        self._hits = 0  # of ensure and touch; those of an obtain are ``installing``'s
         root.mkdir(mode=0o755, parents=True, exist_ok=True)
         for sub in ("uris", "tmp", "trash"):
             make_dir(root / sub)  # 0755 whatever the umask; loose modes of an earlier run fixed
         for own in (db.staging, db.trash):
             own.mkdir(mode=0o700, exist_ok=True)
         db.on_leftovers = self.delete_in_background  # what a cancelled transaction set aside
+
+    @property
+    def db(self) -> StateDB:
+        """The root's index, this agent a holder of it."""
+        return self._db
 
     @property
     def budget_bytes(self) -> int:
@@ -143,6 +152,20 @@ class UriStore:
     @property
     def wheel_cache(self) -> WheelCache | None:
         return self.pass_loop.wheel_cache
+
+    @property
+    def hits(self) -> int:
+        """Keys a create needed that were installed already (here, or by any agent of the
+        root)."""
+        return self._hits + self.installing.hits
+
+    @property
+    def downloads(self) -> int:
+        return self.installing.downloads
+
+    @property
+    def extractions(self) -> int:
+        return self.installing.extractions
 
     @property
     def passes(self) -> int:
@@ -193,17 +216,19 @@ class UriStore:
             await self._outlive(entry)
             entry = self._entries.get(key)
         if entry is not None and entry.state is UriState.READY and entry.held:
-            self.hits += 1
+            self._hits += 1
             entry.last_used_ms = self._now_ms()
             return entry.path
         if (
-            entry is not None and entry.state is UriState.READY and entry.dropping
-            and self._db.keep_ref(key.kind.value, key.uri)
-        ):  # fmt: skip
+            entry is not None
+            and entry.state is UriState.READY
+            and entry.dropping
+            and self._db.notes.keep_ref(key.kind.value, key.uri)
+        ):
             # released moments ago, its reference still in the index (the drop only noted):
             # held again as it was, without a transaction (R1 holds: committed before)
             entry.held, entry.dropping = True, False
-            self.hits += 1
+            self._hits += 1
             entry.last_used_ms = self._now_ms()
             return entry.path
         if entry is None or entry.state is UriState.READY:
@@ -214,7 +239,7 @@ class UriStore:
                 entry.was_ready = True  # ready package (the change log would not bring it back)
             entry.state = UriState.INSTALLING
             entry.task = asyncio.create_task(
-                self._obtain(entry, package, installer), name=f"install {key.label}"
+                self.installing.run(entry, package, installer), name=f"install {key.label}"
             )
             entry.task.add_done_callback(retrieve_exception)
         task = entry.task
@@ -246,10 +271,10 @@ class UriStore:
         for key in keys:
             entry = self._entries.get(key)
             if entry is not None and entry.state is UriState.READY:
-                self.hits += 1
+                self._hits += 1
                 entry.last_used_ms = now
                 if note:
-                    self._db.note_uri(key.kind.value, key.uri, now)
+                    self._db.notes.note_uri(key.kind.value, key.uri, now)
 
     def _installer_for(self, kind: UriKind) -> Installer:
         installer = self._installers.get(kind)
@@ -257,140 +282,12 @@ class UriStore:
             raise AssertionError(f"no installer for package kind {kind.value!r}")
         return installer
 
-    async def _obtain(self, entry: UriEntry, package: Package, installer: Installer) -> None:
-        """Take the reference in the index, then use the package if it is ready, install it
-        under this agent's claim, or wait for the peer installing it (polling, doubling up to
-        ``_WAIT_MAX_S``, for as long as someone waits here). On any failure (or cancellation)
-        the entry is forgotten, and the claim and the reference, if nobody counts it, given
-        back behind."""
-        key = entry.key
-        row_key = (key.kind.value, key.uri)
-        started, delay = time.monotonic(), _WAIT_FIRST_S
-        try:
-            while True:
-                obtained = await self._db.obtain(row_key, entry.path.name, take_ref=True)
-                self.delete_in_background(obtained.reaped.aside)
-                if obtained.found is Found.READY:
-                    assert obtained.row is not None
-                    entry.size, entry.last_used_ms = obtained.row.size, self._now_ms()
-                    self.hits += 1
-                    self._ready(entry, None, started)
-                    return
-                if obtained.found is Found.CLAIMED:
-                    break
-                row = await self._peers.wait(row_key, delay)
-                if row is not None and row.dir == entry.path.name and entry.path.is_dir():
-                    # the peer's install is ready, and this agent's reference was committed by
-                    # the obtain that found it in flight (R1): used without another transaction
-                    entry.size, entry.last_used_ms = row.size, self._now_ms()
-                    self.hits += 1
-                    self._ready(entry, None, started)
-                    return
-                delay = min(delay * 2, _WAIT_MAX_S)
-        except BaseException:
-            self._forget(entry, None, started)
-            raise
-        await self._install(entry, package, installer, started)
-
-    async def _install(
-        self, entry: UriEntry, package: Package, installer: Installer, started: float
-    ) -> None:
-        """One install under this agent's claim, from the queue to READY: a slot, a private
-        staging folder, room on the disk, the kind's installer, the rename into place, the
-        commit. On any failure (or cancellation) the entry is forgotten and the staging folder
-        goes."""
-        label = entry.key.label  # the URI cut once: every message and log line below names it
-        staging = self._db.staging / uuid.uuid4().hex
-        fetched, queued, claim, cleared = 0, True, Claim(), False
-
-        def downloaded(size: int) -> None:
-            nonlocal fetched
-            fetched = size
-            self.downloads += 1
-
-        try:
-            await self._install_slots.acquire()  # a queue, not a failure
-            queued = False
-            self._room.claims.add(claim)
-            prepare = asyncio.to_thread(prepare_staging, staging, installer.prepare)
-            await through(asyncio.ensure_future(prepare))
-            log.info("installing %s", label, extra={"uri": label})
-            await self._room.make_room(0, label, claim)
-            space = self._room.space(claim, label)
-            job = InstallJob(staging, entry.path, label, space, downloaded, self._unpacked)
-            installed = await installer.install(package, job)
-            crash_point("after_extract")
-            await place(
-                self._db.trash, installed.path, entry.path, staging, self.delete_in_background
-            )
-            cleared = True  # what the install left in its staging went in the same hop
-            crash_point("after_rename_before_commit")
-            entry.size, entry.last_used_ms = installed.size, self._now_ms()
-            await commit(self._db, entry, self.delete_in_background)
-        except BaseException as exc:
-            if entry.committed:  # cancelled after its commit: installed, for every agent; this
-                entry.committed = False  # view knows it (no pass may come to adopt it), and its
-                self._ready(entry, fetched, started)  # reference goes if nobody counts it
-                raise
-            self._forget(entry, fetched, started)
-            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-                raise DiskExhausted(_disk_full(label)) from exc
-            raise
-        finally:
-            self._room.claims.discard(claim)
-            if not queued:
-                self._install_slots.release()
-            # in the background: an await here could be cancelled between the commit and READY,
-            # leaving the package installed on disk and "installing" for ever in the store
-            if not cleared:
-                self.delete_in_background([staging], trash=False)
-        self._ready(entry, fetched, started)
-
-    def _unpacked(self) -> None:
-        self.extractions += 1
-
-    def _forget(self, entry: UriEntry, fetched: int | None, started: float) -> None:
-        """A failed or cancelled obtain: the key is absent again (the next ensure retries); its
-        claim, if it took one, and its reference, if nobody counts it, are given back behind."""
-        key = entry.key
-        if self._entries.get(key) is entry:
-            del self._entries[key]
-            if entry.was_ready:  # still ready in the index, maybe: a full read brings it back
-                self.pass_loop.lost()
-        self._db.note_claim_dropped(key.kind.value, key.uri)
-        if self._refcount(key) == 0:
-            self._db.note_ref_dropped(key.kind.value, key.uri)
-        if fetched is not None and self._on_install is not None:
-            self._on_install(False, fetched, time.monotonic() - started)
-
-    def _ready(self, entry: UriEntry, fetched: int | None, started: float) -> None:
-        """Held and READY (installed here when ``fetched`` is not None: counted and logged);
-        released at once if every create that wanted it went away meanwhile."""
-        entry.state = UriState.READY
-        entry.task = None
-        entry.abandoned = False  # an abandoned install that committed anyway: ready to join
-        entry.held = True
-        entry.dropping = False
-        if fetched is not None:
-            seconds = time.monotonic() - started
-            if self._on_install is not None:
-                self._on_install(True, fetched, seconds)
-            label, size = entry.key.label, entry.size
-            log.info(
-                "installed %s: %d bytes fetched, %d bytes unpacked, %.2fs", label, fetched,
-                size, seconds, extra={"uri": label, "fetched_bytes": fetched,
-                                      "unpacked_bytes": size, "seconds": round(seconds, 3)},
-            )  # fmt: skip
-        self.pass_loop.ask()  # the root's figures (and its budget, after an install)
-        if self._refcount(entry.key) == 0:
-            self.release([entry.key])
-
     def note(self, keys: Iterable[UriKey]) -> None:
         """Note these keys' last use for the index, written behind (no I/O)."""
         for key in keys:
             entry = self._entries.get(key)
             if entry is not None and entry.state is UriState.READY:
-                self._db.note_uri(key.kind.value, key.uri, entry.last_used_ms)
+                self._db.notes.note_uri(key.kind.value, key.uri, entry.last_used_ms)
 
     # -- references ------------------------------------------------------------------------
     def release(self, keys: Iterable[UriKey]) -> None:
@@ -407,13 +304,13 @@ class UriStore:
                 # released when it ends, if its count is 0 then: a create may join it before,
                 # and its reference must still be in the index when it is handed out (R1)
                 continue
-            self._db.note_ref_dropped(key.kind.value, key.uri)
+            self._db.notes.note_ref_dropped(key.kind.value, key.uri)
             if entry is None:
                 continue
             entry.dropping = entry.held  # the drop noted is of a reference committed before
             entry.held = False
             entry.last_used_ms = now
-            self._db.note_uri(key.kind.value, key.uri, now)
+            self._db.notes.note_uri(key.kind.value, key.uri, now)
             self.remeasures.ask(key)  # what its users wrote in its folder, counted
         self.pass_loop.ask()
 
@@ -456,7 +353,7 @@ class UriStore:
         for _ in range(1000):
             task = self.pass_loop.running
             measuring = self.remeasures.tasks()
-            if task is None and not self._background and not measuring:
+            if task is None and not self.deletions.tasks() and not measuring:
                 return
             if measuring:  # each asks for a pass when done
                 await asyncio.wait(measuring)
@@ -464,24 +361,16 @@ class UriStore:
             if task is not None:
                 self.pass_loop.hurry()
                 await asyncio.wait([task])
-            if self._background:
-                await asyncio.gather(*self._background, return_exceptions=True)
+            await self.deletions.wait()
         raise AssertionError("the store did not settle after 1000 rounds")
 
     def delete_in_background(self, paths: list[Path], *, trash: bool = True) -> None:
-        """Delete ``paths`` in a thread. ``trash``: evicted packages (a crash point for tests);
-        otherwise staging left by an install."""
-        if not paths:
-            return
-        task = asyncio.create_task(asyncio.to_thread(remove_all, paths, trash), name="delete")
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        task.add_done_callback(retrieve_exception)
+        """Delete ``paths`` in a thread (``Deletions.delete``)."""
+        self.deletions.delete(paths, trash=trash)
 
     async def drain(self) -> None:
         """Wait for background deletions to finish (tests, shutdown)."""
-        while self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await self.deletions.drain()
 
     async def close(self) -> None:
         """Stop: end the passes, cancel installs in flight, finish deletions. The packages this
@@ -551,10 +440,3 @@ class UriStore:
         release order even for releases within one millisecond."""
         self._last_release_ms = max(self._now_ms(), self._last_release_ms + 1)
         return self._last_release_ms
-
-
-def _disk_full(label: str) -> str:
-    return (
-        f"{label}: no space left on the agent's disk during the install (its partial files are "
-        "removed); free space, or lower cache-budget"
-    )

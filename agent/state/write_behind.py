@@ -19,13 +19,14 @@ connection's ``temp.released`` (``index``), so the holder's own passes count the
 and evict it if the budget asks, deleting the reference with it. A package created again
 meanwhile (churn's commonest miss: cached, released moments ago) is held again with no
 transaction (``keep_ref``): its reference never left the index (R1). A pass in flight is told
-of such a take (``_may_evict``) and keeps the package, unless it had chosen to evict it, and
+of such a take (``may_evict``) and keeps the package, unless it had chosen to evict it, and
 then the create obtains it anew. The write-behind writes a deferred drop once it is
 ``drop_linger_s`` old, or at once once another holder is registered (it counts the row as a
 reference), and ``flush`` writes them all.
 
-``WriteBehind`` is a part of ``StateDB`` (its base): the notes and the task writing them; the
-transactions that carry them are ``StateDB``'s.
+``WriteBehind`` is a part of ``StateDB`` (``StateDB.notes``): the notes, the batch each of the
+holder's transactions carries (``take``, ``carry``, ``written``) and the task writing them; the
+transactions themselves, the connection and its thread are ``StateDB``'s, handed in as ``run``.
 """
 
 from __future__ import annotations
@@ -35,12 +36,15 @@ import contextlib
 import logging
 import sqlite3
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
+from agent.crash import crash_point
+from agent.state import index, schema
+from agent.state.batch import Batch
 from agent.state.index import RowKey
+from agent.state.index_file import transaction
 
 log = logging.getLogger(__name__)
 
@@ -53,84 +57,33 @@ T = TypeVar("T")
 DROP_LINGER_S = 1.0
 
 
-@dataclass
-class Batch:
-    """Changes noted behind, the latest per row, written in one transaction. A ready row is
-    never deleted from here: only a pass evicts, after checking its references (R2)."""
-
-    used: dict[RowKey, int] = field(default_factory=dict)  # -> last_used_ms
-    live_envs: int | None = None  # None: not noted
-    refs_dropped: set[RowKey] = field(default_factory=set)  # this holder's count reached 0
-    claims_dropped: set[RowKey] = field(default_factory=set)  # its install failed
-    # drops to defer (the rows stay, ``temp.released`` says so), and deferred drops cancelled
-    defer: set[RowKey] = field(default_factory=set)
-    undefer: set[RowKey] = field(default_factory=set)
-    deferred: list[RowKey] = field(default_factory=list)  # set by the thread: what it deferred
-    committed: bool = False  # set by the thread: its transaction committed
-    done: asyncio.Future[None] | None = None  # a batch that defers: done once ``_written``
-
-    def use(self, key: RowKey, last_used_ms: int) -> None:
-        self.used[key] = last_used_ms
-
-    def __len__(self) -> int:
-        return (
-            len(self.used) + (self.live_envs is not None) + len(self.refs_dropped)
-            + len(self.claims_dropped) + len(self.defer) + len(self.undefer)
-        )  # fmt: skip
-
-    def then(self, newer: Batch) -> Batch:
-        """This batch followed by a newer one, as one batch: the same as noting this batch's
-        changes and then the newer one's into one (the newer note of a row wins). Dropping a
-        reference or a claim twice is dropping it once: those are unions. A failed batch is
-        carried with nothing to defer (``written_out``), so only the newer one defers."""
-        used = {**self.used, **newer.used}
-        live = self.live_envs if newer.live_envs is None else newer.live_envs
-        return Batch(
-            used, live, self.refs_dropped | newer.refs_dropped,
-            self.claims_dropped | newer.claims_dropped, self.defer | newer.defer,
-            self.undefer | newer.undefer,
-        )  # fmt: skip
-
-    def carried(self) -> Batch:
-        """What a failed write carries: this batch but its drops to defer, which the loop notes
-        again (``StateDB._written``): their rows are still there, rolled back."""
-        return Batch(
-            self.used, self.live_envs, self.refs_dropped, self.claims_dropped, set(),
-            self.undefer,
-        )  # fmt: skip
-
-
 class WriteBehind:
-    """The notes of a holder of the index and the task writing them behind (``StateDB``'s)."""
+    """The notes of one holder of the index (``StateDB.notes``), the batches its transactions
+    carry, and the task writing them behind. ``run``: a statement on the index's thread, after
+    those submitted before it; ``is_open``: whether the index's connection is open."""
 
-    if TYPE_CHECKING:  # what the StateDB it is a part of gives it
-        path: Path
-        _conn: sqlite3.Connection | None
-        _carried: Batch | None
-
-        async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
-
-        def _write(
-            self,
-            conn: sqlite3.Connection,
-            batch: Batch,
-            then: Callable[[sqlite3.Connection], T] | None = None,
-            *,
-            crash_midway: bool = False,
-        ) -> T | None: ...
-
-    def _init_write_behind(
+    def __init__(
         self,
+        path: Path,
+        run: Callable[[Callable[[sqlite3.Connection], None]], Awaitable[None]],
+        is_open: Callable[[], bool],
         *,
         flush_interval_s: float,
         flush_every: int,
         drop_linger_s: float,
         clock: Callable[[], float],
     ) -> None:
+        self.path = path  # the index's file, for messages
+        self._run = run
+        self._is_open = is_open
+        self._me = ""  # this holder's id (``start``)
         self._flush_interval_s = flush_interval_s
         self._flush_every = flush_every
         self._drop_linger_s = drop_linger_s
         self._clock = clock
+        # A batch whose transaction failed, kept for the next write. Only the thread touches it
+        # (the loop reads whether it is set, after awaiting that write).
+        self._carried: Batch | None = None
         # Deferred drops (``keep_ref``): this holder's references released, their rows kept in the
         # index and listed in ``temp.released``, each with when it was deferred (oldest first).
         self._deferred: dict[RowKey, float] = {}
@@ -138,7 +91,7 @@ class WriteBehind:
         self._alone = False  # no other holder on the root, as of the last transaction
         self._alone_seen = False  # written by the thread in each transaction
         # Passes in flight may evict deferred ones: one taken again meanwhile (``keep_ref``) is
-        # kept (its pass is told, ``_may_evict``), unless its pass chose to evict it first.
+        # kept (its pass is told, ``may_evict``), unless its pass chose to evict it first.
         self._evicting = 0
         self._guard = threading.Lock()  # the two sets below, between the loop and the thread
         self._kept: set[RowKey] = set()  # deferred ones taken again while a pass is in flight
@@ -148,18 +101,34 @@ class WriteBehind:
         self._dirty = asyncio.Event()  # something is noted
         self._full = asyncio.Event()  # enough is noted to write at once
         self._flusher: asyncio.Task[None] | None = None
-        self._closing = False  # close() began: the write-behind task ends after its write
+        self._closing = False  # stop() began: the write-behind task ends after its write
 
-    def _start_write_behind(self) -> None:
+    # -- the task -------------------------------------------------------------------------
+    def start(self, holder_id: str) -> None:
+        """Start writing behind, for the holder ``holder_id`` (the index open)."""
+        self._me = holder_id
         self._flusher = asyncio.create_task(self._flush_loop(), name="state-db flush")
 
-    def _taken(self, key: RowKey) -> None:
-        """This holder takes the reference again (``obtain``): a drop of it noted or deferred
-        is cancelled (the reference is (re)inserted by the obtain, and a deferred drop of it
-        cancelled there)."""
-        self._notes.refs_dropped.discard(key)
-        self._deferred.pop(key, None)
-        self._deferring.pop(key, None)
+    async def stop(self) -> BaseException | None:
+        """End the write-behind task after its write; what killed it, if anything did."""
+        flusher, self._flusher = self._flusher, None
+        if flusher is None:
+            return None
+        # Woken and told to end, not cancelled: a cancel could drop a write it has taken its
+        # batch for and queued behind another statement on the thread.
+        self._closing = True
+        self._dirty.set()
+        self._full.set()
+        await asyncio.wait([flusher])  # never raises the task's own exception
+        return None if flusher.cancelled() else flusher.exception()
+
+    async def crash(self) -> None:
+        """The task cancelled and the notes lost, as ``kill -9`` leaves them (``StateDB.crash``)."""
+        flusher, self._flusher = self._flusher, None
+        if flusher is not None:
+            flusher.cancel()
+            await asyncio.gather(flusher, return_exceptions=True)
+        self._notes = Batch()
 
     # -- write-behind notes (no I/O) ------------------------------------------------------
     def note_uri(self, kind: str, uri: str, last_used_ms: int) -> None:
@@ -170,6 +139,40 @@ class WriteBehind:
         """This holder's count of the package reached 0."""
         self._notes.refs_dropped.add((kind, uri))
         self._mark_dirty()
+
+    def note_claim_dropped(self, kind: str, uri: str) -> None:
+        """This holder's install of the package failed or was cancelled."""
+        self._notes.claims_dropped.add((kind, uri))
+        self._mark_dirty()
+
+    def note_live_envs(self, count: int) -> None:
+        """The number of envs the agent holds (creating or ready): the envs forgotten of
+        whoever reaps this holder if it dies."""
+        self._notes.live_envs = count
+        self._mark_dirty()
+
+    def pending(self) -> int:
+        """Changes noted and not yet taken by a transaction."""
+        return len(self._notes)
+
+    @property
+    def noted(self) -> bool:
+        """Something was noted since the write-behind task last woke."""
+        return self._dirty.is_set()
+
+    def _mark_dirty(self) -> None:
+        self._dirty.set()
+        if self.pending() >= self._flush_every:
+            self._full.set()
+
+    # -- deferred drops -------------------------------------------------------------------
+    def taken(self, key: RowKey) -> None:
+        """This holder takes the reference again (``obtain``): a drop of it noted or deferred
+        is cancelled (the reference is (re)inserted by the obtain, and a deferred drop of it
+        cancelled there)."""
+        self._notes.refs_dropped.discard(key)
+        self._deferred.pop(key, None)
+        self._deferring.pop(key, None)
 
     def keep_ref(self, kind: str, uri: str) -> bool:
         """Cancel a drop of this holder's reference noted and not yet taken by a transaction, or
@@ -195,7 +198,36 @@ class WriteBehind:
         self._notes.undefer.add(key)  # before any later pass: it must not count it unused
         return True
 
-    def _may_evict(self, key: RowKey) -> bool:
+    def deferred(self) -> list[RowKey]:
+        """References released whose drop is deferred (their rows still in the index), oldest
+        first."""
+        return list(self._deferred)
+
+    def is_deferring(self, key: RowKey) -> bool:
+        """A transaction in flight defers the drop of this reference."""
+        return key in self._deferring
+
+    # -- passes ---------------------------------------------------------------------------
+    @property
+    def evicting(self) -> int:
+        """Passes in flight (``evicting_pass``)."""
+        return self._evicting
+
+    @contextlib.contextmanager
+    def evicting_pass(self) -> Iterator[None]:
+        """Around a pass in flight, which may evict packages whose drop is deferred: each asked
+        first (``may_evict``), so a take of it meanwhile (``keep_ref``) keeps it."""
+        self._evicting += 1
+        try:
+            yield
+        finally:
+            self._evicting -= 1
+            if not self._evicting:
+                with self._guard:
+                    self._kept.clear()
+                    self._evicted.clear()
+
+    def may_evict(self, key: RowKey) -> bool:
         """Asked by a pass, on the thread, before it evicts a package: False if this holder
         took it again (a deferred drop cancelled since the pass began)."""
         with self._guard:
@@ -204,30 +236,12 @@ class WriteBehind:
             self._evicted.add(key)
             return True
 
-    def deferred(self) -> int:
-        """References released whose drop is deferred (their rows still in the index)."""
-        return len(self._deferred)
+    def evicted(self, key: RowKey) -> None:
+        """A pass evicted the package: its deferred reference went with it."""
+        self._deferred.pop(key, None)
 
-    def note_claim_dropped(self, kind: str, uri: str) -> None:
-        """This holder's install of the package failed or was cancelled."""
-        self._notes.claims_dropped.add((kind, uri))
-        self._mark_dirty()
-
-    def note_live_envs(self, count: int) -> None:
-        """The number of envs the agent holds (creating or ready): the envs forgotten of
-        whoever reaps this holder if it dies."""
-        self._notes.live_envs = count
-        self._mark_dirty()
-
-    def pending(self) -> int:
-        return len(self._notes)
-
-    def _mark_dirty(self) -> None:
-        self._dirty.set()
-        if self.pending() >= self._flush_every:
-            self._full.set()
-
-    def _take_batch(self, *, refs: bool = True, defer: bool = True) -> Batch:
+    # -- the batch each transaction carries -----------------------------------------------
+    def take(self, *, refs: bool = True, defer: bool = True) -> Batch:
         """What is noted, for a transaction to carry. ``refs=False`` (an install's
         transactions): the references dropped stay noted for the next pass or the write-behind
         (a late drop only delays an eviction; ``obtain`` discards the note of a reference it
@@ -260,7 +274,48 @@ class WriteBehind:
             batch.refs_dropped.update(due)
         return batch
 
-    def _written(self, batch: Batch) -> None:
+    def carry(
+        self,
+        conn: sqlite3.Connection,
+        batch: Batch,
+        then: Callable[[sqlite3.Connection], T] | None = None,
+        *,
+        crash_midway: bool = False,
+    ) -> T | None:
+        """One transaction, on the thread: what a failed write left, then ``batch``, then
+        ``then`` (its value returned). On failure nothing is applied and the batches are kept
+        for the next write, which runs after this one (one thread): the order of the notes
+        holds."""
+        mine = batch
+        if self._carried is not None:
+            batch = self._carried.then(batch)
+            self._carried = None
+        try:
+            with transaction(conn):
+                mine.deferred = self._apply(conn, batch, crash_midway=crash_midway)
+                result = then(conn) if then is not None else None
+        except BaseException:
+            mine.deferred = []
+            self._carried = batch.carried()
+            raise
+        mine.committed = True
+        return result
+
+    def _apply(self, conn: sqlite3.Connection, batch: Batch, *, crash_midway: bool) -> list[RowKey]:
+        conn.executemany(
+            schema.NOTE_USED, [(used, kind, uri) for (kind, uri), used in batch.used.items()]
+        )
+        if crash_midway:
+            crash_point("mid_count_batch")
+        if batch.live_envs is not None:
+            conn.execute(schema.SET_LIVE_ENVS, (batch.live_envs, self._me))
+        index.undefer(conn, batch.undefer)
+        index.drop_refs(conn, self._me, batch.refs_dropped)
+        index.drop_claims(conn, self._me, batch.claims_dropped)
+        self._alone_seen = index.alone(conn, self._me)
+        return index.defer_drops(conn, self._me, batch.defer)
+
+    def written(self, batch: Batch) -> None:
         """After the transaction that carried ``batch``: the drops it deferred are deferred, and
         if it failed, the drops it was to defer are noted again (their rows are still there);
         but none whose reference was taken again meanwhile (``obtain``, ``keep_ref``)."""
@@ -281,6 +336,12 @@ class WriteBehind:
         if batch.done is not None and not batch.done.done():
             batch.done.set_result(None)
 
+    def retry(self) -> None:
+        """A transaction failed: the batch it carried is kept, and the write-behind task woken
+        to retry it."""
+        self._dirty.set()
+
+    # -- writing ------------------------------------------------------------------------------
     def _drops_due(self) -> bool:
         """Deferred drops the write-behind must write now."""
         if not self._deferred:
@@ -297,28 +358,28 @@ class WriteBehind:
             deferring = {b.done for b in self._deferring.values() if b.done is not None}
             if deferring:
                 await asyncio.wait(deferring)
-            if self._conn is None or not (
+            if not self._is_open() or not (
                 self.pending() or self._carried is not None or self._deferred
             ):
                 return
-            await self._write_notes(self._take_batch(defer=False))
+            await self._write_notes(self.take(defer=False))
         finally:
             self._flushing -= 1
 
-    async def _write_behind(self) -> None:
-        """What the write-behind task writes: every noted change, drops deferred (alone) and
-        the deferred ones past the linger written."""
-        if self._conn is None or not (
+    async def write_behind(self) -> None:
+        """What the write-behind task writes, now: every noted change, drops deferred (alone)
+        and the deferred ones past the linger written."""
+        if not self._is_open() or not (
             self.pending() or self._carried is not None or self._drops_due()
         ):
             return
-        await self._write_notes(self._take_batch())
+        await self._write_notes(self.take())
 
     async def _write_notes(self, batch: Batch) -> None:
         try:
-            await self._run(lambda conn: self._write(conn, batch, crash_midway=True))
+            await self._run(lambda conn: self.carry(conn, batch, crash_midway=True))
         finally:
-            self._written(batch)
+            self.written(batch)
 
     async def _flush_loop(self) -> None:
         """Write behind: the first note opens a window of ``flush_interval_s``; the batch is
@@ -334,22 +395,25 @@ class WriteBehind:
                 self._dirty.clear()
                 self._full.clear()
                 try:
-                    await self._write_behind()
+                    await self.write_behind()
                 except sqlite3.Error:
                     if not failing:
                         log.exception(
                             "writing behind to %s failed; the changes are kept and retried "
-                            "every %gs", self.path, self._flush_interval_s,
+                            "every %gs",
+                            self.path,
+                            self._flush_interval_s,
                             extra={"path": str(self.path), "seconds": self._flush_interval_s},
-                        )  # fmt: skip
+                        )
                     failing = True
                     self._dirty.set()
                     continue
                 if failing:
                     log.warning(
-                        "writing behind to %s works again", self.path,
+                        "writing behind to %s works again",
+                        self.path,
                         extra={"path": str(self.path)},
-                    )  # fmt: skip
+                    )
                 failing = False
                 if self._deferred:  # looked at again a window later: written past the linger
                     self._dirty.set()
@@ -358,7 +422,9 @@ class WriteBehind:
         except BaseException:
             log.critical(
                 "the task writing behind to %s died (a bug): what is noted is now written only "
-                "with installs and at close, which raises this", self.path, exc_info=True,
+                "with installs and at close, which raises this",
+                self.path,
+                exc_info=True,
                 extra={"path": str(self.path)},
-            )  # fmt: skip
+            )
             raise

@@ -123,9 +123,9 @@ def listed(root: Path, sub: str) -> list[str]:
 
 def slow_passes(a: RunningAgent, seconds: float = 0.1) -> Callable[..., Awaitable[object]]:
     """A replacement for the agent's index ``sweep`` that waits ``seconds`` first (an index
-    busy with other agents); set it with ``monkeypatch.setattr(a.service.store._db, "sweep",
+    busy with other agents); set it with ``monkeypatch.setattr(a.service.store.db, "sweep",
     ...)``."""
-    sweep = a.service.store._db.sweep
+    sweep = a.service.store.db.sweep
 
     async def slow_sweep(*args: object, **kwargs: object) -> object:
         await asyncio.sleep(seconds)
