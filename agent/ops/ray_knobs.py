@@ -1,12 +1,12 @@
 """Ray's per-kind cache sizes and http(s) download headers, as this agent honours them under Ray.
 
-Ray's agent keeps one URI cache per plugin, sized by ``RAY_RUNTIME_ENV_<NAME>_CACHE_SIZE_GB``
-(10 when unset; ``plugin.py``'s ``create_uri_cache_for_plugin``): an unused URI of that plugin
-is deleted once the plugin's cache is over its size. This agent keeps one budget for the whole
-root (``--cache-budget``); a Ray variable that is SET adds a cap on the bytes of the packages
-its plugin makes (each kind's ``ray_cache`` in ``agent.core.kinds``), used or not, as Ray's
-cache counts them, kept by evicting the unused ones in the same passes (``index.sweep``). An
-unset one adds nothing (the root's budget stays the default).
+Ray's agent keeps one URI cache per plugin, sized by ``RAY_RUNTIME_ENV_<NAME>_CACHE_SIZE_GB`` (10
+when unset; ``plugin.py``'s ``create_uri_cache_for_plugin``): an unused URI of that plugin is
+deleted once the plugin's cache is over its size. This agent keeps one budget for the whole root
+(``--cache-budget``); a Ray variable that is SET adds a cap on the bytes of the packages its plugin
+makes (each kind's ``ray_cache`` in ``agent.core.kinds``), used or not, as Ray's cache counts them,
+kept by evicting the unused ones in the same passes (``agent.state.sweeping``). An unset one adds
+nothing (the root's budget stays the default).
 
 Ray's agent downloads http(s) packages with a ``User-Agent`` of
 ``RAY_RUNTIME_ENV_HTTP_USER_AGENT`` (``ray-runtime-env-curl/1.0`` when unset) and, when
