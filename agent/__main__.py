@@ -1,5 +1,5 @@
 import sys
 
-from agent.ops.cli import main
+from agent.launcher.main import main
 
 sys.exit(main())

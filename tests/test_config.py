@@ -21,7 +21,7 @@ from agent.app.config import Settings
 from agent.core.errors import ConfigError
 from agent.install.disk import DiskFloor
 from agent.install.wheel_cache import find_uv
-from agent.ops import options
+from agent.ops import option_sources, options
 from agent.ops.config_view import effective, effective_json
 from agent.ops.options import OPTIONS, Option
 
@@ -88,7 +88,7 @@ def resolve(
             raise FileNotFoundError(2, "No such file or directory", str(path))
         return files[path]
 
-    return options.resolve(args, environ or {}, read)
+    return option_sources.resolve(args, environ or {}, read)
 
 
 def toml_literal(opt: Option, text: str) -> str:
@@ -165,9 +165,9 @@ def test_toml_takes_native_types_and_lists_and_env_lists_split_on_colons() -> No
 def test_rtenv_config_names_the_file_when_config_is_absent_and_config_flag_wins() -> None:
     files = {Path("/env.toml"): "max_uris = 5\n", Path("/flag.toml"): "max_uris = 6\n"}
     environ = {"RTENV_CONFIG": "/env.toml"}
-    settings, sources = options.resolve(namespace(), environ, files.__getitem__)
+    settings, sources = option_sources.resolve(namespace(), environ, files.__getitem__)
     assert (settings.env.max_uris, sources["max-uris"]) == (5, "/env.toml")
-    settings, sources = options.resolve(
+    settings, sources = option_sources.resolve(
         namespace("--config", "/flag.toml"), environ, files.__getitem__
     )
     assert (settings.env.max_uris, sources["max-uris"]) == (6, "/flag.toml")

@@ -22,8 +22,7 @@ from typing import Any
 
 import pytest
 
-from agent.ops import loops
-from agent.ray import (
+from agent.launcher import (
     AGENT_FLAG,
     agent_command_problem,
     install,
@@ -31,8 +30,9 @@ from agent.ray import (
     swap_agent_command,
     uninstall,
 )
-from agent.ray.hook import running_ray_version
-from agent.ray.launcher import announcement
+from agent.launcher.ray_cli import announcement
+from agent.ops import loops
+from agent.ops.ray_swap import running_ray_version
 from tests.harness.agent_process import REPO, stop
 from tests.harness.polling import wait_until
 from tests.harness.ray_switch import cmdline, pids_naming, ppid
@@ -267,7 +267,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 
 
 def test_rtenv_agent_ray_is_rays_cli_with_its_exit_code() -> None:
-    helped = _cli("status", "--help")  # stop is ours (agent.ray.stop)
+    helped = _cli("status", "--help")  # stop is ours (agent.launcher.stop)
     assert helped.returncode == 0, helped.stderr
     assert "Print cluster status" in helped.stdout
     assert "runtime env agent" not in helped.stderr, "said only as a raylet starts"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.ray import node_procs, stop
-from agent.ray.next_steps import NextSteps, next_steps, runnable
-from agent.ray.node_procs import Proc, Scope, choose, label, session_of
+from agent.launcher import node_procs, stop
+from agent.launcher.next_steps import NextSteps, next_steps, runnable
+from agent.launcher.node_procs import Proc, Scope, choose, label, session_of
 
 PY = "/venv/bin/python3"
 RAY = "/venv/lib/python3.11/site-packages/ray"

@@ -1,6 +1,6 @@
 """The Ray switch's pure parts: the swap with the agent's own python and the root, Ray's socket
 paths against AF_UNIX's limit and the warning, the ``.pth`` line, the default root, ``ray-agent
---root``; and the finder the ``.pth`` arms, on a stand-in for Ray's modules. hook.py is copied
+--root``; and the finder the ``.pth`` arms, on a stand-in for Ray's modules. ray_swap.py is copied
 into environments where the agent is not: it imports the standard library only and parses as
 Python 3.9."""
 
@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 
+from agent.launcher import switch
+from agent.launcher.ray_cli import announcement, start_warning
+from agent.ops import ray_swap
 from agent.ops.ray_agent import agent_root, default_root
 from agent.ops.ray_flags import Refused, parse_flags
-from agent.ops.startup import MAX_UNIX_PATH_BYTES
-from agent.ray import hook, switch
-from agent.ray.hook import (
+from agent.ops.ray_swap import (
     AGENT_FLAG,
     Finder,
     longest_socket_path,
@@ -30,7 +31,7 @@ from agent.ray.hook import (
     socket_path_warning,
     swap_agent_command,
 )
-from agent.ray.launcher import announcement, start_warning
+from agent.ops.startup import MAX_UNIX_PATH_BYTES
 
 RAY_MAIN = "/venv/lib/python3.11/site-packages/ray/_private/runtime_env/agent/main.py"
 FLAGS = [
@@ -99,23 +100,23 @@ def test_the_announcement_names_the_switchs_root_and_the_info_command_by_full_pa
     script.parent.mkdir(parents=True)
     script.write_text("#!/bin/sh\n")
     script.chmod(0o755)
-    said = hook.announcement(swapped, {"RTENV_ROOT": "/x"}, "rtenv-agent")
+    said = ray_swap.announcement(swapped, {"RTENV_ROOT": "/x"}, "rtenv-agent")
     assert said.startswith("rtenv-agent: this node's runtime env agent")
     assert said.endswith(f"its root: '/x' (RTENV_ROOT); what it holds: '{script}' info --root /x")
-    session = hook.announcement(_raylet(["/p", "-u", RAY_MAIN, *FLAGS]), {}, "x")
+    session = ray_swap.announcement(_raylet(["/p", "-u", RAY_MAIN, *FLAGS]), {}, "x")
     assert session.endswith(" --root /tmp/r/session_1/runtime_resources/rtenv"), session
-    assert Path("/s") / hook.SESSION_ROOT == default_root(Path("/s")), "the agent's own choice"
-    odd = hook.announcement(swapped, {"RTENV_ROOT": "/x\ny"}, "x")
+    assert Path("/s") / ray_swap.SESSION_ROOT == default_root(Path("/s")), "the agent's own choice"
+    odd = ray_swap.announcement(swapped, {"RTENV_ROOT": "/x\ny"}, "x")
     assert "\n" not in odd, "one line"
 
 
 def test_the_switch_announces_once_per_process_as_its_first_raylet_starts(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(hook, "_announced", [])
+    monkeypatch.setattr(ray_swap, "_announced", [])
     calls: list[list[str]] = []
-    announcing = hook.swapping(
-        lambda c, kind: calls.append(c), sys.executable, "/r", on_swap=hook._announce_once
+    announcing = ray_swap.swapping(
+        lambda c, kind: calls.append(c), sys.executable, "/r", on_swap=ray_swap._announce_once
     )
     announcing(["/gcs_server"], "gcs_server")
     assert capsys.readouterr().err == "", "not for another process"
@@ -126,8 +127,10 @@ def test_the_switch_announces_once_per_process_as_its_first_raylet_starts(
     assert line.startswith("rtenv-agent: this node's runtime env agent is runtime-env-agent's")
     assert "its root: '/r'" in line
     assert len(calls) == 3
-    gone = hook.swapping(lambda c, kind: None, "/gone/python", "/r", on_swap=hook._announce_once)
-    monkeypatch.setattr(hook, "_announced", [])
+    gone = ray_swap.swapping(
+        lambda c, kind: None, "/gone/python", "/r", on_swap=ray_swap._announce_once
+    )
+    monkeypatch.setattr(ray_swap, "_announced", [])
     gone(argv, "raylet")
     assert "rtenv-agent: this node" not in capsys.readouterr().err, "Ray's agent: not said"
 
@@ -136,7 +139,7 @@ def test_a_switch_whose_agent_python_is_gone_starts_rays_own_agent_saying_why(
     caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     calls: list[list[str]] = []
-    start = hook.swapping(lambda command, kind: calls.append(command), str(tmp_path / "gone"))
+    start = ray_swap.swapping(lambda command, kind: calls.append(command), str(tmp_path / "gone"))
     argv = _raylet(["/env/bin/python", "-u", RAY_MAIN, *FLAGS])
     with caplog.at_level(logging.WARNING, logger="agent.ray"):
         start(argv, "raylet")
@@ -167,7 +170,7 @@ def test_the_longest_socket_path_is_plasma_stores_in_a_session_named_as_ray_name
 
 
 def test_the_warning_comes_past_107_bytes_naming_the_limit_and_the_fix() -> None:
-    assert hook.MAX_UNIX_PATH_BYTES == MAX_UNIX_PATH_BYTES
+    assert ray_swap.MAX_UNIX_PATH_BYTES == MAX_UNIX_PATH_BYTES
     base = longest_socket_path("/", 1)
     fits = longest_socket_path("/" + "a" * (106 - len(base)), 1)
     assert len(fits) == 107
@@ -192,7 +195,7 @@ def test_the_launcher_warns_for_ray_starts_temp_dir_or_rays_default() -> None:
     assert start_warning(["--head"], {}) is None
 
 
-# -- the .pth line, the default root, hook.py's imports -----------------------------------
+# -- the .pth line, the default root, ray_swap.py's imports -----------------------------------
 
 
 @pytest.mark.parametrize("path", ["/opt/a b/python", '/x/it\'s\n"odd"/é', "/x/\udcff"])
@@ -278,7 +281,7 @@ def test_the_default_root_is_per_user_in_the_cache_folder() -> None:
 
 
 def test_the_hook_imports_the_standard_library_only_and_parses_as_python_3_9() -> None:
-    source = Path(hook.__file__).read_text()
+    source = Path(ray_swap.__file__).read_text()
     tree = ast.parse(source, feature_version=(3, 9))
     imported = set()
     for node in ast.walk(tree):
@@ -326,8 +329,8 @@ def fake_ray(tmp_path: Path) -> Iterator[Path]:
 
 def _finder(python: str, root: str) -> Finder:
     return Finder({
-        "fakeray.services": lambda m: hook._patch_services(m, python, root),
-        "fakeray.node": hook._patch_node,
+        "fakeray.services": lambda m: ray_swap._patch_services(m, python, root),
+        "fakeray.node": ray_swap._patch_node,
     })  # fmt: skip
 
 
@@ -346,7 +349,7 @@ def test_the_finder_patches_rays_modules_as_they_load_and_nothing_else(
         argv = _raylet(["/env/bin/python", "-u", RAY_MAIN, *FLAGS])
         fakeray.services.start_ray_process(argv, "raylet")
         fakeray.services.start_ray_process(argv, "gcs_server")
-        ray_version = hook.running_ray_version()  # the ray imported here, if any
+        ray_version = ray_swap.running_ray_version()  # the ray imported here, if any
         swapped = swap_agent_command(argv, sys.executable, "/data/root", ray_version)
         assert [("raylet", swapped), ("gcs_server", argv)] == fakeray.services.CALLS
         assert fakeray.services.__spec__.loader.is_package("fakeray.services") is False
@@ -370,11 +373,11 @@ def test_arm_patches_a_module_loaded_before_it_once_and_never_raises(
     import fakeray.services
 
     original = fakeray.services.start_ray_process
-    hook._patch_services(fakeray.services, "/p", None)
-    hook._patch_services(fakeray.services, "/q", None)  # a second switch: left as it is
+    ray_swap._patch_services(fakeray.services, "/p", None)
+    ray_swap._patch_services(fakeray.services, "/q", None)  # a second switch: left as it is
     assert fakeray.services.start_ray_process.__wrapped__ is original
     monkeypatch.setattr(sys, "meta_path", None)  # anything arm() touches that breaks
-    hook.arm("/p", "/r")
+    ray_swap.arm("/p", "/r")
     assert "the Ray switch is not armed" in capsys.readouterr().err
 
 

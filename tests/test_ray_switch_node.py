@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from agent.install.wheel_cache import find_uv
-from agent.ray import hook, install, uninstall
+from agent.launcher import install, uninstall
+from agent.ops import ray_swap
 from tests.harness.ray_nodes import base_environ, poll
 from tests.harness.ray_switch import (
     LAUNCH,
@@ -86,15 +87,15 @@ def test_install_over_a_switch_keeps_its_agent_python_and_root_and_uninstall_giv
 
     calls: list[list[str]] = []
     monkeypatch.setattr(services, "start_ray_process", lambda c, kind, *a, **k: calls.append(c))
-    switched = hook.swapping(services.start_ray_process, sys.executable, "/data/root")
+    switched = ray_swap.swapping(services.start_ray_process, sys.executable, "/data/root")
     monkeypatch.setattr(services, "start_ray_process", switched)
     told: list[list[str]] = []
     install(on_swap=told.append)
     try:
         argv = ["/ray/raylet", AGENT_FLAG + f"/env/bin/python -u /r/{RAY_AGENT_MAIN} --node-id=1"]
         services.start_ray_process(argv, "raylet", fate_share=False)
-        expected = hook.swap_agent_command(
-            argv, sys.executable, "/data/root", hook.running_ray_version()
+        expected = ray_swap.swap_agent_command(
+            argv, sys.executable, "/data/root", ray_swap.running_ray_version()
         )
         assert calls == [expected]
         assert told == [expected], "the announcement is told the switch's root"

@@ -5,6 +5,7 @@ gets (Ray's own agent, one warning), and where a failed start is written."""
 
 from __future__ import annotations
 
+import ast
 import logging
 import shlex
 import subprocess
@@ -14,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from agent.ops import ray_flags, ray_swap
 from agent.ops.ray_agent import settings_for
-from agent.ops.ray_flags import Refused, failure_files, has_token_auth, parse_flags, release
-from agent.ray import hook
-from agent.ray.hook import AGENT_FLAG, SUPPORTED_RAY, ray_version_problem, swap_agent_command
+from agent.ops.ray_flags import Refused, failure_files, has_token_auth, parse_flags
+from agent.ops.ray_swap import AGENT_FLAG, SUPPORTED_RAY, ray_version_problem, swap_agent_command
 
 NODE = "62ced19539cdea1adcecd63ef7e1c7b82d82375a6651551ce7511777"
 S = "/tmp/r/session_1"
@@ -91,8 +92,24 @@ def test_ray_2_51_has_no_token_auth_so_ray_auth_mode_is_ignored_and_later_rays_n
      ("3.0.0.dev0", (3, 0, 0)), ("2.9", (2, 9)), ("nightly", None), ("", None), ("2", None)],
 )  # fmt: skip
 def test_a_ray_version_reads_as_its_numbers(text: str, numbers: tuple[int, ...] | None) -> None:
-    assert release(text) == numbers
-    assert hook.ray_release(text) == numbers, "the hook's copy reads the same"
+    assert ray_swap.ray_release(text) == numbers
+
+
+def test_the_ray_version_rule_has_one_home_the_swap_which_ray_agent_uses() -> None:
+    """ray_swap.py is copied where the agent is not, so it holds the rule and imports nothing;
+    ``ray-agent``'s flags (``ray_flags``) use that very function, and no other module of the
+    agent reads a version's numbers with a copy of it."""
+    assert vars(ray_flags)["ray_release"] is ray_swap.ray_release
+    agent = Path(ray_swap.__file__).resolve().parents[1]
+    homes = [
+        str(path.relative_to(agent))
+        for path in sorted(agent.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef)
+        and ".split('.')" in (body := ast.unparse(node))
+        and ".isdigit()" in body
+    ]
+    assert homes == ["ops/ray_swap.py"], homes
 
 
 def test_the_supported_range_starts_at_2_51_1_and_an_older_ray_is_named_with_the_range() -> None:
@@ -132,7 +149,7 @@ def test_a_raylet_of_an_older_ray_runs_rays_own_agent_with_one_warning(
     and the range; a supported Ray is swapped, silently."""
     monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(__version__=version))
     calls: list[list[str]] = []
-    start = hook.swapping(lambda command, kind: calls.append(command), sys.executable)
+    start = ray_swap.swapping(lambda command, kind: calls.append(command), sys.executable)
     argv = _raylet([sys.executable, "-u", RAY_MAIN, *RAY_2_51])
     with caplog.at_level(logging.WARNING, logger="agent.ray"):
         start(argv, "raylet")

@@ -114,7 +114,7 @@ def ran(*a, **kw):
     print("ray's cli ran", kw.get("args"))
     raise SystemExit(0)
 scripts.cli.main = ran
-from agent.ops.cli import main
+from agent.launcher.main import main
 sys.exit(main(["ray", *sys.argv[2:]]))
 """
 

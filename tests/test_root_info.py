@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 import pytest
 
-from agent.ops import cli
+from agent.launcher import main as cli
 from agent.ops.root_view import HolderView, PackageView, RootView, format_root, read_root
 from agent.state.holders import lock_path
 from agent.state.schema import SCHEMA_VERSION

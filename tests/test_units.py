@@ -19,7 +19,7 @@ from agent.core.units import (
     plural,
 )
 from agent.install.disk import DiskFloor
-from agent.ops import options
+from agent.ops import option_sources, options
 from agent.ops.config_view import effective
 from agent.ops.options import OPTIONS
 from agent.ops.startup import check_address
@@ -82,7 +82,7 @@ def test_durations_and_decimal_sizes_are_accepted_where_a_time_or_size_is_asked(
         "--default-setup-timeout", "90s", "--max-setup-timeout", "10m",
         "--cache-budget", "1.5GiB", "--max-download-bytes", "10GB",
     )  # fmt: skip
-    settings, _ = options.resolve(args, {}, Path.read_text)
+    settings, _ = option_sources.resolve(args, {}, Path.read_text)
     assert (settings.default_setup_timeout_s, settings.max_setup_timeout_s) == (90.0, 600.0)
     assert settings.cache_budget_bytes == 3 * GiB // 2
     assert settings.fetch.max_download_bytes == 10**10
@@ -130,7 +130,7 @@ def test_disk_floor_shows_its_size_in_binary_units() -> None:
 
 
 def test_log_level_is_taken_in_any_case() -> None:
-    settings, _ = options.resolve(
+    settings, _ = option_sources.resolve(
         _namespace("--log-level", "debug"), {"RTENV_LOG_FORMAT": "JSON"}, Path.read_text
     )
     assert (settings.log_level, settings.log_format) == ("DEBUG", "json")
@@ -138,7 +138,7 @@ def test_log_level_is_taken_in_any_case() -> None:
 
 def test_unknown_toml_key_is_named_with_the_closest_known_key() -> None:
     with pytest.raises(ConfigError) as caught:
-        options.resolve(
+        option_sources.resolve(
             _namespace("--config", "/c.toml"), {}, lambda _: "max_urls = 3\ncache_budgt = 1\n"
         )
     message = caught.value.message
@@ -152,14 +152,14 @@ def test_missing_config_file_is_named_without_an_errno() -> None:
         raise FileNotFoundError(2, "No such file or directory", str(path))
 
     with pytest.raises(ConfigError) as caught:
-        options.resolve(_namespace(), {"RTENV_CONFIG": "/nope.toml"}, read)
+        option_sources.resolve(_namespace(), {"RTENV_CONFIG": "/nope.toml"}, read)
     assert caught.value.message == (
         "config file /nope.toml: No such file or directory (named by RTENV_CONFIG)"
     )
 
 
 def test_effective_settings_show_the_address_listened_on_and_sizes_for_humans() -> None:
-    settings, sources = options.resolve(_namespace(), {}, Path.read_text)
+    settings, sources = option_sources.resolve(_namespace(), {}, Path.read_text)
     rows = {line.split()[0]: line for line in effective(settings, sources, uv=None).splitlines()}
     assert rows["address"].split()[1] == "unix:/r/agent.sock"
     assert "10.0 GiB" in rows["cache-budget"]

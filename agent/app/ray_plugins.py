@@ -2,10 +2,11 @@
 once while Ray counts the string (as Ray's agent keeps an env's context in its env cache), its
 plugin URIs given back to the host when the string is dropped.
 
-The host itself (``agent.ray.plugins.PluginHost``: it imports Ray) is loaded by name only when
-the node names plugins; this module knows it only as a ``PluginRunner``. Creates of a string
-whose setup is running wait for that one (shielded: one caller cancelled does not end it for
-the others); a failed setup is not kept, so the next create of the string tries anew.
+The host itself (``agent.launcher.plugins.PluginHost``: it imports Ray) is made, through the
+loader the entry point hands the server, only when the node names plugins; this module knows it
+only as a ``PluginRunner``. Creates of a string whose setup is running wait for that one
+(shielded: one caller cancelled does not end it for the others); a failed setup is not kept, so
+the next create of the string tries anew.
 """
 
 from __future__ import annotations

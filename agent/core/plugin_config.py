@@ -6,7 +6,7 @@
 (ties in the order listed, as Python's stable sort leaves them in Ray's agent).
 ``RAY_RUNTIME_ENV_PLUGIN_SCHEMAS`` names JSON schema files or folders of them (``.json``),
 which Ray's driver checks fields against; the agent reads only their names, so a schema's
-field is accepted too. The host that loads and runs the classes is ``agent.ray.plugins``.
+field is accepted too. The host that loads and runs the classes is ``agent.launcher.plugins``.
 """
 
 from __future__ import annotations

@@ -74,25 +74,35 @@ async def answer(
             message = cap_message(exc.message)
             env_id = str(logfields.bound().get("env_id", ""))[: logfields.CUT_CHARS]  # a client's?
             log.warning(
-                "%s failed (env_id=%s request_id=%r): %s: %s", rpc, env_id or "-",
-                logged_id, code.name, message,
+                "%s failed (env_id=%s request_id=%r): %s: %s",
+                rpc,
+                env_id or "-",
+                logged_id,
+                code.name,
+                message,
                 extra={"code": code.name, "kind": exc.kind.value},
-            )  # fmt: skip
+            )
         except asyncio.CancelledError as exc:
             if not stray_cancellation():  # the client went away (or the server stops)
                 outcome = CANCELLED
                 raise
             outcome, code = BUG, grpc.StatusCode.INTERNAL  # answered, not left hanging
-            log.error("%s failed with a bug: a cancellation nobody asked for (request_id=%r)",
-                      rpc, logged_id, exc_info=exc,
-                      extra={"code": grpc.StatusCode.INTERNAL.name, "kind": BUG})  # fmt: skip
+            log.error(
+                "%s failed with a bug: a cancellation nobody asked for (request_id=%r)",
+                rpc,
+                logged_id,
+                exc_info=exc,
+                extra={"code": grpc.StatusCode.INTERNAL.name, "kind": BUG},
+            )
             message = f"internal error in {rpc}: an operation was cancelled unexpectedly"
         except Exception as exc:
             outcome, code = BUG, grpc.StatusCode.INTERNAL
             log.exception(
-                "%s failed with a bug (request_id=%r)", rpc, logged_id,
+                "%s failed with a bug (request_id=%r)",
+                rpc,
+                logged_id,
                 extra={"code": grpc.StatusCode.INTERNAL.name, "kind": BUG},
-            )  # fmt: skip
+            )
             message = cap_message(f"internal error in {rpc}: {type(exc).__name__}: {exc}")
         finally:
             if metrics is not None:

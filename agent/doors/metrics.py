@@ -58,8 +58,25 @@ if TYPE_CHECKING:
 # nothing a dashboard uses; the switch is process-wide, and this process is the agent.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
-_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
-                    10, 30, 60, 300)  # fmt: skip
+_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    300,
+)
 
 # A young generation's pass takes tens of microseconds; a full pass over a large heap, tens of
 # milliseconds (30 ms over the start-up heap before ops/server.freeze_start_heap).
@@ -87,17 +104,22 @@ class Metrics:
         self.gc = GcPauses()  # counted between gc.start() and gc.stop() (the agent's run)
         self.registry.register(_GcSeries(self.gc))
         self.installs = Counter(
-            "rtenv_installs", "package installs finished, by result", ["result"],
+            "rtenv_installs",
+            "package installs finished, by result",
+            ["result"],
             registry=self.registry,
-        )  # fmt: skip
+        )
         self.install_bytes = Counter(
-            "rtenv_install_bytes", "bytes downloaded by successful installs",
+            "rtenv_install_bytes",
+            "bytes downloaded by successful installs",
             registry=self.registry,
-        )  # fmt: skip
+        )
         self.install_seconds = Histogram(
-            "rtenv_install_seconds", "seconds from the start of an install to its end",
-            buckets=_LATENCY_BUCKETS, registry=self.registry,
-        )  # fmt: skip
+            "rtenv_install_seconds",
+            "seconds from the start of an install to its end",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
 
     def count_request(self, rpc: str, outcome: Outcome) -> None:
         """Count one RPC by how it ended."""
@@ -206,9 +228,11 @@ class _GcSeries(Collector):
 
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(
-            "rtenv_gc_pause_seconds", "pauses of the cyclic garbage collector (every thread, "
-            "the event loop included, waits), by generation", labels=["generation"],
-        )  # fmt: skip
+            "rtenv_gc_pause_seconds",
+            "pauses of the cyclic garbage collector (every thread, "
+            "the event loop included, waits), by generation",
+            labels=["generation"],
+        )
         for generation, tally in enumerate(self._pauses.pauses):
             family.add_metric([str(generation)], tally.buckets(), tally.sum)
         yield family
@@ -223,16 +247,19 @@ class _RequestSeries(Collector):
     def collect(self) -> Iterator[Metric]:
         m = self._metrics
         requests = CounterMetricFamily(
-            "rtenv_requests", "RPCs answered, by method and outcome (ok, an error kind, "
-            "cancelled, bug)", labels=["rpc", "outcome"],
-        )  # fmt: skip
+            "rtenv_requests",
+            "RPCs answered, by method and outcome (ok, an error kind, cancelled, bug)",
+            labels=["rpc", "outcome"],
+        )
         for (rpc, outcome), tally in list(m._requests.items()):
             requests.add_metric([rpc, outcome], tally.value)
         yield requests
         seconds = HistogramMetricFamily(
-            "rtenv_create_seconds", "CreateRuntimeEnv latency, by whether every package was "
-            "already installed (hit) or not (miss)", labels=["cache"],
-        )  # fmt: skip
+            "rtenv_create_seconds",
+            "CreateRuntimeEnv latency, by whether every package was "
+            "already installed (hit) or not (miss)",
+            labels=["cache"],
+        )
         for cache, latency in (("hit", m._create_hit), ("miss", m._create_miss)):
             seconds.add_metric([cache], latency.buckets(), latency.sum)
         yield seconds
@@ -256,9 +283,10 @@ class _Levels(Collector):
             "rtenv_cache_budget_bytes", "bytes of unused packages kept", value=levels.budget_bytes
         )
         yield GaugeMetricFamily(
-            "rtenv_installs_in_flight", "installs running or queued",
+            "rtenv_installs_in_flight",
+            "installs running or queued",
             value=levels.installs_in_flight,
-        )  # fmt: skip
+        )
         yield GaugeMetricFamily(
             "rtenv_envs", "runtime envs with references", value=levels.live_envs
         )
@@ -268,16 +296,18 @@ class _Levels(Collector):
             "rtenv_wheel_cache_bytes",
             "the wheel cache's own bytes (what no venv links), as of its last measure",
             value=levels.wheel_cache_bytes,
-        )  # fmt: skip
+        )
         yield CounterMetricFamily(
-            "rtenv_wheel_cache_clears", "times the wheel cache was cleared",
+            "rtenv_wheel_cache_clears",
+            "times the wheel cache was cleared",
             value=levels.wheel_cache_clears,
-        )  # fmt: skip
+        )
         disk = os.statvfs(self._service.root)
         yield GaugeMetricFamily(
-            "rtenv_free_disk_bytes", "free bytes on the root's file system (for the agent)",
+            "rtenv_free_disk_bytes",
+            "free bytes on the root's file system (for the agent)",
             value=disk.f_bavail * disk.f_frsize,
-        )  # fmt: skip
+        )
 
 
 async def start_metrics_server(

@@ -170,8 +170,12 @@ async def answer(
         except asyncio.CancelledError as exc:
             if not stray_cancellation() or failed is None:  # the client went away
                 raise
-            log.error("%s failed with a bug: a cancellation nobody asked for", rpc,
-                      exc_info=exc, extra={"code": "FAILED"})  # fmt: skip
+            log.error(
+                "%s failed with a bug: a cancellation nobody asked for",
+                rpc,
+                exc_info=exc,
+                extra={"code": "FAILED"},
+            )
             return _bug(door, route, failed)
         except Exception:
             if failed is None:
@@ -183,10 +187,14 @@ async def answer(
         code = "FAILED" if reply.failed else str(reply.status)
         bound = logfields.bound()
         log.warning(
-            "%s failed (env_id=%s job_id=%s): %s: %s", rpc, bound.get("env_id") or "-",
-            bound.get("job_id") or "-", code, text.rstrip("\n"),
+            "%s failed (env_id=%s job_id=%s): %s: %s",
+            rpc,
+            bound.get("env_id") or "-",
+            bound.get("job_id") or "-",
+            code,
+            text.rstrip("\n"),
             extra={"code": code, "kind": key.value},
-        )  # fmt: skip
+        )
     if reply.failed:
         assert failed is not None, "a FAILED answer for an rpc with no status"
         return reply_bytes(failed(text))

@@ -166,9 +166,11 @@ def ray_app(
         out = pb.GetRuntimeEnvsInfoReply(total=got.total)
         for state in got.states:
             item = out.runtime_env_states.add(
-                runtime_env=state.runtime_env, ref_cnt=state.ref_cnt, success=state.success,
+                runtime_env=state.runtime_env,
+                ref_cnt=state.ref_cnt,
+                success=state.success,
                 creation_time_ms=state.creation_time_ms,
-            )  # fmt: skip
+            )
             if state.error is not None:
                 item.error = state.error
         return reply_bytes(out.SerializeToString())

@@ -113,9 +113,11 @@ class RuntimeEnvAgentServicer:
             config = request.config
             try:
                 key = self._service.check_create(
-                    request.serialized_runtime_env, config.setup_timeout_seconds,
-                    job_id=request.job_id, eager_install=config.eager_install,
-                )  # fmt: skip
+                    request.serialized_runtime_env,
+                    config.setup_timeout_seconds,
+                    job_id=request.job_id,
+                    eager_install=config.eager_install,
+                )
             except AgentError:  # met again below, before anything is counted
                 key = None
             except Exception as exc:  # a bug: answered and logged as one
@@ -344,17 +346,30 @@ def info_reply(snapshot: Snapshot) -> agent_pb2.GetRuntimeEnvsInfoReply:
     uris = _fill((_uri_info(u) for u in snapshot.uris), _INFO_BYTES - used)
     c, r = snapshot.cache, snapshot.recovery
     cache = agent_pb2.CacheStats(
-        used_bytes=c.used_bytes, unused_bytes=c.unused_bytes, budget_bytes=c.budget_bytes,
-        downloads=c.downloads, extractions=c.extractions, evictions=c.evictions, hits=c.hits,
-    )  # fmt: skip
+        used_bytes=c.used_bytes,
+        unused_bytes=c.unused_bytes,
+        budget_bytes=c.budget_bytes,
+        downloads=c.downloads,
+        extractions=c.extractions,
+        evictions=c.evictions,
+        hits=c.hits,
+    )
     recovery = agent_pb2.RecoverySummary(
-        rows_kept=r.rows_kept, rows_dropped=r.rows_dropped, orphans_deleted=r.orphans_deleted,
-        bytes_freed=r.bytes_freed, envs_forgotten=r.envs_forgotten, seconds=r.seconds,
-    )  # fmt: skip
+        rows_kept=r.rows_kept,
+        rows_dropped=r.rows_dropped,
+        orphans_deleted=r.orphans_deleted,
+        bytes_freed=r.bytes_freed,
+        envs_forgotten=r.envs_forgotten,
+        seconds=r.seconds,
+    )
     return agent_pb2.GetRuntimeEnvsInfoReply(
-        envs=envs, uris=uris, cache=cache, total_envs=snapshot.total_envs,
-        total_uris=snapshot.total_uris, recovery=recovery,
-    )  # fmt: skip
+        envs=envs,
+        uris=uris,
+        cache=cache,
+        total_envs=snapshot.total_envs,
+        total_uris=snapshot.total_uris,
+        recovery=recovery,
+    )
 
 
 M = TypeVar("M", agent_pb2.RuntimeEnvInfo, agent_pb2.UriInfo)

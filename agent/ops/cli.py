@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import os
 import sys
-import textwrap
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -27,23 +26,25 @@ from agent.ops import (
     keeper,
     logs,
     loops,
+    option_sources,
     options,
     ray_agent,
     ray_flags,
     root_view,
 )
 from agent.ops.entry import serve
+from agent.ops.server import LoadPlugins
 from agent.ops.startup import file_root_warning, missing_folders
-from agent.ops.usage import OneLineParser
+from agent.ops.usage import OneLineParser, WrapAtSpaces
 
 
-class _HelpFormatter(argparse.HelpFormatter):
-    """Wraps help at spaces only: a path or a flag is never cut at its hyphens."""
+@dataclass(frozen=True)
+class TopLayer:
+    """What the entry point (``agent.launcher.main``, the top layer) hands this command line:
+    the parts that may import Ray, which no module of ops imports."""
 
-    def _split_lines(self, text: str, width: int) -> list[str]:
-        return textwrap.wrap(
-            " ".join(text.split()), width, break_on_hyphens=False, break_long_words=False
-        )
+    ray: Callable[[Sequence[str]], int]  # rtenv-agent ray ARGS: its exit code
+    load_plugins: LoadPlugins  # the host of Ray's runtime env plugins, for a Ray door
 
 
 def _arg(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -66,23 +67,23 @@ def _version() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="rtenv-agent", description=__doc__, formatter_class=_HelpFormatter)
+    parser = OneLineParser(prog="rtenv-agent", description=__doc__, formatter_class=WrapAtSpaces)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     options.add_arguments(
-        sub.add_parser("serve", help="run the agent", formatter_class=_HelpFormatter)
+        sub.add_parser("serve", help="run the agent", formatter_class=WrapAtSpaces)
     )
     config = sub.add_parser(
         "config",
         help="print the effective settings and where each came from",
-        formatter_class=_HelpFormatter,
+        formatter_class=WrapAtSpaces,
     )
     options.add_arguments(config)
     config.add_argument("--json", action="store_true", help="print them as one JSON object")
     i = sub.add_parser(
         "info",
         help="print what one agent holds (--address) or what a root's shared index holds (--root)",
-        formatter_class=_HelpFormatter,
+        formatter_class=WrapAtSpaces,
     )
     where = i.add_mutually_exclusive_group(required=True)
     where.add_argument(
@@ -91,11 +92,13 @@ def _parser() -> argparse.ArgumentParser:
         help="unix:PATH or HOST:PORT of one agent: its envs and the packages it knows, over gRPC",
     )
     where.add_argument(
-        "--root", type=Path, metavar="DIR",
+        "--root",
+        type=Path,
+        metavar="DIR",
         help="a cache root: its shared index, read from DIR/state.db with no agent needed (the "
         "agents serving it, alive or dead, and its packages); several agents may serve one "
         "root, each on its own socket: ask one with --address",
-    )  # fmt: skip
+    )
     i.add_argument(
         "--limit",
         type=int,
@@ -104,9 +107,12 @@ def _parser() -> argparse.ArgumentParser:
         help="--address: at most this many envs (0: the cap)",
     )
     i.add_argument(
-        "--timeout", type=_arg(parse_duration), default=None, metavar="DURATION",
+        "--timeout",
+        type=_arg(parse_duration),
+        default=None,
+        metavar="DURATION",
         help="--address: time to wait for the answer (90, 90s, 2m; default 10s)",
-    )  # fmt: skip
+    )
     i.add_argument(
         "--token-file",
         metavar="FILE",
@@ -116,16 +122,18 @@ def _parser() -> argparse.ArgumentParser:
     # Both parse their own arguments (main hands them over before this parser runs): listed
     # here for --help.
     sub.add_parser(
-        "ray-agent", add_help=False,
+        "ray-agent",
+        add_help=False,
         help="the agent as a Ray raylet starts it (Ray's agent flags; rtenv-agent ray-agent -h)",
-    )  # fmt: skip
+    )
     sub.add_parser(
-        "ray", add_help=False,
+        "ray",
+        add_help=False,
         help="Ray's own CLI, its raylets starting this agent: rtenv-agent ray start --head ...; "
         "rtenv-agent ray stop [--temp-dir DIR | --address HOST:PORT]: only the nodes of that temp "
         "dir or cluster, by PID; and rtenv-agent ray enable|disable|enabled [--python PATH]: every "
         "Ray node that python starts (a bare ray.init() too) runs this agent",
-    )  # fmt: skip
+    )
     return parser
 
 
@@ -135,8 +143,11 @@ def _info(args: argparse.Namespace) -> int:
 
 def _info_root(args: argparse.Namespace) -> int:
     """The root's shared index, read from its state.db (no agent asked: ``root_view``)."""
-    for flag, value in (("--limit", args.limit), ("--timeout", args.timeout),
-                        ("--token-file", args.token_file)):  # fmt: skip
+    for flag, value in (
+        ("--limit", args.limit),
+        ("--timeout", args.timeout),
+        ("--token-file", args.token_file),
+    ):
         if value is not None:
             print(
                 f"rtenv-agent info: {flag} applies to --address only (--root reads "
@@ -153,17 +164,24 @@ def _info_root(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(settings: Settings, keeper_pid: int | None = None) -> int:
+def _run(settings: Settings, top: TopLayer, keeper_pid: int | None = None) -> int:
     # The loop hands the GIL to the unzip and hash threads every 5 ms by default, which is
     # what an RPC then waits; 1 ms keeps the loop answering while an install runs.
     sys.setswitchinterval(0.001)
     # uvloop (the extra 'fast') when installed, unless RTENV_EVENT_LOOP says (agent.ops.loops);
     # chosen before anything touches the root. The start-up log says which loop runs.
     with asyncio.Runner(loop_factory=loops.loop_factory(os.environ)) as runner:
-        return runner.run(serve(settings, freeze_heap=True, keeper_pid=keeper_pid))
+        return runner.run(
+            serve(
+                settings,
+                freeze_heap=True,
+                keeper_pid=keeper_pid,
+                load_plugins=top.load_plugins,
+            )
+        )
 
 
-def _ray_agent(argv: Sequence[str]) -> int:
+def _ray_agent(argv: Sequence[str], top: TopLayer) -> int:
     # Ray's raylet ends its agent with SIGKILL: the process it starts only keeps the agent,
     # which runs in a child and stops cleanly when its keeper is killed (``keeper``)
     raylet, keeper_pid = os.getppid(), None
@@ -175,7 +193,7 @@ def _ray_agent(argv: Sequence[str]) -> int:
     try:
         prepared = ray_agent.prepare(argv, os.environ, getppid=lambda: raylet)
         try:
-            return _run(prepared.settings, keeper_pid)
+            return _run(prepared.settings, top, keeper_pid)
         finally:
             prepared.cleanup()
     except ray_flags.Refused as exc:
@@ -205,33 +223,28 @@ def _start_failed(argv: Sequence[str], line: str) -> None:
             with open(path, "a", encoding="utf-8") as out:
                 info = os.fstat(out.fileno())
                 if stderr is not None and (stderr.st_dev, stderr.st_ino) == (
-                    info.st_dev, info.st_ino
-                ):  # fmt: skip
+                    info.st_dev,
+                    info.st_ino,
+                ):
                     continue  # stderr is this file: the line is in it
                 out.write(f"{stamp} ERROR {line}\n" if path.suffix == ".log" else f"{line}\n")
         except OSError:
             continue  # a folder we cannot write: stderr has the line
 
 
-def _ray(argv: Sequence[str]) -> int:
-    # The launcher sits above ops (it imports ray); loaded by name here only, so that nothing
-    # the server imports reaches it (tests/test_layers.py).
-    launcher = importlib.import_module("agent.ray.launcher")
-    code: int = launcher.main(argv)
-    return code
-
-
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None, top: TopLayer) -> int:
+    """``rtenv-agent ARGV`` (None: this process's arguments); ``top``: what the entry point
+    hands down (``rtenv-agent ray`` and Ray's plugin host)."""
     given = list(sys.argv[1:] if argv is None else argv)
     if given[:1] == ["ray-agent"]:
-        return _ray_agent(given[1:])
+        return _ray_agent(given[1:], top)
     if given[:1] == ["ray"]:
-        return _ray(given[1:])
+        return top.ray(given[1:])
     args = _parser().parse_args(given)
     if args.command == "info":
         return _info(args)
     try:
-        settings, sources = options.resolve(args, os.environ, lambda p: p.read_text())
+        settings, sources = option_sources.resolve(args, os.environ, lambda p: p.read_text())
         if args.command == "config":
             loops.loop_factory(os.environ)  # a mistaken RTENV_EVENT_LOOP is serve's mistake too
             shown = config_view.effective_json if args.json else config_view.effective
@@ -240,11 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"rtenv-agent: warning: {file_root_warning(missing)}", file=sys.stderr)
             return 0
         logs.configure(settings.log_level, settings.log_format)
-        return _run(settings)
+        return _run(settings, top)
     except (AgentError, ValueError) as exc:
         print(f"rtenv-agent: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from agent.app.config import Settings
 from agent.ops import keeper, loops
 from agent.ops.sdnotify import Notifier
-from agent.ops.server import Agent
+from agent.ops.server import Agent, LoadPlugins
 from agent.ops.startup import check_parent
 
 log = logging.getLogger(__name__)
@@ -30,13 +30,15 @@ async def serve(
     before_recovery: Callable[[], Awaitable[None]] | None = None,
     freeze_heap: bool = False,
     keeper_pid: int | None = None,
+    load_plugins: LoadPlugins | None = None,
 ) -> int:
     """Run the agent until SIGTERM, SIGINT or SIGHUP (each a graceful stop) or the parent's
     death (or, with ``keeper_pid``, its keeper's: ``agent.ops.keeper``); return the exit
     code. Both are honoured while the agent starts too (the Ray door
     listens before recovery, which may be long): the start is cancelled, and cleans up.
     ``before_recovery``: as ``Agent``'s (a test's hook). ``freeze_heap``: as ``Agent``'s
-    (process-wide: the CLI's process asks for it, not a test that runs agents in its own)."""
+    (process-wide: the CLI's process asks for it, not a test that runs agents in its own).
+    ``load_plugins``: as ``Agent``'s (the entry point's, which may import Ray)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
 
@@ -55,7 +57,7 @@ async def serve(
         loop.add_signal_handler(sig, on_signal)
     try:  # the handlers stay until the agent has stopped: a second signal during the
         # graceful stop must still exit at once
-        return await _serve(settings, stop, before_recovery, freeze_heap, keeper_pid)
+        return await _serve(settings, stop, before_recovery, freeze_heap, keeper_pid, load_plugins)
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
@@ -67,6 +69,7 @@ async def _serve(
     before_recovery: Callable[[], Awaitable[None]] | None,
     freeze_heap: bool,
     keeper_pid: int | None,
+    load_plugins: LoadPlugins | None,
 ) -> int:
     watchers = []
     try:
@@ -78,7 +81,12 @@ async def _serve(
             watch = _watch_parent(keeper_pid, stop, "keeper", keeper_pid)
             watchers.append(asyncio.create_task(watch, name="keeper"))
         notifier = Notifier.from_environment()  # systemd Type=notify, when NOTIFY_SOCKET is set
-        agent = Agent(settings, before_recovery=before_recovery, freeze_heap=freeze_heap)
+        agent = Agent(
+            settings,
+            before_recovery=before_recovery,
+            freeze_heap=freeze_heap,
+            load_plugins=load_plugins,
+        )
         if not await _start_unless_stopped(agent, stop):
             log.info("stopped while starting")
             return 0
@@ -123,9 +131,11 @@ async def _end(task: asyncio.Task[None]) -> None:
     await asyncio.wait([task])  # never raises the task's own exception
     if not task.cancelled() and task.exception() is not None:
         log.error(
-            "task %s had died", task.get_name(), exc_info=task.exception(),
+            "task %s had died",
+            task.get_name(),
+            exc_info=task.exception(),
             extra={"task": task.get_name()},
-        )  # fmt: skip
+        )
 
 
 def describe_loop(loop: asyncio.AbstractEventLoop) -> str:

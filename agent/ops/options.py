@@ -1,28 +1,22 @@
 """Every setting of ``rtenv-agent serve`` in one table: its flag, environment variable, TOML key,
 default, and what happens at its limit.
 
-Precedence: a flag, then ``RTENV_<NAME>``, then the TOML file given by ``--config`` (or
-``RTENV_CONFIG``), then the default. ``rtenv-agent config`` prints the effective values and where
-each came from (``config_view``). The settings table of docs/operations.md is this table (a test
-keeps them in step).
-
-Pure: parsing and resolving take their inputs (argv namespace, environ, TOML text) as values.
+Where a value comes from (a flag, then ``RTENV_<NAME>``, then the TOML file, then the default)
+is ``option_sources``. ``rtenv-agent config`` prints the effective values and where each came
+from (``config_view``). The settings table of docs/operations.md is this table (a test keeps them
+in step).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
-import textwrap
-import tomllib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agent.app.config import RaySettings, Settings
-from agent.core.errors import ConfigError, echo
 from agent.core.units import (
     exact_bytes,
     human_duration,
@@ -30,7 +24,6 @@ from agent.core.units import (
     parse_duration,
     parse_float,
     parse_int,
-    quoted,
 )
 from agent.ops.option_parsers import (
     one_of,
@@ -40,7 +33,7 @@ from agent.ops.option_parsers import (
     parse_workers,
     positive,
 )
-from agent.ops.usage import closest
+from agent.ops.usage import WrapAtSpaces
 
 __all__ = ["OPTIONS", "Option", "parse_bytes", "parse_duration"]
 
@@ -75,124 +68,250 @@ _SIZE: tuple[type, ...] = (str, int)  # "500M", or bytes
 _AUTO_OR_COUNT: tuple[type, ...] = (str, int)  # "auto", or a count
 _TIME: tuple[type, ...] = (str, int, float)  # "90s", or seconds
 _NUMBER: tuple[type, ...] = (int, float)
-_TOML_NAMES: tuple[tuple[type, str], ...] = (
-    (bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"),
-    (list, "an array"), (dict, "a table"), (datetime.datetime, "a date-time"),
-    (datetime.date, "a date"), (datetime.time, "a time"),
-)  # fmt: skip
-
 OPTIONS: tuple[Option, ...] = (
-    Option("address", "address", str,
-           "unix:PATH, HOST:PORT or [IPv6]:PORT",
-           "a malformed address, a path over 107 bytes, a port in use or another door's, or a "
-           "non-loopback host without allow-remote: refused at start, before the root is touched"),
-    Option("allow-remote", "allow_remote", parse_bool, "allow a non-loopback TCP address",
-           flag=True, toml=_BOOL),
-    Option("token-file", "token_file", str,
-           "a file holding a token every RPC must carry (metadata 'authorization: Bearer T')",
-           "a call without the token, or with another: UNAUTHENTICATED saying which "
-           "(health checks are exempt)"),
-    Option("allow-file-root", "allow_file_roots", str,
-           "a folder file:// packages and pip's local paths may come from (repeat it); none: any",
-           "a file:// URI or a local path for pip outside them: PERMISSION_DENIED; a folder "
-           "that does not exist: kept (it may be mounted later), with a warning",
-           repeat=True, metavar="DIR"),
-    Option("cache-budget", "cache_budget_bytes", parse_bytes,
-           "size of the unused packages kept cached", "least recently used evicted until it fits",
-           unit="bytes", toml=_SIZE),
-    Option("min-free-disk", "min_free_disk", parse_floor,
-           "free space an install must leave: a size, a percentage, or auto (min of 1GiB, 5%)",
-           "unused packages evicted, then RESOURCE_EXHAUSTED naming needed and free bytes",
-           toml=_SIZE),
-    Option("max-concurrent-installs", "max_concurrent_installs", positive(parse_int),
-           "installs (download and unpack) at once", "further installs wait in a queue",
-           toml=_COUNT),
-    Option("extract-workers", "extract_workers", parse_workers,
-           "processes zips are unpacked in (a large zip is split between them), auto (one per "
-           "core, at most 4), or 0: a thread of the agent's process",
-           "more unpacks wait for a free process", toml=_AUTO_OR_COUNT),
-    Option("overlap-downloads", "overlap_downloads", parse_bool,
-           "extract a large http(s) zip while it downloads, planned from its tail read first "
-           "with a ranged GET (false: download, then extract)",
-           "a server that refuses ranges, or answers another object: the whole file is "
-           "extracted after its download", toml=_BOOL),
-    Option("default-setup-timeout", "default_setup_timeout_s", positive(parse_duration),
-           "time an env's setup may take when the request names none",
-           "DEADLINE_EXCEEDED; an install nobody else waits for is cancelled, its files removed",
-           unit="seconds", toml=_TIME),
-    Option("max-setup-timeout", "max_setup_timeout_s", positive(parse_duration),
-           "the most a request may ask for (setup_timeout_seconds -1 means this)",
-           "larger requests are capped to it", unit="seconds", toml=_TIME),
-    Option("max-message-bytes", "max_message_bytes", positive(parse_bytes),
-           "largest gRPC request", "RESOURCE_EXHAUSTED from gRPC", unit="bytes", toml=_SIZE),
-    Option("max-env-json-bytes", "env.max_json_bytes", positive(parse_bytes),
-           "largest serialized runtime env", "INVALID_ARGUMENT naming size and limit",
-           unit="bytes", toml=_SIZE),
-    Option("max-uris", "env.max_uris", positive(parse_int), "distinct URIs per env",
-           "INVALID_ARGUMENT naming count and limit", toml=_COUNT),
-    Option("max-env-var-bytes", "env.max_env_var_bytes", positive(parse_bytes),
-           "size of a worker's env vars, PYTHONPATH included (kept well under ARG_MAX)",
-           "INVALID_ARGUMENT naming size and limit; one variable over 128KiB likewise",
-           unit="bytes", toml=_SIZE),
-    Option("max-download-bytes", "fetch.max_download_bytes", positive(parse_bytes),
-           "largest package download", "FAILED_PRECONDITION naming size and limit", unit="bytes",
-           toml=_SIZE),
-    Option("download-attempts", "fetch.attempts", positive(parse_int),
-           "tries of a download that fails transiently (5xx, reset, timeout)",
-           "UNAVAILABLE after the last try", toml=_COUNT),
-    Option("max-archive-entries", "archive.max_entries", positive(parse_int), "entries per zip",
-           "FAILED_PRECONDITION naming count and limit", toml=_COUNT),
-    Option("max-uncompressed-bytes", "archive.max_uncompressed_bytes", positive(parse_bytes),
-           "size one zip may unpack to", "FAILED_PRECONDITION naming size and limit",
-           unit="bytes", toml=_SIZE),
-    Option("max-compression-ratio", "archive.max_ratio", positive(parse_float),
-           "unpacked bytes per zip byte, past 16MiB unpacked", "FAILED_PRECONDITION (zip bomb)",
-           toml=_NUMBER),
-    Option("request-log-capacity", "request_log_capacity", positive(parse_int),
-           "request ids remembered for idempotent retries",
-           "the oldest answered ids are forgotten (never one in flight)", toml=_COUNT),
-    Option("python", "py_executable", str,
-           "the python workers are started with, and pip venvs are made from",
-           "one that does not exist or does not run: refused at start"),
-    Option("pip-installer", "pip_installer", one_of("auto", "pip", "uv"),
-           "what installs a pip env: uv (hardlinked from the root's wheel cache), or pip (each "
-           "venv a copy); auto: uv when there is one beside the agent's python or on PATH, "
-           "else pip; `uv` envs always use uv",
-           "an install that fails: FAILED_PRECONDITION with pip's own last lines, cut short"),
-    Option("state-db", "persist", parse_bool,
-           "keep the cache index in ROOT/state.db (false: a restart forgets the cache)",
-           toml=_BOOL),
-    Option("reset-state", "reset_state", parse_bool,
-           "move an unusable ROOT/state.db aside (kept, renamed) and start from an empty cache",
-           flag=True, toml=_BOOL),
-    Option("metrics-address", "metrics_address", str,
-           "HOST:PORT to serve Prometheus metrics on (off by default; loopback unless "
-           "allow-remote)",
-           "a malformed address, a port in use or another door's, or a non-loopback host "
-           "without allow-remote: refused at start, before the root is touched"),
-    Option("ray-address", "ray", parse_ray_address,
-           "HOST:PORT to serve Ray's runtime env agent protocol on, for clients of it other than "
-           "a raylet (off by default; loopback unless allow-remote; with --token-file, it "
-           "requires that token too)",
-           "a malformed address, a port in use or another door's, or a non-loopback host "
-           "without allow-remote: refused at start, before the root is touched"),
+    Option(
+        "address",
+        "address",
+        str,
+        "unix:PATH, HOST:PORT or [IPv6]:PORT",
+        "a malformed address, a path over 107 bytes, a port in use or another door's, or a "
+        "non-loopback host without allow-remote: refused at start, before the root is touched",
+    ),
+    Option(
+        "allow-remote",
+        "allow_remote",
+        parse_bool,
+        "allow a non-loopback TCP address",
+        flag=True,
+        toml=_BOOL,
+    ),
+    Option(
+        "token-file",
+        "token_file",
+        str,
+        "a file holding a token every RPC must carry (metadata 'authorization: Bearer T')",
+        "a call without the token, or with another: UNAUTHENTICATED saying which "
+        "(health checks are exempt)",
+    ),
+    Option(
+        "allow-file-root",
+        "allow_file_roots",
+        str,
+        "a folder file:// packages and pip's local paths may come from (repeat it); none: any",
+        "a file:// URI or a local path for pip outside them: PERMISSION_DENIED; a folder "
+        "that does not exist: kept (it may be mounted later), with a warning",
+        repeat=True,
+        metavar="DIR",
+    ),
+    Option(
+        "cache-budget",
+        "cache_budget_bytes",
+        parse_bytes,
+        "size of the unused packages kept cached",
+        "least recently used evicted until it fits",
+        unit="bytes",
+        toml=_SIZE,
+    ),
+    Option(
+        "min-free-disk",
+        "min_free_disk",
+        parse_floor,
+        "free space an install must leave: a size, a percentage, or auto (min of 1GiB, 5%)",
+        "unused packages evicted, then RESOURCE_EXHAUSTED naming needed and free bytes",
+        toml=_SIZE,
+    ),
+    Option(
+        "max-concurrent-installs",
+        "max_concurrent_installs",
+        positive(parse_int),
+        "installs (download and unpack) at once",
+        "further installs wait in a queue",
+        toml=_COUNT,
+    ),
+    Option(
+        "extract-workers",
+        "extract_workers",
+        parse_workers,
+        "processes zips are unpacked in (a large zip is split between them), auto (one per "
+        "core, at most 4), or 0: a thread of the agent's process",
+        "more unpacks wait for a free process",
+        toml=_AUTO_OR_COUNT,
+    ),
+    Option(
+        "overlap-downloads",
+        "overlap_downloads",
+        parse_bool,
+        "extract a large http(s) zip while it downloads, planned from its tail read first "
+        "with a ranged GET (false: download, then extract)",
+        "a server that refuses ranges, or answers another object: the whole file is "
+        "extracted after its download",
+        toml=_BOOL,
+    ),
+    Option(
+        "default-setup-timeout",
+        "default_setup_timeout_s",
+        positive(parse_duration),
+        "time an env's setup may take when the request names none",
+        "DEADLINE_EXCEEDED; an install nobody else waits for is cancelled, its files removed",
+        unit="seconds",
+        toml=_TIME,
+    ),
+    Option(
+        "max-setup-timeout",
+        "max_setup_timeout_s",
+        positive(parse_duration),
+        "the most a request may ask for (setup_timeout_seconds -1 means this)",
+        "larger requests are capped to it",
+        unit="seconds",
+        toml=_TIME,
+    ),
+    Option(
+        "max-message-bytes",
+        "max_message_bytes",
+        positive(parse_bytes),
+        "largest gRPC request",
+        "RESOURCE_EXHAUSTED from gRPC",
+        unit="bytes",
+        toml=_SIZE,
+    ),
+    Option(
+        "max-env-json-bytes",
+        "env.max_json_bytes",
+        positive(parse_bytes),
+        "largest serialized runtime env",
+        "INVALID_ARGUMENT naming size and limit",
+        unit="bytes",
+        toml=_SIZE,
+    ),
+    Option(
+        "max-uris",
+        "env.max_uris",
+        positive(parse_int),
+        "distinct URIs per env",
+        "INVALID_ARGUMENT naming count and limit",
+        toml=_COUNT,
+    ),
+    Option(
+        "max-env-var-bytes",
+        "env.max_env_var_bytes",
+        positive(parse_bytes),
+        "size of a worker's env vars, PYTHONPATH included (kept well under ARG_MAX)",
+        "INVALID_ARGUMENT naming size and limit; one variable over 128KiB likewise",
+        unit="bytes",
+        toml=_SIZE,
+    ),
+    Option(
+        "max-download-bytes",
+        "fetch.max_download_bytes",
+        positive(parse_bytes),
+        "largest package download",
+        "FAILED_PRECONDITION naming size and limit",
+        unit="bytes",
+        toml=_SIZE,
+    ),
+    Option(
+        "download-attempts",
+        "fetch.attempts",
+        positive(parse_int),
+        "tries of a download that fails transiently (5xx, reset, timeout)",
+        "UNAVAILABLE after the last try",
+        toml=_COUNT,
+    ),
+    Option(
+        "max-archive-entries",
+        "archive.max_entries",
+        positive(parse_int),
+        "entries per zip",
+        "FAILED_PRECONDITION naming count and limit",
+        toml=_COUNT,
+    ),
+    Option(
+        "max-uncompressed-bytes",
+        "archive.max_uncompressed_bytes",
+        positive(parse_bytes),
+        "size one zip may unpack to",
+        "FAILED_PRECONDITION naming size and limit",
+        unit="bytes",
+        toml=_SIZE,
+    ),
+    Option(
+        "max-compression-ratio",
+        "archive.max_ratio",
+        positive(parse_float),
+        "unpacked bytes per zip byte, past 16MiB unpacked",
+        "FAILED_PRECONDITION (zip bomb)",
+        toml=_NUMBER,
+    ),
+    Option(
+        "request-log-capacity",
+        "request_log_capacity",
+        positive(parse_int),
+        "request ids remembered for idempotent retries",
+        "the oldest answered ids are forgotten (never one in flight)",
+        toml=_COUNT,
+    ),
+    Option(
+        "python",
+        "py_executable",
+        str,
+        "the python workers are started with, and pip venvs are made from",
+        "one that does not exist or does not run: refused at start",
+    ),
+    Option(
+        "pip-installer",
+        "pip_installer",
+        one_of("auto", "pip", "uv"),
+        "what installs a pip env: uv (hardlinked from the root's wheel cache), or pip (each "
+        "venv a copy); auto: uv when there is one beside the agent's python or on PATH, "
+        "else pip; `uv` envs always use uv",
+        "an install that fails: FAILED_PRECONDITION with pip's own last lines, cut short",
+    ),
+    Option(
+        "state-db",
+        "persist",
+        parse_bool,
+        "keep the cache index in ROOT/state.db (false: a restart forgets the cache)",
+        toml=_BOOL,
+    ),
+    Option(
+        "reset-state",
+        "reset_state",
+        parse_bool,
+        "move an unusable ROOT/state.db aside (kept, renamed) and start from an empty cache",
+        flag=True,
+        toml=_BOOL,
+    ),
+    Option(
+        "metrics-address",
+        "metrics_address",
+        str,
+        "HOST:PORT to serve Prometheus metrics on (off by default; loopback unless allow-remote)",
+        "a malformed address, a port in use or another door's, or a non-loopback host "
+        "without allow-remote: refused at start, before the root is touched",
+    ),
+    Option(
+        "ray-address",
+        "ray",
+        parse_ray_address,
+        "HOST:PORT to serve Ray's runtime env agent protocol on, for clients of it other than "
+        "a raylet (off by default; loopback unless allow-remote; with --token-file, it "
+        "requires that token too)",
+        "a malformed address, a port in use or another door's, or a non-loopback host "
+        "without allow-remote: refused at start, before the root is touched",
+    ),
     Option("log-format", "log_format", one_of("text", "json"), "text or json"),
-    Option("log-level", "log_level", one_of("DEBUG", "INFO", "WARNING", "ERROR"),
-           "DEBUG, INFO, WARNING or ERROR (any case)"),
-)  # fmt: skip
-
-
-class _HelpFormatter(argparse.HelpFormatter):
-    """Wraps help at spaces only: a default such as a path with hyphens stays whole in --help."""
-
-    def _split_lines(self, text: str, width: int) -> list[str]:
-        words = " ".join(text.split())
-        return textwrap.wrap(words, width, break_on_hyphens=False, break_long_words=False)
+    Option(
+        "log-level",
+        "log_level",
+        one_of("DEBUG", "INFO", "WARNING", "ERROR"),
+        "DEBUG, INFO, WARNING or ERROR (any case)",
+    ),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every option as a flag whose default is None, so that an absent flag is known."""
-    parser.formatter_class = _HelpFormatter
+    parser.formatter_class = WrapAtSpaces  # a default such as a path stays whole
     parser.add_argument("--root", type=Path, required=True, help="the agent's directory")
     parser.add_argument("--parent-pid", type=int, help="shut down when this process exits")
     parser.add_argument("--config", type=Path, help="a TOML file of settings (or RTENV_CONFIG)")
@@ -210,168 +329,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(f"--{opt.name}", action="append", metavar=opt.metavar, help=text)
         else:
             group.add_argument(f"--{opt.name}", metavar=opt.metavar, help=text)
-    state_db.add_argument("--no-state-db", action="store_const", const="false", dest="state_db",
-                          help="the same as --state-db false")  # fmt: skip
-
-
-def resolve(
-    args: argparse.Namespace, environ: Mapping[str, str], read: Callable[[Path], str]
-) -> tuple[Settings, dict[str, str]]:
-    """The effective settings and, per option, where its value came from."""
-    config_path = args.config or (
-        Path(environ["RTENV_CONFIG"]) if "RTENV_CONFIG" in environ else None
+    state_db.add_argument(
+        "--no-state-db",
+        action="store_const",
+        const="false",
+        dest="state_db",
+        help="the same as --state-db false",
     )
-    table: dict[str, Any] = {}
-    if config_path is not None:
-        named_by = "--config" if args.config else "RTENV_CONFIG"
-        try:
-            table = tomllib.loads(read(config_path))
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
-            raise ConfigError(f"config file {config_path}: {reason} (named by {named_by})") from exc
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"config file {config_path}: not TOML: {exc}") from exc
-        unknown = sorted(set(table) - {o.toml_key for o in OPTIONS})
-        if unknown:
-            raise ConfigError(f"config file {config_path}: {_unknown_keys(unknown)}")
-        _check_types(table, config_path)
-    settings = Settings(root=args.root, parent_pid=args.parent_pid)
-    sources: dict[str, str] = {}
-    for opt in OPTIONS:
-        raw, source = _raw(opt, args, environ, table, config_path)
-        if raw is None:
-            sources[opt.name] = "default"
-            continue
-        try:
-            values = [opt.parse(str(v)) for v in raw] if opt.repeat else opt.parse(str(raw))
-        except ValueError as exc:
-            raise ConfigError(f"{opt.name} from {source}: {exc}") from exc
-        settings = _set(settings, opt.field, tuple(values) if opt.repeat else values)
-        sources[opt.name] = source
-    _check_pairs(settings, sources)
-    return settings, sources
 
 
-# Settings one of which may not be above the other (lower, upper, why): taken as they were, the
-# agent would settle the contradiction silently (a default above the cap, applied uncapped; a
-# limit no request can reach, the other refusing it first).
-PAIRS: tuple[tuple[str, str, str], ...] = (
-    (
-        "default-setup-timeout",
-        "max-setup-timeout",
-        "a request naming no timeout would get more than any request may ask for",
-    ),
-    (
-        "max-env-json-bytes",
-        "max-message-bytes",
-        "a runtime env that large could never arrive (the request carrying it is refused first)",
-    ),
-)
-
-
-def _check_pairs(settings: Settings, sources: Mapping[str, str]) -> None:
-    """A ConfigError naming both values of a pair out of order and where each came from."""
-    by_name = {o.name: o for o in OPTIONS}
-    for lower, upper, why in PAIRS:
-        low, high = by_name[lower], by_name[upper]
-        if _get(settings, low.field) > _get(settings, high.field):
-            said = [
-                f"{o.name} {value_text(settings, o)} (from {sources[o.name]})"
-                if sources[o.name] != "default"
-                else f"{o.name} {value_text(settings, o)} (the default)"
-                for o in (low, high)
-            ]
-            raise ConfigError(
-                f"{said[0]} is above {said[1]}: {why}; lower {lower} or raise {upper}"
-            )
-
-
-def _check_types(table: Mapping[str, Any], config_path: Path) -> None:
-    """Each key holds a TOML type its option takes (``Option.toml``), else a ConfigError naming
-    the key, the types it takes and the one it holds, its value echoed cut."""
-    for opt in OPTIONS:
-        if opt.toml_key not in table:
-            continue
-        value = table[opt.toml_key]
-        items = value if opt.repeat and type(value) is list else [value]
-        for item in items:
-            if type(item) in opt.toml:
-                continue
-            given = _toml_name(type(item))
-            if item is not value:
-                given = f"an array holding {given}"
-            if isinstance(item, bool):
-                given = f"{given} ({str(item).lower()})"
-            elif isinstance(item, str | int | float):
-                given = f"{given} ({echo(item, 40)})"
-            raise ConfigError(
-                f"config file {config_path}: {opt.toml_key} takes {_toml_takes(opt)}, not {given}"
-            )
-
-
-def _toml_name(kind: type) -> str:
-    return next((name for base, name in _TOML_NAMES if issubclass(kind, base)), kind.__name__)
-
-
-def _toml_takes(opt: Option) -> str:
-    """'a boolean (true or false)', 'a string or an integer', 'a string or an array of strings'."""
-    names = [_toml_name(kind) for kind in opt.toml]
-    said = " or ".join(names) + (" (true or false)" if opt.toml == _BOOL else "")
-    if opt.repeat:
-        said += " or an array of " + " or ".join(f"{n.split(' ', 1)[1]}s" for n in names)
-    return said
-
-
-def _unknown_keys(keys: Sequence[str]) -> str:
-    """'unknown setting 'max_urls' (did you mean 'max_uris'?)', for each key."""
-    known = [o.toml_key for o in OPTIONS]
-    parts = []
-    for key in keys:
-        close = closest(key, known)
-        hint = f" (did you mean {close!r}?)" if close else ""
-        parts.append(f"unknown setting {quoted(key)}{hint}")
-    return "; ".join(parts) + "; `rtenv-agent config --help` lists every setting"
-
-
-def _raw(
-    opt: Option,
-    args: argparse.Namespace,
-    environ: Mapping[str, str],
-    table: Mapping[str, Any],
-    config_path: Path | None,
-) -> tuple[Any, str]:
-    flag_value = getattr(args, opt.name.replace("-", "_"), None)
-    if flag_value is not None:
-        return flag_value, f"--{opt.name}"
-    if opt.env_var in environ:
-        value = environ[opt.env_var]
-        return (value.split(":") if opt.repeat else value), opt.env_var
-    if opt.toml_key in table:
-        item: Any = table[opt.toml_key]
-        if opt.repeat and not isinstance(item, list):
-            item = [item]
-        return item, f"{config_path}"
-    return None, "default"
-
-
-def _get(settings: Settings, path: str) -> Any:
+def field_value(settings: Settings, path: str) -> Any:
+    """The value at ``path`` (an ``Option.field``: dotted) in ``settings``."""
     value: Any = settings
     for part in path.split("."):
         value = getattr(value, part)
     return value
 
 
-def _set(settings: Any, path: str, value: Any) -> Any:
-    head, _, rest = path.partition(".")
-    if not rest:
-        return replace(settings, **{head: value})
-    return replace(settings, **{head: _set(getattr(settings, head), rest, value)})
-
-
 def value_text(settings: Settings, opt: Option) -> str:
     """An option's value as people read it: sizes in binary units, times in s, m or h, the
     address an agent would really listen on."""
-    value = _get(settings, opt.field)
+    value = field_value(settings, opt.field)
     if opt.field == "address":
         return settings.resolved_address()
     if opt.field == "extract_workers" and value is None:

@@ -60,7 +60,7 @@ from pathlib import Path
 from agent.app.config import RaySettings, Settings
 from agent.core.errors import ConfigError, echo
 from agent.install.gcs_source import GcsConfig
-from agent.ops import logs, options
+from agent.ops import logs, option_sources
 from agent.ops.ray_flags import RayFlags, has_token_auth, parse_flags
 from agent.ops.ray_knobs import ray_cache_budgets, ray_http_headers
 from agent.ops.ray_token import ray_token, read_token_file
@@ -155,7 +155,7 @@ def settings_for(
         )
     root = agent_root(flags.runtime_env_dir, environ, flags.root)
     namespace = argparse.Namespace(root=root, parent_pid=None, config=flags.config)
-    settings, _ = options.resolve(namespace, environ, read)
+    settings, _ = option_sources.resolve(namespace, environ, read)
     ray = RaySettings(
         host=flags.node_ip_address,
         port=flags.runtime_env_agent_port,
@@ -169,10 +169,15 @@ def settings_for(
     GcsConfig(ray.gcs_address, ray.cluster_id_hex, ray.token)  # a token gRPC cannot send
     address = settings.address or grpc_address(settings.root, flags.temp_dir, flags.node_key)
     settings = replace(
-        settings, address=address, allow_remote=True, parent_pid=parent_pid(getppid), ray=ray,
-        kind_budgets=ray_cache_budgets(environ), http_headers=ray_http_headers(environ),
+        settings,
+        address=address,
+        allow_remote=True,
+        parent_pid=parent_pid(getppid),
+        ray=ray,
+        kind_budgets=ray_cache_budgets(environ),
+        http_headers=ray_http_headers(environ),
         ray_folders=flags.runtime_env_dir if root == default_root(flags.runtime_env_dir) else None,
-    )  # fmt: skip
+    )
     if flags.logging_level:
         settings = replace(settings, log_level=flags.logging_level)
     return settings
@@ -297,9 +302,12 @@ def prepare(
     )
     text_format = flags.logging_format if settings.log_format == "text" else None
     logs.configure(
-        settings.log_level, settings.log_format, handler=log_handler(flags),
-        text_format=text_format, threaded=True,
-    )  # fmt: skip
+        settings.log_level,
+        settings.log_format,
+        handler=log_handler(flags),
+        text_format=text_format,
+        threaded=True,
+    )
     if flags.unknown:
         unknown = echo(" ".join(flags.unknown), 500)
         log.warning(
@@ -311,8 +319,9 @@ def prepare(
     if not has_token_auth(flags) and environ.get("RAY_AUTH_MODE", "").strip().lower() == "token":
         log.warning(
             "RAY_AUTH_MODE=token is ignored: Ray %s has no token auth (2.52 and later have)",
-            flags.ray_version, extra={"ray_version": flags.ray_version},
-        )  # fmt: skip
+            flags.ray_version,
+            extra={"ray_version": flags.ray_version},
+        )
     in_root = settings.root / socket_name(flags.node_key)
     short = grpc_address(settings.root, flags.temp_dir, flags.node_key)
     if settings.address == short != f"unix:{os.path.abspath(in_root)}":  # too long: ours
@@ -324,13 +333,18 @@ def prepare(
         prepared.link = link
     log.info(
         "Ray node %s: Ray door on %s:%d, port file %s, root %s, raylet pid %s",
-        flags.node_key, flags.node_ip_address, flags.runtime_env_agent_port, flags.port_file,
-        settings.root, settings.parent_pid,
+        flags.node_key,
+        flags.node_ip_address,
+        flags.runtime_env_agent_port,
+        flags.port_file,
+        settings.root,
+        settings.parent_pid,
         extra={
             "node_id": flags.node_id,
             "ray_address": f"{flags.node_ip_address}:{flags.runtime_env_agent_port}",
-            "port_file": str(flags.port_file or ""), "root": str(settings.root),
+            "port_file": str(flags.port_file or ""),
+            "root": str(settings.root),
             "parent_pid": settings.parent_pid,
         },
-    )  # fmt: skip
+    )
     return prepared

@@ -50,9 +50,11 @@ class RayDoor:
             raise StartupError("the Ray token is empty: Ray's token auth needs a token to check")
         self._ready = asyncio.get_running_loop().create_future()
         self.app = ray_app(
-            self._ready, token=ray.token if ray.token is not None else secret,
-            max_body_bytes=max_body_bytes, metrics=self._metrics,
-        )  # fmt: skip
+            self._ready,
+            token=ray.token if ray.token is not None else secret,
+            max_body_bytes=max_body_bytes,
+            metrics=self._metrics,
+        )
         # handler_cancellation: a client gone (disconnected, timed out) cancels its create,
         # which gives its count and its reference back.
         self._runner = web.AppRunner(
@@ -73,14 +75,19 @@ class RayDoor:
             )
             await asyncio.shield(self._port_write)
         told = (
-            f"port file {ray.port_file}" if ray.port_file is not None
+            f"port file {ray.port_file}"
+            if ray.port_file is not None
             else "no port file: no raylet started this agent, so none waits for one"
-        )  # fmt: skip
+        )
         log.info(
-            "Ray door on http://%s (%s)", self.address, told,
-            extra={"ray_address": self.address,
-                   "port_file": "" if ray.port_file is None else str(ray.port_file)},
-        )  # fmt: skip
+            "Ray door on http://%s (%s)",
+            self.address,
+            told,
+            extra={
+                "ray_address": self.address,
+                "port_file": "" if ray.port_file is None else str(ray.port_file),
+            },
+        )
 
     def serve(self, front: RayFront) -> None:
         """The agent serves: the requests waiting at the door go on, through ``front``."""

@@ -4,7 +4,7 @@ agent (``ray/_private/services.py`` builds them for ``runtime_env/agent/main.py`
 Ray may add some) is kept aside to be logged once; a missing or malformed one is ``Refused``
 (one line, exit 2), checked before anything binds. Pure: no I/O.
 
-The flag sets of the Rays supported (``agent.ray.hook.SUPPORTED_RAY``), read in each release's
+The flag sets of the Rays supported (``agent.ops.ray_swap.SUPPORTED_RAY``), read in each release's
 services.py:
 
 - Ray 2.54 to 2.60: ``--node-id`` and ``--session-dir`` too; the port may be 0 (the agent picks
@@ -12,7 +12,7 @@ services.py:
 - Ray 2.51 to 2.53: neither; the raylet picks the port itself and passes it (never 0), so there
   is no port file; the node is then known by its agent port (``RayFlags.node_key``).
 
-``--ray-version`` is ours, not Ray's: the swap (``agent.ray.hook``) passes the Ray the raylet is
+``--ray-version`` is ours, not Ray's: the swap (``agent.ops.ray_swap``) passes the Ray the raylet is
 of, for the rules that differ by version (Ray's token auth came in 2.52).
 """
 
@@ -26,6 +26,7 @@ from typing import NoReturn
 
 from agent.core.errors import ConfigError, echo
 from agent.install.gcs_source import GcsConfig
+from agent.ops.ray_swap import ray_release
 
 PROG = "rtenv-agent ray-agent"
 # Ray's persist_port(session_dir, node_id, RUNTIME_ENV_AGENT_PORT_NAME, port) writes the file
@@ -35,8 +36,15 @@ PORT_FILE_PREFIX = "runtime_env_agent_port_"
 DEFAULT_LOG_FILENAME = "runtime_env_agent.log"  # Ray's RUNTIME_ENV_AGENT_LOG_FILENAME
 ERR_FILENAME = "runtime_env_agent.err"  # where Ray points the agent's stderr, in its log dir
 TOKEN_AUTH_SINCE = (2, 52)  # Ray's token auth (RAY_AUTH_MODE=token) came in 2.52.0
-_RAY_LEVELS = {"DEBUG": "DEBUG", "INFO": "INFO", "WARNING": "WARNING", "WARN": "WARNING",
-               "ERROR": "ERROR", "CRITICAL": "ERROR", "FATAL": "ERROR"}  # fmt: skip
+_RAY_LEVELS = {
+    "DEBUG": "DEBUG",
+    "INFO": "INFO",
+    "WARNING": "WARNING",
+    "WARN": "WARNING",
+    "ERROR": "ERROR",
+    "CRITICAL": "ERROR",
+    "FATAL": "ERROR",
+}
 
 
 DESCRIPTION = (
@@ -89,28 +97,10 @@ class RayFlags:
         return self.node_id or f"port{self.runtime_env_agent_port}"
 
 
-def release(version: str) -> tuple[int, ...] | None:
-    """``2.51.1`` as (2, 51, 1); None for a version that does not start with numbers (a
-    ``2.52.0rc1`` or a ``3.0.0.dev0`` counts as its numbers)."""
-    numbers: list[int] = []
-    for part in version.strip().split(".")[:3]:
-        digits = ""
-        for char in part:
-            if not char.isdigit():
-                break
-            digits += char
-        if not digits:
-            break
-        numbers.append(int(digits))
-        if digits != part:
-            break
-    return tuple(numbers) if len(numbers) >= 2 else None
-
-
 def has_token_auth(flags: RayFlags) -> bool:
     """Whether the raylet's Ray has token auth: yes unless the swap said a Ray before 2.52
     (Ray 2.51 reads no RAY_AUTH_MODE and sends no token)."""
-    known = release(flags.ray_version)
+    known = ray_release(flags.ray_version)
     return known is None or known >= TOKEN_AUTH_SINCE
 
 
@@ -169,9 +159,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--logging-level", type=_level)  # not passed by the raylet
     p.add_argument("--config", type=Path, help="a TOML file of settings (or RTENV_CONFIG)")
     p.add_argument(
-        "--root", type=_root, help="the agent's root, unless RTENV_ROOT names one (the Ray "
+        "--root",
+        type=_root,
+        help="the agent's root, unless RTENV_ROOT names one (the Ray "
         "switch, rtenv-agent ray enable, passes it); default RUNTIME_ENV_DIR/rtenv",
-    )  # fmt: skip
+    )
     return p
 
 
@@ -182,8 +174,9 @@ def parse_flags(argv: Sequence[str]) -> RayFlags:
     if not args.node_ip_address.strip():
         raise Refused("--node-ip-address is empty")
     if (args.session_dir is None) != (not args.node_id):  # Ray passes both or neither
-        given, missing = ("--node-id", "--session-dir") if args.node_id else (
-            "--session-dir", "--node-id")  # fmt: skip
+        given, missing = (
+            ("--node-id", "--session-dir") if args.node_id else ("--session-dir", "--node-id")
+        )
         raise Refused(
             f"{given} without {missing}: a raylet passes both (Ray 2.54 and later) or neither "
             "(Ray 2.51 to 2.53)"

@@ -31,9 +31,11 @@ class Notifier:
         address = environ.pop(ENV_VAR, "")
         if address and not address.startswith(("/", "@")):
             log.warning(
-                "%s=%r is not a unix socket path or @abstract name; not notifying", ENV_VAR,
-                address[:200], extra={"notify_socket": address[:200]},
-            )  # fmt: skip
+                "%s=%r is not a unix socket path or @abstract name; not notifying",
+                ENV_VAR,
+                address[:200],
+                extra={"notify_socket": address[:200]},
+            )
             address = ""
         return cls(address)
 
@@ -49,8 +51,10 @@ class Notifier:
                 sock.sendto(state.encode(), target)
         except OSError as exc:
             log.warning(
-                "could not notify the service manager at %s: %s", self.address, exc,
+                "could not notify the service manager at %s: %s",
+                self.address,
+                exc,
                 extra={"notify_socket": self.address, "state": state},
-            )  # fmt: skip
+            )
             return False
         return True

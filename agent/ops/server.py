@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import importlib
 import logging
 import os
 import sys
@@ -34,7 +33,7 @@ from agent.app.ray_plugins import PluginRunner
 from agent.app.service import AgentService
 from agent.app.token import Token, read_token
 from agent.core import plugin_config
-from agent.core.errors import StartupError
+from agent.core.errors import ConfigError, StartupError
 from agent.core.refs import RefTables
 from agent.core.roots import FileRoots
 from agent.core.units import human_bytes
@@ -48,6 +47,7 @@ from agent.install.installers import InstallTools, build_installers
 from agent.install.staging import through
 from agent.install.unpack_pool import UnpackPool, auto_workers
 from agent.install.wheel_cache import WheelCache, find_uv
+from agent.ops.door_addresses import METRICS_FLAG, every_door, probe_doors
 from agent.ops.ray_door import RayDoor
 from agent.ops.startup import (
     bind_failure,
@@ -63,7 +63,6 @@ from agent.ops.startup import (
     missing_folders,
     move_aside,
     prepare_socket_path,
-    probe_address,
     share_root,
 )
 from agent.state import sockets
@@ -74,7 +73,9 @@ from rtenv.v1 import agent_pb2
 
 log = logging.getLogger(__name__)
 
-METRICS_FLAG = "--metrics-address"
+# The host of Ray's runtime env plugins, made when a Ray door's node names some: it imports Ray,
+# so the top layer hands it in (``agent.launcher.main``); no module here imports it.
+LoadPlugins = Callable[[], PluginRunner]
 SERVICE_NAME: str = agent_pb2.DESCRIPTOR.services_by_name["RuntimeEnvAgent"].full_name
 
 
@@ -94,10 +95,13 @@ class Agent:
         sleep: Sleep = asyncio.sleep,
         before_recovery: Callable[[], Awaitable[None]] | None = None,
         freeze_heap: bool = False,
+        load_plugins: LoadPlugins | None = None,
     ) -> None:
         """``before_recovery``: awaited just before recovery (a test's hook to hold the start
         there, with the Ray door already listening). ``freeze_heap``: ``freeze_start_heap``
-        before the first call is served (process-wide: for the agent's own process)."""
+        before the first call is served (process-wide: for the agent's own process).
+        ``load_plugins``: the host of Ray's runtime env plugins, called as the Ray door starts
+        serving when ``RAY_RUNTIME_ENV_PLUGINS`` names some (without it, such a start fails)."""
         self.settings = settings
         self.state = AgentState.NEW
         self.address = ""  # the bound address, with a real port for "HOST:0"
@@ -116,6 +120,7 @@ class Agent:
         self._metrics_runner: web.AppRunner | None = None
         self._before_recovery = before_recovery
         self._freeze_heap = freeze_heap
+        self._load_plugins = load_plugins
         self.ray_door: RayDoor | None = None  # with settings.ray
         self.ray_front: RayFront | None = None
 
@@ -127,14 +132,14 @@ class Agent:
         try:
             # What needs no root first: a refused start leaves the root untouched.
             address = check_address(settings.resolved_address(), settings.allow_remote)
-            doors = [("--address", address), *_other_doors(settings)]
+            doors = every_door(settings, address)
             check_distinct_ports(doors)
             root = settings.root.resolve()
             # --no-state-db cannot share the root; --reset-state may not pull the index from
             # under other agents: both need the root alone
             alone = not settings.persist or settings.reset_state
             check_root_free(root, alone=alone)
-            await asyncio.to_thread(_probe_doors, doors)  # a name may take a DNS look-up
+            await asyncio.to_thread(probe_doors, doors)  # a name may take a DNS look-up
             for missing in await asyncio.to_thread(missing_folders, settings.allow_file_roots):
                 log.warning("%s", file_root_warning(missing), extra={"path": str(missing)})
             workers = settings.extract_workers
@@ -182,21 +187,31 @@ class Agent:
             tables = RefTables()
             ray = settings.ray
             self._fetcher = fetcher = Fetcher(
-                self._session, settings.fetch, sleep=self._sleep,
+                self._session,
+                settings.fetch,
+                sleep=self._sleep,
                 file_roots=settings.allow_file_roots,
                 gcs=GcsConfig(ray.gcs_address, ray.cluster_id_hex, ray.token)
-                if ray is not None and ray.gcs_address else None,
+                if ray is not None and ray.gcs_address
+                else None,
                 http_headers=dict(settings.http_headers),
-            )  # fmt: skip
+            )
             uv = await asyncio.to_thread(find_uv)
             wheel_cache = WheelCache(root, uv)
             installers = build_installers(
                 InstallTools(
-                    fetcher, settings.archive, settings.py_executable, settings.pip_installer,
-                    root / "logs", self._unpack, settings.overlap_downloads, uv,
-                    wheel_cache.path, FileRoots.of(settings.allow_file_roots),
+                    fetcher,
+                    settings.archive,
+                    settings.py_executable,
+                    settings.pip_installer,
+                    root / "logs",
+                    self._unpack,
+                    settings.overlap_downloads,
+                    uv,
+                    wheel_cache.path,
+                    FileRoots.of(settings.allow_file_roots),
                 )
-            )  # fmt: skip
+            )
             store = UriStore(
                 root,
                 installers,
@@ -237,9 +252,12 @@ class Agent:
             self.address = await self._bind(address)
             if address.startswith("unix:"):  # the very file bound, noted (``state.sockets``)
                 await asyncio.to_thread(
-                    sockets.note, root, self._db.holder_id, address.removeprefix("unix:"),
+                    sockets.note,
+                    root,
+                    self._db.holder_id,
+                    address.removeprefix("unix:"),
                     bound=True,
-                )  # fmt: skip
+                )
             if self._freeze_heap:  # before serving: counting what was frozen walks it (6 ms)
                 frozen = freeze_start_heap()
                 log.info("start-up heap frozen: %d objects", frozen, extra={"objects": frozen})
@@ -248,11 +266,12 @@ class Agent:
                 await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
             if self.ray_door is not None:  # requests waiting at the Ray door go on now
                 self.ray_front = RayFront(
-                    self.service, plugins=_plugin_host(),
+                    self.service,
+                    plugins=self._plugin_host(),
                     node=settings.ray.host if settings.ray else "",
                     node_pythonpath=os.environ.get("PYTHONPATH", ""),
                     python_version=python_version,
-                )  # fmt: skip
+                )
                 self.ray_door.serve(self.ray_front)
         except BaseException:
             if self._server is not None:  # bound, maybe started: its port is let go
@@ -271,10 +290,25 @@ class Agent:
             root,
             human_bytes(settings.cache_budget_bytes),
             time.monotonic() - started,
-            extra={"address": self.address, "root": str(root),
-                   "budget_bytes": settings.cache_budget_bytes,
-                   "seconds": round(time.monotonic() - started, 3)},
-        )  # fmt: skip
+            extra={
+                "address": self.address,
+                "root": str(root),
+                "budget_bytes": settings.cache_budget_bytes,
+                "seconds": round(time.monotonic() - started, 3),
+            },
+        )
+
+    def _plugin_host(self) -> PluginRunner | None:
+        """Ray's runtime env plugins when the node names some (``RAY_RUNTIME_ENV_PLUGINS``):
+        their host, as ``load_plugins`` makes it; None otherwise, and Ray is never imported."""
+        if not plugin_config.configured():
+            return None
+        if self._load_plugins is None:
+            raise ConfigError(
+                f"{plugin_config.PLUGINS_VAR} names plugins, but this agent was started with no "
+                "host for them"
+            )
+        return self._load_plugins()
 
     @property
     def ray_address(self) -> str:
@@ -297,9 +331,10 @@ class Agent:
             raise bind_failure(checked, METRICS_FLAG, exc) from exc
         self.metrics_address = f"{host}:{bound}"
         log.info(
-            "metrics on http://%s/metrics", self.metrics_address,
+            "metrics on http://%s/metrics",
+            self.metrics_address,
             extra={"metrics_address": self.metrics_address},
-        )  # fmt: skip
+        )
 
     async def _bind(self, address: str) -> str:
         assert self._server is not None
@@ -389,27 +424,6 @@ class Agent:
         await self.stop()
 
 
-def _other_doors(settings: Settings) -> list[tuple[str, str]]:
-    """The doors beside the gRPC one, as (the flag that names it, its checked HOST:PORT)."""
-    doors = []
-    if settings.metrics_address:
-        doors.append((METRICS_FLAG, check_door_address(
-            METRICS_FLAG, settings.metrics_address, settings.allow_remote)))  # fmt: skip
-    if settings.ray is not None:
-        host = settings.ray.host.strip("[]")
-        shown = f"[{host}]" if ":" in host else host
-        flag = settings.ray.named_by
-        doors.append((flag, check_door_address(
-            flag, f"{shown}:{settings.ray.port}", settings.allow_remote)))  # fmt: skip
-    return doors
-
-
-def _probe_doors(doors: list[tuple[str, str]]) -> None:
-    """Every door's address free, before the root is touched (blocking: call in a thread)."""
-    for flag, address in doors:
-        probe_address(address, flag)
-
-
 def freeze_start_heap() -> int:
     """Move every object alive now out of the cyclic collector's passes (``gc.freeze``) and
     return how many: what the start made (modules, classes, protobuf descriptors, the gRPC
@@ -420,13 +434,3 @@ def freeze_start_heap() -> int:
     count drops to 0."""
     gc.freeze()
     return gc.get_freeze_count()
-
-
-def _plugin_host() -> PluginRunner | None:
-    """Ray's runtime env plugins when the node names some (``RAY_RUNTIME_ENV_PLUGINS``): their
-    host is loaded by name (it imports Ray); None otherwise, and Ray is never imported."""
-    if not plugin_config.configured():
-        return None
-    module = importlib.import_module("agent.ray.plugins")
-    host: PluginRunner = module.load_host()
-    return host

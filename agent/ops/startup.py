@@ -110,8 +110,10 @@ def check_door_address(flag: str, address: str, allow_remote: bool) -> str:
     as ``check_address`` checks ``--address``; a refusal names ``flag``."""
     try:
         if address.startswith("unix:"):
-            raise StartupError(f"address {quoted(address)} is a unix socket; this door takes "
-                               "HOST:PORT or [IPv6]:PORT")  # fmt: skip
+            raise StartupError(
+                f"address {quoted(address)} is a unix socket; this door takes "
+                "HOST:PORT or [IPv6]:PORT"
+            )
         return check_address(address, allow_remote)
     except StartupError as exc:
         raise StartupError(f"{flag}: {exc.message}") from None
@@ -220,8 +222,11 @@ def check_python(python: str) -> tuple[int, int]:
     try:
         ran = subprocess.run(
             [python, "-c", "import sys; print(*sys.version_info[:2])"],
-            stdin=subprocess.DEVNULL, capture_output=True, timeout=PYTHON_CHECK_S, check=False,
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=PYTHON_CHECK_S,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         raise StartupError(f"{setting} did not answer within {PYTHON_CHECK_S:g}s") from None
     except OSError as exc:
@@ -305,9 +310,11 @@ def move_aside(db_path: Path) -> None:
             aside = db_path.with_name(name + suffix)
             os.rename(old, aside)
             log.warning(
-                "--reset-state: moved %s to %s", old, aside,
+                "--reset-state: moved %s to %s",
+                old,
+                aside,
                 extra={"path": str(old), "moved_to": str(aside)},
-            )  # fmt: skip
+            )
 
 
 def prepare_socket_path(address: str) -> Path:

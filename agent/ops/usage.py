@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
+import textwrap
 from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
@@ -31,6 +32,15 @@ def closest(word: str, known: Iterable[str]) -> str | None:
     None: a mistaken flag's or setting's "did you mean"."""
     close = difflib.get_close_matches(word, list(known), n=1)
     return close[0] if close else None
+
+
+class WrapAtSpaces(argparse.HelpFormatter):
+    """argparse's help wrapped at spaces only: a path or a flag is never cut at its hyphens."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(
+            " ".join(text.split()), width, break_on_hyphens=False, break_long_words=False
+        )
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -303,7 +303,7 @@ def dump():
     with open(out, "w") as f:
         json.dump({"steps": steps + [s for s in best.values() if s not in kept]}, f)
 atexit.register(dump)
-from agent.ops.cli import main
+from agent.launcher.main import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -61,8 +61,8 @@ STOCK = "stock"  # the shared Ray node of the micro workloads
 
 def launcher_available() -> str:
     """Why a Ray node cannot be started on this agent here ("" if it can)."""
-    if importlib.util.find_spec("agent.ray") is None:
-        return "this agent's Ray launcher (agent.ray) is not in this checkout"
+    if importlib.util.find_spec("agent.launcher") is None:
+        return "this agent's Ray launcher (agent.launcher) is not in this checkout"
     return ""
 
 

@@ -41,7 +41,7 @@ _MAX_UNIX_PATH = 100  # AF_UNIX allows 107 bytes; keep a margin
 
 # Runs the agent's own CLI on uvloop's event loop: the agent is not changed, only its loop.
 _UVLOOP_LAUNCH = (
-    "import sys, uvloop; uvloop.install(); from agent.ops.cli import main; "
+    "import sys, uvloop; uvloop.install(); from agent.launcher.main import main; "
     "sys.exit(main(sys.argv[1:]))"
 )
 

@@ -35,7 +35,7 @@ _AGENT_MARKS = ("runtime_env/agent/main.py", "ray::RuntimeEnvAgent", "ray-agent"
 NODE_IP = "127.0.0.2"  # a loopback address Ray keeps (it rewrites 127.0.0.1)
 NODE_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 RAY_CLI = "import sys; from ray.scripts.scripts import main; sys.exit(main())"
-OURS_CLI = "import sys; from agent.ops.cli import main; sys.exit(main(sys.argv[1:]))"
+OURS_CLI = "import sys; from agent.launcher.main import main; sys.exit(main(sys.argv[1:]))"
 
 
 def ray_available() -> bool:

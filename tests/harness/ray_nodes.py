@@ -47,7 +47,8 @@ import pytest
 
 from agent.ops import loops
 from agent.ops.ray_agent import grpc_address
-from agent.ops.ray_flags import TOKEN_AUTH_SINCE, release
+from agent.ops.ray_flags import TOKEN_AUTH_SINCE
+from agent.ops.ray_swap import ray_release
 from rtenv.ray.v1 import runtime_env_agent_pb2 as ray_pb2
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.harness.package_server import PackageServer
@@ -57,10 +58,10 @@ from tests.harness.pip_wheels import hermetic_pip_environ
 T = TypeVar("T")
 Json = dict[str, Any]
 
-# The installed Ray (CI runs these tests on 2.60 and on the oldest supported, agent.ray.hook's
+# The installed Ray (CI runs these tests on 2.60 and on the oldest supported, agent.launcher.hook's
 # SUPPORTED_RAY): before 2.54 the raylet passes no node id and picks the agent's port itself
 # (no port file); before 2.52 Ray has no token auth.
-RAY_RELEASE = release(importlib.metadata.version("ray")) or (0, 0)
+RAY_RELEASE = ray_release(importlib.metadata.version("ray")) or (0, 0)
 PORT_FILES = RAY_RELEASE >= (2, 54)
 needs_token_auth = pytest.mark.skipif(
     RAY_RELEASE < TOKEN_AUTH_SINCE, reason="Ray before 2.52 has no token auth"

@@ -100,7 +100,7 @@ SCRIPT = """#!/bin/sh
 '''exec' PYTHON "$0" "$@"
 ' '''
 import sys
-from agent.ops.cli import main
+from agent.launcher.main import main
 sys.exit(main())
 """
 

@@ -1,13 +1,13 @@
 """What ``rtenv-agent ray --help`` (``-h``, or no command) says: runtime-env-agent's own commands
 and Ray's, and which of them need Ray in the python that runs rtenv-agent.
 
-Ours (``OURS``: the switch, ``agent.ray.switch``, and the scoped stop, ``agent.ray.stop``) need
-no Ray there: the agent's venv the README recommends has none, and ``enable --python`` names the
-Python environment that has it. Every
-other command is Ray's own CLI, run with the raylets it starts running this agent (``ray start``
-above all): it needs Ray there. Where Ray is installed, Ray's own help comes first (its commands,
-as that Ray has them) and ours after it; where it is not, ours and a note on Ray's. Both exit 0:
-asking for help is no mistake (a command of Ray's without Ray is still one line, exit 2).
+Ours (``OURS``: the switch, ``agent.launcher.switch``, and the scoped stop, ``agent.launcher.stop``)
+need no Ray there: the agent's venv the README recommends has none, and ``enable --python`` names
+the Python environment that has it. Every other command is Ray's own CLI, run with the raylets it
+starts running this agent (``ray start`` above all): it needs Ray there. Where Ray is installed,
+Ray's own help comes first (its commands, as that Ray has them) and ours after it; where it is not,
+ours and a note on Ray's. Both exit 0: asking for help is no mistake (a command of Ray's without Ray
+is still one line, exit 2).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ on in this python, ``install()`` keeps its agent python and root. A raylet comma
 command this swap knows (a later Ray's, say) is started as it is, with a warning naming what it
 holds; ``install(on_swap)`` is told each raylet command it swapped, before that raylet starts.
 
-The swap itself is ``agent.ray.hook`` (standard library only: ``rtenv-agent ray enable`` copies it
-into a Python environment, ``agent.ray.switch``). This package may import ``ray`` (lazily:
+The swap itself is ``agent.ops.ray_swap`` (standard library only: ``rtenv-agent ray enable`` copies
+it into a Python environment, ``agent.launcher.switch``). This package may import ``ray`` (lazily:
 ``swap_agent_command`` is pure and needs no ray); the agent's server never imports this package
 (tests/test_layers.py).
 """
@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from agent.ray.hook import (
+from agent.ops.ray_swap import (
     AGENT_FLAG,
     OUR_AGENT,
     PROCESS_TYPE_RAYLET,

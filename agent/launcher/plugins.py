@@ -120,14 +120,21 @@ class PluginHost:
                         " 1800}, ...}\nIf not provided, the default timeout is "
                         f"{DEFAULT_TIMEOUT_SECONDS} seconds. " + error
                     )
-                log.warning("runtime env plugins failed (attempt %d of %d)", attempt + 1,
-                            self._retries, extra={"attempt": attempt + 1})  # fmt: skip
+                log.warning(
+                    "runtime env plugins failed (attempt %d of %d)",
+                    attempt + 1,
+                    self._retries,
+                    extra={"attempt": attempt + 1},
+                )
                 continue
             for key in uris:
                 self._counts[key] = self._counts.get(key, 0) + 1
             return result, uris
-        log.error("runtime_env creation failed %d times, giving up.", self._retries,
-                  extra={"attempts": self._retries})  # fmt: skip
+        log.error(
+            "runtime_env creation failed %d times, giving up.",
+            self._retries,
+            extra={"attempts": self._retries},
+        )
         # Ray's agent answers the last attempt's traceback (a timeout's with its hint first)
         raise (SetupTimeout if error.startswith("Failed to install") else PluginFailed)(error)
 
@@ -169,8 +176,12 @@ class PluginHost:
             try:
                 self._caches[key[0]].mark_unused(key[1], logger=log)
             except Exception:
-                log.exception("plugin %s: deleting %s failed", key[0], key[1],
-                              extra={"plugin": key[0], "uri": key[1]})  # fmt: skip
+                log.exception(
+                    "plugin %s: deleting %s failed",
+                    key[0],
+                    key[1],
+                    extra={"plugin": key[0], "uri": key[1]},
+                )
 
 
 def load_host(environ: Mapping[str, str] = os.environ) -> PluginHost:

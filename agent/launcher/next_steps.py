@@ -18,9 +18,9 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from agent.ray.hook import CLI as EXE
-from agent.ray.hook import agent_cli, shell_line
-from agent.ray.node_procs import gcs_address, sessions_named
+from agent.launcher.node_procs import gcs_address, sessions_named
+from agent.ops.ray_swap import CLI as EXE
+from agent.ops.ray_swap import agent_cli, shell_line
 
 PROG = "rtenv-agent ray"
 
@@ -29,7 +29,7 @@ def runnable(argv0: str, executable: str, path: str | None) -> list[str]:
     """The words that run this rtenv-agent from a shell whose PATH is ``path``: ``rtenv-agent``
     when PATH finds this one; else the script's full path (``argv0`` when it is the script, else
     the one beside ``executable``, a venv's ``bin``); else ``<executable> -m agent``
-    (``hook.agent_cli``)."""
+    (``ray_swap.agent_cli``)."""
     mine = os.path.basename(argv0) == EXE
     words = [os.path.abspath(argv0)] if mine else agent_cli(executable)
     found = shutil.which(EXE, path=path)

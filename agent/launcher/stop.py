@@ -4,7 +4,7 @@ dir (default: the one ``ray start`` uses, ``$RAY_TMPDIR/ray``, else ``$TMPDIR/ra
 every Ray process of the machine, found by name.
 
 The node's processes are chosen from ``/proc`` by the sessions their command lines name
-(``agent.ray.node_procs``), each held by a pidfd opened at once (its start time checked, so a
+(``agent.launcher.node_procs``), each held by a pidfd opened at once (its start time checked, so a
 PID reused meanwhile is never signalled). They are stopped in Ray's order (raylets, the rest,
 GCS servers), each step SIGTERM, a wait of a third of ``--grace-period`` (Ray's default, 16 s,
 and Ray's split), then SIGKILL for what is left (Ray's monitor.py was seen ignoring SIGTERM for
@@ -33,10 +33,10 @@ from pathlib import Path
 
 from agent.core.errors import echo
 from agent.core.units import human_duration, parse_duration, plural
-from agent.ops.usage import OneLineParser
-from agent.ray import node_procs
-from agent.ray.hook import ray_temp_dir
-from agent.ray.node_procs import Chosen, Proc, Scope
+from agent.launcher import node_procs
+from agent.launcher.node_procs import Chosen, Proc, Scope
+from agent.ops.ray_swap import ray_temp_dir
+from agent.ops.usage import OneLineParser, WrapAtSpaces
 
 PROG = "rtenv-agent ray stop"
 GRACE_S = 16.0  # Ray's ray stop --grace-period default, split between the three steps as Ray's
@@ -298,9 +298,7 @@ HELP = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    from agent.ops.cli import _HelpFormatter  # wraps at spaces only: paths stay whole
-
-    p = OneLineParser(prog=PROG, description=DESCRIPTION, formatter_class=_HelpFormatter)
+    p = OneLineParser(prog=PROG, description=DESCRIPTION, formatter_class=WrapAtSpaces)
     where = p.add_mutually_exclusive_group()
     where.add_argument("--temp-dir", type=_folder, metavar="DIR", help=HELP["temp-dir"])
     where.add_argument("--address", type=_address, metavar="HOST:PORT", help=HELP["address"])

@@ -5,7 +5,7 @@ agent, with no code edit.
 ``enable`` asks the target python (``PATH -I -c ...``) for its site-packages (``purelib``) and
 writes two files there, nothing else:
 
-- ``_rtenv_agent_switch.py``: a copy of ``agent/ray/hook.py`` (standard library only), and its
+- ``_rtenv_agent_switch.py``: a copy of ``agent/ops/ray_swap.py`` (standard library only), and its
   bytecode, compiled by the target python (read at each start, even under
   ``PYTHONDONTWRITEBYTECODE``);
 - ``_rtenv_agent_switch.pth``: one ``import`` line, run at every interpreter start, calling
@@ -21,7 +21,7 @@ node's environment still wins. No ``dist-info`` is written: ``uv sync`` and ``pi
 files alone (a venv made anew loses them: enable again). ``disable`` removes exactly those two
 files and the module's bytecode; ``enabled`` tells: exit 0 when that python's nodes run this
 agent, 1 when they run Ray's, saying why (off, or on but not in effect: ``not_in_effect``).
-``enable``'s lines name ``rtenv-agent`` by its full path (``hook.agent_cli``: it need not be on
+``enable``'s lines name ``rtenv-agent`` by its full path (``ray_swap.agent_cli``: it need not be on
 PATH). A mistake (a PATH that is no python, a site-packages it cannot write) is one line, exit 2.
 """
 
@@ -40,16 +40,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.core.errors import echo
-from agent.ops.usage import OneLineParser
-from agent.ray import hook
+from agent.ops import ray_swap
+from agent.ops.usage import OneLineParser, WrapAtSpaces
 
 PROG = "rtenv-agent ray"
 COMMANDS = ("enable", "disable", "enabled")
 NAME = "_rtenv_agent_switch"  # the module's name in the target's site-packages, and the .pth's
 PROBE_S = 60.0  # for the target python to answer (a cold interpreter on a slow disk)
-MIN_PYTHON = (3, 9)  # Ray's oldest; hook.py keeps to it
+MIN_PYTHON = (3, 9)  # Ray's oldest; ray_swap.py keeps to it
 HEADER = (
-    "# Written by `rtenv-agent ray enable` (runtime-env-agent): a copy of its agent/ray/hook.py.\n"
+    "# Written by `rtenv-agent ray enable` (runtime-env-agent): a copy of its "
+    "agent/ops/ray_swap.py.\n"
     "# `rtenv-agent ray disable --python PATH` removes it and the .pth file beside it.\n"
 )
 # what the target python says of itself: its site-packages, its version, whether it has Ray (and
@@ -131,8 +132,8 @@ def read_pth(text: str) -> tuple[str, str | None] | None:
 
 
 def module_text() -> str:
-    """What ``enable`` writes as the module: this agent's hook.py, under a header."""
-    return HEADER + Path(hook.__file__).read_text(encoding="utf-8")
+    """What ``enable`` writes as the module: this agent's ray_swap.py, under a header."""
+    return HEADER + Path(ray_swap.__file__).read_text(encoding="utf-8")
 
 
 def default_root(environ: Mapping[str, str], home: Path | None) -> Path:
@@ -170,9 +171,13 @@ def probe(python: str) -> Target:
         raise SwitchError(f"--python {echo(python)} is not an executable file")
     try:
         done = subprocess.run(
-            [python, "-I", "-c", PROBE], capture_output=True, text=True, timeout=PROBE_S,
-            check=False, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+            [python, "-I", "-c", PROBE],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_S,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SwitchError(f"--python {echo(python)} could not be run: {exc}") from None
     try:
@@ -198,9 +203,13 @@ def agent_location(python: str) -> str | None:
     when it cannot (or cannot be run)."""
     try:
         done = subprocess.run(
-            [python, "-I", "-c", AGENT_PROBE], capture_output=True, text=True,
-            timeout=PROBE_S, check=False, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+            [python, "-I", "-c", AGENT_PROBE],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_S,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     where = done.stdout.strip()
@@ -241,9 +250,13 @@ def _compile(target: Target) -> None:
     that python cannot compile it."""
     try:
         done = subprocess.run(
-            [target.python, "-I", "-c", COMPILE, str(target.module)], capture_output=True,
-            text=True, timeout=PROBE_S, check=False, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+            [target.python, "-I", "-c", COMPILE, str(target.module)],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_S,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
         failed = done.stderr.strip() if done.returncode != 0 else ""
     except (OSError, subprocess.TimeoutExpired) as exc:
         failed = str(exc)
@@ -266,19 +279,19 @@ def enable(target: Target, agent_python: str, root: Path) -> list[str]:
     _compile(target)
     _write(target.pth, pth_line(agent_python, str(root)))
     state = "enabled" if was is None else "enabled again (updated)"
-    cli = hook.agent_cli(agent_python)  # rtenv-agent by its full path: not always on PATH
+    cli = ray_swap.agent_cli(agent_python)  # rtenv-agent by its full path: not always on PATH
     lines = [
         f"{PROG}: {state} for {target.python}: the Ray nodes it starts (ray.init(), ray start, "
         "Cluster) run this agent",
         f"  agent python: {agent_python}",
         f"  root: {root} (RTENV_ROOT, where set, wins)",
         f"  wrote: {target.pth}, {target.module}",
-        f"  what it holds: {hook.shell_line([*cli, 'info', '--root', str(root)])}",
-        f"  undo: {hook.shell_line([*cli, 'ray', 'disable', '--python', target.python])}",
+        f"  what it holds: {ray_swap.shell_line([*cli, 'info', '--root', str(root)])}",
+        f"  undo: {ray_swap.shell_line([*cli, 'ray', 'disable', '--python', target.python])}",
     ]
     if not target.has_ray:
         lines.append(f"  note: ray is not importable in {target.python} (yet)")
-    elif old := hook.ray_version_problem(target.ray_version):
+    elif old := ray_swap.ray_version_problem(target.ray_version):
         lines.append(
             f"  note: {old}: the nodes it starts run Ray's own agent until Ray is upgraded"
         )
@@ -323,12 +336,12 @@ def status(
     python, root = baked
     lines = [f"  agent python: {python}", f"  root: {root} (RTENV_ROOT, where set, wins)"]
     if (problem := not_in_effect(target, python, locate)) is not None:
-        again = [*hook.agent_cli(sys.executable), "ray", "enable", "--python", target.python]
+        again = [*ray_swap.agent_cli(sys.executable), "ray", "enable", "--python", target.python]
         again += ["--root", root] if root else []
         return 1, [
             f"{PROG}: on for {target.python}, but not in effect: {problem}",
             *lines,
-            f"  fix: {hook.shell_line(again)} (or disable)",
+            f"  fix: {ray_swap.shell_line(again)} (or disable)",
         ]
     if target.module.read_text(encoding="utf-8", errors="replace") != module_text():
         lines.append("  note: its module is not this agent's version: run enable again")
@@ -341,14 +354,14 @@ def not_in_effect(target: Target, python: str, locate: Callable[[str], str | Non
     """Why a switch that is on (its two files as enable wrote them) changes nothing, and what
     that python's Ray nodes then run; None when it is in effect. In the order a node meets
     them: that python's start does not arm it (the .pth is not run there, or arm failed); its
-    Ray is older than this agent serves (the swap leaves Ray's agent: ``hook.swapping``); the
+    Ray is older than this agent serves (the swap leaves Ray's agent: ``ray_swap.swapping``); the
     agent python is gone (the same); it cannot import the agent isolated (the raylet would
     start an agent that exits at once, and fate-share with it)."""
     rays = "the Ray nodes it starts run Ray's own agent"
     if not target.armed:
         said = f" (its start said: {target.stderr})" if target.stderr else ""
         return f"{target.python} does not arm it at start{said}: {target.pth} is not run there"
-    if target.has_ray and (old := hook.ray_version_problem(target.ray_version)):
+    if target.has_ray and (old := ray_swap.ray_version_problem(target.ray_version)):
         return f"{old}: {rays}"
     if not os.access(python, os.X_OK):
         return f"the agent python {python} is gone: {rays}"
@@ -381,22 +394,24 @@ def python_path(given: str) -> str:
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
-    from agent.ops.cli import _HelpFormatter  # wraps at spaces only: paths stay whole
-
     p = OneLineParser(
-        prog=f"{PROG} {command}", description=DESCRIPTIONS[command],
-        formatter_class=_HelpFormatter,
-    )  # fmt: skip
+        prog=f"{PROG} {command}",
+        description=DESCRIPTIONS[command],
+        formatter_class=WrapAtSpaces,  # wraps at spaces only: paths stay whole
+    )
     p.add_argument(
-        "--python", metavar="PATH", default=sys.executable,
+        "--python",
+        metavar="PATH",
+        default=sys.executable,
         help="the Python environment's python (default: the one rtenv-agent runs in); in a uv "
         "project, .venv/bin/python",
-    )  # fmt: skip
+    )
     if command == "enable":
         p.add_argument(
-            "--root", metavar="DIR",
+            "--root",
+            metavar="DIR",
             help="the agents' root (default ${XDG_CACHE_HOME:-~/.cache}/rtenv-agent/root)",
-        )  # fmt: skip
+        )
     return p
 
 

@@ -2,7 +2,7 @@
 whole Python environment. Standard library only, and nothing of ``agent``: ``rtenv-agent ray
 enable`` copies this very file into the target environment's site-packages (as
 ``_rtenv_agent_switch.py``, beside a ``.pth`` file whose one line calls ``arm``), where the agent
-is not installed; ``agent.ray`` imports it for ``install()`` and the launcher.
+is not installed; ``agent.launcher`` imports it for ``install()`` and the launcher.
 
 - ``swap_agent_command`` (pure): a raylet's argv with ``--runtime_env_agent_command=`` naming
   ``<python> -u -I -m agent ray-agent [--root=DIR] <Ray's flags>`` instead of Ray's
@@ -58,7 +58,7 @@ RAY_SOCKETS = ("plasma_store", "raylet")  # what Ray binds in <session>/sockets/
 SESSION_DATE = "2026-01-01_00-00-00_000000"  # always this many characters
 SERVICES = "ray._private.services"
 NODE = "ray._private.node"
-LOGGER = "agent.ray"
+LOGGER = "agent.ray"  # the warnings' name, as users have read it (not a module's)
 PROBLEM_CHARS = 500  # of the agent command quoted in a warning
 ROOT_CHARS = 300  # of the root's path in the announcement
 CLI = "rtenv-agent"  # the agent's console script, beside its python (pip, pipx, uv tool)
@@ -68,8 +68,8 @@ SESSION_ROOT = "rtenv"  # a root in Ray's session: <runtime-env-dir>/rtenv (ops/
 
 def ray_release(version: str) -> tuple[int, ...] | None:
     """``2.51.1`` as (2, 51, 1); None when it does not start with numbers (``2.52.0rc1`` counts
-    as its numbers). The same rule as agent/ops/ray_flags.release (this file imports nothing of
-    the agent's)."""
+    as its numbers). Its one home: ``ray_flags`` imports it from here (this file imports nothing
+    of the agent's, as it is copied where the agent is not)."""
     numbers = []
     for part in version.strip().split(".")[:3]:
         digits = ""

@@ -1,23 +1,23 @@
-"""``rtenv-agent ray <args>``: Ray's own CLI (``ray start``, ``ray stop``, ...), run in this
-process with ``agent.ray.install()`` done, so that the raylet ``ray start`` starts runs this agent.
-As that raylet starts, one line on stderr says so, names the agent's root and the ``info`` command
-that shows it (``hook.announcement``). Before ``ray start``
-runs, one line warns when Ray's own socket paths would be over AF_UNIX's limit. Ray's exit code is
-passed through; a mistake of ours (Ray not installed) is one line, exit 2; so is ``ray start`` on
-a Ray this agent does not support (older than ``hook.SUPPORTED_RAY``), refused by its version
-and the supported range before anything starts (``ray stop`` and the rest still run).
+"""``rtenv-agent ray <args>``: Ray's own CLI (``ray start``, ``ray stop``, ...), run in this process
+with ``agent.launcher.install()`` done, so that the raylet ``ray start`` starts runs this agent. As
+that raylet starts, one line on stderr says so, names the agent's root and the ``info`` command that
+shows it (``ray_swap.announcement``). Before ``ray start`` runs, one line warns when Ray's own
+socket paths would be over AF_UNIX's limit. Ray's exit code is passed through; a mistake of ours
+(Ray not installed) is one line, exit 2; so is ``ray start`` on a Ray this agent does not support
+(older than ``ray_swap.SUPPORTED_RAY``), refused by its version and the supported range before
+anything starts (``ray stop`` and the rest still run).
 
 Once a ``ray start`` whose raylet runs this agent has its node up (as Ray notes the cluster's
-address, after Ray's own "Next steps"; else as Ray's CLI returns), the launcher prints this
-agent's next steps on stdout (``agent.ray.next_steps``): how to add a node on this agent, how to
-stop just this node.
+address, after Ray's own "Next steps"; else as Ray's CLI returns), the launcher prints this agent's
+next steps on stdout (``agent.launcher.next_steps``): how to add a node on this agent, how to stop
+just this node.
 
 ``rtenv-agent ray enable|disable|enabled`` are ours, not Ray's (Ray has no such commands; its
-``enable-usage-stats`` is hyphenated): the switch of a Python environment (``agent.ray.switch``),
-which needs no Ray in this python. So is ``rtenv-agent ray stop`` (``agent.ray.stop``): it stops
-the nodes of one temp dir or GCS address, where Ray's ``ray stop`` stops every Ray node on the
-machine; it needs no Ray either. ``--help`` lists ours after Ray's commands, and without Ray too
-(``agent.ray.commands``).
+``enable-usage-stats`` is hyphenated): the switch of a Python environment
+(``agent.launcher.switch``), which needs no Ray in this python. So is ``rtenv-agent ray stop``
+(``agent.launcher.stop``): it stops the nodes of one temp dir or GCS address, where Ray's ``ray
+stop`` stops every Ray node on the machine; it needs no Ray either. ``--help`` lists ours after
+Ray's commands, and without Ray too (``agent.launcher.commands``).
 """
 
 from __future__ import annotations
@@ -29,15 +29,16 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from agent.ray import commands, hook, install, stop, switch
-from agent.ray.hook import (
+from agent.launcher import commands, install, stop, switch
+from agent.launcher.next_steps import NextSteps
+from agent.ops import ray_swap
+from agent.ops.ray_swap import (
     longest_socket_path,
     ray_temp_dir,
     ray_version_problem,
     running_ray_version,
     socket_path_warning,
 )
-from agent.ray.next_steps import NextSteps
 
 PROG = "rtenv-agent ray"
 
@@ -128,8 +129,8 @@ def _announce(raylet_argv: list[str]) -> None:
 
 def announcement(raylet_argv: Sequence[str], environ: Mapping[str, str]) -> str:
     """The line said as a raylet starts with this agent: whose agent it is, its root and the
-    ``info`` command that shows it (``hook.announcement``)."""
-    return hook.announcement(raylet_argv, environ, PROG)
+    ``info`` command that shows it (``ray_swap.announcement``)."""
+    return ray_swap.announcement(raylet_argv, environ, PROG)
 
 
 def _exit_code(code: object) -> int:
