@@ -27,10 +27,13 @@ from pathlib import Path
 AGENT = Path(__file__).resolve().parent.parent / "agent"
 LAYERS = ("core", "install", "state", "app", "doors", "ops", "launcher")
 ANYWHERE = {"agent.crash"}  # below every layer
+TOP = {"agent.ray"}  # the driver's API (``agent.ray.install()``), over the launcher: above all
 
 
 def _layer(module: str) -> int | None:
     """The layer's rank of ``agent.<layer>...``, or None for a module outside the layers."""
+    if module in TOP:
+        return len(LAYERS)
     parts = module.split(".")
     if len(parts) >= 2 and parts[0] == "agent" and parts[1] in LAYERS:
         return LAYERS.index(parts[1])

@@ -1,5 +1,5 @@
 """Local clusters end cleanly: one driver process (``tests/harness/ray_cycles.py``, real Ray, this
-agent swapped in by ``agent.launcher.install()``) starts and ends a local cluster 20 times on one
+agent swapped in by ``agent.ray.install()``) starts and ends a local cluster 20 times on one
 shared root (RTENV_ROOT); Ray's raylet ends each agent with SIGKILL of the process it started.
 Nothing of any of those agents stays: no socket or link in the root, no ``rtenv-*`` socket folder
 under Ray's temp dir, no holder (row, lock file or socket note), no staging or trash folder;

@@ -1,5 +1,5 @@
 """``rtenv-agent ray <args>``: Ray's own CLI (``ray start``, ``ray stop``, ...), run in this process
-with ``agent.launcher.install()`` done, so that the raylet ``ray start`` starts runs this agent. As
+with ``agent.ray.install()`` done, so that the raylet ``ray start`` starts runs this agent. As
 that raylet starts, one line on stderr says so, names the agent's root and the ``info`` command that
 shows it (``ray_swap.announcement``). Before ``ray start`` runs, one line warns when Ray's own
 socket paths would be over AF_UNIX's limit. Ray's exit code is passed through; a mistake of ours

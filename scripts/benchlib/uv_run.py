@@ -92,7 +92,7 @@ for _path in {paths!r}[: None if _agent else 1]:
 
 class _AfterServices:
     """Once Ray's ``ray._private.services`` (which starts the raylet) is loaded,
-    ``agent.launcher.install()`` (which wraps its start_ray_process, nothing more)."""
+    ``agent.ray.install()`` (which wraps its start_ray_process, nothing more)."""
 
     def find_spec(self, name, path=None, target=None):
         if name != "ray._private.services":
@@ -104,9 +104,9 @@ class _AfterServices:
 
             def exec_module(module):
                 run(module)
-                import agent.launcher
+                import agent.ray
 
-                agent.launcher.install()
+                agent.ray.install()
 
             spec.loader.exec_module = exec_module
         return spec
@@ -124,7 +124,7 @@ def _switch_ours(python: Path, root: Path) -> str:
     how. ``rtenv-agent ray enable --python PYTHON --root ROOT`` (issue 30 item 3: the agent then
     runs from the installation of the python running the benchmark); in a checkout without it,
     a .pth of the benchmark's own in that venv: this checkout and this python's site-packages
-    appended to its path, ``agent.launcher.install()`` once Ray's services load."""
+    appended to its path, ``agent.ray.install()`` once Ray's services load."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     probe = [sys.executable, "-m", "agent", "ray", "enable", "--help"]
     done = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=60, check=False)
@@ -144,7 +144,7 @@ def _switch_ours(python: Path, root: Path) -> str:
     paths = [str(REPO), sysconfig.get_paths()["purelib"]]
     Path(site, "rtenv_bench_switch.py").write_text(_SWITCH.format(paths=paths))
     Path(site, "rtenv_bench_switch.pth").write_text("import rtenv_bench_switch\n")
-    return "a .pth in each project's .venv: agent.launcher.install() once Ray's services load"
+    return "a .pth in each project's .venv: agent.ray.install() once Ray's services load"
 
 
 # -- one round ---------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """A Ray driver the cycle test runs as a process of its own:
 ``python tests/harness/ray_cycles.py CYCLES TEMP_DIR``, with RTENV_ROOT set (the shared root).
 
-It swaps the raylet's runtime env agent for this one (``agent.launcher.install()``, as a user's
+It swaps the raylet's runtime env agent for this one (``agent.ray.install()``, as a user's
 driver does), then starts and ends a local cluster CYCLES times (a bare ``ray.init(num_cpus=1)``
 and ``ray.shutdown()``, no task: the agent starts and is ended by its raylet all the same) in
 this one process, and prints ``RESULT <json>``: each cycle's seconds."""
@@ -15,12 +15,12 @@ import time
 
 import ray
 
-import agent.launcher
+import agent.ray
 
 
 def main() -> None:
     cycles, temp_dir = int(sys.argv[1]), sys.argv[2]
-    agent.launcher.install()
+    agent.ray.install()
     seconds = []
     for _ in range(cycles):
         started = time.monotonic()
