@@ -12,9 +12,9 @@ import pytest
 from agent.core.context import build_context
 from agent.core.errors import InvalidRuntimeEnv
 from agent.core.packages import Package
-from agent.core.ray_context import build_ray_context
 from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
 from agent.core.uris import UriKey, UriKind, parse_uri
+from agent.doors.ray_context import build_ray_context
 
 LIMITS = EnvLimits()
 WD = "file:///pkgs/wd.zip"

@@ -22,9 +22,9 @@ from agent.core.context import build_context
 from agent.core.dialect import GRPC, RAY
 from agent.core.kinds import KINDS, Build, KindRow, Origin, Placement, VenvPlace
 from agent.core.packages import Package
-from agent.core.ray_context import build_ray_context
 from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
 from agent.core.uris import ParsedUri, UriKey, UriKind, parse_uri
+from agent.doors.ray_context import build_ray_context
 from agent.install.fetch import Fetcher
 from agent.install.fetch_base import FetchLimits
 from agent.install.installers import (

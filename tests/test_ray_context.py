@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 from agent.core.dialect import RAY
-from agent.core.ray_context import RAY_CONTEXT_KEYS, build_ray_context
 from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
 from agent.core.uris import UriKey
+from agent.doors.ray_context import RAY_CONTEXT_KEYS, build_ray_context
 
 BASE = "/usr/bin/python3"
 

@@ -25,8 +25,8 @@ from prometheus_client import generate_latest
 
 from agent.app.config import RaySettings, Settings
 from agent.core.errors import StartupError
-from agent.core.ray_context import RAY_CONTEXT_KEYS
 from agent.doors import ray_http
+from agent.doors.ray_context import RAY_CONTEXT_KEYS
 from agent.ops.config_view import effective
 from agent.ops.logs import BoundFields
 from agent.ops.option_parsers import parse_ray_address

@@ -16,12 +16,12 @@ from typing import Any
 import grpc
 import pytest
 
-from agent.app import ray_front
-from agent.app.ray_front import MAX_STRINGS_PER_ENV, RayFront, RayInfo
 from agent.core.errors import AgentError, EnvNotFound, ErrorKind
-from agent.core.ray_context import RAY_CONTEXT_KEYS
 from agent.core.runtime_env import EnvLimits, parse_runtime_env
+from agent.doors import ray_front
+from agent.doors.ray_context import RAY_CONTEXT_KEYS
 from agent.doors.ray_errors import REPLY
+from agent.doors.ray_front import MAX_STRINGS_PER_ENV, RayFront, RayInfo
 from tests.harness.in_process import RunningAgent, running_agent, stray_cancellation
 from tests.harness.package_server import package_server
 from tests.harness.packages import workdir_zip

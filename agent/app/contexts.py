@@ -1,9 +1,10 @@
-"""The worker contexts of the live envs, in each door's format: a pure function of the env, the
-settings and the package its create derived, if it did (kept in its record: ``ProjectVenvs``),
-built each time it is asked for (the doors keep their replies; a record keeps no context).
+"""The worker contexts of the live envs: a pure function of the env, the settings and the package
+its create derived, if it did (kept in its record: ``ProjectVenvs``), built each time it is
+asked for (the doors keep their replies; a record keeps no context).
 
-An env is answered in the format its dialect says (``Dialect.context``); asking for the other
-is a bug of the caller, raised as one.
+An env is answered in the format its dialect says (``Dialect.context``): the ``.proto``'s here,
+Ray's by the Ray door (``agent.doors.ray_context``); asking for another is a bug of the
+caller, raised as one (``check_format``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from agent.app.records import EnvRecord
 from agent.core.context import WorkerContext, build_context
 from agent.core.dialect import ContextFormat
 from agent.core.packages import Package
-from agent.core.ray_context import build_ray_context
 from agent.core.runtime_env import RuntimeEnv
 from agent.core.uris import UriKey
 
@@ -34,7 +34,7 @@ class EnvContexts:
 
     def worker(self, env: RuntimeEnv) -> WorkerContext:
         """The env's context as the ``.proto``'s ``WorkerContext`` (``build_context``)."""
-        _check_format(env, ContextFormat.WORKER)
+        check_format(env, ContextFormat.WORKER)
         return self.startable(env)
 
     def startable(self, env: RuntimeEnv) -> WorkerContext:
@@ -45,33 +45,18 @@ class EnvContexts:
             self._path_for,
             py_executable=self._settings.py_executable,
             limits=self._settings.env,
-            derived=self._derived(env),
+            derived=self.derived(env),
         )
 
-    def ray(
-        self, env: RuntimeEnv, *, node_pythonpath: str, python_version: tuple[int, int]
-    ) -> dict[str, object]:
-        """The env's context as Ray's worker reads it (``build_ray_context``), for a node whose
-        ``PYTHONPATH`` is ``node_pythonpath`` and whose venvs' python is of
-        ``python_version``."""
-        _check_format(env, ContextFormat.RAY)
-        return build_ray_context(
-            env,
-            self._path_for,
-            py_executable=self._settings.py_executable,
-            node_pythonpath=node_pythonpath,
-            python_version=python_version,
-            derived=self._derived(env),
-        )
-
-    def _derived(self, env: RuntimeEnv) -> tuple[Package, ...]:
-        """The package the env's create derived, if it did."""
+    def derived(self, env: RuntimeEnv) -> tuple[Package, ...]:
+        """The package the env's create derived, if it did (placed as the env's own)."""
         record = self._records.get(env.env_id) if env.derives_venv else None
         derived = None if record is None else record.derived
         return () if derived is None else (derived,)
 
 
-def _check_format(env: RuntimeEnv, wanted: ContextFormat) -> None:
+def check_format(env: RuntimeEnv, wanted: ContextFormat) -> None:
+    """A door asks for the context in its dialect's format; another is a bug of the caller."""
     if env.dialect.context is not wanted:
         raise AssertionError(
             f"env {env.env_id} was read in the {env.dialect.name} dialect, whose context is "

@@ -51,7 +51,7 @@ class ContextFormat(Enum):
     """The format a door answers a worker's context in."""
 
     WORKER = "worker"  # the .proto's WorkerContext (``agent.core.context``)
-    RAY = "ray"  # Ray's RuntimeEnvContext JSON (``agent.core.ray_context``)
+    RAY = "ray"  # Ray's RuntimeEnvContext JSON (``agent.doors.ray_context``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,12 +35,12 @@ from typing import TypeVar
 from aiohttp import web
 from google.protobuf.message import DecodeError, Message
 
-from agent.app.ray_front import RayFront
 from agent.app.token import Token
 from agent.core.bounded import BoundedCache
 from agent.core.errors import Unauthenticated
 from agent.doors.metrics import OK, Metrics
 from agent.doors.ray_errors import Door, Refusal, Refused, Route, funnel, reply_bytes
+from agent.doors.ray_front import RayFront
 from rtenv.ray.v1 import runtime_env_agent_pb2 as pb
 
 M = TypeVar("M", bound=Message)

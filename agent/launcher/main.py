@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent.app.ray_plugins import PluginRunner
+from agent.doors.ray_plugins import PluginRunner
 from agent.ops import cli
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 from aiohttp import web
 
 from agent.app.config import RaySettings
-from agent.app.ray_front import RayFront
 from agent.core.errors import StartupError
 from agent.doors.metrics import Metrics
+from agent.doors.ray_front import RayFront
 from agent.doors.ray_http import ray_app
 from agent.ops.startup import bind_failure
 

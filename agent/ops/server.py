@@ -28,8 +28,6 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
 from agent.app.config import Settings
-from agent.app.ray_front import RayFront
-from agent.app.ray_plugins import PluginRunner
 from agent.app.service import AgentService
 from agent.app.token import Token, read_token
 from agent.core import plugin_config
@@ -39,6 +37,8 @@ from agent.core.roots import FileRoots
 from agent.core.units import human_bytes
 from agent.doors.access import TokenInterceptor
 from agent.doors.metrics import Metrics, start_metrics_server
+from agent.doors.ray_front import RayFront
+from agent.doors.ray_plugins import PluginRunner
 from agent.doors.servicer import RuntimeEnvAgentServicer, add_services
 from agent.install.fetch import Fetcher
 from agent.install.fetch_base import Sleep

@@ -43,14 +43,14 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from agent.app.contexts import check_format
 from agent.app.parsing import warn_ignored
-from agent.app.ray_plugins import PluginRunner, PluginSetups
 from agent.app.recent_failures import RecentFailures
 from agent.app.records import MAX_JOB_ID_BYTES
 from agent.app.service import AgentService
 from agent.core import logfields
 from agent.core.bounded import BoundedCache
-from agent.core.dialect import RAY
+from agent.core.dialect import RAY, ContextFormat
 from agent.core.errors import (
     AgentError,
     EnvNotFound,
@@ -60,6 +60,8 @@ from agent.core.errors import (
     echo,
 )
 from agent.core.runtime_env import RuntimeEnv
+from agent.doors.ray_context import build_ray_context
+from agent.doors.ray_plugins import PluginRunner, PluginSetups
 
 log = logging.getLogger(__name__)
 
@@ -288,11 +290,18 @@ class RayFront:
             await self._release(env_id, excess)
 
     def _context(self, env: RuntimeEnv) -> str:
-        return json.dumps(
-            self.service.contexts.ray(
-                env, node_pythonpath=self._node_pythonpath, python_version=self.python_version
-            )
+        """The env's context as Ray's worker reads it (``build_ray_context``), serialized."""
+        check_format(env, ContextFormat.RAY)
+        service = self.service
+        context = build_ray_context(
+            env,
+            service.store.path_for,
+            py_executable=service.settings.py_executable,
+            node_pythonpath=self._node_pythonpath,
+            python_version=self.python_version,
+            derived=service.contexts.derived(env),
         )
+        return json.dumps(context)
 
     # -- delete ----------------------------------------------------------------------------
     async def delete(self, serialized: str, *, source_process: str = "") -> None:
