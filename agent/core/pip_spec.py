@@ -102,8 +102,8 @@ class PipSpec:
     python: str  # "3.11"
     platform: str  # "linux-x86_64"
     # Ray's semantics (the Ray door's): the venv sees the node's packages after its own, and the
-    # worker runs its python (``agent.install.venv.NODE_SITE_PTH``). Another venv than the gRPC
-    # door's isolated one, so another digest; False leaves the digest as it always was.
+    # worker runs its python (``agent.install.venvs.build.NODE_SITE_PTH``). Another venv than the
+    # gRPC door's isolated one, so another digest; False leaves the digest as it always was.
     node_site: bool = False
     # the node's python whose site folders such a venv adds (``node_site``): another python,
     # another venv, even on one shared root

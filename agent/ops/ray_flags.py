@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from agent.core.errors import ConfigError, echo
-from agent.install.gcs_source import GcsConfig
+from agent.install.fetch.gcs_source import GcsConfig
 
 PROG = "rtenv-agent ray-agent"
 # Ray's persist_port(session_dir, node_id, RUNTIME_ENV_AGENT_PORT_NAME, port) writes the file

@@ -41,13 +41,13 @@ from agent.core.units import human_bytes
 from agent.doors.access import TokenInterceptor
 from agent.doors.metrics import Metrics, start_metrics_server
 from agent.doors.servicer import RuntimeEnvAgentServicer, add_services
-from agent.install.fetch import Fetcher
-from agent.install.fetch_base import Sleep
-from agent.install.gcs_source import GcsConfig
+from agent.install.disk.staging import through
+from agent.install.fetch.base import Sleep
+from agent.install.fetch.fetcher import Fetcher
+from agent.install.fetch.gcs_source import GcsConfig
 from agent.install.installers import InstallTools, build_installers
-from agent.install.staging import through
-from agent.install.unpack_pool import UnpackPool, auto_workers
-from agent.install.wheel_cache import WheelCache, find_uv
+from agent.install.unpack.pool import UnpackPool, auto_workers
+from agent.install.venvs.wheel_cache import WheelCache, find_uv
 from agent.ops.ray_door import RayDoor
 from agent.ops.startup import (
     bind_failure,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from agent.install.staging import through
+from agent.install.disk.staging import through
 from agent.state import index
 from agent.state.index import Obtained, RowKey
 from agent.state.index_file import now_ms

@@ -39,7 +39,7 @@ from typing import TypeVar
 
 from agent.core.errors import IndexUnavailable, StateDBError
 from agent.crash import crash_point
-from agent.install.staging import through
+from agent.install.disk.staging import through
 from agent.state import index, schema
 from agent.state.holders import HolderLock
 from agent.state.index import KindBudget, RowKey, Swept

@@ -41,15 +41,15 @@ from agent.core.errors import DiskExhausted
 from agent.core.packages import Package
 from agent.core.uris import UriKey, UriKind
 from agent.crash import crash_point
-from agent.install.disk import (
+from agent.install.disk.modes import make_dir
+from agent.install.disk.root import (
     DiskFloor,
     package_dir,
     remove_all,
 )
+from agent.install.disk.staging import prepare_staging, through
 from agent.install.installers import Installer, InstallJob
-from agent.install.modes import make_dir
-from agent.install.staging import prepare_staging, through
-from agent.install.wheel_cache import WheelCache
+from agent.install.venvs.wheel_cache import WheelCache
 from agent.state import ray_folders
 from agent.state.entries import StoreStats, UriEntry, UriState
 from agent.state.index import Found
@@ -102,7 +102,7 @@ class UriStore:
         store only knows that a package is made in a staging folder, never how). ``db``: the
         root's index, opened (this agent a holder of it). ``wheel_cache``: the cache uv links
         venvs from, its own bytes counted as unused and cleared after the packages (the rule:
-        ``agent.install.wheel_cache``)."""
+        ``agent.install.venvs.wheel_cache``)."""
         self.root = root
         self._db = db
         self._refcount = refcount

@@ -28,12 +28,12 @@ from pathlib import Path
 from agent.core.errors import InstallerFailed
 from agent.core.packages import Package
 from agent.core.uris import ParsedUri, wheel_name
-from agent.install.disk import du
-from agent.install.fetch import Fetcher
+from agent.install.disk.modes import harden_tree, make_dir
+from agent.install.disk.root import du
+from agent.install.disk.staging import through
+from agent.install.fetch.fetcher import Fetcher
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
-from agent.install.modes import harden_tree, make_dir
-from agent.install.staging import through
-from agent.install.venv import run_installer
+from agent.install.venvs.build import run_installer
 
 _DOWNLOADS = "wheel"  # in the staging folder: the downloaded wheel, under its own name
 _TARGET = "modules"  # in the staging folder: the package's folder, pip's --target

@@ -28,14 +28,14 @@ from pathlib import Path
 from agent.core.packages import Package
 from agent.core.uris import SCHEMES, ParsedUri
 from agent.crash import crash_point
-from agent.install.archive import extract_zip
-from agent.install.disk import unpack_reservation
-from agent.install.fetch import Fetcher
+from agent.install.disk.root import unpack_reservation
+from agent.install.disk.staging import through
+from agent.install.fetch.fetcher import Fetcher
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
-from agent.install.overlap import EarlyExtraction
-from agent.install.staging import through
-from agent.install.unpack_pool import UnpackPool
-from agent.install.zip_plan import ArchiveLimits, declared_size
+from agent.install.unpack.archive import extract_zip
+from agent.install.unpack.overlap import EarlyExtraction
+from agent.install.unpack.plan import ArchiveLimits, declared_size
+from agent.install.unpack.pool import UnpackPool
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,8 @@ the requirements in it: ``pip --python <venv python> install`` (the agent's own 
 venv`` and ``uv pip install`` for a ``uv`` env, and for a ``pip`` env when ``pip-installer`` is
 ``uv`` and a uv is found (beside the agent's python, else on PATH). uv installs from the root's
 one wheel cache by hardlinks (``--link-mode hardlink --cache-dir <root>/wheel-cache``: see
-``agent.install.wheel_cache``); pip has no such mode, so a venv pip builds is a copy of its own.
+``agent.install.venvs.wheel_cache``); pip has no such mode, so a venv pip builds is a copy of its
+own.
 The installer's output goes to a log file under the root; a failure is FAILED_PRECONDITION
 with the installer's own last error lines (those it writes at the start of a line; what a
 package's build printed, which pip indents, can quote any file the build read, and stays in
@@ -45,8 +46,8 @@ from pathlib import Path
 from agent.core.errors import InstallerFailed, echo
 from agent.core.pip_spec import PipSpec
 from agent.core.uv_spec import UvSpec, uv_version_matches
-from agent.install.spawn import run, spawn
-from agent.install.staging import through
+from agent.install.disk.staging import through
+from agent.install.venvs.spawn import run, spawn
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ _NODE_SITES = "import site\nfor d in site.getsitepackages(): print(d)\n"
 # umask and runs the installer as its child, in its group, and when the agent dies (PDEATHSIG
 # sends it SIGTERM) it kills the whole group, installer children included. (Not a preexec_fn:
 # Python code between fork and exec in a process serving gRPC crashes now and then; see
-# agent.install.spawn, which starts it, for why not the loop's own subprocess either.)
+# agent.install.venvs.spawn, which starts it, for why not the loop's own subprocess either.)
 _GROUP_LEADER = (
     "import ctypes, os, signal, subprocess, sys\n"
     f"os.umask({INSTALLER_UMASK:#o})\n"
@@ -212,7 +213,7 @@ async def build_venv(
     """Make ``staging/venv`` with the spec installed; return it. ``label`` names the package in
     messages, already cut (``UriKey.label``). ``uv``: the uv binary (``find_uv``), used for a
     ``UvSpec`` always and for a ``PipSpec`` when ``installer`` is "uv"; ``cache``: the root's
-    wheel cache uv installs from, by hardlinks (``agent.install.wheel_cache``); ``sources``:
+    wheel cache uv installs from, by hardlinks (``agent.install.venvs.wheel_cache``); ``sources``:
     the installer's arguments for the spec's local sources (their copies: ``local_read``)."""
     venv = staging / "venv"
     venv_python = str(venv / "bin" / "python")

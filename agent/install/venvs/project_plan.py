@@ -11,7 +11,7 @@ project's settings say. The venv's name hashes the lock's bytes, the line's choi
 extras, groups, ``--with``) and, when the project is a package (uv installs it too), the working
 dir's URI: two experiments whose folders differ in anything else share one venv.
 
-uv runs here as the installers run it (``agent.install.venv.run_installer``: its own process
+uv runs here as the installers run it (``agent.install.venvs.build.run_installer``: its own process
 group, its output in a log), but with the project's configuration read (``[tool.uv]``,
 ``uv.toml``), the user's and the system's not (``project_environ``).
 """
@@ -38,7 +38,7 @@ from agent.core.uv_project import (
     read_settings,
 )
 from agent.core.uv_run import Passthrough, UvRun
-from agent.install.venv import installer_environ, run_installer
+from agent.install.venvs.build import installer_environ, run_installer
 
 PROJECT = "project"  # the scratch's folder holding the project's files
 _NO_CONFIG = "no-config"  # an empty folder: uv's user and system configuration are looked for there

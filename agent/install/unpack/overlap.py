@@ -43,12 +43,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agent.install.disk import unpack_reservation
-from agent.install.fetch import Fetcher
-from agent.install.fetch_base import Space
-from agent.install.staging import through
-from agent.install.unpack_pool import UnpackPool
-from agent.install.zip_plan import ArchiveLimits
+from agent.install.disk.root import unpack_reservation
+from agent.install.disk.staging import through
+from agent.install.fetch.base import Space
+from agent.install.fetch.fetcher import Fetcher
+from agent.install.unpack.plan import ArchiveLimits
+from agent.install.unpack.pool import UnpackPool
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.core.errors import UnsafeArchive, echo
-from agent.install import inflate
-from agent.install.modes import file_mode, refused_unless_disk_full
-from agent.install.zip_plan import Entry
-from agent.install.zip_stop import Halted, stop_if_halted
+from agent.install.disk.modes import file_mode, refused_unless_disk_full
+from agent.install.unpack import inflate
+from agent.install.unpack.plan import Entry
+from agent.install.unpack.stop import Halted, stop_if_halted
 
 _CHUNK = 1024 * 1024
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from agent.core.units import exact_bytes
 from agent.core.uris import UriKey
 from agent.crash import crash_point
-from agent.install.zip_plan import ArchiveLimits
+from agent.install.unpack.plan import ArchiveLimits
 
 
 def disk_space(path: Path) -> tuple[int, int]:
@@ -29,7 +29,8 @@ def disk_space(path: Path) -> tuple[int, int]:
 def du(path: Path) -> int:
     """Bytes of the files under ``path`` (links not followed), each inode once: a file
     hardlinked twice in the tree counts once, one shared with the wheel cache or another venv
-    counts whole (``agent.install.wheel_cache`` says the rule). Blocking: call it in a thread."""
+    counts whole (``agent.install.venvs.wheel_cache`` says the rule). Blocking: call it in a
+    thread."""
     total = 0
     seen: set[tuple[int, int]] = set()
     for dirpath, _, names in os.walk(path):

@@ -29,9 +29,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from agent.install.zip_finish import finish
-from agent.install.zip_plan import ArchiveLimits, opened_zip, plan_zip
-from agent.install.zip_write import write_share
+from agent.install.unpack.finish import finish
+from agent.install.unpack.plan import ArchiveLimits, opened_zip, plan_zip
+from agent.install.unpack.write import write_share
 
 
 def extract_zip(

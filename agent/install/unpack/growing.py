@@ -25,7 +25,7 @@ import os
 import time
 from collections.abc import Callable
 
-from agent.install.zip_stop import Stopped
+from agent.install.unpack.stop import Stopped
 
 # what a task names: the archive's size, where its known tail starts, the file holding the tail
 # (written by the agent beside the download: a task's message stays small on the event loop)

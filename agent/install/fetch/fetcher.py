@@ -28,7 +28,7 @@ import aiohttp
 from agent.core.errors import DiskExhausted, IntegrityError
 from agent.core.roots import FileRoots
 from agent.core.uris import ParsedUri
-from agent.install.fetch_base import (
+from agent.install.fetch.base import (
     DownloadWatch,
     FetchLimits,
     FetchTools,
@@ -39,13 +39,13 @@ from agent.install.fetch_base import (
     Space,
     Unlimited,
 )
-from agent.install.fetch_file import FileFetcher
-from agent.install.fetch_gcs import GcsFetcher
-from agent.install.fetch_http import HttpFetcher
-from agent.install.fetch_object import ObjectFetcher
-from agent.install.gcs_source import GcsConfig
-from agent.install.object_source import ObjectStores, load_obstore
-from agent.install.transport import AiohttpTransport, Transport
+from agent.install.fetch.file import FileFetcher
+from agent.install.fetch.gcs import GcsFetcher
+from agent.install.fetch.gcs_source import GcsConfig
+from agent.install.fetch.http import HttpFetcher
+from agent.install.fetch.object import ObjectFetcher
+from agent.install.fetch.object_source import ObjectStores, load_obstore
+from agent.install.fetch.transport import AiohttpTransport, Transport
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 

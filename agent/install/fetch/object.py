@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from agent.core.uris import ParsedUri
-from agent.install.fetch_base import (
+from agent.install.fetch.base import (
     DownloadWatch,
     Fetched,
     FetchTools,
@@ -22,8 +22,8 @@ from agent.install.fetch_base import (
     download_failed,
     too_large,
 )
-from agent.install.landing import Digest, create_landing, hop, opening, write_all
-from agent.install.object_source import ObjectUnavailable
+from agent.install.fetch.landing import Digest, create_landing, hop, opening, write_all
+from agent.install.fetch.object_source import ObjectUnavailable
 
 
 class ObjectFetcher:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import zipfile
 
-from agent.install.zip_plan import ArchiveLimits, Entry, Plan
+from agent.install.unpack.plan import ArchiveLimits, Entry, Plan
 
 _ENTRY_NS = 20_000  # what writing one entry costs beyond its bytes (open, close, mode): 4,000
 # small files (16 MB) took one worker 0.12 s on this machine, inflating included

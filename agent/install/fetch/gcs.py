@@ -13,9 +13,9 @@ from pathlib import Path
 
 from agent.core.errors import DownloadFailed, PackageNotFound, PackageRejected
 from agent.core.uris import ParsedUri
-from agent.install.fetch_base import DownloadWatch, Fetched, FetchTools, Space, Transient
-from agent.install.gcs_source import GcsKvClient, GcsUnavailable, missing_package
-from agent.install.landing import Digest, create_landing, hop, opening, write_all
+from agent.install.fetch.base import DownloadWatch, Fetched, FetchTools, Space, Transient
+from agent.install.fetch.gcs_source import GcsKvClient, GcsUnavailable, missing_package
+from agent.install.fetch.landing import Digest, create_landing, hop, opening, write_all
 
 # Ray's switch that makes every gcs:// download fail, for tests of that failure
 # (``packaging.RAY_RUNTIME_ENV_FAIL_DOWNLOAD_FOR_TESTING_ENV_VAR``): set in the node's environment

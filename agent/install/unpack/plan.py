@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from agent.core.errors import UnsafeArchive, echo
-from agent.install import inflate
+from agent.install.unpack import inflate
 
 DRIVE = re.compile(r"^[A-Za-z]:")  # a Windows drive letter: an absolute name
 

@@ -11,10 +11,10 @@ import zipfile
 from pathlib import Path
 
 from agent.core.errors import UnsafeArchive, echo
-from agent.install.modes import DIR_MODE, harden_tree, modes_settable
-from agent.install.zip_plan import DRIVE, Entry, Plan
-from agent.install.zip_stop import Halted, stop_if_halted
-from agent.install.zip_write import unwritable
+from agent.install.disk.modes import DIR_MODE, harden_tree, modes_settable
+from agent.install.unpack.plan import DRIVE, Entry, Plan
+from agent.install.unpack.stop import Halted, stop_if_halted
+from agent.install.unpack.write import unwritable
 
 _MAX_SYMLINK_TARGET = 4096
 

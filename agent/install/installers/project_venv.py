@@ -1,9 +1,9 @@
 """The uv_project kind: a ``uv run`` project's virtualenv, built by uv from the project's lock.
 
-``uv sync --frozen`` in a copy of the project made in the staging folder from the recipe (its
-lock as the planning create locked it: ``agent.install.uv_project``), into the staging folder's
-``venv`` (``UV_PROJECT_ENVIRONMENT``), from the root's wheel cache by hardlinks, as a ``uv`` env
-is; ``--with``'s packages then by ``uv pip install`` into the same venv, from the
+``uv sync --frozen`` in a copy of the project made in the staging folder from the recipe (its lock
+as the planning create locked it: ``agent.install.venvs.project_plan``), into the staging folder's
+``venv`` (``UV_PROJECT_ENVIRONMENT``), from the root's wheel cache by hardlinks, as a ``uv`` env is;
+``--with``'s packages then by ``uv pip install`` into the same venv, from the
 project's find-links and indexes. A package project is installed into it too, not editable (the
 venv outlives the copy it was built from); a virtual one only gets its dependencies, as
 ``uv run`` gives them. Then the staging path is rewritten to the final one and the venv measured,
@@ -19,12 +19,12 @@ from pathlib import Path
 from agent.core.errors import InstallerFailed
 from agent.core.packages import Package
 from agent.core.uv_project import ProjectRecipe
+from agent.install.disk.modes import make_dir
+from agent.install.disk.staging import through
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
 from agent.install.installers.pip_venv import finish_venv
-from agent.install.modes import make_dir
-from agent.install.staging import through
-from agent.install.uv_project import PROJECT, materialize, project_environ
-from agent.install.venv import run_installer
+from agent.install.venvs.build import run_installer
+from agent.install.venvs.project_plan import PROJECT, materialize, project_environ
 
 
 class UvProjectInstaller:

@@ -39,8 +39,8 @@ from typing import TypeVar
 from agent.core.errors import DiskExhausted, PackageRejected, echo
 from agent.core.local_sources import BUILD_FILES, Form, LocalSource
 from agent.core.roots import FileRoots
-from agent.install.file_source import Wanted, open_checked
-from agent.install.staging import through
+from agent.install.disk.staging import through
+from agent.install.fetch.file_source import Wanted, open_checked
 
 MAX_BYTES = 4 * 1024**3  # read from one env's local sources, all together
 MAX_ENTRIES = 10_000  # files, folders and links in one env's local folders, all together

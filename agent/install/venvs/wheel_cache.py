@@ -27,8 +27,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from agent.install.spawn import run
-from agent.install.venv import installer_environ
+from agent.install.venvs.build import installer_environ
+from agent.install.venvs.spawn import run
 
 log = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ from agent.core.errors import (
     echo,
 )
 from agent.core.object_uris import ObjectLocation, locate
-from agent.install.object_config import (
+from agent.install.fetch.object_config import (
     StoreSettings,
     aws_files,
     azure_settings,

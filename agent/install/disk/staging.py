@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from agent.crash import crash_point
-from agent.install.disk import move_to_trash, remove_tree
+from agent.install.disk.root import move_to_trash, remove_tree
 
 _T = TypeVar("_T")
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from agent.install.staging import through
+from agent.install.disk.staging import through
 
 _Redirect = int | IO[bytes] | None
 OUTPUT_TAIL_BYTES = 64 * 1024  # of a ``run`` command's output, returned

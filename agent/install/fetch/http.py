@@ -22,7 +22,7 @@ from pathlib import Path
 
 from agent.core.errors import PackageNotFound, PackageRejected, echo
 from agent.core.uris import ParsedUri
-from agent.install.fetch_base import (
+from agent.install.fetch.base import (
     DownloadWatch,
     Fetched,
     FetchLimits,
@@ -32,8 +32,15 @@ from agent.install.fetch_base import (
     download_failed,
     too_large,
 )
-from agent.install.landing import MAX_PIECES, Digest, create_landing, hop, opening, write_pieces
-from agent.install.transport import Failure, Policy, Request, TransportError
+from agent.install.fetch.landing import (
+    MAX_PIECES,
+    Digest,
+    create_landing,
+    hop,
+    opening,
+    write_pieces,
+)
+from agent.install.fetch.transport import Failure, Policy, Request, TransportError
 
 log = logging.getLogger(__name__)
 

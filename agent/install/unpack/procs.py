@@ -20,9 +20,9 @@ from typing import Any
 
 import agent
 from agent.core.errors import AgentError, FailedPrecondition, UnsafeArchive
-from agent.install import inflate
-from agent.install.unpack_worker import AGENTS_SIGNALS
-from agent.install.zip_stop import Stopped
+from agent.install.unpack import inflate
+from agent.install.unpack.stop import Stopped
+from agent.install.unpack.worker import AGENTS_SIGNALS
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class WorkerDied(Exception):
 
 
 def popen_worker(sock_fd: int, stops_fd: int, index: int, nice: int) -> subprocess.Popen[bytes]:
-    """Start worker ``index`` (``python -S -m agent.install.unpack_worker``, exec'd, never a
+    """Start worker ``index`` (``python -S -m agent.install.unpack.worker``, exec'd, never a
     fork) on its end of a socket pair, with the pool's stop flags. Blocking: a thread hop."""
     package_root = str(Path(agent.__file__).resolve().parent.parent)
     env = dict(os.environ)
@@ -56,7 +56,7 @@ def popen_worker(sock_fd: int, stops_fd: int, index: int, nice: int) -> subproce
     # agent's own start); else it lowers itself once its imports are done
     niced = [_NICE_CMD, "-n", str(nice)] if _NICE_CMD else []
     argv = [
-        *niced, sys.executable, "-S", "-m", "agent.install.unpack_worker", str(sock_fd),
+        *niced, sys.executable, "-S", "-m", "agent.install.unpack.worker", str(sock_fd),
         str(stops_fd), str(index), str(os.getpid()), "0" if niced else str(nice),
     ]  # fmt: skip
     # blocked in this (spawning) thread alone, so the worker starts with them blocked

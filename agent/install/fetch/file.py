@@ -12,9 +12,9 @@ from pathlib import Path
 
 from agent.core.errors import PermissionDenied, echo
 from agent.core.uris import ParsedUri
-from agent.install.fetch_base import DownloadWatch, Fetched, FetchTools, Space, too_large
-from agent.install.file_source import open_package
-from agent.install.landing import Digest, copy_chunk, create_landing, hop, opening
+from agent.install.fetch.base import DownloadWatch, Fetched, FetchTools, Space, too_large
+from agent.install.fetch.file_source import open_package
+from agent.install.fetch.landing import Digest, copy_chunk, create_landing, hop, opening
 
 
 class FileFetcher:

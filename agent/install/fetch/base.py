@@ -17,9 +17,9 @@ from typing import Protocol, TypeVar
 from agent.core.errors import DownloadFailed, PackageRejected
 from agent.core.roots import FileRoots
 from agent.core.uris import ParsedUri
-from agent.install.gcs_source import GcsConfig
-from agent.install.object_source import ObjectStores
-from agent.install.transport import Transport
+from agent.install.fetch.gcs_source import GcsConfig
+from agent.install.fetch.object_source import ObjectStores
+from agent.install.fetch.transport import Transport
 
 log = logging.getLogger(__name__)
 

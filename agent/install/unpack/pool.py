@@ -9,7 +9,7 @@ job's tasks and the gate of its disk reservation, ``unpack_jobs``.
 
 - **Workers.** ``size`` processes, started once (``start``: spawned from a thread hop, so the
   agent serves meanwhile; an extraction waits for them), each ``python -m
-  agent.install.unpack_worker`` (exec'd, never a fork of a process running gRPC's threads) on a
+  agent.install.unpack.worker`` (exec'd, never a fork of a process running gRPC's threads) on a
   socket pair of its own. ``close`` ends them: their sockets closed, stop flags set, then each
   waited for and killed by its PID if it outlives a grace. A worker whose agent dies outright
   sees its parent gone at its next chunk and its socket end: it exits.
@@ -56,9 +56,10 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.errors import Unavailable
-from agent.install.growing import Growing
-from agent.install.unpack_jobs import Gate, Reserve, Task
-from agent.install.unpack_procs import (
+from agent.install.unpack.growing import Growing
+from agent.install.unpack.jobs import Gate, Reserve, Task
+from agent.install.unpack.plan import ArchiveLimits
+from agent.install.unpack.procs import (
     CLOSE_GRACE_S,
     NICE,
     WorkerDied,
@@ -67,9 +68,8 @@ from agent.install.unpack_procs import (
     reap,
     settle,
 )
-from agent.install.unpack_worker import receive, send
-from agent.install.zip_plan import ArchiveLimits
-from agent.install.zip_stop import Stopped
+from agent.install.unpack.stop import Stopped
+from agent.install.unpack.worker import receive, send
 
 log = logging.getLogger(__name__)
 

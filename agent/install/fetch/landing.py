@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from agent.core.errors import PackageRejected, echo
-from agent.install.staging import through
+from agent.install.disk.staging import through
 
 _T = TypeVar("_T")
 

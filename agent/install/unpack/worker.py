@@ -1,5 +1,5 @@
 """One process of the unpack pool (``unpack_pool.py``): ``python -S -m
-agent.install.unpack_worker SOCKET_FD STOPS_FD INDEX PARENT_PID NICE`` (no site: the standard
+agent.install.unpack.worker SOCKET_FD STOPS_FD INDEX PARENT_PID NICE`` (no site: the standard
 library and the agent's own package, found by PYTHONPATH, are all it imports).
 
 It lowers its priority (``os.nice``: the agent's event loop wins the CPU when it wakes), then
@@ -52,12 +52,12 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.errors import AgentError
-from agent.install.growing import Growing, GrowingZip
-from agent.install.zip_finish import finish
-from agent.install.zip_plan import ArchiveLimits, Plan, opened_zip, plan_zip
-from agent.install.zip_shares import allowance, shares
-from agent.install.zip_stop import Stopped
-from agent.install.zip_write import write_share
+from agent.install.unpack.finish import finish
+from agent.install.unpack.growing import Growing, GrowingZip
+from agent.install.unpack.plan import ArchiveLimits, Plan, opened_zip, plan_zip
+from agent.install.unpack.shares import allowance, shares
+from agent.install.unpack.stop import Stopped
+from agent.install.unpack.write import write_share
 
 # A signal to the agent's whole group (a terminal's ^C or hang-up; systemd's stop, which sends
 # SIGTERM to every process of the unit) is the agent's to handle: it ends its workers itself
