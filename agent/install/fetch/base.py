@@ -1,4 +1,4 @@
-"""What every scheme's fetcher shares (``fetch.py`` holds the table of them): the limits of a
+"""What every scheme's fetcher shares (``fetcher.py`` holds the table of them): the limits of a
 download, the disk ``Space`` it takes as bytes come, the ``DownloadWatch`` told of an http(s)
 answer, what a fetcher is built from (``FetchTools``) and what it must do (``SchemeFetcher``),
 and the retry policy: ``Transient`` failures retried ``attempts`` times in all with exponential
@@ -143,7 +143,7 @@ class FetchTools:
 
 
 class SchemeFetcher(Protocol):
-    """How the packages of one or more URI schemes are fetched (an entry of ``fetch.FETCHERS``)."""
+    """How the packages of one or more URI schemes are fetched (a ``fetcher.FETCHERS`` entry)."""
 
     def check_origin(self, uri: ParsedUri, label: str) -> None:
         """Pure: refuse a package this agent may not or cannot fetch, before anything is."""

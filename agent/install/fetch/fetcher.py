@@ -1,8 +1,8 @@
 """The fetcher: brings a package named by a URI into a local file, then checks its digest.
 
 Each URI scheme is one entry of ``FETCHERS``: the class that checks a package's origin and
-fetches it (``fetch_file``: ``file://``; ``fetch_http``: ``http(s)://``; ``fetch_gcs``:
-``gcs://``; ``fetch_object``: ``s3://``, ``gs://``, ``azure://``, ``abfss://``). Its parsing and
+fetches it (``file``: ``file://``; ``http``: ``http(s)://``; ``gcs``:
+``gcs://``; ``object``: ``s3://``, ``gs://``, ``azure://``, ``abfss://``). Its parsing and
 traits are the core's entry of the same scheme (``agent.core.uris.SCHEMES``); a scheme is in
 both tables or in neither (tests/test_fetch.py checks it).
 
@@ -12,7 +12,7 @@ to reserve disk space up front (``Space.expect``). Disk space is re-checked befo
 written (``Space.take``), so a download stops at the free-space floor, not at a full disk; a full
 disk met anyway is ``DiskExhausted``. A digest mismatch is ``IntegrityError``, never retried.
 The transport, the sleep between retries and the random source of the jitter are injected
-(``fetch_base``), so the retry logic can be driven without waiting and without sockets.
+(``base``), so the retry logic can be driven without waiting and without sockets.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Outcomes: 404 or 410 is ``PackageNotFound`` at once. ``PackageRejected``, at onc
 4xx (but 408 and 429), an answer other than 200, an answer that is not valid HTTP (more bytes
 than its Content-Length, an overlong header), a TLS certificate that fails verification, a
 redirect to a non-http URL or a bad host, too many redirects, a body over the size limit.
-Transient, retried (``fetch_base.Retrying``): connection errors, timeouts, truncated bodies, 408,
+Transient, retried (``base.Retrying``): connection errors, timeouts, truncated bodies, 408,
 429 and 5xx.
 """
 

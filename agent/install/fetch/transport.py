@@ -1,6 +1,6 @@
 """What the fetcher needs from HTTP, and two ways to give it: aiohttp, or a function.
 
-The fetcher (``fetch.py``) sends one GET (a ``Request``: method, URL, headers) bounded by a
+The fetcher (``fetcher.py``) sends one GET (a ``Request``: method, URL, headers) bounded by a
 ``Policy`` (timeouts, redirects) and reads an ``Incoming`` answer: its status, its headers, its
 Content-Length (a hint, never a limit) and its body as a stream of chunks of at most the size it
 asks for, byte for byte as sent (no content decoding). The stream is closed when the context

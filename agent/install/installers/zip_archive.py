@@ -1,9 +1,9 @@
 """The zip kinds (working_dir, py_modules): a package is a zip archive named by a URI.
 
-Fetch it into the staging folder (the fetcher, by its scheme: ``fetch.py``; the disk floor
+Fetch it into the staging folder (the fetcher, by its scheme: ``fetch/fetcher.py``; the disk floor
 checked as bytes come, the digest the URI pins verified), reserve the disk its extraction will
 write (what its central directory declares), and extract it safely (``archive.py``'s checks; a
-working dir's single top-level folder dropped): in the agent's unpack pool (``unpack_pool.py``:
+working dir's single top-level folder dropped): in the agent's unpack pool (``unpack/pool.py``:
 worker processes, a large zip split between them; the reservation is made once their plan
 passed, before they write), or in a thread of the agent's process with no pool. A large zip of a
 ``ranged`` scheme (http(s): the scheme's traits are ``agent.core.uris.Scheme``) is extracted

@@ -1,8 +1,8 @@
-"""Safe zip extraction, in three steps that several processes can share (``unpack_pool.py``):
-``zip_plan.plan_zip`` (every check the central directory allows, pure but for what ``zipfile``
-read), ``zip_write.write_share`` (one share of the files and folders, ``zip_shares`` splitting
-them by work), and ``zip_finish.finish`` (the links, then the final modes), once every share is
-written; ``zip_stop`` is how they are told to stop. ``extract_zip`` here runs the three in one
+"""Safe zip extraction, in three steps that several processes can share (``pool.py``):
+``plan.plan_zip`` (every check the central directory allows, pure but for what ``zipfile``
+read), ``write.write_share`` (one share of the files and folders, ``shares`` splitting
+them by work), and ``finish.finish`` (the links, then the final modes), once every share is
+written; ``stop`` is how they are told to stop. ``extract_zip`` here runs the three in one
 call. Synchronous: run in a worker process or a thread.
 
 What is refused (``UnsafeArchive``, FAILED_PRECONDITION), before a byte is written where it can be
@@ -50,7 +50,7 @@ def extract_zip(
     it. ``stop``, once set, ends the extraction (``Stopped``) at its next entry or chunk, so a
     cancelled install's thread stops writing before its staging folder is removed.
 
-    The same steps as the unpack pool's workers take (``unpack_worker``), in one call: plan,
+    The same steps as the unpack pool's workers take (``worker``), in one call: plan,
     write every entry (one share), finish (links, then the final modes).
     """
     halted = (stop or threading.Event()).is_set

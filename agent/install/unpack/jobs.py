@@ -2,7 +2,7 @@
 one share of it, or its finish, each sent to one worker) and the ``Gate`` of its disk
 reservation, which every share waits at once its plan passed: made once, from the first share's
 plan (every share's plan is the same), then each share told ``go``, or ``halt`` if it failed or
-the job is stopping. The pool (``unpack_pool``) queues the tasks and answers the workers.
+the job is stopping. The pool (``pool``) queues the tasks and answers the workers.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 An extraction in a thread of the agent's process held the GIL for most of its time: every
 request waited behind it (GetRuntimeEnvsInfo's p99 was 13 ms during a 61 MB install). Here the
 agent's process only sends small tasks and reads small answers; the archive is planned (every
-check), written and finished in ``unpack_worker`` processes, niced so the event loop wins the
-CPU when it wakes. How a worker process is started, answers and ends is ``unpack_procs``; a
-job's tasks and the gate of its disk reservation, ``unpack_jobs``.
+check), written and finished in ``worker`` processes, niced so the event loop wins the
+CPU when it wakes. How a worker process is started, answers and ends is ``procs``; a
+job's tasks and the gate of its disk reservation, ``jobs``.
 
 - **Workers.** ``size`` processes, started once (``start``: spawned from a thread hop, so the
   agent serves meanwhile; an extraction waits for them), each ``python -m
@@ -16,7 +16,7 @@ job's tasks and the gate of its disk reservation, ``unpack_jobs``.
 - **Shares.** An archive of at least ``split_bytes`` is written by every worker at once: each
   plans it (the same plan: it is deterministic), says what it declares, waits for the job's
   disk reservation (``reserve``, made once, from the first plan to arrive: nothing is written
-  before it), and writes its share of the entries, of about equal work (``zip_shares``),
+  before it), and writes its share of the entries, of about equal work (``shares``),
   into the one staging folder; then one of them (the one that wrote share 0, if free) makes
   the links and sets the final modes. A smaller one is one task, to one worker. Tasks wait in
   a queue for a free worker, in order.
@@ -382,7 +382,7 @@ class UnpackPool:
         self._dispatch()
 
     def _planned(self, task: Task, declared: int) -> None:
-        """A share's plan passed: its job's gate says when it writes (``unpack_jobs.Gate``);
+        """A share's plan passed: its job's gate says when it writes (``jobs.Gate``);
         a task with no gate (its worker has no reason to ask) is told to halt."""
         task.waiting = True
         if task.gate is None:

@@ -1,7 +1,7 @@
 """The unpack pool's worker processes, seen from the agent: how one is started (its command
 line, niced from its first instruction, the agent's signals blocked), how its answer becomes its
 task's outcome (``settle``), and how its end is awaited (``reap``, a kill past a grace) and worded
-(``how_it_ended``). The worker's own side is ``unpack_worker``; the pool (``unpack_pool``) decides
+(``how_it_ended``). The worker's own side is ``worker``; the pool (``pool``) decides
 which worker runs what.
 """
 

@@ -1,5 +1,5 @@
 """How a zip extraction is told to stop: its install was cancelled, or another share of it
-failed. Every step of an extraction (``zip_write``, ``zip_finish``), the reader of an archive
+failed. Every step of an extraction (``write``, ``finish``), the reader of an archive
 still being downloaded (``growing``) and the unpack pool share this one signal.
 """
 

@@ -1,4 +1,4 @@
-"""One process of the unpack pool (``unpack_pool.py``): ``python -S -m
+"""One process of the unpack pool (``pool.py``): ``python -S -m
 agent.install.unpack.worker SOCKET_FD STOPS_FD INDEX PARENT_PID NICE`` (no site: the standard
 library and the agent's own package, found by PYTHONPATH, are all it imports).
 
@@ -10,7 +10,7 @@ time, until the socket ends (the agent closed it, or died):
   every entry, finish (``archive.extract_zip``'s steps);
 - ``("share", job, archive, dest, strip, limits, label, growing, k, n, gated)``: plan (every
   check of the central directory, made again here: the checks run where the extraction runs),
-  then write share ``k`` of ``n`` (``zip_shares.shares``) into ``dest``, made if no other share
+  then write share ``k`` of ``n`` (``shares.shares``) into ``dest``, made if no other share
   made it yet;
 - ``("finish", job, archive, dest, strip, limits, label, growing, 0, n, False)``: the links,
   then the final modes (the plan is kept from this worker's share of the job, or made again).
@@ -31,8 +31,8 @@ traceback in ``detail``.
 Stopping: byte ``INDEX`` of the shared memory ``STOPS_FD`` is set by the agent when this
 worker's task must end (its install was cancelled, or another share failed); it is read before
 every entry and chunk, and so is the parent's pid (an agent killed outright: the worker stops
-writing, then its socket ends). Imports only the zip modules (``zip_plan``, ``zip_shares``,
-``zip_write``, ``zip_finish``) and the core's errors: a worker starts in a fraction of the
+writing, then its socket ends). Imports only the zip modules (``plan``, ``shares``,
+``write``, ``finish``) and the core's errors: a worker starts in a fraction of the
 agent's time.
 """
 

@@ -6,7 +6,7 @@ large dependency hold about one copy of it on disk. The cache lives under the ro
 file system as the staging folders and ``uris/``, which hardlinks need).
 
 How it is counted (the budget's rule): a venv counts every file it holds, each inode once,
-whole (``disk.du``): what the venv is, and the most its eviction may free. The cache counts
+whole (``disk.root.du``): what the venv is, and the most its eviction may free. The cache counts
 only its *own* bytes: the inodes under it that nothing else links (``st_nlink`` 1), the bytes
 clearing it would free. A byte on disk is so counted at least once; one a venv shares with the
 cache, by that venv. The cache's own bytes are unused bytes of the root: a pass over the index
