@@ -107,9 +107,12 @@ class Retrying:
                 if attempt == limits.attempts:
                     raise failed(attempt, exc) from exc
                 log.warning(
-                    "download %s attempt %d failed: %s; retrying", label, attempt, exc,
+                    "download %s attempt %d failed: %s; retrying",
+                    label,
+                    attempt,
+                    exc,
                     extra={"uri": label, "attempt": attempt},
-                )  # fmt: skip
+                )
             await self.sleep(delay * (1 - limits.backoff_jitter * self.rand()))
             delay = min(delay * 2, limits.backoff_max_s)
         raise AssertionError("unreachable: the loop returns or raises")

@@ -148,9 +148,11 @@ class HttpFetcher:
                 return b"".join(parts) if got == want else None
         except TransportError as exc:
             log.debug(
-                "ranged GET of %s failed: %s", echo(url), exc,
+                "ranged GET of %s failed: %s",
+                echo(url),
+                exc,
                 extra={"url": echo(url), "failure": exc.failure.value},
-            )  # fmt: skip
+            )
             return None
 
 

@@ -70,14 +70,27 @@ _CLOUD_VARS = ("AWS_", "GOOGLE_", "AZURE_", "AZURITE_")
 _FAILED_REQUEST = re.compile(r"Error performing [A-Z]+ (\S+)")
 # where a client asks for credentials when none are configured: EC2's and ECS's metadata
 # (IMDSv2's token first), GCE's metadata server, Azure's managed identity
-_CREDENTIAL_PATHS = ("/latest/api/token", "/latest/meta-data/", "/v2/credentials",
-                     "/computeMetadata/", "/metadata/identity/")  # fmt: skip
+_CREDENTIAL_PATHS = (
+    "/latest/api/token",
+    "/latest/meta-data/",
+    "/v2/credentials",
+    "/computeMetadata/",
+    "/metadata/identity/",
+)
 _STATUS = re.compile(r"status code: (\d{3})")
 _CODE = re.compile(  # S3's and Azure's <Code>, GCS's JSON "reason"
     r"<Code>([A-Za-z]+)</Code>|\"reason\":\s*\"([A-Za-z]+)\""
 )
-_NETWORK = ("error sending request", "HTTP error", "connection", "Connection", "timed out",
-            "Timeout", "error decoding response body", "operation timed out")  # fmt: skip
+_NETWORK = (
+    "error sending request",
+    "HTTP error",
+    "connection",
+    "Connection",
+    "timed out",
+    "Timeout",
+    "error decoding response body",
+    "operation timed out",
+)
 _HINTS = {
     "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN), or AWS_PROFILE "
     "in ~/.aws/credentials",
@@ -189,13 +202,16 @@ class ObjectStores:
         retry: Any = {"max_retries": 0}  # the fetcher's retries, not obstore's
         try:
             if where.scheme == "s3":
-                return S3Store(where.bucket, config=config, client_options=options,
-                               retry_config=retry)  # fmt: skip
+                return S3Store(
+                    where.bucket, config=config, client_options=options, retry_config=retry
+                )
             if where.scheme == "gs":
-                return GCSStore(where.bucket, config=config, client_options=options,
-                                retry_config=retry)  # fmt: skip
-            return AzureStore(where.bucket, config=config, client_options=options,
-                              retry_config=retry)  # fmt: skip
+                return GCSStore(
+                    where.bucket, config=config, client_options=options, retry_config=retry
+                )
+            return AzureStore(
+                where.bucket, config=config, client_options=options, retry_config=retry
+            )
         except Exception as exc:  # obstore's errors, and ValueError for a bad setting
             raise ObjectStoreSetup(
                 f"{label}: the {where.cloud} client cannot be made from the agent's settings: "

@@ -53,17 +53,25 @@ class PipVenvInstaller:
         installer = pip_installer_for(tools.pip_installer, tools.uv)
         by_uv = tools.uv is not None and installer == "uv"
         return cls(
-            python=tools.python, installer=installer, logs=tools.logs, uv=tools.uv,
-            wheel_cache=tools.wheel_cache if by_uv else None, roots=tools.file_roots,
-        )  # fmt: skip
+            python=tools.python,
+            installer=installer,
+            logs=tools.logs,
+            uv=tools.uv,
+            wheel_cache=tools.wheel_cache if by_uv else None,
+            roots=tools.file_roots,
+        )
 
     @classmethod
     def of_uv(cls, tools: InstallTools) -> PipVenvInstaller:
         """The uv kind's: always by uv, from the wheel cache."""
         return cls(
-            python=tools.python, installer="uv", logs=tools.logs, uv=tools.uv,
-            wheel_cache=tools.wheel_cache, roots=tools.file_roots,
-        )  # fmt: skip
+            python=tools.python,
+            installer="uv",
+            logs=tools.logs,
+            uv=tools.uv,
+            wheel_cache=tools.wheel_cache,
+            roots=tools.file_roots,
+        )
 
     def check(self, package: Package, label: str) -> None:
         """Nothing to check again: the places pip reads from were checked when it was parsed."""
@@ -86,10 +94,16 @@ class PipVenvInstaller:
             spec.sources, spec.contents, self._roots, job.staging / "sources", job.label
         )
         venv = await build_venv(
-            spec, job.staging, python=self._python, installer=self._installer,
-            log_path=log_path, label=job.label, uv=self._uv, cache=self._wheel_cache,
+            spec,
+            job.staging,
+            python=self._python,
+            installer=self._installer,
+            log_path=log_path,
+            label=job.label,
+            uv=self._uv,
+            cache=self._wheel_cache,
             sources=sources,
-        )  # fmt: skip
+        )
         job.unpacked()
         # through: a cancelled install lets the venv's rewrite end before its staging goes
         finish = asyncio.to_thread(finish_venv, venv, job.final, job.label)

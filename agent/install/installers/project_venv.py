@@ -55,9 +55,12 @@ class UvProjectInstaller:
             raise InstallerFailed(f"{job.label}: a uv run project needs uv, and there is none")
         scratch = job.staging / "plan"  # the project as uv is shown it, removed with the staging
         await asyncio.to_thread(
-            materialize, Path(recipe.working_dir), dict(recipe.files), scratch / PROJECT,
+            materialize,
+            Path(recipe.working_dir),
+            dict(recipe.files),
+            scratch / PROJECT,
             recipe.settings.is_package,
-        )  # fmt: skip
+        )
         venv = job.staging / "venv"
         log_path = self._logs / f"{job.final.name}-{uuid.uuid4().hex[:8]}.log"
         cache = [] if self._wheel_cache is None else ["--cache-dir", str(self._wheel_cache)]
@@ -66,19 +69,44 @@ class UvProjectInstaller:
         editable = ["--no-editable"] if recipe.settings.is_package else []
         environ = {**project_environ(scratch), "UV_PROJECT_ENVIRONMENT": str(venv)}
         await run_installer(
-            [self._uv, "sync", "--frozen", "--quiet", *link, *python, *editable,
-             *recipe.sync_flags],
-            log_path, job.label, job.staging, cwd=scratch / PROJECT, environ=environ,
-        )  # fmt: skip
+            [
+                self._uv,
+                "sync",
+                "--frozen",
+                "--quiet",
+                *link,
+                *python,
+                *editable,
+                *recipe.sync_flags,
+            ],
+            log_path,
+            job.label,
+            job.staging,
+            cwd=scratch / PROJECT,
+            environ=environ,
+        )
         if recipe.with_packages:
             places = [f"--find-links={v}" for v in recipe.settings.find_links]
             places += [f"--extra-index-url={v}" for v in recipe.settings.index_urls]
             places += ["--no-index"] if recipe.settings.no_index else []
             await run_installer(
-                [self._uv, "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"),
-                 *link, *places, *recipe.with_packages],
-                log_path, job.label, job.staging, cwd=scratch / PROJECT, environ=environ,
-            )  # fmt: skip
+                [
+                    self._uv,
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--python",
+                    str(venv / "bin" / "python"),
+                    *link,
+                    *places,
+                    *recipe.with_packages,
+                ],
+                log_path,
+                job.label,
+                job.staging,
+                cwd=scratch / PROJECT,
+                environ=environ,
+            )
         job.unpacked()
         finish = asyncio.to_thread(finish_venv, venv, job.final, job.label)
         size = await through(asyncio.ensure_future(finish))

@@ -70,14 +70,29 @@ class PyWheelInstaller:
         log_path = self._logs / f"{job.final.name}-{uuid.uuid4().hex[:8]}.log"
         if self._uv is not None and not await self._pip_here(log_path, job):
             install = [
-                self._uv, "pip", "install", "--python", self._python, "--no-config",
-                "--link-mode", "copy", f"--target={target}", str(wheel),
-            ]  # fmt: skip
+                self._uv,
+                "pip",
+                "install",
+                "--python",
+                self._python,
+                "--no-config",
+                "--link-mode",
+                "copy",
+                f"--target={target}",
+                str(wheel),
+            ]
         else:
             install = [
-                self._python, "-m", "pip", "--isolated", "install", "--disable-pip-version-check",
-                "--no-input", f"--target={target}", str(wheel),
-            ]  # fmt: skip
+                self._python,
+                "-m",
+                "pip",
+                "--isolated",
+                "install",
+                "--disable-pip-version-check",
+                "--no-input",
+                f"--target={target}",
+                str(wheel),
+            ]
         await run_installer(install, log_path, job.label, job.staging)
         job.unpacked()
         finish = asyncio.to_thread(_finish, wheel, target, job.label)

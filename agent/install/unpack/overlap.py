@@ -171,8 +171,10 @@ class EarlyExtraction:
                 if not await through(asyncio.ensure_future(same)):
                     log.warning(
                         "%s: the ranged GET's tail differs from the downloaded file's; "
-                        "extracting the file again", self._label, extra={"uri": self._label},
-                    )  # fmt: skip
+                        "extracting the file again",
+                        self._label,
+                        extra={"uri": self._label},
+                    )
                     await self.abandon()
                     return None
             return await through(task, on_cancel=lambda: _stop(task))
@@ -229,10 +231,15 @@ class EarlyExtraction:
             await self._space.add(unpack_reservation(declared, size, limits))
 
         return await self._pool.extract(
-            self._archive, self.dest, archive_bytes=size, strip_top_level=self._strip,
-            limits=limits, label=self._label, reserve=reserve,
+            self._archive,
+            self.dest,
+            archive_bytes=size,
+            strip_top_level=self._strip,
+            limits=limits,
+            label=self._label,
+            reserve=reserve,
             growing=(size, offset, str(tail_file)),
-        )  # fmt: skip
+        )
 
 
 def _stop(task: asyncio.Task[int | None]) -> None:

@@ -359,9 +359,10 @@ class UnpackPool:
             if not step.cancelled() and step.exception() is not None:
                 self._grow_failed = True
                 log.error(
-                    "could not start another unpack worker: %s", step.exception(),
+                    "could not start another unpack worker: %s",
+                    step.exception(),
                     extra={"worker": index},
-                )  # fmt: skip
+                )
 
         step.add_done_callback(started)
 
@@ -416,13 +417,18 @@ class UnpackPool:
         how = how_it_ended(status)
         task, worker.task = worker.task, None
         log.error(
-            "unpack worker %d (pid %d) %s%s; starting another", worker.index, worker.proc.pid,
-            how, f" while unpacking {task.message[6]}" if task is not None else "",
+            "unpack worker %d (pid %d) %s%s; starting another",
+            worker.index,
+            worker.proc.pid,
+            how,
+            f" while unpacking {task.message[6]}" if task is not None else "",
             extra={
-                "pid": worker.proc.pid, "worker": worker.index, "how": how,
+                "pid": worker.proc.pid,
+                "worker": worker.index,
+                "how": how,
                 **({"uri": task.message[6]} if task is not None else {}),
             },
-        )  # fmt: skip
+        )
         if task is not None and not task.future.done():
             task.future.set_exception(WorkerDied(worker.proc.pid, how))
         if self._closed:
@@ -431,9 +437,10 @@ class UnpackPool:
             await self._spawn(worker.index)
         except Exception:
             log.exception(
-                "could not start an unpack worker in place of pid %d", worker.proc.pid,
+                "could not start an unpack worker in place of pid %d",
+                worker.proc.pid,
                 extra={"pid": worker.proc.pid, "worker": worker.index},
-            )  # fmt: skip
+            )
             if not self.pids:  # nobody left to take the queue: it fails, the next call retries
                 while self._queue:
                     queued = self._queue.popleft()

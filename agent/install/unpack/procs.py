@@ -56,9 +56,17 @@ def popen_worker(sock_fd: int, stops_fd: int, index: int, nice: int) -> subproce
     # agent's own start); else it lowers itself once its imports are done
     niced = [_NICE_CMD, "-n", str(nice)] if _NICE_CMD else []
     argv = [
-        *niced, sys.executable, "-S", "-m", "agent.install.unpack.worker", str(sock_fd),
-        str(stops_fd), str(index), str(os.getpid()), "0" if niced else str(nice),
-    ]  # fmt: skip
+        *niced,
+        sys.executable,
+        "-S",
+        "-m",
+        "agent.install.unpack.worker",
+        str(sock_fd),
+        str(stops_fd),
+        str(index),
+        str(os.getpid()),
+        "0" if niced else str(nice),
+    ]
     # blocked in this (spawning) thread alone, so the worker starts with them blocked
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, AGENTS_SIGNALS)
     try:
@@ -83,9 +91,12 @@ def settle(future: asyncio.Future[int], answer: tuple[Any, ...]) -> None:
             future.set_exception(_ERRORS[name](message))
         case ("error", str(name), str(message), _, str(detail)):
             log.error(
-                "unpack worker raised %s: %s\n%s", name, message, detail,
+                "unpack worker raised %s: %s\n%s",
+                name,
+                message,
+                detail,
                 extra={"error": name},
-            )  # fmt: skip
+            )
             future.set_exception(RuntimeError(f"the unpack worker raised {name}: {message}"))
         case _:
             future.set_exception(RuntimeError(f"the unpack worker answered {answer!r:.200}"))

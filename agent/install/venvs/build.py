@@ -126,9 +126,12 @@ async def run_installer(
     try:
         child = await spawn(
             [sys.executable, "-c", _GROUP_LEADER, str(os.getpid()), *args],
-            stdout=out, stderr=out, start_new_session=True, cwd=cwd or staging,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+            cwd=cwd or staging,
             env={**(installer_environ() if environ is None else environ), "TMPDIR": str(temp)},
-        )  # fmt: skip
+        )
     finally:
         os.close(out)  # the child has its own copy
     try:
@@ -239,16 +242,25 @@ async def build_venv(
         if isinstance(spec, PipSpec) and installer == "uv" and spec.pip_only:
             pip_only = ", ".join(spec.pip_only)
             log.info(
-                "%s: built by pip, not uv: uv does not take %s", label, pip_only,
+                "%s: built by pip, not uv: uv does not take %s",
+                label,
+                pip_only,
                 extra={"uri": label, "installer": "pip", "options": pip_only},
-            )  # fmt: skip
+            )
         await run_installer(
             [python, "-m", "venv", "--without-pip", str(venv)], log_path, label, staging
         )
         install = [
-            python, "-m", "pip", "--python", venv_python, "--isolated",
-            "install", "--disable-pip-version-check", "--no-input",
-        ]  # fmt: skip
+            python,
+            "-m",
+            "pip",
+            "--python",
+            venv_python,
+            "--isolated",
+            "install",
+            "--disable-pip-version-check",
+            "--no-input",
+        ]
     await run_installer([*install, *options, *spec.packages, *sources], log_path, label, staging)
     if isinstance(spec, UvSpec) and spec.uv_check and uv is not None:
         await run_installer([uv, "pip", "check", "--python", venv_python], log_path, label, staging)
@@ -261,8 +273,9 @@ async def build_venv(
 async def node_sites(python: str, label: str) -> list[str]:
     """The site folders of the node's python (``site.getsitepackages()``)."""
     try:
-        done = await run([python, "-c", _NODE_SITES], env=installer_environ(),
-                         timeout_s=_VERSION_TIMEOUT_S)  # fmt: skip
+        done = await run(
+            [python, "-c", _NODE_SITES], env=installer_environ(), timeout_s=_VERSION_TIMEOUT_S
+        )
     except TimeoutError:
         raise InstallerFailed(
             f"{label}: the node's python ({echo(python)}) did not tell its site folders within "

@@ -86,9 +86,13 @@ async def plan_project(
         python = ["--python", run.python] if run.python else []
         locked = ["--locked"] if run.lock == "locked" else []
         await run_installer(
-            [planning.uv, "lock", "--quiet", *locked, *python], log_path, label, scratch,
-            cwd=project, environ=project_environ(scratch),
-        )  # fmt: skip
+            [planning.uv, "lock", "--quiet", *locked, *python],
+            log_path,
+            label,
+            scratch,
+            cwd=project,
+            environ=project_environ(scratch),
+        )
         # a lock that succeeded says nothing worth keeping: its log goes (a failure's stays,
         # named in the error), so the logs folder does not grow by one file per create
         await asyncio.to_thread(log_path.unlink, missing_ok=True)
@@ -102,10 +106,14 @@ async def plan_project(
     }
     text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
     recipe = ProjectRecipe(
-        working_dir=str(working_dir), files=tuple(sorted(files.items())), python=run.python,
-        sync_flags=run.sync_flags, with_packages=run.with_packages, settings=settings,
+        working_dir=str(working_dir),
+        files=tuple(sorted(files.items())),
+        python=run.python,
+        sync_flags=run.sync_flags,
+        with_packages=run.with_packages,
+        settings=settings,
         digest=hashlib.sha256(text.encode()).hexdigest()[:40],
-    )  # fmt: skip
+    )
     return Package(UriKey(UriKind.UV_PROJECT, recipe.uri), recipe)
 
 

@@ -96,9 +96,15 @@ async def spawn(
     meanwhile: the start ends, the child is killed (its group too when it leads one) and
     reaped, then the cancellation goes on."""
     starting = asyncio.to_thread(
-        subprocess.Popen, list(args), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-        env=dict(env), cwd=cwd, start_new_session=start_new_session,
-    )  # fmt: skip
+        subprocess.Popen,
+        list(args),
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+        env=dict(env),
+        cwd=cwd,
+        start_new_session=start_new_session,
+    )
     step = asyncio.ensure_future(starting)
     try:
         popen = await through(step)

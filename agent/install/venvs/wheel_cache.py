@@ -81,26 +81,31 @@ class WheelCache:
         try:
             done = await run(
                 [self.uv, "cache", "clean", "--quiet", "--cache-dir", str(self.path)],
-                env=installer_environ(), timeout_s=_CLEAN_TIMEOUT_S,
-            )  # fmt: skip
+                env=installer_environ(),
+                timeout_s=_CLEAN_TIMEOUT_S,
+            )
         except TimeoutError:  # the uv that overstayed was killed
             log.warning(
-                "uv cache clean of %s did not finish; the cache is kept", self.path,
+                "uv cache clean of %s did not finish; the cache is kept",
+                self.path,
                 extra={"path": str(self.path)},
-            )  # fmt: skip
+            )
             return False
         if done.code != 0:
             log.warning(
-                "uv cache clean of %s exited with %s: %s", self.path, done.code,
+                "uv cache clean of %s exited with %s: %s",
+                self.path,
+                done.code,
                 done.output.decode(errors="replace")[-500:],
                 extra={"path": str(self.path), "exit_code": done.code},
-            )  # fmt: skip
+            )
             return False
         self.clears += 1
         log.info(
-            "cleared the wheel cache (%d bytes of its own)", self.own_bytes,
+            "cleared the wheel cache (%d bytes of its own)",
+            self.own_bytes,
             extra={"path": str(self.path), "bytes": self.own_bytes},
-        )  # fmt: skip
+        )
         self.own_bytes = 0
         return True
 
