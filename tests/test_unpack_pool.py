@@ -50,7 +50,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-def children_of(pid: int, marker: str = "unpack_worker") -> list[int]:
+def children_of(pid: int, marker: str = "agent.install.unpack.worker") -> list[int]:
     """The live processes whose parent is ``pid`` and whose command line holds ``marker``."""
     found = []
     for entry in os.listdir("/proc"):
