@@ -57,7 +57,7 @@ class DiskRoom:
         self.claims: set[Claim] = set()
 
     def space(self, claim: Claim, label: str) -> InstallSpace:
-        """The floor as one install's fetcher sees it (``agent.install.fetch.fetcher.Space``)."""
+        """The floor as one install's fetcher sees it (``agent.install.fetch.base.Space``)."""
         return InstallSpace(self, claim, label)
 
     async def make_room(
@@ -105,7 +105,7 @@ class DiskRoom:
 
 
 class InstallSpace:
-    """The floor, as the fetcher sees it (``agent.install.fetch.fetcher.Space``) for one install."""
+    """The floor, as the fetcher sees it (``agent.install.fetch.base.Space``) for one install."""
 
     def __init__(self, room: DiskRoom, claim: Claim, label: str) -> None:
         self._room, self._claim, self._label = room, claim, label
