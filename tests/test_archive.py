@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-import agent.install.zip_write as zip_write_module
+import agent.install.unpack.write as zip_write_module
 from agent.core.errors import FailedPrecondition, UnsafeArchive
-from agent.install.archive import extract_zip
-from agent.install.disk import remove_tree
-from agent.install.modes import harden_tree, make_dir, refused_unless_disk_full
-from agent.install.zip_plan import ArchiveLimits
-from agent.install.zip_stop import Stopped
+from agent.install.disk.modes import harden_tree, make_dir, refused_unless_disk_full
+from agent.install.disk.root import remove_tree
+from agent.install.unpack.archive import extract_zip
+from agent.install.unpack.plan import ArchiveLimits
+from agent.install.unpack.stop import Stopped
 from tests.harness.packages import make_zip, zip_with_infos
 
 LABEL = "file:///pkgs/p.zip"
@@ -350,7 +350,7 @@ def test_the_tree_is_private_while_it_is_written(tmp_path: Path) -> None:
         return written
 
     with umask(0), pytest.MonkeyPatch.context() as mp:
-        mp.setattr("agent.install.archive.write_share", spy)
+        mp.setattr("agent.install.unpack.archive.write_share", spy)
         extract(tmp_path, zip_with_infos(HOSTILE_ENTRIES), strip=False)
     assert seen == [(0o700, 0o644)]  # rw.txt had its final mode before the tree opened up
 
@@ -458,7 +458,7 @@ def test_declared_size_of_a_zip_of_an_unsupported_version_is_zero_not_an_excepti
     """A central directory asking for zip version 6.4 made zipfile raise NotImplementedError,
     which reached the client as INTERNAL (found by the property test); the extraction refuses
     such a zip with its own message."""
-    from agent.install.zip_plan import declared_size
+    from agent.install.unpack.plan import declared_size
 
     body = bytearray(make_zip({"proj/a.txt": "x"}))
     central = body.index(b"PK\x01\x02")

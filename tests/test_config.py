@@ -19,8 +19,8 @@ import pytest
 
 from agent.app.config import Settings
 from agent.core.errors import ConfigError
-from agent.install.disk import DiskFloor
-from agent.install.wheel_cache import find_uv
+from agent.install.disk.root import DiskFloor
+from agent.install.venvs.wheel_cache import find_uv
 from agent.ops import option_sources, options
 from agent.ops.config_view import effective, effective_json
 from agent.ops.options import OPTIONS, Option

@@ -21,8 +21,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.install.disk import DiskFloor, unpack_reservation
-from agent.install.zip_plan import ArchiveLimits
+from agent.install.disk.root import DiskFloor, unpack_reservation
+from agent.install.unpack.plan import ArchiveLimits
 from tests.harness.disk import TMPFS_BYTES, MiB, floor, free_bytes, noise_zip, tmpfs
 from tests.harness.in_process import RunningAgent, listed, running_agent
 from tests.harness.package_server import PackageServer, package_server

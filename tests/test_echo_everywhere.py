@@ -19,13 +19,13 @@ from agent.core.hostname import host_problem
 from agent.core.packages import Package
 from agent.core.pip_spec import parse_pip
 from agent.core.uris import ParsedUri, UriKey, UriKind, parse_uri
-from agent.install.archive import extract_zip
-from agent.install.fetch import Fetcher
-from agent.install.fetch_base import FetchLimits
-from agent.install.file_source import FileRoots, open_package
+from agent.install.fetch.base import FetchLimits
+from agent.install.fetch.fetcher import Fetcher
+from agent.install.fetch.file_source import FileRoots, open_package
 from agent.install.installers import InstallTools, build_installers
-from agent.install.venv import _tail
-from agent.install.zip_plan import ArchiveLimits
+from agent.install.unpack.archive import extract_zip
+from agent.install.unpack.plan import ArchiveLimits
+from agent.install.venvs.build import _tail
 from agent.state.state_db import StateDB
 from agent.state.store import UriStore
 

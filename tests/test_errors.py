@@ -27,7 +27,7 @@ AGENT = Path(agent.__file__).parent
 # The modules that speak gRPC: the doors, the server that builds them, and the info command
 # (a gRPC client).
 # ... and the GCS client (gcs:// packages), a client of Ray's GCS as transport.py is of HTTP
-GRPC_ALLOWED = ("doors/", "ops/server.py", "ops/info_address.py", "install/gcs_source.py")
+GRPC_ALLOWED = ("doors/", "ops/server.py", "ops/info_address.py", "install/fetch/gcs_source.py")
 _GRPC_MODULES = ("grpc", "rtenv.")  # grpc, grpc_health, grpc_reflection...; the generated stubs
 
 
@@ -44,7 +44,7 @@ def _agent_modules() -> list[str]:
         for info in pkgutil.walk_packages([str(AGENT)], "agent.")
         if info.name != "agent.__main__"  # runs the command line
     ]
-    assert {"agent.doors.access", "agent.install.venv", "agent.ops.startup"} <= set(names)
+    assert {"agent.doors.access", "agent.install.venvs.build", "agent.ops.startup"} <= set(names)
     return names
 
 

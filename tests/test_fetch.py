@@ -23,11 +23,12 @@ from agent.core.errors import (
     PackageRejected,
 )
 from agent.core.uris import SCHEMES, parse_uri
-from agent.install import fetch_file, fetch_http
-from agent.install import landing as landing_module
-from agent.install.fetch import FETCHERS, Fetcher
-from agent.install.fetch_base import FetchLimits
-from agent.install.transport import AiohttpTransport, MockTransport, Policy, Request, Response
+from agent.install.fetch import file as fetch_file
+from agent.install.fetch import http as fetch_http
+from agent.install.fetch import landing as landing_module
+from agent.install.fetch.base import FetchLimits
+from agent.install.fetch.fetcher import FETCHERS, Fetcher
+from agent.install.fetch.transport import AiohttpTransport, MockTransport, Policy, Request, Response
 from tests.harness.package_server import package_server, route_server
 from tests.harness.packages import make_zip
 from tests.harness.polling import wait_until

@@ -13,9 +13,9 @@ import aiohttp
 from aiohttp import web
 
 from agent.core.uris import parse_uri
-from agent.install.fetch import Fetcher
-from agent.install.fetch_base import FetchLimits
-from agent.install.transport import MockTransport, Request, Response
+from agent.install.fetch.base import FetchLimits
+from agent.install.fetch.fetcher import Fetcher
+from agent.install.fetch.transport import MockTransport, Request, Response
 from agent.ops.ray_knobs import RAYS_USER_AGENT, ray_http_headers
 from tests.harness.in_process import running_agent
 from tests.harness.package_server import Route, route_server

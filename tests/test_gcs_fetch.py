@@ -18,8 +18,8 @@ import pytest
 
 from agent.app.config import RaySettings, Settings
 from agent.core.errors import ConfigError, PackageNotFound
-from agent.install.fetch_gcs import GcsFetcher
-from agent.install.gcs_source import GcsConfig, GcsKvClient, GcsUnavailable
+from agent.install.fetch.gcs import GcsFetcher
+from agent.install.fetch.gcs_source import GcsConfig, GcsKvClient, GcsUnavailable
 from agent.ops.server import Agent, AgentState
 from rtenv.ray.v1 import gcs_kv_pb2
 from tests.harness.in_process import FAST_FETCH, running_agent

@@ -11,7 +11,7 @@ import pytest
 from agent.core.errors import ConfigError, InvalidRuntimeEnv
 from agent.core.runtime_env import EnvLimits, parse_runtime_env
 from agent.core.uris import UriKey, UriKind, parse_uri
-from agent.install.gcs_source import GcsConfig
+from agent.install.fetch.gcs_source import GcsConfig
 
 RAY_NAME = "gcs://_ray_pkg_0ff939fec1755cf2.zip"
 

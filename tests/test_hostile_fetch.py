@@ -28,7 +28,7 @@ from aiohttp import web
 
 from agent.app.config import Settings
 from agent.core.errors import echo
-from agent.install.disk import DiskFloor
+from agent.install.disk.root import DiskFloor
 from agent.ops.server import Agent
 from rtenv.v1 import agent_pb2_grpc
 from tests.harness.disk import free_bytes, noise_zip, tmpfs

@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 
 from agent.core.pip_spec import parse_pip
-from agent.install.venv import build_venv
+from agent.install.venvs.build import build_venv
 
 
 async def test_every_installer_step_gets_a_tmpdir_inside_the_staging_folder(base: Path) -> None:

@@ -25,8 +25,9 @@ from agent.core.packages import Package
 from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
 from agent.core.uris import ParsedUri, UriKey, UriKind, parse_uri
 from agent.doors.ray_context import build_ray_context
-from agent.install.fetch import Fetcher
-from agent.install.fetch_base import FetchLimits
+from agent.install.disk.staging import place_package
+from agent.install.fetch.base import FetchLimits
+from agent.install.fetch.fetcher import Fetcher
 from agent.install.installers import (
     INSTALLERS,
     Installed,
@@ -35,8 +36,7 @@ from agent.install.installers import (
     build_installers,
 )
 from agent.install.installers.base import recipe_error
-from agent.install.staging import place_package
-from agent.install.zip_plan import ArchiveLimits
+from agent.install.unpack.plan import ArchiveLimits
 from agent.state.state_db import StateDB
 from agent.state.store import UriStore
 from tests.harness.in_process import listed

@@ -131,8 +131,8 @@ def test_the_check_sees_an_upward_import_and_a_module_outside_the_layers() -> No
     assert upward_imports("agent.core.refs", "from agent.state.store import UriStore\n") == [
         "agent.core.refs (core) imports agent.state.store (state)"
     ]
-    assert upward_imports("agent.install.fetch", "import agent.ops.logs\n") == [
-        "agent.install.fetch (install) imports agent.ops.logs (ops)"
+    assert upward_imports("agent.install.fetch.fetcher", "import agent.ops.logs\n") == [
+        "agent.install.fetch.fetcher (install) imports agent.ops.logs (ops)"
     ]
     assert upward_imports("agent.state.store", "from agent import service\n") == [
         "agent.state.store imports agent.service, which is in no layer"
@@ -155,8 +155,8 @@ def test_the_check_sees_a_load_by_name_of_a_layer_above() -> None:
         "agent.core.refs (core) loads agent.app.service (app)"
     ]
     assert upward_imports("agent.ops.cli", '__import__("agent.state.store")\n') == []
-    below = 'ARGV = ("-S", "-m", "agent.install.unpack_worker")\n'
-    assert upward_imports("agent.install.unpack_procs", below) == []
+    below = 'ARGV = ("-S", "-m", "agent.install.unpack.worker")\n'
+    assert upward_imports("agent.install.unpack.procs", below) == []
     assert upward_imports("agent.ops.ray_swap", 'OURS = ("-I", "-m", "agent", "ray-agent")\n') == []
 
 

@@ -21,9 +21,10 @@ import grpc
 import pytest
 
 from agent.core.errors import echo
-from agent.install import archive, zip_write
 from agent.install.installers import zip_archive
-from agent.install.zip_plan import ArchiveLimits
+from agent.install.unpack import archive
+from agent.install.unpack import write as zip_write
+from agent.install.unpack.plan import ArchiveLimits
 from rtenv.v1 import agent_pb2
 from tests.harness.in_process import (
     FAST_FETCH,

@@ -20,7 +20,7 @@ from agent.core.pip_spec import PipSpec, parse_pip
 from agent.core.roots import FileRoots
 from agent.core.runtime_env import EnvLimits, parse_runtime_env
 from agent.core.uv_spec import parse_uv
-from agent.install import local_read
+from agent.install.venvs import local_read
 from tests.harness.pip_wheels import local_project
 from tests.harness.uv_wheels import module_wheel
 

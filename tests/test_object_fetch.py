@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 import pytest
 
-from agent.install.object_source import INSTALL_HINT
+from agent.install.fetch.object_source import INSTALL_HINT
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.harness.agent_process import NO_PROXY, STOP_S, serving
 from tests.harness.in_process import FAST_FETCH, running_agent

@@ -23,17 +23,17 @@ from agent.core.errors import (
 )
 from agent.core.object_uris import ObjectLocation, locate
 from agent.core.uris import parse_uri
-from agent.install.fetch import Fetcher
-from agent.install.fetch_base import FetchLimits
-from agent.install.object_config import (
+from agent.install.fetch.base import FetchLimits
+from agent.install.fetch.fetcher import Fetcher
+from agent.install.fetch.object_config import (
     aws_files,
     azure_settings,
     gcs_settings,
     parse_connection_string,
     s3_settings,
 )
-from agent.install.object_source import ObjectRead, ObjectStores, ObjectUnavailable, _outcome
-from agent.install.transport import MockTransport, Request, Response
+from agent.install.fetch.object_source import ObjectRead, ObjectStores, ObjectUnavailable, _outcome
+from agent.install.fetch.transport import MockTransport, Request, Response
 
 DIGEST = "ab" * 32
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.install.venv import PGID_FILE, kill_orphaned_installers
+from agent.install.venvs.build import PGID_FILE, kill_orphaned_installers
 
 CHILD_S = 30  # the child reads a few bytes: one still running by then is blocked
 _CHILD = textwrap.dedent(
@@ -25,7 +25,7 @@ _CHILD = textwrap.dedent(
     from pathlib import Path
     resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # an unbounded read dies
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    from agent.install.venv import kill_orphaned_installers
+    from agent.install.venvs.build import kill_orphaned_installers
     print(kill_orphaned_installers(Path(sys.argv[1])))
     """
 )

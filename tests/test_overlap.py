@@ -18,8 +18,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.install.overlap import OVERLAP_MIN_BYTES
-from agent.install.zip_plan import ArchiveLimits
+from agent.install.unpack.overlap import OVERLAP_MIN_BYTES
+from agent.install.unpack.plan import ArchiveLimits
 from rtenv.v1 import agent_pb2
 from tests.harness.in_process import RunningAgent, running_agent
 from tests.harness.package_server import package_server
@@ -90,7 +90,7 @@ async def test_a_tail_unlike_the_download_is_thrown_away_and_the_file_extracted(
     async with package_server() as server, running_agent() as a:
         url = server.add(BIG, data)
         server.package(BIG).range_body = other
-        with caplog.at_level(logging.WARNING, logger="agent.install.overlap"):
+        with caplog.at_level(logging.WARNING, logger="agent.install.unpack.overlap"):
             reply = await a.create(env_json(working_dir=url))
         assert installed_tree(reply) == tree_of(data)
         assert any("differs from the downloaded file" in r.getMessage() for r in caplog.records)

@@ -18,16 +18,16 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from agent.install.archive import extract_zip
-from agent.install.fetch import Fetcher
-from agent.install.fetch_base import FetchLimits
-from agent.install.growing import GrowingZip
-from agent.install.overlap import _MIN_TAIL, directory_start, if_range, tail_span
-from agent.install.transport import Failure, MockTransport, Request, Response, TransportError
-from agent.install.zip_finish import finish
-from agent.install.zip_plan import ArchiveLimits, opened_zip, plan_zip
-from agent.install.zip_stop import Stopped
-from agent.install.zip_write import write_share
+from agent.install.fetch.base import FetchLimits
+from agent.install.fetch.fetcher import Fetcher
+from agent.install.fetch.transport import Failure, MockTransport, Request, Response, TransportError
+from agent.install.unpack.archive import extract_zip
+from agent.install.unpack.finish import finish
+from agent.install.unpack.growing import GrowingZip
+from agent.install.unpack.overlap import _MIN_TAIL, directory_start, if_range, tail_span
+from agent.install.unpack.plan import ArchiveLimits, opened_zip, plan_zip
+from agent.install.unpack.stop import Stopped
+from agent.install.unpack.write import write_share
 from tests.harness.unpacking import slow_zip, snapshot, tail_offset_of
 
 LIMITS = ArchiveLimits()

@@ -16,7 +16,7 @@ import pytest
 from agent.core.errors import InstallerFailed, echo
 from agent.core.pip_spec import parse_pip
 from agent.core.uris import UriKey, UriKind
-from agent.install.venv import build_venv
+from agent.install.venvs.build import build_venv
 from tests.harness.in_process import running_agent
 from tests.harness.packages import env_json, workdir_zip
 from tests.harness.pip_wheels import (

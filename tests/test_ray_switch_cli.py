@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.install.wheel_cache import find_uv
+from agent.install.venvs.wheel_cache import find_uv
 from tests.harness.agent_process import REPO
 from tests.harness.ray_switch import (
     agent_venv,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.install.wheel_cache import find_uv
+from agent.install.venvs.wheel_cache import find_uv
 from agent.launcher import install, uninstall
 from agent.ops import ray_swap
 from tests.harness.ray_nodes import base_environ, poll

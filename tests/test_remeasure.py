@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from agent.install.disk import Measured, measure_tree
+from agent.install.disk.root import Measured, measure_tree
 from agent.ops.root_view import read_root
 from agent.state.index import Found
 from agent.state.state_db import UriRow

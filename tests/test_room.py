@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.core.errors import DiskExhausted
-from agent.install.disk import DiskFloor, GiB, disk_space
+from agent.install.disk.root import DiskFloor, GiB, disk_space
 from agent.state.room import Claim, DiskRoom
 
 MiB = 1024**2

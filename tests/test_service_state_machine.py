@@ -39,12 +39,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-import agent.install.disk
+import agent.install.disk.root
 import agent.state.placing
 from agent.app.config import Settings
 from agent.app.service import AgentService
 from agent.core.runtime_env import EnvLimits, parse_runtime_env
-from agent.install.disk import remove_tree
+from agent.install.disk.root import remove_tree
 from agent.ops.server import Agent
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.harness.in_process import FAST_FETCH, running_agent
@@ -335,7 +335,7 @@ async def test_a_create_cancelled_while_its_install_cleans_up_does_not_wedge_the
             release.wait(20)
         remove_tree(path)
 
-    monkeypatch.setattr(agent.install.disk, "remove_tree", held_staging_cleanup)
+    monkeypatch.setattr(agent.install.disk.root, "remove_tree", held_staging_cleanup)
     monkeypatch.setattr(agent.state.placing, "remove_tree", held_staging_cleanup)
     base = short_tempdir()
     try:

@@ -62,8 +62,8 @@ from agent.core.errors import EnvNotFound
 from agent.core.refs import RefTables
 from agent.core.runtime_env import EnvLimits, parse_runtime_env
 from agent.core.uris import UriKey, UriKind
-from agent.install.disk import package_dir
-from agent.install.fetch import Fetcher
+from agent.install.disk.root import package_dir
+from agent.install.fetch.fetcher import Fetcher
 from agent.install.installers import InstallTools, build_installers
 from agent.ops.startup import lock_root, make_folders
 from agent.state.holders import lock_path

@@ -1,4 +1,4 @@
-"""agent.install.spawn: installers start with no Python code run in the child before exec, on
+"""agent.install.venvs.spawn: installers start with no Python code run in the child before exec, on
 either loop; their exit is awaited on the loop; a short command's output is kept bounded; a
 deadline or a cancellation kills what was started."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.install import spawn
+from agent.install.venvs import spawn
 from agent.ops import loops
 
 UVLOOP = importlib.util.find_spec("uvloop") is not None

@@ -33,8 +33,8 @@ import pytest
 from agent.core.errors import DownloadFailed, IndexUnavailable, PackageNotFound, PackageRejected
 from agent.core.packages import Package
 from agent.core.uris import UriKey, parse_uri
-from agent.install.fetch_base import FetchLimits
-from agent.install.transport import Failure, Request, TransportError
+from agent.install.fetch.base import FetchLimits
+from agent.install.fetch.transport import Failure, Request, TransportError
 from agent.state.entries import UriState
 from agent.state.index import KindBudget
 from agent.state.passes import PASS_WINDOW_S

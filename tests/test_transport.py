@@ -12,9 +12,9 @@ import pytest
 
 from agent.core.errors import DownloadFailed, PackageRejected
 from agent.core.uris import parse_uri
-from agent.install.fetch import Fetcher
-from agent.install.fetch_base import FetchLimits
-from agent.install.transport import (
+from agent.install.fetch.base import FetchLimits
+from agent.install.fetch.fetcher import Fetcher
+from agent.install.fetch.transport import (
     Failure,
     Handler,
     MockTransport,

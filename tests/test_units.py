@@ -18,7 +18,7 @@ from agent.core.units import (
     parse_duration,
     plural,
 )
-from agent.install.disk import DiskFloor
+from agent.install.disk.root import DiskFloor
 from agent.ops import option_sources, options
 from agent.ops.config_view import effective
 from agent.ops.options import OPTIONS

@@ -23,12 +23,12 @@ import grpc
 import pytest
 
 from agent.core.errors import DiskExhausted, Unavailable, UnsafeArchive
-from agent.install import inflate
-from agent.install.archive import extract_zip
-from agent.install.unpack_jobs import Gate, Task
-from agent.install.unpack_pool import UnpackPool
-from agent.install.zip_plan import ArchiveLimits, opened_zip, plan_zip
-from agent.install.zip_shares import shares
+from agent.install.unpack import inflate
+from agent.install.unpack.archive import extract_zip
+from agent.install.unpack.jobs import Gate, Task
+from agent.install.unpack.plan import ArchiveLimits, opened_zip, plan_zip
+from agent.install.unpack.pool import UnpackPool
+from agent.install.unpack.shares import shares
 from tests.harness.in_process import running_agent
 from tests.harness.package_server import package_server
 from tests.harness.packages import env_json, make_zip, workdir_zip
@@ -50,7 +50,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-def children_of(pid: int, marker: str = "unpack_worker") -> list[int]:
+def children_of(pid: int, marker: str = "agent.install.unpack.worker") -> list[int]:
     """The live processes whose parent is ``pid`` and whose command line holds ``marker``."""
     found = []
     for entry in os.listdir("/proc"):
@@ -415,7 +415,7 @@ async def test_a_worker_killed_mid_extraction_fails_its_job_and_is_replaced(
         dest = tmp_path / "out"
         job = await _writing(pool, archive, dest)
         victim = before[0]
-        with caplog.at_level(logging.ERROR, logger="agent.install.unpack_pool"):
+        with caplog.at_level(logging.ERROR, logger="agent.install.unpack.pool"):
             with stopped(victim):  # mid-share for sure: frozen, then killed
                 os.kill(victim, signal.SIGKILL)
             with pytest.raises(Unavailable) as info:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent.install.zip_plan import ArchiveLimits
+from agent.install.unpack.plan import ArchiveLimits
 from tests.harness.packages import workdir_zip
 from tests.harness.polling import wait_until
 from tests.harness.unpacking import pool_of, slow_zip, tail_offset_of
@@ -75,7 +75,7 @@ async def test_a_task_waiting_on_a_download_makes_room_for_an_ordinary_one(
 def test_a_worker_imports_no_asyncio() -> None:
     """A worker started for a task queued behind a download starts in a fraction of the agent's
     time: asyncio (half its imports' time) is not among them."""
-    code = "import sys, agent.install.unpack_worker; print('asyncio' in sys.modules)"
+    code = "import sys, agent.install.unpack.worker; print('asyncio' in sys.modules)"
     root = str(Path(__file__).resolve().parent.parent)
     out = subprocess.run(
         [sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True,

@@ -18,7 +18,7 @@ import pytest
 
 from agent.app.config import Settings
 from agent.core.uris import UriKey, UriKind
-from agent.install.wheel_cache import CACHE_DIR, own_bytes, pip_installer_for
+from agent.install.venvs.wheel_cache import CACHE_DIR, own_bytes, pip_installer_for
 from tests.harness.disk import floor, free_bytes, tmpfs
 from tests.harness.in_process import RunningAgent, running_agent
 from tests.harness.pip_wheels import isolate_pip
@@ -311,7 +311,7 @@ def test_pip_only_lists_exactly_the_allowed_pip_options_the_agents_uv_refuses(
     """Each option a pip env may name is tried on the agent's uv (a dry run, offline): those uv
     refuses as unknown are PIP_ONLY (their sets are built by pip), and uv takes every other."""
     from agent.core.pip_spec import _ALLOWED, PIP_ONLY
-    from agent.install.wheel_cache import find_uv
+    from agent.install.venvs.wheel_cache import find_uv
 
     uv = find_uv()
     assert uv is not None

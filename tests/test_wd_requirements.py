@@ -25,7 +25,7 @@ from agent.core.wd_requirements import (
     split,
     venv_spec,
 )
-from agent.install.wd_read import read_field
+from agent.install.venvs.wd_read import read_field
 
 LIMITS = EnvLimits()
 LINE = "-r ${RAY_RUNTIME_ENV_CREATE_WORKING_DIR}/requirements.txt"

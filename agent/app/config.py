@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.core.runtime_env import EnvLimits
-from agent.install.disk import DiskFloor
-from agent.install.fetch_base import FetchLimits
-from agent.install.zip_plan import ArchiveLimits
+from agent.install.disk.root import DiskFloor
+from agent.install.fetch.base import FetchLimits
+from agent.install.unpack.plan import ArchiveLimits
 from agent.state.index import KindBudget
 
 GiB = 1024**3

@@ -12,12 +12,12 @@ plan) is said in one log line per create that installs.
 
 An env whose ``pip`` or ``uv`` packages read ``-r ${RAY_RUNTIME_ENV_CREATE_WORKING_DIR}/<file>``
 (``RuntimeEnv.wd_requirements``, the Ray door's) gets its venv the same way: its files read from the
-installed working dir (``agent.install.wd_read.read_field``, in a thread), the field they make
+installed working dir (``agent.install.venvs.wd_read.read_field``, in a thread), the field they make
 parsed as any, the venv held for the env, kept in its record and installed through the store.
 
 An env whose ``pip`` or ``uv`` set names files or folders of the node (``RuntimeEnv.local_venv``,
 either door's), or whose requirements files do, gets its venv the same way too: their bytes read
-(``agent.install.local_read``, in a thread) into the venv's key, once per life of the env (a
+(``agent.install.venvs.local_read``, in a thread) into the venv's key, once per life of the env (a
 live env's creates share the venv its first create made, as its workers do; the first create
 after its last reference is gone reads them again).
 """
@@ -40,10 +40,10 @@ from agent.core.uris import UriKey, UriKind
 from agent.core.uv_run import Passthrough
 from agent.core.uv_spec import UvSpec
 from agent.core.wd_requirements import venv_spec
-from agent.install.disk import remove_tree
-from agent.install.local_read import read_contents
-from agent.install.uv_project import Planning, plan_project
-from agent.install.wd_read import read_field
+from agent.install.disk.root import remove_tree
+from agent.install.venvs.local_read import read_contents
+from agent.install.venvs.project_plan import Planning, plan_project
+from agent.install.venvs.wd_read import read_field
 from agent.state.store import UriStore
 
 log = logging.getLogger(__name__)

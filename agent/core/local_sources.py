@@ -18,7 +18,7 @@ an editable VCS checkout (the options field, as ``-e``, ``<url>``).
 
 A source's line is part of its env's identity, normalised (``line``). Its venv's key holds its
 bytes instead of its path (``identity``, given the digest read at create by
-``agent.install.local_read``): the same bytes named by two paths are one venv, a wheel rebuilt
+``agent.install.venvs.local_read``): the same bytes named by two paths are one venv, a wheel rebuilt
 at the same path is another. An editable folder's key holds its path and its build files (the
 code itself is read live from the folder, as an editable install means).
 

@@ -1,8 +1,9 @@
 """The allowed roots (the allow-file-root setting): where local packages may come from.
 
-One check for every reader of local paths: ``file://`` packages (``agent.install.file_source``,
-the fetcher's origin check) and the places pip reads from (``agent.core.pip_spec``). Pure but
-for ``FileRoots.of``, which resolves the roots' links (a few system calls, once).
+One check for every reader of local paths: ``file://`` packages
+(``agent.install.fetch.file_source``, the fetcher's origin check) and the places pip reads from
+(``agent.core.pip_spec``). Pure but for ``FileRoots.of``, which resolves the roots' links (a few
+system calls, once).
 """
 
 from __future__ import annotations

@@ -288,7 +288,7 @@ class Scheme:
 
 
 # The scheme registry: each scheme a package URI may use, with its check and traits. A new scheme
-# is one entry here and one in the install layer's table of fetchers (``install/fetch.py``'s
+# is one entry here and one in the install layer's table of fetchers (``install/fetch/fetcher.py``'s
 # ``FETCHERS``; a test fails when a scheme is in one and not the other); messages listing the
 # supported schemes come from this table. Order: as messages list them.
 _HTTP = Scheme(_http_path, pip_url=True, ranged=True)

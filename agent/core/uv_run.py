@@ -5,7 +5,8 @@ Ray's uv-run hook (a driver started with ``uv run``) sets the job's ``py_executa
 Each worker would then run ``uv run`` in its copy of the working dir, building a ``.venv`` there.
 When the line is one the agent can build faithfully, ``parse_uv_run`` returns a ``UvRun``: the
 flags that decide what the project's environment holds, normalised; the agent builds that
-environment once, at create time (``agent.install.uv_project``), and the worker runs its python.
+environment once, at create time (``agent.install.venvs.project_plan``), and the worker runs its
+python.
 Any other line is left to ``uv run`` as it is, and ``parse_uv_run`` says why (``Passthrough``),
 so that the create logs one line saying so: never built wrongly.
 

@@ -8,7 +8,7 @@ venv, and pip (or uv) reads the file there (Ray's docs' example, and its test
 
 - At parse, ``split`` sees such lines: the env then names no venv of its own; it keeps the field
   as given (``WdRequirements``: its identity, beside the working dir's URI).
-- Its create, once the working dir is installed, reads the files (``agent.install.wd_read``'s
+- Its create, once the working dir is installed, reads the files (``agent.install.venvs.wd_read``'s
   ``read_field``: each under the working dir and nowhere else, a regular file of at most
   ``MAX_FILE_BYTES``; ``-r`` lines in them name files beside them, at most ``MAX_FILES`` in
   all, each read once as Ray's hash reads them) and gives back the field with each ``-r``
@@ -20,7 +20,7 @@ The variable anywhere but at the start of a ``-r`` line's path is refused at par
 one form taken; so is a ``-r`` line where the dialect reads no such files (the gRPC door's: it
 has no working dir to read from).
 
-Pure: no I/O (the files are read by ``agent.install.wd_read``).
+Pure: no I/O (the files are read by ``agent.install.venvs.wd_read``).
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def file_of(line: str, where: str) -> str:
 def venv_spec(
     wd: WdRequirements, value: object, file_roots: Sequence[str] | FileRoots
 ) -> PipSpec | UvSpec | None:
-    """The set of the field its files gave (``agent.install.wd_read.read_field``), as the
+    """The set of the field its files gave (``agent.install.venvs.wd_read.read_field``), as the
     env's ``pip`` or ``uv`` field makes it (seeing what ``wd.sees``); None if its files name no
     requirement."""
     parse = parse_pip if wd.tool == "pip" else parse_uv

@@ -19,7 +19,7 @@ from typing import Any
 from agent.app.config import Settings
 from agent.core.errors import AgentError
 from agent.core.units import parse_duration
-from agent.install.wheel_cache import find_uv
+from agent.install.venvs.wheel_cache import find_uv
 from agent.ops import (
     config_view,
     info_address,

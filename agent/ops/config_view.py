@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agent.app.config import Settings
-from agent.install.wheel_cache import pip_installer_for
+from agent.install.venvs.wheel_cache import pip_installer_for
 from agent.ops.options import OPTIONS, value_text
 
 NO_UV = "no uv beside the agent's python nor on PATH"

@@ -14,7 +14,7 @@ from typing import Any
 from agent.app.config import RaySettings
 from agent.core.errors import StartupError
 from agent.core.units import parse_bytes, parse_float, parse_int, quoted
-from agent.install.disk import DiskFloor
+from agent.install.disk.root import DiskFloor
 from agent.ops.startup import split_host_port
 
 

@@ -59,7 +59,7 @@ from pathlib import Path
 
 from agent.app.config import RaySettings, Settings
 from agent.core.errors import ConfigError, echo
-from agent.install.gcs_source import GcsConfig
+from agent.install.fetch.gcs_source import GcsConfig
 from agent.ops import logs, option_sources
 from agent.ops.ray_flags import RayFlags, has_token_auth, parse_flags
 from agent.ops.ray_knobs import ray_cache_budgets, ray_http_headers

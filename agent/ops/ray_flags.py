@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from agent.core.errors import ConfigError, echo
-from agent.install.gcs_source import GcsConfig
+from agent.install.fetch.gcs_source import GcsConfig
 from agent.ops.ray_swap import ray_release
 
 PROG = "rtenv-agent ray-agent"

@@ -12,7 +12,7 @@ Ray's agent downloads http(s) packages with a ``User-Agent`` of
 ``RAY_RUNTIME_ENV_HTTP_USER_AGENT`` (``ray-runtime-env-curl/1.0`` when unset) and, when
 ``RAY_RUNTIME_ENV_BEARER_TOKEN`` is set, ``Authorization: Bearer <token>`` (``protocol.py``'s
 ``_http_headers``); so does this one under Ray, except that a redirect to another origin drops
-the token (``agent.install.transport``), where Ray's sends it to every host. Pure.
+the token (``agent.install.fetch.transport``), where Ray's sends it to every host. Pure.
 """
 
 from __future__ import annotations

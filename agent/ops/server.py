@@ -40,13 +40,13 @@ from agent.doors.metrics import Metrics, start_metrics_server
 from agent.doors.ray_front import RayFront
 from agent.doors.ray_plugins import PluginRunner
 from agent.doors.servicer import RuntimeEnvAgentServicer, add_services
-from agent.install.fetch import Fetcher
-from agent.install.fetch_base import Sleep
-from agent.install.gcs_source import GcsConfig
+from agent.install.disk.staging import through
+from agent.install.fetch.base import Sleep
+from agent.install.fetch.fetcher import Fetcher
+from agent.install.fetch.gcs_source import GcsConfig
 from agent.install.installers import InstallTools, build_installers
-from agent.install.staging import through
-from agent.install.unpack_pool import UnpackPool, auto_workers
-from agent.install.wheel_cache import WheelCache, find_uv
+from agent.install.unpack.pool import UnpackPool, auto_workers
+from agent.install.venvs.wheel_cache import WheelCache, find_uv
 from agent.ops.door_addresses import METRICS_FLAG, every_door, probe_doors
 from agent.ops.ray_door import RayDoor
 from agent.ops.startup import (

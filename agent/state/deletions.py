@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from agent.install.disk import remove_all
+from agent.install.disk.root import remove_all
 from agent.state.passes import retrieve_exception
 
 

@@ -25,8 +25,8 @@ from agent.core.errors import DiskExhausted
 from agent.core.packages import Package
 from agent.core.uris import UriKey
 from agent.crash import crash_point
+from agent.install.disk.staging import prepare_staging, through
 from agent.install.installers import Installer, InstallJob
-from agent.install.staging import prepare_staging, through
 from agent.state.entries import UriEntry, UriState
 from agent.state.index import Found
 from agent.state.passes import Passes

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.install.staging import through
+from agent.install.disk.staging import through
 from agent.state.index import Obtained, RowKey
 from agent.state.reaping import Reaped
 

@@ -9,7 +9,7 @@ waits for it), every ``interval_s``, and when the disk room lacks bytes (``evict
 A pass's result is also how this agent's view follows the index: packages other agents
 installed appear, packages they evicted go. With a wheel cache, the evicted are deleted before
 it is measured, and it is cleared when its own bytes and the root's unused bytes are over the
-budget (``agent.install.wheel_cache``).
+budget (``agent.install.venvs.wheel_cache``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from agent.core.errors import AgentError, echo_label
 from agent.core.uris import UriKey, UriKind
-from agent.install.disk import remove_all
-from agent.install.wheel_cache import WheelCache
+from agent.install.disk.root import remove_all
+from agent.install.venvs.wheel_cache import WheelCache
 from agent.state.entries import UriEntry, UriState
 from agent.state.index import KindBudget
 from agent.state.state_db import StateDB

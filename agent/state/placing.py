@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.core.errors import IndexUnavailable
-from agent.install.disk import move_to_trash, remove_tree
-from agent.install.staging import place_package, through
+from agent.install.disk.root import move_to_trash, remove_tree
+from agent.install.disk.staging import place_package, through
 from agent.state.entries import UriEntry
 from agent.state.state_db import StateDB, UriRow
 

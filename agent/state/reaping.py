@@ -4,7 +4,7 @@ aside (into the reaping holder's trash, for deletion after the commit) what they
 Runs inside a transaction of the index (``index``'s passes, obtains and recovery), on the
 index's thread; besides the rows, its side effects are a few file-system calls made in that
 transaction: renames into the trash, lock tests and takes (``holders``), and the kill of the
-installer process groups a dead holder left running (``agent.install.venv``).
+installer process groups a dead holder left running (``agent.install.venvs.build``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.install.modes import make_dir
-from agent.install.venv import kill_orphaned_installers
+from agent.install.disk.modes import make_dir
+from agent.install.venvs.build import kill_orphaned_installers
 from agent.state import schema, sockets
 from agent.state.holders import (
     Reaping,

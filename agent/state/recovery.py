@@ -31,8 +31,8 @@ from pathlib import Path
 
 from agent.core.units import human_bytes, plural
 from agent.core.uris import UriKey, UriKind
-from agent.install.disk import du
-from agent.install.modes import is_loose
+from agent.install.disk.modes import is_loose
+from agent.install.disk.root import du
 from agent.state.index import Scan
 from agent.state.state_db import StateDB, UriRow
 from agent.state.store import UriStore

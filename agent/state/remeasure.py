@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from agent.core.errors import AgentError
 from agent.core.uris import UriKey
-from agent.install.disk import Measured, measure_tree
+from agent.install.disk.root import Measured, measure_tree
 from agent.state.entries import UriEntry, UriState
 from agent.state.passes import retrieve_exception
 from agent.state.state_db import StateDB

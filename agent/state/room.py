@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.core.errors import DiskExhausted
-from agent.install.disk import DiskFloor, disk_space, remove_all
+from agent.install.disk.root import DiskFloor, disk_space, remove_all
 
 
 @dataclass(eq=False)
@@ -57,7 +57,7 @@ class DiskRoom:
         self.claims: set[Claim] = set()
 
     def space(self, claim: Claim, label: str) -> InstallSpace:
-        """The floor as one install's fetcher sees it (``agent.install.fetch.Space``)."""
+        """The floor as one install's fetcher sees it (``agent.install.fetch.base.Space``)."""
         return InstallSpace(self, claim, label)
 
     async def make_room(
@@ -105,7 +105,7 @@ class DiskRoom:
 
 
 class InstallSpace:
-    """The floor, as the fetcher sees it (``agent.install.fetch.Space``) for one install."""
+    """The floor, as the fetcher sees it (``agent.install.fetch.base.Space``) for one install."""
 
     def __init__(self, room: DiskRoom, claim: Claim, label: str) -> None:
         self._room, self._claim, self._label = room, claim, label

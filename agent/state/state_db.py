@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from agent.core.errors import IndexUnavailable, StateDBError
-from agent.install.staging import through
+from agent.install.disk.staging import through
 from agent.state import index, schema, sweeping
 from agent.state.holders import HolderLock
 from agent.state.index import KindBudget, Obtained, RowKey

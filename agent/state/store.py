@@ -35,14 +35,14 @@ from pathlib import Path
 
 from agent.core.packages import Package
 from agent.core.uris import UriKey, UriKind
-from agent.install.disk import (
+from agent.install.disk.modes import make_dir
+from agent.install.disk.root import (
     DiskFloor,
     package_dir,
     remove_all,
 )
 from agent.install.installers import Installer
-from agent.install.modes import make_dir
-from agent.install.wheel_cache import WheelCache
+from agent.install.venvs.wheel_cache import WheelCache
 from agent.state import ray_folders
 from agent.state.deletions import Deletions
 from agent.state.entries import StoreStats, UriEntry, UriState
@@ -91,7 +91,7 @@ class UriStore:
         store only knows that a package is made in a staging folder, never how). ``db``: the
         root's index, opened (this agent a holder of it). ``wheel_cache``: the cache uv links
         venvs from, its own bytes counted as unused and cleared after the packages (the rule:
-        ``agent.install.wheel_cache``)."""
+        ``agent.install.venvs.wheel_cache``)."""
         self.root = root
         self._db = db
         self._refcount = refcount

@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 
 from agent.core.uris import UriKey, UriKind
-from agent.install.disk import package_dir
+from agent.install.disk.root import package_dir
 from agent.state.state_db import FILE_NAME, StateDB, UriRow
 from benchlib import rpc
 from benchlib.config import Sizes

@@ -12,7 +12,7 @@ grpc object of the parent and spin for ever in ``Thread.join``.
 
 So, under a loop that is not asyncio's own, ``asyncio.create_subprocess_exec`` and ``_shell``
 start the child with ``subprocess.Popen`` (CPython's ``fork_exec``: ``vfork`` and ``exec``, no
-Python and no after-fork handler in the child, as ``agent.install.spawn`` starts the agent's
+Python and no after-fork handler in the child, as ``agent.install.venvs.spawn`` starts the agent's
 installers) and watch its exit through a pidfd on the loop; the process they return is asyncio's
 own ``Process``, its pipes the loop's. On asyncio's loop (raylet-sim's tests) they are left as
 they are: that loop already starts children so.

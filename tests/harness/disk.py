@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.install.disk import DiskFloor
+from agent.install.disk.root import DiskFloor
 from tests.harness.packages import make_zip
 from tests.harness.tempdirs import short_tempdir
 

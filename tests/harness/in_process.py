@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 
 from agent.app.config import Settings
-from agent.install.fetch_base import FetchLimits
+from agent.install.fetch.base import FetchLimits
 from agent.ops.server import Agent
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 from tests.harness.tempdirs import short_tempdir

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.core.uris import UriKey, UriKind
-from agent.install.fetch import Fetcher
-from agent.install.fetch_base import FetchLimits
+from agent.install.fetch.base import FetchLimits
+from agent.install.fetch.fetcher import Fetcher
+from agent.install.fetch.transport import MockTransport, Request, Response, TransportError
 from agent.install.installers import InstallTools, build_installers
-from agent.install.transport import MockTransport, Request, Response, TransportError
-from agent.install.zip_plan import ArchiveLimits
+from agent.install.unpack.plan import ArchiveLimits
 from agent.state.passes import PASS_WINDOW_S
 from agent.state.state_db import StateDB
 from agent.state.store import UriStore

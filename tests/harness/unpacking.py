@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from agent.install.overlap import directory_start, tail_span
-from agent.install.unpack_pool import UnpackPool
+from agent.install.unpack.overlap import directory_start, tail_span
+from agent.install.unpack.pool import UnpackPool
 
 
 def slow_zip(files: int = 3000, text_mb: int = 8) -> bytes:

@@ -71,7 +71,7 @@ def du_bytes(path: Path) -> int:
 
 
 def have_uv() -> bool:
-    from agent.install.wheel_cache import find_uv
+    from agent.install.venvs.wheel_cache import find_uv
 
     return find_uv() is not None and shutil.which("du") is not None and os.name == "posix"
 

@@ -14,8 +14,8 @@ from agent.core.uris import UriKind
 from agent.install.installers.base import Installed, Installer, InstallJob, InstallTools
 from agent.install.installers.java_jars import JavaJarsInstaller
 from agent.install.installers.pip_venv import PipVenvInstaller
+from agent.install.installers.project_venv import UvProjectInstaller
 from agent.install.installers.py_wheel import PyWheelInstaller
-from agent.install.installers.uv_project import UvProjectInstaller
 from agent.install.installers.zip_archive import ZipArchiveInstaller
 
 __all__ = [

@@ -14,10 +14,10 @@ from typing import Protocol
 
 from agent.core.packages import Package
 from agent.core.roots import NO_ROOTS, FileRoots
-from agent.install.fetch import Fetcher
-from agent.install.fetch_base import Space
-from agent.install.unpack_pool import UnpackPool
-from agent.install.zip_plan import ArchiveLimits
+from agent.install.fetch.base import Space
+from agent.install.fetch.fetcher import Fetcher
+from agent.install.unpack.plan import ArchiveLimits
+from agent.install.unpack.pool import UnpackPool
 
 
 @dataclass(frozen=True)

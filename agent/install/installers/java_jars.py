@@ -25,7 +25,7 @@ from urllib.parse import unquote
 from agent.core.errors import UnsafeArchive
 from agent.core.packages import Package
 from agent.core.uris import ParsedUri
-from agent.install.fetch import Fetcher
+from agent.install.fetch.fetcher import Fetcher
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
 from agent.install.installers.zip_archive import ZipArchiveInstaller
 

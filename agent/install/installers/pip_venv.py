@@ -1,11 +1,11 @@
 """The pip and uv kinds: a package is a virtualenv built from a dependency set (``PipSpec``,
 ``UvSpec``), by pip or uv.
 
-Build it in the staging folder with the installer as a subprocess (``agent.install.venv``), its
-output in a log under the root's ``logs/``, from a copy of the files and folders the set names
-(``agent.install.local_read``: their bytes checked against the key's); then rewrite the staging
-path to the final one in its scripts, give its files the agent's modes (the installer ran under
-the agent's umask) and measure it, in one thread hop.
+Build it in the staging folder with the installer as a subprocess (``agent.install.venvs.build``),
+its output in a log under the root's ``logs/``, from a copy of the files and folders the set names
+(``agent.install.venvs.local_read``: their bytes checked against the key's); then rewrite the
+staging path to the final one in its scripts, give its files the agent's modes (the installer ran
+under the agent's umask) and measure it, in one thread hop.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from agent.core.packages import Package
 from agent.core.pip_spec import PipSpec
 from agent.core.roots import NO_ROOTS, FileRoots
 from agent.core.uv_spec import UvSpec
-from agent.install.disk import du
+from agent.install.disk.modes import harden_tree, make_dir
+from agent.install.disk.root import du
+from agent.install.disk.staging import through
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
-from agent.install.local_read import copy_into
-from agent.install.modes import harden_tree, make_dir
-from agent.install.staging import through
-from agent.install.venv import build_venv, relocate
-from agent.install.wheel_cache import pip_installer_for
+from agent.install.venvs.build import build_venv, relocate
+from agent.install.venvs.local_read import copy_into
+from agent.install.venvs.wheel_cache import pip_installer_for
 
 
 class PipVenvInstaller:
@@ -53,17 +53,25 @@ class PipVenvInstaller:
         installer = pip_installer_for(tools.pip_installer, tools.uv)
         by_uv = tools.uv is not None and installer == "uv"
         return cls(
-            python=tools.python, installer=installer, logs=tools.logs, uv=tools.uv,
-            wheel_cache=tools.wheel_cache if by_uv else None, roots=tools.file_roots,
-        )  # fmt: skip
+            python=tools.python,
+            installer=installer,
+            logs=tools.logs,
+            uv=tools.uv,
+            wheel_cache=tools.wheel_cache if by_uv else None,
+            roots=tools.file_roots,
+        )
 
     @classmethod
     def of_uv(cls, tools: InstallTools) -> PipVenvInstaller:
         """The uv kind's: always by uv, from the wheel cache."""
         return cls(
-            python=tools.python, installer="uv", logs=tools.logs, uv=tools.uv,
-            wheel_cache=tools.wheel_cache, roots=tools.file_roots,
-        )  # fmt: skip
+            python=tools.python,
+            installer="uv",
+            logs=tools.logs,
+            uv=tools.uv,
+            wheel_cache=tools.wheel_cache,
+            roots=tools.file_roots,
+        )
 
     def check(self, package: Package, label: str) -> None:
         """Nothing to check again: the places pip reads from were checked when it was parsed."""
@@ -86,10 +94,16 @@ class PipVenvInstaller:
             spec.sources, spec.contents, self._roots, job.staging / "sources", job.label
         )
         venv = await build_venv(
-            spec, job.staging, python=self._python, installer=self._installer,
-            log_path=log_path, label=job.label, uv=self._uv, cache=self._wheel_cache,
+            spec,
+            job.staging,
+            python=self._python,
+            installer=self._installer,
+            log_path=log_path,
+            label=job.label,
+            uv=self._uv,
+            cache=self._wheel_cache,
             sources=sources,
-        )  # fmt: skip
+        )
         job.unpacked()
         # through: a cancelled install lets the venv's rewrite end before its staging goes
         finish = asyncio.to_thread(finish_venv, venv, job.final, job.label)

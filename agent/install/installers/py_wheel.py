@@ -28,12 +28,12 @@ from pathlib import Path
 from agent.core.errors import InstallerFailed
 from agent.core.packages import Package
 from agent.core.uris import ParsedUri, wheel_name
-from agent.install.disk import du
-from agent.install.fetch import Fetcher
+from agent.install.disk.modes import harden_tree, make_dir
+from agent.install.disk.root import du
+from agent.install.disk.staging import through
+from agent.install.fetch.fetcher import Fetcher
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
-from agent.install.modes import harden_tree, make_dir
-from agent.install.staging import through
-from agent.install.venv import run_installer
+from agent.install.venvs.build import run_installer
 
 _DOWNLOADS = "wheel"  # in the staging folder: the downloaded wheel, under its own name
 _TARGET = "modules"  # in the staging folder: the package's folder, pip's --target
@@ -70,14 +70,29 @@ class PyWheelInstaller:
         log_path = self._logs / f"{job.final.name}-{uuid.uuid4().hex[:8]}.log"
         if self._uv is not None and not await self._pip_here(log_path, job):
             install = [
-                self._uv, "pip", "install", "--python", self._python, "--no-config",
-                "--link-mode", "copy", f"--target={target}", str(wheel),
-            ]  # fmt: skip
+                self._uv,
+                "pip",
+                "install",
+                "--python",
+                self._python,
+                "--no-config",
+                "--link-mode",
+                "copy",
+                f"--target={target}",
+                str(wheel),
+            ]
         else:
             install = [
-                self._python, "-m", "pip", "--isolated", "install", "--disable-pip-version-check",
-                "--no-input", f"--target={target}", str(wheel),
-            ]  # fmt: skip
+                self._python,
+                "-m",
+                "pip",
+                "--isolated",
+                "install",
+                "--disable-pip-version-check",
+                "--no-input",
+                f"--target={target}",
+                str(wheel),
+            ]
         await run_installer(install, log_path, job.label, job.staging)
         job.unpacked()
         finish = asyncio.to_thread(_finish, wheel, target, job.label)

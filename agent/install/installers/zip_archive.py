@@ -1,9 +1,9 @@
 """The zip kinds (working_dir, py_modules): a package is a zip archive named by a URI.
 
-Fetch it into the staging folder (the fetcher, by its scheme: ``fetch.py``; the disk floor
+Fetch it into the staging folder (the fetcher, by its scheme: ``fetch/fetcher.py``; the disk floor
 checked as bytes come, the digest the URI pins verified), reserve the disk its extraction will
 write (what its central directory declares), and extract it safely (``archive.py``'s checks; a
-working dir's single top-level folder dropped): in the agent's unpack pool (``unpack_pool.py``:
+working dir's single top-level folder dropped): in the agent's unpack pool (``unpack/pool.py``:
 worker processes, a large zip split between them; the reservation is made once their plan
 passed, before they write), or in a thread of the agent's process with no pool. A large zip of a
 ``ranged`` scheme (http(s): the scheme's traits are ``agent.core.uris.Scheme``) is extracted
@@ -28,14 +28,14 @@ from pathlib import Path
 from agent.core.packages import Package
 from agent.core.uris import SCHEMES, ParsedUri
 from agent.crash import crash_point
-from agent.install.archive import extract_zip
-from agent.install.disk import unpack_reservation
-from agent.install.fetch import Fetcher
+from agent.install.disk.root import unpack_reservation
+from agent.install.disk.staging import through
+from agent.install.fetch.fetcher import Fetcher
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
-from agent.install.overlap import EarlyExtraction
-from agent.install.staging import through
-from agent.install.unpack_pool import UnpackPool
-from agent.install.zip_plan import ArchiveLimits, declared_size
+from agent.install.unpack.archive import extract_zip
+from agent.install.unpack.overlap import EarlyExtraction
+from agent.install.unpack.plan import ArchiveLimits, declared_size
+from agent.install.unpack.pool import UnpackPool
 
 log = logging.getLogger(__name__)
 
@@ -68,16 +68,22 @@ class ZipArchiveInstaller:
     @classmethod
     def working_dir(cls, tools: InstallTools) -> ZipArchiveInstaller:
         return cls(
-            tools.fetcher, tools.archive_limits, strip_top_level=True, pool=tools.unpack,
+            tools.fetcher,
+            tools.archive_limits,
+            strip_top_level=True,
+            pool=tools.unpack,
             overlap=tools.overlap,
-        )  # fmt: skip
+        )
 
     @classmethod
     def py_modules(cls, tools: InstallTools) -> ZipArchiveInstaller:
         return cls(
-            tools.fetcher, tools.archive_limits, strip_top_level=False, pool=tools.unpack,
+            tools.fetcher,
+            tools.archive_limits,
+            strip_top_level=False,
+            pool=tools.unpack,
             overlap=tools.overlap,
-        )  # fmt: skip
+        )
 
     def check(self, package: Package, label: str) -> None:
         """Today's allowed roots, even for a package cached before they were set."""
@@ -98,9 +104,16 @@ class ZipArchiveInstaller:
         early = None
         if self._pool is not None and self._overlap and scheme.ranged:
             early = EarlyExtraction(
-                self._fetcher, self._pool, uri.url, archive, job.staging / "unpacked",
-                strip_top_level=strip, limits=limits, label=job.label, space=job.space,
-            )  # fmt: skip
+                self._fetcher,
+                self._pool,
+                uri.url,
+                archive,
+                job.staging / "unpacked",
+                strip_top_level=strip,
+                limits=limits,
+                label=job.label,
+                space=job.space,
+            )
         started = time.monotonic()
         try:
             fetched = await self._fetcher.fetch(
@@ -131,9 +144,14 @@ class ZipArchiveInstaller:
         else:  # reserved once the workers' plan passed; cancelled: they are stopped and
             # waited for, as the thread above is
             size = await self._pool.extract(
-                archive, unpacked, archive_bytes=fetched, strip_top_level=strip,
-                limits=limits, label=job.label, reserve=reserve,
-            )  # fmt: skip
+                archive,
+                unpacked,
+                archive_bytes=fetched,
+                strip_top_level=strip,
+                limits=limits,
+                label=job.label,
+                reserve=reserve,
+            )
         job.unpacked()
         _log_times(job.label, "after its download", started, downloaded)
         return Installed(unpacked, size)
@@ -141,9 +159,14 @@ class ZipArchiveInstaller:
     async def _in_thread(self, archive: Path, unpacked: Path, strip: bool, label: str) -> int:
         stop = threading.Event()
         extraction = asyncio.to_thread(
-            extract_zip, archive, unpacked, strip_top_level=strip, limits=self._limits,
-            label=label, stop=stop,
-        )  # fmt: skip
+            extract_zip,
+            archive,
+            unpacked,
+            strip_top_level=strip,
+            limits=self._limits,
+            label=label,
+            stop=stop,
+        )
         # cancelled (the last create gone, a setup timeout): the thread is stopped and waited
         # for, so no file is written in the staging folder once its removal begins
         return await through(asyncio.ensure_future(extraction), on_cancel=stop.set)
@@ -152,13 +175,18 @@ class ZipArchiveInstaller:
 def _log_times(label: str, how: str, started: float, downloaded: float) -> None:
     now = time.monotonic()
     log.debug(
-        "unpacked %s %s: downloaded in %.3fs, unpacked %.3fs after", label, how,
-        downloaded - started, now - downloaded,
+        "unpacked %s %s: downloaded in %.3fs, unpacked %.3fs after",
+        label,
+        how,
+        downloaded - started,
+        now - downloaded,
         extra={
-            "uri": label, "download_seconds": round(downloaded - started, 3),
-            "unpack_seconds": round(now - downloaded, 3), "overlapped": how == _OVERLAPPED,
+            "uri": label,
+            "download_seconds": round(downloaded - started, 3),
+            "unpack_seconds": round(now - downloaded, 3),
+            "overlapped": how == _OVERLAPPED,
         },
-    )  # fmt: skip
+    )
 
 
 def _uri_of(package: Package) -> ParsedUri:
