@@ -128,7 +128,7 @@ def row_of(kind: UriKind) -> KindRow:
     return row
 
 
-def sees_node_site(kind: UriKind) -> bool:
+def sees_node(kind: UriKind) -> bool:
     """Whether the kind's venv sees the node's packages (its build adds the node's site
     folders after its own)."""
     return row_of(kind).placement.venv is VenvPlace.NODE_SITE

@@ -35,7 +35,7 @@ from agent.core.env_fields import (
     unknown_fields,
 )
 from agent.core.errors import InvalidRuntimeEnv, echo
-from agent.core.kinds import Build, NodeSite, row_of, sees_node_site
+from agent.core.kinds import Build, NodeSite, row_of, sees_node
 from agent.core.packages import Package, venv_package
 from agent.core.pip_spec import PipSpec, parse_pip
 from agent.core.roots import FileRoots
@@ -192,7 +192,7 @@ def _venv_field(tool: str) -> Callable[[_Draft, object], None]:
                 "list every requirement in one of them"
             )
         kind = draft.dialect.venv_kind(tool)
-        sees = NodeSite(draft.node_python) if sees_node_site(kind) else None
+        sees = NodeSite(draft.node_python) if sees_node(kind) else None
         draft.wd_requirements = wd_requirements_of(
             tool, value, draft.obj, draft.dialect, kind, sees, draft.file_roots
         )
@@ -363,7 +363,7 @@ def _canonical(
     if wd is not None:
         identity[wd.tool] = wd.identity()
     venv_kind = draft.venv[0] if draft.venv is not None else wd.kind if wd is not None else None
-    if venv_kind is not None and sees_node_site(venv_kind):
+    if venv_kind is not None and sees_node(venv_kind):
         identity["venv"] = "node-site"
     if any(
         row_of(module_kind(parsed, draft.dialect)).build is Build.ZIP_AS_WORKING_DIR

@@ -44,7 +44,7 @@ class UriKind(StrEnum):
     PIP = "pip"  # a virtualenv built from a requirement set; its uri is pip://<hash>
     JAVA_JARS = "java_jars"  # a .jar kept whole in a folder, or a .zip unpacked
     UV = "uv"  # a virtualenv built by uv from a requirement set; its uri is uv://<hash>
-    # The Ray door's pip and uv venvs, with Ray's semantics (``PipSpec.node_site``): they see
+    # The Ray door's pip and uv venvs, that see the node's packages (``PipSpec.sees``): they see
     # the node's packages, so they are other packages than the gRPC door's isolated ones
     RAY_PIP = "ray_pip"  # pip://<hash>, another hash than the isolated venv's
     RAY_UV = "ray_uv"  # uv://<hash>, likewise

@@ -92,7 +92,7 @@ class UvSpec:
     python: str  # "3.11"
     platform: str  # "linux-x86_64"
     # a venv that sees the node's packages after its own (a kind placed ``NODE_SITE``: Ray's
-    # venvs; ``agent.install.venvs.build.NODE_SITE_PTH``): another venv than an isolated one,
+    # venvs; ``agent.install.venvs.build.SITE_PTH``): another venv than an isolated one,
     # so another digest; None (isolated) leaves the digest as it always was
     sees: NodeSite | None = None
     sources: tuple[LocalSource, ...] = ()  # as ``PipSpec.sources``

@@ -20,12 +20,12 @@ the null device, which makes pip skip the global, user and site files), no ``PIP
 directory is the staging folder, so nothing of the agent's environment, home or working
 directory redirects where it reads packages from or writes them to.
 
-A venv with Ray's semantics (``node_site``: the Ray door's) is built the same way, isolated
-(so uv still links it from the wheel cache, and what it installs is its own), and then gets
-``NODE_SITE_PTH`` in its site-packages: a ``.pth`` that adds the node python's site folders
-after the venv's own (``site.addsitedir``, so their ``.pth`` files are processed too), as the
-venv Ray's agent makes (``virtualenv --system-site-packages``, or a clone of a venv node python)
-sees the node's packages, Ray among them, after its own.
+A venv that sees the node's packages (``spec.sees``: the Ray door's kinds) is built the same way,
+isolated (so uv still links it from the wheel cache, and what it installs is its own), and then gets
+``SITE_PTH`` in its site-packages: a ``.pth`` that adds the node python's site folders after the
+venv's own (``site.addsitedir``, so their ``.pth`` files are processed too), as the venv Ray's agent
+makes (``virtualenv --system-site-packages``, or a clone of a venv node python) sees the node's
+packages, Ray among them, after its own.
 
 Scripts that the installer wrote carry the staging path in their shebang; they are rewritten to
 the final path before the one rename into place.
@@ -62,7 +62,7 @@ _TAIL_READ_BYTES = 64 * 1024  # of the log's end, read to find them
 _PR_SET_PDEATHSIG = 1
 _PGID_BYTES = 20  # of an installer.pgid: a pid's digits
 _VERSION_TIMEOUT_S = 30.0  # for ``uv --version``, and the node python's site folders
-NODE_SITE_PTH = "_rtenv_node_site.pth"  # in a Ray-semantics venv's site-packages
+SITE_PTH = "_rtenv_node_site.pth"  # in a Ray-semantics venv's site-packages
 # printed by the node python: its site folders (a venv python's are its venv's), one per line
 _NODE_SITES = "import site\nfor d in site.getsitepackages(): print(d)\n"
 
@@ -265,12 +265,12 @@ async def build_venv(
     if isinstance(spec, UvSpec) and spec.uv_check and uv is not None:
         await run_installer([uv, "pip", "check", "--python", venv_python], log_path, label, staging)
     if spec.sees is not None:
-        sites = await node_sites(python, label)
-        await asyncio.to_thread(write_node_site_pth, venv, sites)
+        sites = await site_folders_of(python, label)
+        await asyncio.to_thread(write_site_pth, venv, sites)
     return venv
 
 
-async def node_sites(python: str, label: str) -> list[str]:
+async def site_folders_of(python: str, label: str) -> list[str]:
     """The site folders of the node's python (``site.getsitepackages()``)."""
     try:
         done = await run(
@@ -291,17 +291,17 @@ async def node_sites(python: str, label: str) -> list[str]:
     ]
 
 
-def node_site_line(sites: Sequence[str]) -> str:
+def site_line(sites: Sequence[str]) -> str:
     """The ``.pth`` line that adds ``sites`` after the venv's own site-packages. Pure."""
     # one statement per folder: ``site`` runs the line with ``exec`` in a function, where a
     # comprehension would not see the name the import bound
     return "import site; " + "; ".join(f"site.addsitedir({d!r})" for d in sites) + "\n"
 
 
-def write_node_site_pth(venv: Path, sites: Sequence[str]) -> None:
-    """Write ``NODE_SITE_PTH`` in each of the venv's site-packages folders. Blocking."""
+def write_site_pth(venv: Path, sites: Sequence[str]) -> None:
+    """Write ``SITE_PTH`` in each of the venv's site-packages folders. Blocking."""
     for site_packages in venv.glob("lib/python*/site-packages"):
-        (site_packages / NODE_SITE_PTH).write_text(node_site_line(sites))
+        (site_packages / SITE_PTH).write_text(site_line(sites))
 
 
 async def _check_uv_version(spec: UvSpec, uv: str, label: str) -> None:
