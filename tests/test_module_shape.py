@@ -8,6 +8,7 @@ Read from the sources, nothing imported:
   point in ``pyproject.toml``.
 - A module of more than ``MAX_LINES`` lines mixes concepts unless its docstring says why it is
   one: it then carries a paragraph starting ``One concept:``.
+- A private name (``_x``) is its module's own: no module of ``agent/`` imports another's.
 """
 
 from __future__ import annotations
@@ -140,3 +141,32 @@ def test_the_size_oracle_sees_a_long_module_without_a_reason(tmp_path: Path) -> 
     reason = '"""Things.\n\nOne concept: the table and its rules.\n"""\n'
     assert too_long(path, reason + body) is None
     assert too_long(path, "x = 1\n" * MAX_LINES) is None
+
+
+def private_imports(source: str) -> list[str]:
+    """The private names (``_x``) ``source`` imports from a module of ``agent``: a private is
+    its module's own."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("agent"):
+            found += [
+                f"{node.module}.{alias.name}"
+                for alias in node.names
+                if alias.name.startswith("_") and not alias.name.startswith("__")
+            ]
+    return found
+
+
+def test_no_module_of_the_agent_imports_another_ones_private_name() -> None:
+    found = {
+        str(path.relative_to(ROOT)): names
+        for path, text in _sources().items()
+        if (names := private_imports(text))
+    }
+    assert found == {}
+
+
+def test_the_private_import_oracle_sees_one_in_a_parenthesised_import() -> None:
+    source = "from agent.ops.cli import (\n    main,\n    _HelpFormatter,\n)\n"
+    assert private_imports(source) == ["agent.ops.cli._HelpFormatter"]
+    assert private_imports("from agent.ops import __version__\nfrom os import _exit\n") == []
