@@ -1,7 +1,7 @@
 """How a setting's text becomes its value, for the forms that are the agent's own: a disk
 floor, a door's HOST:PORT, a boolean, a worker count, a positive number, one of some words.
 (Sizes, durations and plain numbers are ``agent.core.units``'.) Each raises ValueError saying
-what it takes; ``options.resolve`` names the setting and where its text came from.
+what it takes; ``option_sources.resolve`` names the setting and where its text came from.
 
 Pure.
 """
