@@ -107,9 +107,11 @@ class Mirror:
                 _build_tree(package, at)
             except OSError as exc:  # no hard links here (another file system?): a symlink
                 log.warning(
-                    "Ray's folder %s: a link instead of a tree (%s)", at, exc,
+                    "Ray's folder %s: a link instead of a tree (%s)",
+                    at,
+                    exc,
                     extra={"path": str(at), "error": str(exc)},
-                )  # fmt: skip
+                )
                 self._linked.add(at)
             else:
                 self._made[at] = (st.st_dev, st.st_ino)
@@ -157,6 +159,8 @@ def _remove(path: Path) -> None:
         pass
     except OSError as exc:
         log.warning(
-            "Ray's folder: could not remove %s: %s", path, exc,
+            "Ray's folder: could not remove %s: %s",
+            path,
+            exc,
             extra={"path": str(path), "error": str(exc)},
-        )  # fmt: skip
+        )
