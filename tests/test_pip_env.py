@@ -68,7 +68,7 @@ async def test_installer_spawns_survive_grpc_traffic_in_the_agent() -> None:
         streams = [asyncio.create_task(traffic()) for _ in range(4)]
         crash = ""
         try:
-            own = ra.agent._db.staging  # type: ignore[union-attr]  # a pass reaps strays
+            own = ra.service.store.db.staging  # a pass reaps strays
             for i in range(100):  # two spawns each: the venv, then the installer
                 staging = own / f"probe-{i}"
                 staging.mkdir()

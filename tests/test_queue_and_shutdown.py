@@ -241,12 +241,12 @@ async def test_a_step_of_stop_that_fails_still_releases_the_root_lock_and_raises
         settings = replace(Settings(root=base / "root"), fetch=FAST_FETCH)
         first = Agent(settings)
         await first.start()
-        assert first._db is not None
+        assert first.service is not None
 
         async def broken_close() -> None:
             raise RuntimeError("planted: the write-behind flusher died")
 
-        first._db.close = broken_close  # type: ignore[method-assign]
+        first.service.store.db.close = broken_close  # type: ignore[method-assign]
         with pytest.raises(RuntimeError, match="planted"):
             await first.stop()
         assert first.state is AgentState.STOPPED

@@ -131,7 +131,7 @@ async def test_a_package_taken_again_while_measured_is_kept_and_counted() -> Non
     async with agent_and_server(cache_budget_bytes=5 * MiB) as (a, pkgs):
         env_id, folder = await create_working_dir(a, pkgs, "again.zip")
         await asyncio.to_thread(worker_writes, folder)
-        a.service.store.remeasures._measure = held_walk
+        a.service.store.remeasures.measure = held_walk
         assert await a.delete(env_id) == 0
         await asyncio.to_thread(walking.wait, 30)
         reply = await a.create(env_json(url_of(pkgs, "again.zip")))
@@ -144,7 +144,7 @@ async def test_a_package_taken_again_while_measured_is_kept_and_counted() -> Non
         await wait_until(counted, timeout_s=20, what="the walk's bytes committed")
         await a.settle()
         assert folder.is_dir(), "held again: never evicted, over the budget or not"
-        a.service.store.remeasures._measure = measure_tree
+        a.service.store.remeasures.measure = measure_tree
         assert await a.delete(reply.runtime_env_id) == 0
         await wait_until(lambda: not folder.exists(), timeout_s=20, what="evicted once released")
 
@@ -164,7 +164,7 @@ async def test_a_package_evicted_while_measured_is_not_written_back(tmp_path: Pa
     async with agent_and_server() as (a, pkgs):
         env_id, folder = await create_working_dir(a, pkgs, "gone.zip")
         await asyncio.to_thread(worker_writes, folder)
-        a.service.store.remeasures._measure = held_walk
+        a.service.store.remeasures.measure = held_walk
         assert await a.delete(env_id) == 0
         await asyncio.to_thread(walking.wait, 30)
         peer = await holder(a.root)

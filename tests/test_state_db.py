@@ -480,7 +480,7 @@ async def test_a_miss_awaits_only_its_installs_transactions_and_a_miss_of_cached
         await agent.create(env_json(working_dir=url, env_vars={"OTHER": "1"}))  # X cached
         assert awaited == [], "a miss of cached packages awaited the database"
         db = agent.root / "state.db"
-        me = agent.agent._db.holder_id  # type: ignore[union-attr]
+        me = agent.service.store.db.holder_id
         await wait_until(lambda: live_envs(db, me) == 2, what="2 live envs written behind")
 
 

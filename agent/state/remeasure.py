@@ -48,7 +48,7 @@ class Remeasure:
         self._entry = entry
         self._after = after
         self._slots = asyncio.Semaphore(slots)
-        self._measure = measure
+        self.measure = measure  # the folder measured (injected: blocking, run in a thread)
         self._running: dict[UriKey, asyncio.Task[None]] = {}
         self._again: set[UriKey] = set()  # released again while measured: once more after
         self._closed = False
@@ -82,7 +82,7 @@ class Remeasure:
             if entry is None or entry.state is not UriState.READY:
                 return  # evicted, or taken again and being obtained: nothing to measure
             path, before = entry.path, entry.size
-            measured = await asyncio.to_thread(self._measure, path)
+            measured = await asyncio.to_thread(self.measure, path)
             self.count += 1
             if measured is None:  # gone (evicted by a peer): nothing to count
                 return
