@@ -57,7 +57,9 @@ class ParseCache:
         if dialect is not GRPC:
             digest = dialect.name.encode() + b":" + digest
         spelling = self._spellings.get(digest)
-        env = self._parsed.get(spelling.env_id) if spelling is not None else None
+        # by dialect and id: one env read through both doors is two values (each carries its
+        # dialect, which says how its door answers it)
+        env = self._parsed.get(_key(dialect, spelling.env_id)) if spelling is not None else None
         if env is None or spelling is None:
             env = parse_runtime_env(
                 serialized,
@@ -69,12 +71,16 @@ class ParseCache:
             )
             config = _Spelling(env.env_id, env.setup_timeout_seconds, env.eager_install)
             self._spellings.put(digest, config, 128)
-            self._parsed.put(env.env_id, env, env_weight(env))
+            self._parsed.put(_key(dialect, env.env_id), env, env_weight(env))
         elif (env.setup_timeout_seconds, env.eager_install) != spelling.config:
             # one env, another spelling with another ``config`` (not part of the env's identity)
             timeout, eager = spelling.config
             env = dataclasses.replace(env, setup_timeout_seconds=timeout, eager_install=eager)
         return env
+
+
+def _key(dialect: Dialect, env_id: str) -> str:
+    return f"{dialect.name}:{env_id}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ FILES: dict[str, str] = {
     "test_config.py": "process",
     "test_context.py": "unit",
     "test_core_pure.py": "unit",
+    "test_parse_cache.py": "unit",
     "test_dialect.py": "unit",
     "test_crash_recovery.py": "process",
     "test_create_siblings.py": "sockets",
