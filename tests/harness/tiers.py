@@ -41,6 +41,7 @@ FILES: dict[str, str] = {
     "test_crash_recovery.py": "process",
     "test_create_siblings.py": "sockets",
     "test_demo.py": "process",
+    "test_disk_full_venv.py": "process",
     "test_disk_pressure.py": "sockets",
     "test_doc_citations.py": "unit",
     "test_doc_links.py": "unit",

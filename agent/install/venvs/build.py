@@ -43,10 +43,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from agent.core.errors import InstallerFailed, echo
+from agent.core.errors import DiskExhausted, InstallerFailed, echo
 from agent.core.pip_spec import PipSpec
 from agent.core.uv_spec import UvSpec, uv_version_matches
 from agent.install.disk.staging import through
+from agent.install.venvs.disk_guard import DiskGuard, says_enospc
 from agent.install.venvs.spawn import run, spawn
 
 log = logging.getLogger(__name__)
@@ -108,11 +109,15 @@ async def run_installer(
     *,
     cwd: Path | None = None,
     environ: Mapping[str, str] | None = None,
+    guard: DiskGuard | None = None,
 ) -> None:
     """Run one installer command as ``build_venv`` runs its own: its output in ``log_path``,
     in its own process group (killed with it when cancelled), its temp files in ``staging``;
     a failure is ``InstallerFailed`` with its last error lines. ``cwd`` (default ``staging``)
-    and ``environ`` (default ``installer_environ()``) for a project's build."""
+    and ``environ`` (default ``installer_environ()``) for a project's build. ``guard``: the
+    disk floor watched while it runs (``DiskGuard``: stopped before the floor, with the
+    figures); an installer that ran out of space fails ``DiskExhausted`` either way, never
+    with its own ENOSPC words."""
     # The installer's temp files go in its staging folder: an install killed (timeout, crash)
     # leaves its pip-* folders there, removed with the staging, not in the machine's temp dir.
     temp = staging / "installer-tmp"
@@ -136,12 +141,20 @@ async def run_installer(
         os.close(out)  # the child has its own copy
     try:
         await through(asyncio.ensure_future(asyncio.to_thread(_write_pgid, staging, child.pid)))
-        code = await child.wait()
+        code = await (child.wait() if guard is None else guard.watch(child))
     except BaseException:  # cancelled: the whole group goes, now, children included
         child.kill(group=True)
         await asyncio.shield(child.wait())
         raise
     if code != 0:
+        if await asyncio.to_thread(_ran_out, log_path):
+            if guard is not None:
+                raise guard.ran_out()
+            raise DiskExhausted(
+                f"{label}: {os.path.basename(args[0])} ran out of space on the agent's disk "
+                f"(the whole output is in {log_path} on the agent's node): free space there, "
+                "or lower cache-budget"
+            )
         tail = await asyncio.to_thread(_tail, log_path)
         raise InstallerFailed(
             f"{label}: {os.path.basename(args[0])} exited with {code}; its last error lines "
@@ -195,6 +208,15 @@ def _tail(path: Path) -> str:
     return "\n".join(_cut(line) for line in own[-_TAIL_LINES:])
 
 
+def _ran_out(path: Path) -> bool:
+    """Whether the last command's output in the log says it ran out of disk space. Blocking."""
+    with path.open("rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - _TAIL_READ_BYTES))
+        text = f.read().decode(errors="replace")
+    return says_enospc(text.rsplit(f"\n{_COMMAND}", 1)[-1])
+
+
 def _cut(line: str) -> str:
     """One installer line (it may quote a requirement the client wrote), as ``echo`` quotes
     client input: cut, with its length, control characters escaped."""
@@ -212,12 +234,14 @@ async def build_venv(
     uv: str | None = None,
     cache: Path | None = None,
     sources: Sequence[str] = (),
+    guard: DiskGuard | None = None,
 ) -> Path:
     """Make ``staging/venv`` with the spec installed; return it. ``label`` names the package in
     messages, already cut (``UriKey.label``). ``uv``: the uv binary (``find_uv``), used for a
     ``UvSpec`` always and for a ``PipSpec`` when ``installer`` is "uv"; ``cache``: the root's
     wheel cache uv installs from, by hardlinks (``agent.install.venvs.wheel_cache``); ``sources``:
-    the installer's arguments for the spec's local sources (their copies: ``local_read``)."""
+    the installer's arguments for the spec's local sources (their copies: ``local_read``);
+    ``guard``: the disk floor watched while each installer runs (``run_installer``)."""
     venv = staging / "venv"
     venv_python = str(venv / "bin" / "python")
     if isinstance(spec, UvSpec) and uv is None:
@@ -231,7 +255,11 @@ async def build_venv(
     options = spec.options
     if uv is not None and by_uv:
         await run_installer(
-            [uv, "venv", "--quiet", "--python", python, str(venv)], log_path, label, staging
+            [uv, "venv", "--quiet", "--python", python, str(venv)],
+            log_path,
+            label,
+            staging,
+            guard=guard,
         )
         install = [uv, "pip", "install", "--python", venv_python]
         if cache is not None:
@@ -248,7 +276,11 @@ async def build_venv(
                 extra={"uri": label, "installer": "pip", "options": pip_only},
             )
         await run_installer(
-            [python, "-m", "venv", "--without-pip", str(venv)], log_path, label, staging
+            [python, "-m", "venv", "--without-pip", str(venv)],
+            log_path,
+            label,
+            staging,
+            guard=guard,
         )
         install = [
             python,
@@ -261,7 +293,9 @@ async def build_venv(
             "--disable-pip-version-check",
             "--no-input",
         ]
-    await run_installer([*install, *options, *spec.packages, *sources], log_path, label, staging)
+    await run_installer(
+        [*install, *options, *spec.packages, *sources], log_path, label, staging, guard=guard
+    )
     if isinstance(spec, UvSpec) and spec.uv_check and uv is not None:
         await run_installer([uv, "pip", "check", "--python", venv_python], log_path, label, staging)
     if spec.sees is not None:
