@@ -58,11 +58,15 @@ class DiskRoom:
         root: Path,
         floor: DiskFloor | None,
         evict: Callable[[int], Awaitable[list[Path]]],
+        *,
+        measure: Callable[[Path], tuple[int, int]] = disk_space,
     ) -> None:
         """``floor``: None keeps no floor (every install fits). ``evict(n)``: evict unused
         packages to free at least ``n`` bytes, or none if that cannot; return their paths in
-        the trash, still to be deleted."""
+        the trash, still to be deleted. ``measure``: (total, free) bytes of the root's file
+        system (one statvfs)."""
         self._root = root
+        self._measure = measure
         self._floor = floor
         self._evict = evict
         # one per install between its slot and its end (the store adds and discards it);
@@ -94,7 +98,7 @@ class DiskRoom:
         if self._floor is None:
             self._reserve(claim, needed, reserve)
             return
-        total, free = disk_space(self._root)
+        total, free = self._measure(self._root)
         floor = self._floor.floor(total)
         others = self._others(claim)
         if free - others - needed >= floor:
@@ -108,7 +112,7 @@ class DiskRoom:
             evicted += len(trashed)
             # measured again even with nothing trashed: the eviction may have cleared the cache
             before = free
-            total, free = disk_space(self._root)
+            total, free = self._measure(self._root)
             others = self._others(claim)
             if free - others - needed >= floor:
                 self._reserve(claim, needed, reserve)
@@ -128,7 +132,7 @@ class DiskRoom:
         """The room now for ``claim``'s install; None when no floor is kept."""
         if self._floor is None:
             return None
-        total, free = disk_space(self._root)
+        total, free = self._measure(self._root)
         return Spare(free, self._floor.floor(total), self._others(claim))
 
     def stopped(self, label: str, written: int, spare: Spare, *, ran_out: bool) -> DiskExhausted:

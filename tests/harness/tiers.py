@@ -142,6 +142,7 @@ FILES: dict[str, str] = {
     "test_readme_client.py": "process",
     "test_refs.py": "unit",
     "test_room.py": "unit",
+    "test_venv_disk.py": "unit",
     "test_root_info.py": "process",
     "test_runtime_env.py": "unit",
     "test_sdnotify.py": "process",

@@ -43,11 +43,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from agent.core.errors import DiskExhausted, InstallerFailed, echo
+from agent.core.errors import InstallerFailed, echo
 from agent.core.pip_spec import PipSpec
 from agent.core.uv_spec import UvSpec, uv_version_matches
 from agent.install.disk.staging import through
-from agent.install.venvs.disk_guard import DiskGuard, says_enospc
+from agent.install.venvs.disk_guard import DiskGuard, enospc_error, log_says_enospc
 from agent.install.venvs.spawn import run, spawn
 
 log = logging.getLogger(__name__)
@@ -147,14 +147,8 @@ async def run_installer(
         await asyncio.shield(child.wait())
         raise
     if code != 0:
-        if await asyncio.to_thread(_ran_out, log_path):
-            if guard is not None:
-                raise guard.ran_out()
-            raise DiskExhausted(
-                f"{label}: {os.path.basename(args[0])} ran out of space on the agent's disk "
-                f"(the whole output is in {log_path} on the agent's node): free space there, "
-                "or lower cache-budget"
-            )
+        if await asyncio.to_thread(log_says_enospc, log_path, _COMMAND):
+            raise enospc_error(guard, f"{label}: {os.path.basename(args[0])}", log_path)
         tail = await asyncio.to_thread(_tail, log_path)
         raise InstallerFailed(
             f"{label}: {os.path.basename(args[0])} exited with {code}; its last error lines "
@@ -206,15 +200,6 @@ def _tail(path: Path) -> str:
             break
     own = [line for line in lines if line and (not line[0].isspace() or line.startswith(_CAUSE))]
     return "\n".join(_cut(line) for line in own[-_TAIL_LINES:])
-
-
-def _ran_out(path: Path) -> bool:
-    """Whether the last command's output in the log says it ran out of disk space. Blocking."""
-    with path.open("rb") as f:
-        f.seek(0, os.SEEK_END)
-        f.seek(max(0, f.tell() - _TAIL_READ_BYTES))
-        text = f.read().decode(errors="replace")
-    return says_enospc(text.rsplit(f"\n{_COMMAND}", 1)[-1])
 
 
 def _cut(line: str) -> str:

@@ -20,7 +20,9 @@ own words; ``ran_out`` finds them in its log, and the build's error is the same
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from agent.core.errors import DiskExhausted
@@ -28,6 +30,7 @@ from agent.core.errors import DiskExhausted
 INTERVAL_S = 0.05  # between two measures while an installer runs
 # what pip, uv (Rust's io::Error) and Python say of ENOSPC
 ENOSPC_WORDS = ("No space left on device", "os error 28", "[Errno 28]")
+_LOG_TAIL_BYTES = 64 * 1024  # of an installer's log, read for them
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,3 +124,24 @@ class DiskGuard:
 def says_enospc(text: str) -> bool:
     """Whether an installer's output says it ran out of disk space."""
     return any(words in text for words in ENOSPC_WORDS)
+
+
+def log_says_enospc(log: Path, command_mark: str) -> bool:
+    """Whether the last command's output in an installer's log (its end, after the last line
+    starting with ``command_mark``) says it ran out of disk space. Blocking."""
+    with log.open("rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - _LOG_TAIL_BYTES))
+        text = f.read().decode(errors="replace")
+    return says_enospc(text.rsplit(f"\n{command_mark}", 1)[-1])
+
+
+def enospc_error(guard: DiskGuard | None, who: str, log: Path) -> DiskExhausted:
+    """An installer (``who``: its label and program) that met ENOSPC: the guard's error with
+    the figures, or, with no guard (a lock, not a build), one naming its log."""
+    if guard is not None:
+        return guard.ran_out()
+    return DiskExhausted(
+        f"{who} ran out of space on the agent's disk (its whole output is in {log} on the "
+        "agent's node): free space on that disk"
+    )
