@@ -188,11 +188,13 @@ def enable(place: User, agent_python: str, root: Path, projects: list[Path] | No
     switch.write_file(
         place.folder / HOOK_MODULE, header + Path(user_hook.__file__).read_text(encoding="utf-8")
     )
-    for name in (SWAP_MODULE, HOOK_MODULE):  # this python's bytecode; others write their own
-        with contextlib.suppress(py_compile.PyCompileError, OSError):
-            py_compile.compile(str(place.folder / name), doraise=True)
     switch.write_file(place.config, user_hook.config_text(config))
     switch.write_file(place.folder / SHIM, user_hook.SHIM)
+    # this python's bytecode, read at each start even under PYTHONDONTWRITEBYTECODE (where a
+    # Python of another version compiles the files at each start: a few milliseconds)
+    for name in (SWAP_MODULE, HOOK_MODULE, SHIM):
+        with contextlib.suppress(py_compile.PyCompileError, OSError):
+            py_compile.compile(str(place.folder / name), doraise=True)
     cli = ray_swap.agent_cli(agent_python)
     undo = ray_swap.shell_line([*cli, "ray", "disable", "--user"])
     edited = _add_blocks(place, block(place.folder, undo), made)
