@@ -14,7 +14,7 @@ just this node.
 
 ``rtenv-agent ray enable|disable|enabled`` are ours, not Ray's (Ray has no such commands; its
 ``enable-usage-stats`` is hyphenated): the switch of a Python environment
-(``agent.launcher.switch``), which needs no Ray in this python. So is ``rtenv-agent ray stop``
+(``agent.launcher.switch_cli``), which needs no Ray in this python. So is ``rtenv-agent ray stop``
 (``agent.launcher.stop``): it stops the nodes of one temp dir or GCS address, where Ray's ``ray
 stop`` stops every Ray node on the machine; it needs no Ray either. ``--help`` lists ours after
 Ray's commands, and without Ray too (``agent.launcher.commands``).
