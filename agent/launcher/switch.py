@@ -18,11 +18,13 @@ own installation, never from the target environment, so it need not be among the
 dependencies nor land in a worker's venv. The root defaults to
 ``${XDG_CACHE_HOME:-~/.cache}/rtenv-agent/root``, one per user and machine; ``RTENV_ROOT`` in a
 node's environment still wins. No ``dist-info`` is written: ``uv sync`` and ``pip`` leave the two
-files alone (a venv made anew loses them: enable again). ``disable`` removes exactly those two
-files and the module's bytecode; ``enabled`` tells: exit 0 when that python's nodes run this
-agent, 1 when they run Ray's, saying why (off, or on but not in effect: ``not_in_effect``).
+files alone (a venv made anew loses them: enable again, or per user). ``disable`` removes exactly
+those two files and the module's bytecode; ``enabled`` tells: exit 0 when that python's nodes
+run this agent, 1 when they run Ray's, saying why (off, or on but not in effect: ``not_in_effect``).
 ``enable``'s lines name ``rtenv-agent`` by its full path (``ray_swap.agent_cli``: it need not be on
 PATH). A mistake (a PATH that is no python, a site-packages it cannot write) is one line, exit 2.
+The switch that outlives a venv (``--user``, ``--project DIR``) is ``agent.launcher.user_switch``;
+the command line of both, ``agent.launcher.switch_cli``.
 """
 
 from __future__ import annotations
