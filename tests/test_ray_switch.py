@@ -338,6 +338,7 @@ def test_a_project_covers_the_environments_inside_it_and_no_sibling() -> None:
     assert not covers(config, "/w/proj2/.venv"), "a name that starts alike"
     assert covers(config, "/link/.venv", "/w/proj/.venv"), "reached through a link"
     assert covers(Config("/a/python", "/r", None), "/anywhere")
+    assert not covers(Config("/agent/bin/python", "/r", None), "/agent"), "the agent's own"
 
 
 # -- the finder, on a stand-in for Ray's modules ---------------------------------------------

@@ -72,11 +72,14 @@ def test_a_venv_made_anew_is_armed_in_a_new_shell_and_disable_restores_the_start
     other.mkdir()
     (other / "sitecustomize.py").write_text("print('NEXT SITECUSTOMIZE')\n")
     shell = {**env, "PYTHONPATH": str(other)}
-    seen = _login(f"{python} -c {FINDERS!r}; {agent_python} -m agent ray enabled", shell)
+    seen = _login(f"{python} -c {FINDERS!r}; {agent_python} -m agent ray enabled --user", shell)
     assert seen.returncode == 0, seen.stderr
     lines = seen.stdout.splitlines()
     assert lines[0] == "NEXT SITECUSTOMIZE"
     assert lines[1].split()[0] == USER_SWITCH, "armed first on sys.meta_path"
+    assert lines[2] == "NEXT SITECUSTOMIZE", "the agent's python runs it too (not armed there)"
+    assert lines[3].startswith("rtenv-agent ray: on per user for every venv and Python "), lines
+    assert lines[3].endswith(", in this shell")
     shown = _login(f"{agent_python} -m agent ray enabled --python {python}", env)
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert shown.stdout.splitlines()[0] == (

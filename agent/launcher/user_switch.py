@@ -233,9 +233,10 @@ def _add_blocks(place: User, lines: str, made: list[Path]) -> list[Path]:
             switch.write_file(path, new, keep_mode=True)
         if path not in state:
             state[path] = MADE if text is None else (NEWLINE if newline else ADDED)
-    switch.write_file(
-        place.folder / STATE, "".join(f"{how}\t{path}\n" for path, how in state.items())
-    )
+        # kept after each file: a failure at the next one leaves disable knowing this one
+        switch.write_file(
+            place.folder / STATE, "".join(f"{how}\t{p}\n" for p, how in state.items())
+        )
     return [path for path, how in state.items() if how != FOLDER]
 
 
@@ -252,6 +253,8 @@ def disable(place: User, project: Path | None) -> list[str]:
             switch.write_file(place.config, user_hook.config_text(narrower))
             return [f"{PROG}: the per-user switch no longer covers {project}; {scope(narrower)}"]
     restored, state = [], _read_state(place)
+    for name in (*ALWAYS, *WHEN_PRESENT):  # a block whose record is lost goes too
+        state.setdefault(place.home / name, ADDED)
     for path, how in state.items():
         if how == FOLDER:
             continue
@@ -266,6 +269,8 @@ def disable(place: User, project: Path | None) -> list[str]:
             path.unlink()
         elif new != text:
             switch.write_file(path, new, keep_mode=True)
+        else:
+            continue
         restored.append(str(path))
     removed = []
     for path in place.files():
@@ -320,6 +325,9 @@ def coverage(
     if config is None:
         return None
     said = f"{PROG}: {target.python}"
+    if user_hook.agents_own(config, target.prefix):
+        return 1, [f"{said} is off: it is the agent's own environment, which the per-user "
+                   "switch leaves alone"]  # fmt: skip
     if not user_hook.covers(config, target.prefix, os.path.realpath(target.prefix)):
         return 1, [f"{said} is off: the per-user switch covers {scope(config)}, not "
                    f"{target.prefix}"]  # fmt: skip

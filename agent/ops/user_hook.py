@@ -14,8 +14,9 @@ of ``ray_swap.py`` (``_rtenv_agent_user_switch.py``) and the config (``switch.co
   Python environment (``ALL``) or those whose folder (``sys.prefix``) is one of the listed
   project folders or inside one (a uv project's ``.venv``; a venv kept elsewhere,
   ``UV_PROJECT_ENVIRONMENT``, by naming its own folder).
-- ``covers`` (pure): whether a prefix is in the scope. ``ray_on_path``: whether Ray is on the
-  path at all (a stat per path entry: a Python without Ray imports nothing more).
+- ``covers`` (pure): whether a prefix is in the scope (never the agent's own environment).
+  ``ray_on_path``: whether Ray is on the path at all (a stat per path entry: a Python without
+  Ray imports nothing more).
 - ``run``: reads the config and arms ``ray_swap.arm(python, root)`` exactly as the per-venv
   ``.pth`` does, only where the scope covers this Python, Ray is on its path, and the venv's own
   switch (its ``.pth``, which wins) did not arm already. Never in the agent's own process: a
@@ -148,9 +149,17 @@ def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder if folder == os.sep else folder + os.sep)
 
 
+def agents_own(config: Config, prefix: str) -> bool:
+    """Whether ``prefix`` is the agent's own environment (its python's venv): the switch leaves
+    it alone (``rtenv-agent ray start`` there keeps its own rules)."""
+    return os.path.dirname(os.path.dirname(config.python)) == prefix
+
+
 def covers(config: Config, prefix: str, real_prefix: str | None = None) -> bool:
     """Whether the scope covers the Python environment at ``prefix`` (``sys.prefix``; its
-    resolved path too, when given: a project reached through a link)."""
+    resolved path too, when given: a project reached through a link); never the agent's own."""
+    if agents_own(config, prefix):
+        return False
     if config.projects is None:
         return True
     paths = [prefix] if real_prefix is None else [prefix, real_prefix]
