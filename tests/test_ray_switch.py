@@ -1,8 +1,9 @@
 """The Ray switch's pure parts: the swap with the agent's own python and the root, Ray's socket
 paths against AF_UNIX's limit and the warning, the ``.pth`` line, the default root, ``ray-agent
 --root``; and the finder the ``.pth`` arms, on a stand-in for Ray's modules. ray_swap.py is copied
-into environments where the agent is not: it imports the standard library only and parses as
-Python 3.9."""
+into environments where the agent is not (and user_hook.py into the per-user hook folder): they
+import the standard library only and parse as Python 3.9. The per-user switch's startup-file
+block (added once, removed to the byte), its config and its scope."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from agent.launcher import switch
+from agent.launcher import switch, user_switch
 from agent.launcher.ray_cli import announcement, start_warning
-from agent.ops import ray_swap
+from agent.ops import ray_swap, user_hook
 from agent.ops.ray_agent import agent_root, default_root
 from agent.ops.ray_flags import Refused, parse_flags
 from agent.ops.ray_swap import (
@@ -32,6 +33,7 @@ from agent.ops.ray_swap import (
     swap_agent_command,
 )
 from agent.ops.startup import MAX_UNIX_PATH_BYTES
+from agent.ops.user_hook import Config, ConfigError, config_text, covers, parse_config
 
 RAY_MAIN = "/venv/lib/python3.11/site-packages/ray/_private/runtime_env/agent/main.py"
 FLAGS = [
@@ -280,8 +282,9 @@ def test_the_default_root_is_per_user_in_the_cache_folder() -> None:
         switch.default_root({}, None)
 
 
-def test_the_hook_imports_the_standard_library_only_and_parses_as_python_3_9() -> None:
-    source = Path(ray_swap.__file__).read_text()
+@pytest.mark.parametrize("module", [ray_swap, user_hook])
+def test_the_hook_imports_the_standard_library_only_and_parses_as_python_3_9(module: Any) -> None:
+    source = Path(module.__file__).read_text()
     tree = ast.parse(source, feature_version=(3, 9))
     imported = set()
     for node in ast.walk(tree):
@@ -292,7 +295,50 @@ def test_the_hook_imports_the_standard_library_only_and_parses_as_python_3_9() -
             imported.add((node.module or "").split(".")[0])
     assert imported
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
-    assert switch.module_text().endswith(source), "enable copies it as it is"
+    if module is ray_swap:
+        assert switch.module_text().endswith(source), "enable copies it as it is"
+    ast.parse(user_hook.SHIM, feature_version=(3, 4))  # the sitecustomize every Python reads
+
+
+@pytest.mark.parametrize("text", ["", "alias ll='ls -l'", "x=1\n", "x=1\n\n", "# >>> x\n"])
+def test_the_startup_block_is_added_once_and_removed_to_the_byte(text: str) -> None:
+    lines = user_switch.block(Path("/h/.local/share/rtenv-agent/switch"), "rtenv-agent ray ...")
+    added, newline = user_switch.with_block(text, lines)
+    assert added.endswith(lines)
+    assert newline == (text != "" and not text.endswith("\n"))
+    assert user_switch.with_block(added, lines) == (added, False), "once"
+    assert user_switch.without_block(added, newline) == text
+
+
+def test_the_startup_block_puts_the_folder_first_on_pythonpath_once_in_sh() -> None:
+    lines = user_switch.block(Path("/h/a b"), "undo")
+    twice = f'PYTHONPATH=/x\n{lines}{lines}echo "$PYTHONPATH"\n'
+    done = subprocess.run(["sh", "-c", twice], capture_output=True, text=True, timeout=30)
+    assert done.stdout == "/h/a b:/x\n"
+
+
+def test_the_config_reads_back_and_a_broken_one_is_an_error_saying_what() -> None:
+    for config in (Config("/a/python", "/r", None), Config("/a/python", "/r", ("/p", "/q"))):
+        assert parse_config(config_text(config)) == config
+    for text, said in [
+        ("python=/a\nroot=/r\n", "not both"),
+        ("python=/a\nroot=/r\nscope=all\nproject=/p\n", "not both"),
+        ("python=a\nroot=/r\nscope=all\n", "absolute"),
+        ("python=/a\nroot=/r\nscope=some\n", "line 3"),
+        ("garbage\n", "line 1 is not key=value"),
+    ]:
+        with pytest.raises(ConfigError, match=said):
+            parse_config(text)
+
+
+def test_a_project_covers_the_environments_inside_it_and_no_sibling() -> None:
+    config = Config("/a/python", "/r", ("/w/proj",))
+    assert covers(config, "/w/proj/.venv")
+    assert covers(config, "/w/proj")
+    assert not covers(config, "/w/proj2/.venv"), "a name that starts alike"
+    assert covers(config, "/link/.venv", "/w/proj/.venv"), "reached through a link"
+    assert covers(Config("/a/python", "/r", None), "/anywhere")
+    assert not covers(Config("/agent/bin/python", "/r", None), "/agent"), "the agent's own"
 
 
 # -- the finder, on a stand-in for Ray's modules ---------------------------------------------

@@ -3,7 +3,8 @@ enable --python P``, an unmodified driver with a bare ``ray.init(num_cpus=1)`` r
 ``uv run`` in a uv project whose venv is P) starts a node whose raylet runs this agent, from the
 agent's own installation, on the root enable named, says so once in the driver's output (with
 the ``info`` command, which runs as printed), and ends at ``ray.shutdown()`` with no warning;
-after ``disable``, Ray's own agent again, and no line.
+after ``disable``, Ray's own agent again, and no line. After ``enable --user``, a venv made anew
+does the same from a new shell.
 Before Ray refuses a node whose socket paths are too long, the switch says why and what to do.
 
 Each driver runs in a process of its own with its own short ``RAY_TMPDIR`` (its node's processes
@@ -158,6 +159,36 @@ def test_a_bare_ray_init_runs_this_agent_on_enables_root_and_rays_own_after_disa
         assert run.finish() == 0
         # the announcement's words, not the project's name: a path (CI's clone) may hold that
         assert "runtime env agent is runtime-env-agent's" not in run.err.read_text(), "no line"
+
+
+def test_after_enable_user_a_venv_made_anew_starts_nodes_on_this_agent_in_a_new_shell(
+    tmp_path: Path, ray_tmp: Path
+) -> None:
+    """``enable --user``, then the project's venv removed and made again (``rm -rf .venv``, a
+    new Python version): a bare ``ray.init()`` run from a login shell (what a new terminal
+    reads) starts a node whose raylet runs this agent, on enable's root."""
+    agent_python = agent_venv(tmp_path / "agent")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = _environ(ray_tmp)
+    env.update(HOME=str(home), PATH=os.defpath)
+    for name in [k for k in env if k.startswith("XDG_")]:
+        env.pop(name)
+    root = tmp_path / "root"
+    on = switch(agent_python, "enable", "--user", "--root", str(root), env=env)
+    assert on.returncode == 0, on.stderr
+    project = tmp_path / "proj"
+    ray_venv(project / ".venv")
+    shutil.rmtree(project / ".venv")
+    python = ray_venv(project / ".venv")
+    (project / "launch.py").write_text(LAUNCH)
+    command = ["bash", "-lc", f"exec {shlex.quote(str(python))} launch.py"]
+    with driver(command, project, env, str(ray_tmp)) as run:
+        run.task_pid()
+        _, agent = _agent_of_node(str(ray_tmp))
+        ours = [str(agent_python), *OUR_AGENT, f"--root={root}"]
+        assert agent[: len(ours)] == ours, agent
+        assert run.finish() == 0
 
 
 def test_a_uv_run_driver_in_a_uv_project_runs_this_agent_from_its_own_installation(

@@ -26,7 +26,8 @@ RAY_PIP = "pip install 'ray[default]'"
 OURS: Mapping[str, tuple[str, bool]] = {
     "enable": (
         "make every Ray node a Python environment starts (a bare ray.init(), ray start) run "
-        "this agent: --python PATH (default: this python), --root DIR",
+        "this agent: --python PATH (default: this python), or --user (every venv of yours, made "
+        "anew too), or --project DIR (those in DIR); --root DIR",
         False,
     ),
     "disable": ("undo enable: that environment's Ray nodes run Ray's own agent again", False),

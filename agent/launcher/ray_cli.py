@@ -14,7 +14,7 @@ just this node.
 
 ``rtenv-agent ray enable|disable|enabled`` are ours, not Ray's (Ray has no such commands; its
 ``enable-usage-stats`` is hyphenated): the switch of a Python environment
-(``agent.launcher.switch``), which needs no Ray in this python. So is ``rtenv-agent ray stop``
+(``agent.launcher.switch_cli``), which needs no Ray in this python. So is ``rtenv-agent ray stop``
 (``agent.launcher.stop``): it stops the nodes of one temp dir or GCS address, where Ray's ``ray
 stop`` stops every Ray node on the machine; it needs no Ray either. ``--help`` lists ours after
 Ray's commands, and without Ray too (``agent.launcher.commands``).
@@ -29,7 +29,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from agent.launcher import commands, install, stop, switch
+from agent.launcher import commands, install, stop, switch, switch_cli
 from agent.launcher.next_steps import NextSteps
 from agent.ops import ray_swap
 from agent.ops.ray_swap import (
@@ -45,7 +45,7 @@ PROG = "rtenv-agent ray"
 
 def main(argv: Sequence[str]) -> int:
     if argv[:1] and argv[0] in switch.COMMANDS:
-        return switch.main(argv[0], argv[1:], os.environ)
+        return switch_cli.main(argv[0], argv[1:], os.environ)
     if argv[:1] == ["stop"]:
         return stop.main(argv[1:], os.environ)
     if commands.wants_help(argv):  # ours listed too; no Ray needed for that

@@ -18,16 +18,17 @@ own installation, never from the target environment, so it need not be among the
 dependencies nor land in a worker's venv. The root defaults to
 ``${XDG_CACHE_HOME:-~/.cache}/rtenv-agent/root``, one per user and machine; ``RTENV_ROOT`` in a
 node's environment still wins. No ``dist-info`` is written: ``uv sync`` and ``pip`` leave the two
-files alone (a venv made anew loses them: enable again). ``disable`` removes exactly those two
-files and the module's bytecode; ``enabled`` tells: exit 0 when that python's nodes run this
-agent, 1 when they run Ray's, saying why (off, or on but not in effect: ``not_in_effect``).
+files alone (a venv made anew loses them: enable again, or per user). ``disable`` removes exactly
+those two files and the module's bytecode; ``enabled`` tells: exit 0 when that python's nodes
+run this agent, 1 when they run Ray's, saying why (off, or on but not in effect: ``not_in_effect``).
 ``enable``'s lines name ``rtenv-agent`` by its full path (``ray_swap.agent_cli``: it need not be on
 PATH). A mistake (a PATH that is no python, a site-packages it cannot write) is one line, exit 2.
+The switch that outlives a venv (``--user``, ``--project DIR``) is ``agent.launcher.user_switch``;
+the command line of both, ``agent.launcher.switch_cli``.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
 import contextlib
 import json
@@ -35,13 +36,12 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.core.errors import echo
-from agent.ops import ray_swap
-from agent.ops.usage import OneLineParser, WrapAtSpaces
+from agent.ops import ray_swap, user_hook
 
 PROG = "rtenv-agent ray"
 COMMANDS = ("enable", "disable", "enabled")
@@ -55,16 +55,16 @@ HEADER = (
 )
 # what the target python says of itself: its site-packages, its version, whether it has Ray (and
 # which, from its metadata: Ray itself is not imported) and whether its start armed the switch
-# (the .pth was run: what a driver's start does)
-PROBE = f"""\
+# (the .pth was run: what a driver's start does; or the per-user hook, asked with it on PYTHONPATH)
+PROBE = """\
 import importlib.metadata, importlib.util, json, sys, sysconfig
 try:
     ray = importlib.metadata.version('ray')
 except Exception:
     ray = ''
-print(json.dumps({{'purelib': sysconfig.get_paths()['purelib'],
+print(json.dumps({'purelib': sysconfig.get_paths()['purelib'], 'prefix': sys.prefix,
     'version': list(sys.version_info[:3]), 'ray': importlib.util.find_spec('ray') is not None,
-    'ray_version': ray, 'armed': any(type(f).__module__ == {NAME!r} for f in sys.meta_path)}}))
+    'ray_version': ray, 'finders': [type(f).__module__ for f in sys.meta_path]}))
 """
 AGENT_PROBE = "import agent; print(agent.__file__)"
 # the module's bytecode, written now by the target python: Python reads it at each start even
@@ -85,8 +85,9 @@ class Target:
     version: tuple[int, ...]
     has_ray: bool
     ray_version: str = ""  # from its metadata ("" where it has none)
-    armed: bool = False  # its start ran the switch's .pth and armed it
+    armed: bool = False  # its start ran the switch's .pth (or the per-user hook) and armed it
     stderr: str = ""  # what its start wrote on stderr (the switch's warning, if any), cut
+    prefix: str = ""  # its sys.prefix: the Python environment's folder
 
     @property
     def pth(self) -> Path:
@@ -164,26 +165,34 @@ def check_root(root: Path) -> None:
         )
 
 
-def probe(python: str) -> Target:
+def probe(python: str, hook: Path | None = None) -> Target:
     """Ask ``python`` (isolated, as nothing of the caller's may change its answer) for its
-    site-packages, its version and whether it has Ray."""
+    site-packages, its version and whether it has Ray. With ``hook`` (the per-user switch's
+    folder): started with that folder alone on its PYTHONPATH, armed by that hook or not."""
     if not os.path.isfile(python) or not os.access(python, os.X_OK):
         raise SwitchError(f"--python {echo(python)} is not an executable file")
+    flags, env = ["-I"], None
+    if hook is not None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        flags, env["PYTHONPATH"] = ["-s"], str(hook)
     try:
         done = subprocess.run(
-            [python, "-I", "-c", PROBE],
+            [python, *flags, "-c", PROBE],
             capture_output=True,
             text=True,
             timeout=PROBE_S,
             check=False,
             stdin=subprocess.DEVNULL,
+            cwd="/",
+            env=env,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SwitchError(f"--python {echo(python)} could not be run: {exc}") from None
     try:
         said = json.loads(done.stdout.strip().splitlines()[-1])
         purelib, version, has_ray = Path(said["purelib"]), tuple(said["version"]), said["ray"]
-        ray_version, armed = str(said.get("ray_version", "")), said.get("armed") is True
+        ray_version, prefix = str(said.get("ray_version", "")), str(said.get("prefix", ""))
+        armed = (user_hook.SWAP_MODULE if hook is not None else NAME) in said.get("finders", [])
     except (IndexError, ValueError, KeyError, TypeError):
         raise SwitchError(
             f"--python {echo(python)} is not a python (it did not answer "
@@ -195,7 +204,7 @@ def probe(python: str) -> Target:
             f"--python {echo(python)} is Python {shown}; the switch needs 3.9 or later"
         )
     stderr = echo(done.stderr.strip(), 300) if done.stderr.strip() else ""
-    return Target(python, purelib, version, bool(has_ray), ray_version, armed, stderr)
+    return Target(python, purelib, version, bool(has_ray), ray_version, armed, stderr, prefix)
 
 
 def agent_location(python: str) -> str | None:
@@ -233,11 +242,16 @@ def agent_python_note(python: str, ours: Path) -> str | None:
     return None
 
 
-def _write(path: Path, text: str) -> None:
-    """``text`` into ``path`` whole or not at all (a temp file beside it, then a rename)."""
+def write_file(path: Path, text: str, keep_mode: bool = False) -> None:
+    """``text`` into ``path`` whole or not at all (a temp file beside it, then a rename); with
+    ``keep_mode``, into the file a link names, with the mode it had (a user's ~/.bashrc)."""
+    if keep_mode:
+        path = path.resolve()
     temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         temp.write_text(text, encoding="utf-8")
+        if keep_mode and path.exists():
+            os.chmod(temp, path.stat().st_mode & 0o7777)
         os.replace(temp, path)
     except OSError as exc:
         with contextlib.suppress(OSError):
@@ -275,9 +289,9 @@ def enable(target: Target, agent_python: str, root: Path) -> list[str]:
             f"{echo(target.python)} (not a folder this user can write)"
         )
     was = read_pth(target.pth.read_text(errors="replace")) if target.pth.is_file() else None
-    _write(target.module, module_text())
+    write_file(target.module, module_text())
     _compile(target)
-    _write(target.pth, pth_line(agent_python, str(root)))
+    write_file(target.pth, pth_line(agent_python, str(root)))
     state = "enabled" if was is None else "enabled again (updated)"
     cli = ray_swap.agent_cli(agent_python)  # rtenv-agent by its full path: not always on PATH
     lines = [
@@ -350,7 +364,9 @@ def status(
     return 0, [f"{PROG}: on for {target.python}", *lines]
 
 
-def not_in_effect(target: Target, python: str, locate: Callable[[str], str | None]) -> str | None:
+def not_in_effect(
+    target: Target, python: str, locate: Callable[[str], str | None] = agent_location
+) -> str | None:
     """Why a switch that is on (its two files as enable wrote them) changes nothing, and what
     that python's Ray nodes then run; None when it is in effect. In the order a node meets
     them: that python's start does not arm it (the .pth is not run there, or arm failed); its
@@ -373,73 +389,9 @@ def not_in_effect(target: Target, python: str, locate: Callable[[str], str | Non
     return None
 
 
-DESCRIPTIONS = {
-    "enable": "Make every Ray node the --python starts (a bare ray.init(), ray start, a "
-    "Cluster) run this agent, from the python running this command, on one root: writes "
-    f"{NAME}.pth, {NAME}.py and its bytecode into that python's site-packages, nothing else. "
-    "Run it again to update; disable undoes it.",
-    "disable": f"Remove what enable wrote ({NAME}.pth, {NAME}.py, its bytecode): the Ray nodes "
-    "that python starts run Ray's own agent again. The root and its packages stay.",
-    "enabled": "Say whether the switch is on for the --python, with its agent python and root: "
-    "exit 0 on, 1 off.",
-}
-
-
 def python_path(given: str) -> str:
     """``--python`` as an absolute path, not resolved (a venv's python is a link out of the
     venv); a bare name (``python3``) is looked up on PATH."""
     if os.sep not in given and (found := shutil.which(given)) is not None:
         return os.path.abspath(found)
     return os.path.abspath(given)
-
-
-def _parser(command: str) -> argparse.ArgumentParser:
-    p = OneLineParser(
-        prog=f"{PROG} {command}",
-        description=DESCRIPTIONS[command],
-        formatter_class=WrapAtSpaces,  # wraps at spaces only: paths stay whole
-    )
-    p.add_argument(
-        "--python",
-        metavar="PATH",
-        default=sys.executable,
-        help="the Python environment's python (default: the one rtenv-agent runs in); in a uv "
-        "project, .venv/bin/python",
-    )
-    if command == "enable":
-        p.add_argument(
-            "--root",
-            metavar="DIR",
-            help="the agents' root (default ${XDG_CACHE_HOME:-~/.cache}/rtenv-agent/root)",
-        )
-    return p
-
-
-def main(command: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
-    args = _parser(command).parse_args(list(argv))
-    try:
-        target = probe(python_path(args.python))
-        if command == "disable":
-            lines, code = disable(target), 0
-        elif command == "enabled":
-            code, lines = status(target)
-        else:
-            home: Path | None
-            try:
-                home = Path.home()
-            except (KeyError, RuntimeError):
-                home = None
-            if args.root is not None and not args.root.strip():
-                raise SwitchError("--root is empty")
-            root = Path(os.path.abspath(args.root or default_root(environ, home)))
-            check_root(root)
-            import agent
-
-            note = agent_python_note(sys.executable, Path(agent.__file__))
-            lines, code = enable(target, sys.executable, root), 0
-            lines += [note] if note else []
-    except SwitchError as exc:
-        print(f"{PROG} {command}: {exc}", file=sys.stderr)
-        return 2
-    print("\n".join(lines))
-    return code

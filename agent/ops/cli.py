@@ -131,8 +131,9 @@ def _parser() -> argparse.ArgumentParser:
         add_help=False,
         help="Ray's own CLI, its raylets starting this agent: rtenv-agent ray start --head ...; "
         "rtenv-agent ray stop [--temp-dir DIR | --address HOST:PORT]: only the nodes of that temp "
-        "dir or cluster, by PID; and rtenv-agent ray enable|disable|enabled [--python PATH]: every "
-        "Ray node that python starts (a bare ray.init() too) runs this agent",
+        "dir or cluster, by PID; and rtenv-agent ray enable|disable|enabled [--python PATH | "
+        "--user | --project DIR]: every Ray node that python (or every venv of yours, or of "
+        "DIR) starts (a bare ray.init() too) runs this agent",
     )
     return parser
 

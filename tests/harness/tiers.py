@@ -132,6 +132,7 @@ FILES: dict[str, str] = {
     "test_ray_switch.py": "unit",
     "test_ray_switch_cli.py": "process",
     "test_ray_switch_node.py": "ray",
+    "test_ray_switch_user.py": "process",
     "test_ray_uv_run.py": "ray",
     "test_ray_uv_run_agent.py": "ray",
     "test_ray_versions.py": "unit",
