@@ -23,7 +23,7 @@ PROGRESS_EVERY_S = 5.0  # between two lines of one build
 class BuildProgress:
     """A build in flight as a line says it (and info shows it)."""
 
-    label: str  # the package, as messages name it (``UriKey.label``)
+    label: str  # the package, as messages name it (``UriKey.label``: ``<kind>:<uri>``)
     kind: str  # its kind's name (``UriKind.value``)
     elapsed_s: float  # since its install began (its queue for a slot included)
     bytes_so_far: int  # in its staging folder at the last look (downloads, unpacked files)
@@ -33,7 +33,8 @@ class BuildProgress:
 
 
 def progress_line(progress: BuildProgress) -> str:
-    """One line: ``building pip package pip://ab12...: 3/7 packages, 12.5 MiB so far, 42s``."""
+    """One line: ``building pip:pip://ab12...: 3/7 packages, 12.5 MiB so far, 42s`` (the
+    label names the kind first)."""
     parts: list[str] = []
     if progress.queued:
         parts.append("queued for an install slot")
@@ -44,7 +45,7 @@ def progress_line(progress: BuildProgress) -> str:
         parts.append(f"{done} packages")
     parts.append(f"{human_bytes(progress.bytes_so_far)} so far")
     parts.append(f"{progress.elapsed_s:.0f}s")
-    return f"building {progress.kind} package {progress.label}: {', '.join(parts)}"
+    return f"building {progress.label}: {', '.join(parts)}"
 
 
 @dataclass

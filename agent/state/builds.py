@@ -58,6 +58,15 @@ class Builds:
         self.emit: Emit | None = None  # set by the service: a line for the jobs waiting
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def every_s(self) -> float:
+        """Between two lines of one build."""
+        return self._throttle.every_s
+
+    @every_s.setter
+    def every_s(self, value: float) -> None:
+        self._throttle.every_s = value
+
     # -- kept going ------------------------------------------------------------------------
     def keep(self, keys: Iterable[UriKey]) -> tuple[UriKey, ...]:
         """Keep these keys' installs in flight going when their last waiter leaves (a create's
@@ -116,7 +125,7 @@ class Builds:
 
     async def _watch(self) -> None:
         while True:
-            await self._sleep(_TICK_S)
+            await self._sleep(min(_TICK_S, self.every_s))
             try:
                 await self.tick()
             except Exception:  # a line lost, never the watch
