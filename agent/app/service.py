@@ -9,7 +9,9 @@ awaits installs. The doors only convert: messages (``doors/servicer.py``; ``RayF
 
 Create: parse (pure) -> build the context and check it could start a process (pure, before
 anything is counted) -> take the references (tables, store) -> await the installs under the setup
-timeout -> commit. Any failure, timeout or cancellation gives back exactly what was taken.
+timeout -> commit. Any failure, timeout or cancellation gives back exactly what was taken; at
+the timeout the builds the create started are kept going first (``UriStore.builds``), for the
+next create, and the creates waiting on builds are known for their progress lines (``waiting``).
 
 Info: ``snapshot`` takes what the agent holds as frozen values (``agent.app.snapshot``) in one
 synchronous step, and decides each package's state there (``agent.app.views``: how each held
