@@ -118,6 +118,7 @@ FILES: dict[str, str] = {
     "test_ray_node.py": "ray",
     "test_ray_object_store.py": "ray",
     "test_ray_parse.py": "unit",
+    "test_ray_slow_build.py": "ray",
     "test_slow_build.py": "sockets",
     "test_wd_requirements.py": "unit",
     "test_wd_requirements_door.py": "sockets",
