@@ -96,3 +96,25 @@ def test_a_setup_log_line_is_in_rays_format_and_only_for_rays_job_ids(tmp_path: 
     assert setup_log_path(tmp_path, "01000000") == tmp_path / "runtime_env_setup-01000000.log"
     for hostile in ("../x", "a/b", "", "x" * 65, "01 00"):
         assert setup_log_path(tmp_path, hostile) is None
+
+
+def test_info_prints_the_builds_in_flight_and_who_waits_on_each() -> None:
+    from agent.ops.info_address import format_info
+    from rtenv.v1 import agent_pb2
+
+    reply = agent_pb2.GetRuntimeEnvsInfoReply(
+        builds=[
+            agent_pb2.BuildInfo(
+                uri="pip://ab12", kind="pip", elapsed_seconds=42.4, bytes_so_far=3 * 1024**2,
+                env_ids=["e1"], job_ids=["01000000"],
+            ),
+            agent_pb2.BuildInfo(uri="uv://cd", kind="uv", elapsed_seconds=700, kept=True),
+        ]
+    )  # fmt: skip
+    text = format_info(reply)
+    assert "BUILDING" in text
+    assert "pip              42s     3.0 MiB  pip://ab12" in text
+    assert "waited on by 1 create (e1); jobs: 01000000" in text
+    assert "uv              700s         0 B  uv://cd" in text
+    assert "kept going past a setup timeout: no create waits" in text
+    assert "BUILDING" not in format_info(agent_pb2.GetRuntimeEnvsInfoReply())
