@@ -10,7 +10,7 @@ from pathlib import Path
 from agent.core.progress import BuildProgress, Throttle, progress_line
 from agent.core.uris import UriKey, UriKind
 from agent.doors.ray_setup_log import ray_line, setup_log_path
-from agent.state.builds import Builds
+from agent.state.builds import Builds, measure_staging
 from agent.state.entries import Build, UriEntry, UriState
 
 
@@ -19,6 +19,8 @@ def test_a_progress_line_says_what_it_builds_how_far_and_for_how_long() -> None:
     assert line == "building pip:pip://ab12: 3/7 packages, 13.0 MiB so far, 42s"
     bare = progress_line(BuildProgress("uv:uv://cd", "uv", 5.0, 512))
     assert bare == "building uv:uv://cd: 512 B so far, 5s"
+    done = progress_line(BuildProgress("uv:uv://cd", "uv", 5.0, 512, packages_done=4))
+    assert done == "building uv:uv://cd: 4 packages installed, 512 B so far, 5s"
     queued = progress_line(BuildProgress("pip:pip://ab", "pip", 9.0, 0, queued=True))
     assert queued == "building pip:pip://ab: queued for an install slot, 0 B so far, 9s"
 
@@ -54,9 +56,9 @@ async def test_a_tick_measures_and_emits_the_lines_due_only() -> None:
     queued = _entry(UriKind.PIP, "pip://queued", 1000.0, None)
     entries = {e.key: e for e in (slow, queued)}
 
-    def measure(path: Path) -> int:
+    def measure(path: Path) -> tuple[int, int]:
         measured.append(path)
-        return 4096
+        return 4096, 2
 
     builds = Builds(entries, max_kept=1, clock=clock, every_s=5.0, measure=measure)
     builds.emit = lambda key, line: emitted.append((key.uri, line))
@@ -65,13 +67,22 @@ async def test_a_tick_measures_and_emits_the_lines_due_only() -> None:
     assert await builds.tick() == 2
     assert measured == [Path("/staging/slow")]  # a queued build has no staging to measure
     assert emitted == [
-        ("pip://slow", "building pip:pip://slow: 4.0 KiB so far, 6s"),
+        ("pip://slow", "building pip:pip://slow: 2 packages installed, 4.0 KiB so far, 6s"),
         ("pip://queued", "building pip:pip://queued: queued for an install slot, 0 B so far, 6s"),
     ]
     clock.now = 1008.0
     assert await builds.tick() == 0  # the next one is 5 s after the last
     views = {e.key.uri: p for e, p in builds.in_flight()}
     assert views["pip://slow"].bytes_so_far == 4096  # info's figure, with no I/O
+
+
+def test_a_staging_folder_is_measured_in_bytes_and_packages_installed(tmp_path: Path) -> None:
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    for name in ("a-1.0.dist-info", "b-2.0.dist-info", "a"):
+        (site / name).mkdir(parents=True)
+    (site / "a" / "x.py").write_bytes(b"x" * 100)
+    (tmp_path / "download.whl").write_bytes(b"y" * 1000)
+    assert measure_staging(tmp_path) == (1100, 2)
 
 
 def test_builds_kept_going_are_bounded_and_only_installing_ones() -> None:

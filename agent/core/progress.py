@@ -2,8 +2,8 @@
 
 A build (a package's install under this agent's claim: a zip fetched and unpacked, a venv made by
 pip or uv) can take longer than a create waits (``setup_timeout_seconds``). While it runs, every
-``PROGRESS_EVERY_S`` a line says what it builds (its label and kind), how far it is (packages
-done of the total, where the installer says; bytes so far in its staging folder) and for how
+``PROGRESS_EVERY_S`` a line says what it builds (its label and kind), how far it is (the packages
+installed so far, of the total where it is known; bytes so far in its staging folder) and for how
 long. The agent's log carries each line; under Ray the setup log of each job waiting on the
 build does too (``agent.doors.ray_setup_log``), which Ray's log monitor streams to the driver.
 
@@ -27,8 +27,8 @@ class BuildProgress:
     kind: str  # its kind's name (``UriKind.value``)
     elapsed_s: float  # since its install began (its queue for a slot included)
     bytes_so_far: int  # in its staging folder at the last look (downloads, unpacked files)
-    packages_done: int | None = None  # where the installer says: packages installed so far
-    packages_total: int | None = None  # and how many it resolved
+    packages_done: int | None = None  # packages installed so far, where known (a venv's)
+    packages_total: int | None = None  # of how many, where the installer says
     queued: bool = False  # waiting for one of the install slots
 
 
@@ -42,7 +42,7 @@ def progress_line(progress: BuildProgress) -> str:
     if total is not None:
         parts.append(f"{done or 0}/{total} packages")
     elif done is not None:
-        parts.append(f"{done} packages")
+        parts.append(f"{done} packages installed")
     parts.append(f"{human_bytes(progress.bytes_so_far)} so far")
     parts.append(f"{progress.elapsed_s:.0f}s")
     return f"building {progress.label}: {', '.join(parts)}"

@@ -13,14 +13,15 @@ into place whole (``placing``).
 
 While a build runs, every ``every_s`` (``agent.core.progress``) its progress line goes to the
 agent's log and to ``emit`` (the service's: the setup logs of the jobs waiting on it): its label
-and kind, the bytes in its staging folder (measured in a thread, at most once per line), and its
-time so far. The clock and the sleep are injected.
+and kind, the packages installed and the bytes in its staging folder so far (measured in a
+thread, at most once per line), and its time so far. The clock and the sleep are injected.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
@@ -47,14 +48,14 @@ class Builds:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         every_s: float = PROGRESS_EVERY_S,
-        measure: Callable[[Path], int] = du,
+        measure: Callable[[Path], Measured] | None = None,
     ) -> None:
         self._entries = entries
         self._max_kept = max_kept
         self._clock = clock
         self._sleep = sleep
         self._throttle = Throttle(every_s)
-        self._measure = measure
+        self._measure = measure or measure_staging
         self.emit: Emit | None = None  # set by the service: a line for the jobs waiting
         self._task: asyncio.Task[None] | None = None
 
@@ -143,7 +144,8 @@ class Builds:
         for entry in due:
             build = entry.build
             if build is not None and build.staging is not None:
-                build.bytes_so_far = await asyncio.to_thread(self._measure, build.staging)
+                measured = await asyncio.to_thread(self._measure, build.staging)
+                build.bytes_so_far, build.packages_done = measured
             if entry.build is None:  # it ended meanwhile
                 continue
             progress = _progress(entry, self._clock())
@@ -170,5 +172,19 @@ def _progress(entry: UriEntry, now: float) -> BuildProgress:
         kind=entry.key.kind.value,
         elapsed_s=max(0.0, now - build.started),
         bytes_so_far=build.bytes_so_far,
+        packages_done=build.packages_done or None,
         queued=build.staging is None,
     )
+
+
+Measured = tuple[int, int]  # bytes, and packages installed (``*.dist-info`` folders)
+
+
+def measure_staging(staging: Path) -> Measured:
+    """A build's staging folder so far: its bytes (``du``: each inode once), and the packages
+    installed in it (a venv's ``*.dist-info`` folders: pip writes one as it installs each
+    package, uv as it links each). Blocking: in a thread. Files vanishing under it are skipped."""
+    packages = 0
+    for _, dirs, _ in os.walk(staging):
+        packages += sum(1 for d in dirs if d.endswith(".dist-info"))
+    return du(staging), packages

@@ -64,6 +64,7 @@ class Build:
     started: float
     staging: Path | None = None
     bytes_so_far: int = 0
+    packages_done: int = 0  # installed in it so far (a venv's ``*.dist-info`` folders)
 
 
 @dataclass
