@@ -487,12 +487,13 @@ async def test_setup_timeout_answers_deadline_exceeded_and_gives_back_references
             "setup_timeout_seconds",
         )
         assert len(a.service.tables) == 0
-        await wait_until(lambda: not list(a.service.store.entries()), what="the install to stop")
         info = await a.info()
         assert [(e.state, e.references) for e in info.envs] == [("failed", 0)]
-        assert info.uris == []
+        assert [(u.state, u.references) for u in info.uris] == [("installing", 0)]
+        assert [b.kept for b in info.builds] == [True]  # the download goes on
         a.service.check_invariants()
-        gate.set()  # too late: the download was cancelled with the setup
-        info = await settled(a, cached=0)
-        assert info.cache.downloads == 0
+        gate.set()
+        await wait_until(lambda: a.service.store.installs_in_flight() == 0, what="its end")
+        info = await settled(a, cached=1)  # kept whole, unused: evictable
+        assert info.cache.downloads == 1
         await still_serves(a, pkgs)

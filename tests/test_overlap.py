@@ -7,6 +7,7 @@ wait on does not hold up another install."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import io
 import logging
@@ -138,8 +139,11 @@ async def test_a_cancelled_create_stops_the_workers_waiting_for_its_bytes() -> N
         url = server.add(BIG, data)
         release = server.hold_last(BIG, HELD)
         try:
-            with pytest.raises(grpc.aio.AioRpcError):
-                await a.create(env_json(working_dir=url), timeout_s=2)  # setup timeout
+            create = asyncio.ensure_future(a.create(env_json(working_dir=url)))
+            await wait_until(lambda: bool(staged(a, "first.py")), timeout_s=30, what="first.py")
+            create.cancel()  # the client gone: its build is cancelled
+            with contextlib.suppress(asyncio.CancelledError):
+                await create
             assert a.agent._unpack is not None
             pool = a.agent._unpack
             await wait_until(lambda: pool.busy == 0, what="the workers stopped")

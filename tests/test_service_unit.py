@@ -121,25 +121,33 @@ async def test_a_failed_create_holds_no_reference_is_remembered_and_the_next_one
 # -- giving references back ---------------------------------------------------------------------
 
 
-async def test_a_setup_timeout_releases_the_references_and_cancels_installs_no_one_else_needs(
+async def test_a_setup_timeout_releases_the_references_and_its_build_goes_on_for_a_retry(
     tmp_path: Path,
 ) -> None:
+    """The create fails at its timeout, its references given back; the install it started goes
+    on (kept by the store), ends as an unused package, and a retry uses it: one download."""
     async with service_rig(tmp_path, max_setup_timeout_s=0.1) as r:
         a, b = r.packages.add("a"), r.packages.add("b")
         kept = await r.create(env_json(py_modules=[b]))
-        r.packages.stall("a")  # a's body stops half-way: the env cannot be set up in time
+        gate = r.packages.stall("a")  # a's body stops half-way: the env cannot be set up in time
         with pytest.raises(SetupTimeout) as timed_out:
             await r.create(env_json(py_modules=[a, b]), timeout_s=-1)  # -1: the longest, 0.1s
         r.check()
         assert "was not set up within 0.1s (setup_timeout_seconds)" in timed_out.value.message
+        assert "1 build(s) go on" in timed_out.value.message
         assert r.references(a) == 0
         assert r.references(b) == 1  # the other env's
-        await wait_until(lambda: r.service.store.entry(key_of(a)) is None, what="a's cancel")
-        await r.service.store.drain()
-        assert r.listing("tmp") == []
-        assert r.packages.transport.open_streams == 0
+        entry = r.service.store.entry(key_of(a))
+        assert entry is not None
+        assert entry.kept
         assert [f.error for f in r.service.failures] == ["setup timed out"]
         assert list(r.service.records) == [kept.env_id]
+        gate.set()
+        await wait_until(lambda: r.installed(a), what="a's build finished")
+        await r.service.caught_up()
+        assert r.unused(a)  # nobody wanted it at its end: an unused package, evictable
+        await r.create(env_json(py_modules=[a, b]))  # the retry: a hit
+        assert r.packages.gets["a"] == 1
         r.check()
 
 

@@ -29,6 +29,9 @@ class RaySettings:
     cluster_id_hex: str = ""  # sent to the GCS as ray_cluster_id
     node_id: str = ""  # Ray's --node-id, for logs and the port file
     named_by: str = "--ray-address"  # the flag that gives host and port, named in refusals
+    # Ray's --log-dir: each job's runtime_env_setup-<job>.log there gets the progress lines of
+    # the builds its creates wait on (``doors/ray_setup_log.py``); None = no such file
+    log_dir: Path | None = None
 
 
 @dataclass(frozen=True)

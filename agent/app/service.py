@@ -9,7 +9,9 @@ awaits installs. The doors only convert: messages (``doors/servicer.py``; ``RayF
 
 Create: parse (pure) -> build the context and check it could start a process (pure, before
 anything is counted) -> take the references (tables, store) -> await the installs under the setup
-timeout -> commit. Any failure, timeout or cancellation gives back exactly what was taken.
+timeout -> commit. Any failure, timeout or cancellation gives back exactly what was taken; at
+the timeout the builds the create started are kept going first (``UriStore.builds``), for the
+next create, and the creates waiting on builds are known for their progress lines (``waiting``).
 
 Info: ``snapshot`` takes what the agent holds as frozen values (``agent.app.snapshot``) in one
 synchronous step, and decides each package's state there (``agent.app.views``: how each held
@@ -36,6 +38,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from agent.app.config import Settings
 from agent.app.contexts import EnvContexts
@@ -53,6 +56,7 @@ from agent.app.records import (
 )
 from agent.app.snapshot import EnvState, Levels, Snapshot
 from agent.app.views import cache_view, env_view, failed_view, recovery_view, uri_view
+from agent.app.waiting import Waiting, timeout_message
 from agent.core import logfields
 from agent.core.dialect import GRPC, Dialect
 from agent.core.errors import (
@@ -109,6 +113,7 @@ class AgentService:
             settings.env, settings.allow_file_roots, node_python=settings.py_executable
         )
         self._projects = ProjectVenvs(settings, store, tables, self._note)
+        self.waiting = Waiting(store.builds)  # the creates waiting on builds, for their lines
         self.contexts = EnvContexts(settings, store.path_for, self.records)
         # References a holder of its own keeps on an env (the Ray door's, counted per string
         # by ``RayFront``; set by ``keep_held``): a delete by anyone else may not drop the
@@ -218,27 +223,44 @@ class AgentService:
         # Each package's install as a task of this create's: when one fails, the others are
         # cancelled (gather alone would leave them running for nobody); an install another
         # create also waits for goes on for it (``UriStore.ensure``'s waiters).
+        # At the setup timeout the builds are kept going (``UriStore.builds``) before their
+        # ensures are left: the work is shielded from the timeout, then cancelled past it.
         ensures = [asyncio.ensure_future(self.store.ensure(p)) for p in env.packages]
+        work = asyncio.ensure_future(self._installs(env, record, ensures))
+        self.waiting.enter(env_id, job_id, lambda: self._keys_of(env))
+        kept: tuple[UriKey, ...] = ()
         try:
-            async with asyncio.timeout(setup_timeout_s):
-                await asyncio.gather(*ensures)
-                if env.derives_venv:  # its venv is made from its files: after them
-                    await self._projects.derive(env, record)
+            try:
+                await asyncio.wait_for(asyncio.shield(work), setup_timeout_s)
+            except TimeoutError:
+                kept = self.store.builds.keep(self._keys_of(env))
+                raise
         except BaseException as exc:
             try:
-                await _cancel_all(ensures)
+                await _cancel_all([*ensures, work])
             finally:  # a second cancellation here still gives back what was taken
+                self.waiting.leave(env_id, job_id)
                 self._abort(env, exc)
             if isinstance(exc, TimeoutError):
-                raise SetupTimeout(
-                    f"runtime env {env_id} was not set up within {setup_timeout_s:g}s "
-                    "(setup_timeout_seconds); installs no other create waits for were cancelled"
-                ) from exc
+                raise SetupTimeout(timeout_message(env_id, setup_timeout_s, kept)) from exc
             raise
+        self.waiting.leave(env_id, job_id)
         record.state = EnvState.READY
         self.tables.commit_create(env_id)
         self._note(env.uri_keys)
         return False
+
+    async def _installs(
+        self, env: RuntimeEnv, record: EnvRecord, ensures: Sequence[asyncio.Future[Path]]
+    ) -> None:
+        await asyncio.gather(*ensures)
+        if env.derives_venv:  # its venv is made from its files: after them
+            await self._projects.derive(env, record)
+
+    def _keys_of(self, env: RuntimeEnv) -> tuple[UriKey, ...]:
+        """The env's packages and the venv its create derived, if it did yet."""
+        refs = self.tables.env(env.env_id)
+        return env.uri_keys if refs is None else tuple(refs.keys)
 
     def _abort(self, env: RuntimeEnv, exc: BaseException) -> None:
         released = self.tables.abort_create(env.env_id)
@@ -354,7 +376,8 @@ class AgentService:
         envs = tuple(itertools.islice(itertools.chain(live, failed), limit))
         uris = tuple(uri_view(entry, store, tables) for entry in store.entries())
         cache = cache_view(store.stats())
-        return Snapshot(envs, uris, cache, len(self.records), len(uris), self._recovery)
+        builds = self.waiting.in_flight()
+        return Snapshot(envs, uris, cache, len(self.records), len(uris), self._recovery, builds)
 
     async def caught_up(self) -> None:
         """Wait (bounded) until the root's figures count every change made before the call (a
@@ -414,7 +437,7 @@ def _none_held(env_id: str) -> int:
     return 0
 
 
-async def _cancel_all(tasks: Sequence[asyncio.Future[Path]]) -> None:
+async def _cancel_all(tasks: Sequence[asyncio.Future[Any]]) -> None:
     """Cancel the tasks not done and wait until each has finished (its ``finally`` run)."""
     for task in tasks:
         task.cancel()

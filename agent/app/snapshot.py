@@ -78,6 +78,20 @@ class RecoveryView:
 
 
 @dataclass(frozen=True)
+class BuildView:
+    """A build in flight: its package, for how long, its bytes so far, who waits on it."""
+
+    uri: str
+    kind: str
+    elapsed_s: float
+    bytes_so_far: int  # in its staging folder, as last measured
+    queued: bool  # waiting for an install slot
+    kept: bool  # going on past a setup timeout
+    env_ids: tuple[str, ...]  # envs whose creates wait on it now (none: kept going alone)
+    job_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Envs capped by count (live first, then recent failures not live); every package."""
 
@@ -87,6 +101,7 @@ class Snapshot:
     total_envs: int  # live envs, listed or not
     total_uris: int  # packages the store holds, listed or not
     recovery: RecoveryView
+    builds: tuple[BuildView, ...] = ()  # in flight
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ from agent.core.errors import (
 from agent.core.runtime_env import RuntimeEnv
 from agent.doors.ray_context import build_ray_context
 from agent.doors.ray_plugins import PluginRunner, PluginSetups
+from agent.doors.ray_setup_log import SetupLogs
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +114,15 @@ class RayFront:
         node_pythonpath: str = "",
         python_version: tuple[int, int] = (sys.version_info.major, sys.version_info.minor),
         clock: Callable[[], float] = time.perf_counter,
+        setup_logs: SetupLogs | None = None,
     ) -> None:
         """``python_version``: the version of ``settings.py_executable`` (the venvs' python:
-        their site-packages path names it)."""
+        their site-packages path names it). ``setup_logs``: Ray's per-job setup logs, which get
+        the progress lines of the builds each job's creates wait on."""
         self.service = service
+        self.setup_logs = setup_logs
+        if setup_logs is not None:
+            service.waiting.sink = setup_logs.write
         # Ray's runtime env plugins, run once per counted string (``ray_plugins.py``)
         self._plugins = None if plugins is None else PluginSetups(plugins)
         if plugins is not None:

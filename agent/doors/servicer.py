@@ -30,7 +30,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from agent.app.created import Created, HitKey
 from agent.app.service import AgentService
-from agent.app.snapshot import EnvView, Snapshot, UriView
+from agent.app.snapshot import BuildView, EnvView, Snapshot, UriView
 from agent.core.bounded import BoundedCache
 from agent.core.errors import AgentError, InvalidArgument
 from agent.core.runtime_env import env_var_bytes
@@ -369,6 +369,20 @@ def info_reply(snapshot: Snapshot) -> agent_pb2.GetRuntimeEnvsInfoReply:
         total_envs=snapshot.total_envs,
         total_uris=snapshot.total_uris,
         recovery=recovery,
+        builds=[_build_info(b) for b in snapshot.builds],
+    )
+
+
+def _build_info(build: BuildView) -> agent_pb2.BuildInfo:
+    return agent_pb2.BuildInfo(
+        uri=build.uri,
+        kind=build.kind,
+        elapsed_seconds=build.elapsed_s,
+        bytes_so_far=build.bytes_so_far,
+        env_ids=build.env_ids,
+        job_ids=build.job_ids,
+        kept=build.kept,
+        queued=build.queued,
     )
 
 

@@ -20,7 +20,7 @@ import os
 import socket
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -216,6 +216,7 @@ def format_info(reply: agent_pb2.GetRuntimeEnvsInfoReply) -> str:
         )
     if len(reply.uris) < reply.total_uris:
         lines.append(f"... {reply.total_uris - len(reply.uris)} more not shown (the reply's cap)")
+    lines.extend(_builds(reply.builds))
     c = reply.cache
     lines.append("")
     lines.append(
@@ -231,3 +232,24 @@ def format_info(reply: agent_pb2.GetRuntimeEnvsInfoReply) -> str:
         f"freed, {plural(r.envs_forgotten, 'env')} forgotten, in {r.seconds:.3f}s"
     )
     return "\n".join(lines)
+
+
+def _builds(builds: Iterable[agent_pb2.BuildInfo]) -> list[str]:
+    """The builds in flight, one line each and who waits on it: none when there are none."""
+    lines: list[str] = []
+    for b in builds:
+        if not lines:
+            lines += ["", f"{'BUILDING':<13}{'FOR':>7}  {'SO FAR':>10}  URI"]
+        lines.append(
+            f"{b.kind:<13}{b.elapsed_seconds:>6.0f}s  {human_bytes(b.bytes_so_far):>10}  {b.uri}"
+        )
+        said = ["queued for an install slot"] if b.queued else []
+        if b.env_ids:
+            said.append(f"waited on by {plural(len(b.env_ids), 'create')} ({', '.join(b.env_ids)})")
+        elif b.kept:
+            said.append("kept going past a setup timeout: no create waits")
+        if b.job_ids:
+            said.append(f"jobs: {', '.join(map(echo_label, b.job_ids))}")
+        if said:
+            lines.append(f"{'':<13}{'; '.join(said)}")
+    return lines

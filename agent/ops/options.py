@@ -152,7 +152,8 @@ OPTIONS: tuple[Option, ...] = (
         "default_setup_timeout_s",
         positive(parse_duration),
         "time an env's setup may take when the request names none",
-        "DEADLINE_EXCEEDED; an install nobody else waits for is cancelled, its files removed",
+        "DEADLINE_EXCEEDED; the builds it started go on to their end (a create of the env joins "
+        "them; `info` lists them)",
         unit="seconds",
         toml=_TIME,
     ),

@@ -164,6 +164,7 @@ def settings_for(
         gcs_address=flags.gcs_address,
         cluster_id_hex=flags.cluster_id_hex,
         node_id=flags.node_id,
+        log_dir=flags.log_dir,
         named_by="--runtime-env-agent-port",
     )
     GcsConfig(ray.gcs_address, ray.cluster_id_hex, ray.token)  # a token gRPC cannot send

@@ -27,7 +27,7 @@ from aiohttp import web
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
-from agent.app.config import Settings
+from agent.app.config import RaySettings, Settings
 from agent.app.service import AgentService
 from agent.app.token import Token, read_token
 from agent.core import plugin_config
@@ -39,6 +39,7 @@ from agent.doors.access import TokenInterceptor
 from agent.doors.metrics import Metrics, start_metrics_server
 from agent.doors.ray_front import RayFront
 from agent.doors.ray_plugins import PluginRunner
+from agent.doors.ray_setup_log import SetupLogs
 from agent.doors.servicer import RuntimeEnvAgentServicer, add_services
 from agent.install.disk.staging import through
 from agent.install.fetch.base import Sleep
@@ -271,6 +272,7 @@ class Agent:
                     node=settings.ray.host if settings.ray else "",
                     node_pythonpath=os.environ.get("PYTHONPATH", ""),
                     python_version=python_version,
+                    setup_logs=_setup_logs(settings.ray),
                 )
                 self.ray_door.serve(self.ray_front)
         except BaseException:
@@ -434,3 +436,8 @@ def freeze_start_heap() -> int:
     count drops to 0."""
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def _setup_logs(ray: RaySettings | None) -> SetupLogs | None:
+    """Ray's per-job setup logs, when the raylet named its log dir."""
+    return None if ray is None or ray.log_dir is None else SetupLogs(ray.log_dir)

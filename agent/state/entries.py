@@ -45,10 +45,26 @@ class UriEntry:
     was_ready: bool = False  # READY before its current obtain began
     committed: bool = False  # its install's commit went through, then it was cancelled: the
     # package is the root's (``_install`` makes it READY here, not forgotten)
+    kept: bool = False  # INSTALLING, left by every create at a setup timeout and kept going by
+    # the store (``builds``): not cancelled when its last waiter leaves; a later ensure joins it
+    build: Build | None = field(default=None, repr=False)  # while installing under this
+    # agent's claim: where and since when (``builds``: progress lines, info)
     dropping: bool = False  # READY, released while held: the drop of its committed reference
     # is noted for the index; while the note is not taken by a transaction, or the drop is
     # deferred (its row kept: this agent alone on the root), ``ensure`` holds it again by
     # cancelling the drop (``StateDB.keep_ref``), no transaction
+
+
+@dataclass
+class Build:
+    """An install under this agent's claim, as its progress reads it: since when (the store's
+    monotonic clock), its staging folder once it has a slot (None: queued), and the bytes
+    found there at the last look."""
+
+    started: float
+    staging: Path | None = None
+    bytes_so_far: int = 0
+    packages_done: int = 0  # installed in it so far (a venv's ``*.dist-info`` folders)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from agent.core.uris import UriKey
 from agent.crash import crash_point
 from agent.install.disk.staging import prepare_staging, through
 from agent.install.installers import Installer, InstallJob
-from agent.state.entries import UriEntry, UriState
+from agent.state.entries import Build, UriEntry, UriState
 from agent.state.index import Found
 from agent.state.passes import Passes
 from agent.state.peer_watch import PeerWatch
@@ -140,9 +140,11 @@ class Installing:
             fetched = size
             self.downloads += 1
 
+        build = entry.build = Build(time.monotonic())  # its progress, from the queue on
         try:
             await self._slots.acquire()  # a queue, not a failure
             queued = False
+            build.staging = staging
             self._room.claims.add(claim)
             prepare = asyncio.to_thread(prepare_staging, staging, installer.prepare)
             await through(asyncio.ensure_future(prepare))
@@ -168,6 +170,7 @@ class Installing:
                 raise DiskExhausted(_disk_full(label)) from exc
             raise
         finally:
+            entry.build = None
             self._room.claims.discard(claim)
             if not queued:
                 self._slots.release()
@@ -200,6 +203,7 @@ class Installing:
         entry.state = UriState.READY
         entry.task = None
         entry.abandoned = False  # an abandoned install that committed anyway: ready to join
+        entry.kept = False
         entry.held = True
         entry.dropping = False
         if fetched is not None:

@@ -44,6 +44,7 @@ from agent.install.disk.root import (
 from agent.install.installers import Installer
 from agent.install.venvs.wheel_cache import WheelCache
 from agent.state import ray_folders
+from agent.state.builds import Builds
 from agent.state.deletions import Deletions
 from agent.state.entries import StoreStats, UriEntry, UriState
 from agent.state.installing import Installing
@@ -125,6 +126,7 @@ class UriStore:
             on_install=on_install,
             install_slots=install_slots,
         )
+        self.builds = Builds(self._entries, max_kept=install_slots, sleep=sleep)  # kept going
         self.remeasures = Remeasure(db, self._entries.get, after=self.pass_loop.ask)
         self._last_release_ms = 0  # strictly increasing over this agent's releases
         self._hits = 0  # of ensure and touch; those of an obtain are ``installing``'s
@@ -204,9 +206,10 @@ class UriStore:
 
         An install runs for as long as someone waits for it: cancelling one caller leaves it to
         the others; when the last one leaves (a cancelled create, a setup timeout), the install
-        is cancelled too, its download stopped and its files removed. A create arriving while
-        such an install ends (its commit may wait for the index) waits for that end, then uses
-        the package if it was committed after all, or obtains it anew.
+        is cancelled too, its download stopped and its files removed, unless it was kept going
+        (``builds``: past a setup timeout), when it runs to its end for the next create. A
+        create arriving while such an install ends (its commit may wait for the index) waits for
+        that end, then uses the package if it was committed after all, or obtains it anew.
         """
         key = package.key
         installer = self._installer_for(key.kind)
@@ -249,7 +252,7 @@ class UriStore:
             await asyncio.shield(task)
         finally:
             entry.waiters -= 1
-            if entry.waiters == 0 and not task.done():
+            if entry.waiters == 0 and not task.done() and not self.builds.left(entry):
                 entry.abandoned = True
                 task.cancel()
         return entry.path
@@ -316,8 +319,9 @@ class UriStore:
 
     # -- passes and deletions ----------------------------------------------------------------
     def start(self) -> None:
-        """Begin the periodic passes (after recovery)."""
+        """Begin the periodic passes (after recovery) and the builds' progress lines."""
         self.pass_loop.start()
+        self.builds.start()
 
     async def enforce_budget(self) -> None:
         """Run a pass now (after any running) and wait for it: the budget holds after it."""
@@ -380,7 +384,7 @@ class UriStore:
             if entry.held and entry.state is UriState.READY:
                 self.remeasures.ask(key)
         await self.remeasures.close(grace_s=STOP_MEASURE_S)
-        passes = self.pass_loop.halt()
+        passes = [*self.pass_loop.halt(), *filter(None, [self.builds.halt()])]
         installs = [e.task for e in self._entries.values() if e.task is not None]
         reader = self._peers.task()
         tasks = [*passes, *([reader] if reader is not None else []), *installs]

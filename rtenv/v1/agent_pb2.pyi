@@ -152,17 +152,39 @@ class RecoverySummary(_message.Message):
     def __init__(self, rows_kept: _Optional[int] = ..., rows_dropped: _Optional[int] = ..., orphans_deleted: _Optional[int] = ..., bytes_freed: _Optional[int] = ..., envs_forgotten: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class GetRuntimeEnvsInfoReply(_message.Message):
-    __slots__ = ("envs", "uris", "cache", "total_envs", "recovery", "total_uris")
+    __slots__ = ("envs", "uris", "cache", "total_envs", "recovery", "total_uris", "builds")
     ENVS_FIELD_NUMBER: _ClassVar[int]
     URIS_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
     TOTAL_ENVS_FIELD_NUMBER: _ClassVar[int]
     RECOVERY_FIELD_NUMBER: _ClassVar[int]
     TOTAL_URIS_FIELD_NUMBER: _ClassVar[int]
+    BUILDS_FIELD_NUMBER: _ClassVar[int]
     envs: _containers.RepeatedCompositeFieldContainer[RuntimeEnvInfo]
     uris: _containers.RepeatedCompositeFieldContainer[UriInfo]
     cache: CacheStats
     total_envs: int
     recovery: RecoverySummary
     total_uris: int
-    def __init__(self, envs: _Optional[_Iterable[_Union[RuntimeEnvInfo, _Mapping]]] = ..., uris: _Optional[_Iterable[_Union[UriInfo, _Mapping]]] = ..., cache: _Optional[_Union[CacheStats, _Mapping]] = ..., total_envs: _Optional[int] = ..., recovery: _Optional[_Union[RecoverySummary, _Mapping]] = ..., total_uris: _Optional[int] = ...) -> None: ...
+    builds: _containers.RepeatedCompositeFieldContainer[BuildInfo]
+    def __init__(self, envs: _Optional[_Iterable[_Union[RuntimeEnvInfo, _Mapping]]] = ..., uris: _Optional[_Iterable[_Union[UriInfo, _Mapping]]] = ..., cache: _Optional[_Union[CacheStats, _Mapping]] = ..., total_envs: _Optional[int] = ..., recovery: _Optional[_Union[RecoverySummary, _Mapping]] = ..., total_uris: _Optional[int] = ..., builds: _Optional[_Iterable[_Union[BuildInfo, _Mapping]]] = ...) -> None: ...
+
+class BuildInfo(_message.Message):
+    __slots__ = ("uri", "kind", "elapsed_seconds", "bytes_so_far", "env_ids", "job_ids", "kept", "queued")
+    URI_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SO_FAR_FIELD_NUMBER: _ClassVar[int]
+    ENV_IDS_FIELD_NUMBER: _ClassVar[int]
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    uri: str
+    kind: str
+    elapsed_seconds: float
+    bytes_so_far: int
+    env_ids: _containers.RepeatedScalarFieldContainer[str]
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    kept: bool
+    queued: bool
+    def __init__(self, uri: _Optional[str] = ..., kind: _Optional[str] = ..., elapsed_seconds: _Optional[float] = ..., bytes_so_far: _Optional[int] = ..., env_ids: _Optional[_Iterable[str]] = ..., job_ids: _Optional[_Iterable[str]] = ..., kept: _Optional[bool] = ..., queued: _Optional[bool] = ...) -> None: ...
