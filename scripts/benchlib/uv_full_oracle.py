@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from benchlib.figures import Figure, Goal, WorkloadResult
+from benchlib.figures import Figure, Goal, WorkloadResult, labelled_misses
 
 # what a task, a driver or a worker log says when it met the full disk: the OS's words (Python's
 # OSError, uv's "(os error 28)"), never the agent's own refusal ("no space left on the agent's
@@ -226,17 +226,9 @@ def figures(result: WorkloadResult, stock: Outcome, ours: Outcome) -> list[Figur
 
 def misses(rows: Sequence[Figure], ours: Outcome) -> list[str]:
     """Each missed goal among ``rows``: EXPECTED (why) or UNEXPECTED."""
-    out = []
     pending = mode_of(ours) == PENDING
-    for f in rows:
-        if f.goal_met:
-            continue
-        if pending:
-            why = (
-                "this agent did not refuse B with the figures: issue 39 item 2 (a venv build's "
-                "estimate, eviction and guard) is not in this checkout"
-            )
-            out.append(f"EXPECTED miss: {f.metric}: {why}")
-        else:
-            out.append(f"UNEXPECTED miss: {f.metric}")
-    return out
+    why = (
+        "this agent did not refuse B with the figures: issue 39 item 2 (a venv build's estimate, "
+        "eviction and guard) is not in this checkout"
+    )
+    return labelled_misses(rows, lambda f: why if pending else "")
