@@ -10,11 +10,12 @@ each on a tmpfs of its own: the projects (K on lock A, one on lock B: another ve
 large dependency) are made and synced, filling uv's cache on the tmpfs; then the tmpfs is sized
 to what it holds plus one env (experiment 1's ``.venv``) plus ``ROOM_OF_BIG`` of the large
 dependency: room for one env, not for a second one, even one sharing Ray's wheels with the first.
-Then: the K experiments on A start at once (a bare ``ray.init()``, ``uv run python held.py``:
-the project's unmodified ``launch.py``, then probe tasks, each reporting how it ended), and hold
-once their tasks have run; B is launched while they hold, and awaited; what is on the tmpfs is
-looked at (venvs built in part, the agent's staging); A's experiments are released (their
-probes again: are they untouched?) and awaited; B is relaunched on a fresh Ray temp dir.
+Then: the K experiments on A start (a bare ``ray.init()``, ``uv run python held.py``: the
+project's unmodified ``launch.py``, then probe tasks, each reporting how it ended), one after
+another, each holding once its tasks have run, till all K run at once; B is launched while they
+hold, and awaited; what is on the tmpfs is looked at (venvs built in part, the agent's staging);
+A's experiments are released (their probes again: are they untouched?) and awaited; B is
+relaunched on a fresh Ray temp dir.
 
 Recorded for each agent: how each driver ended (exit code, the first error's class and first
 line, tasks failed), the tasks, driver outputs and worker logs that saw ENOSPC, B's time to its
@@ -66,10 +67,10 @@ MiB = 2**20
 ROOM_OF_BIG = 0.7  # the room past one env, in large dependencies: B's own bytes do not fit
 SETUP_DISK = 16 * 2**30  # the tmpfs while the projects are synced (uses only what it holds)
 SESSIONS_SLACK = 24 * MiB  # Ray's sessions' files on the tmpfs (logs, sockets, working dirs)
-# Ray's raylet waits this long (ms; Ray's default 30 s) for its dashboard agent: on a loaded
-# 2-core machine a cluster's took longer; the same for both agents. (A driver gives its raylet
-# a fixed 30 s to register: the drivers start one after another, each once the previous one's
-# cluster is up, so that one cluster starts at a time.)
+# Ray's raylet waits this long (ms; Ray's default 30 s) for its agents; the same for both agents.
+# (A driver gives its raylet a fixed 30 s to come up, which a cluster starting beside another's
+# start or build on this loaded 2-core machine passed: the drivers on A start one after another,
+# each once the previous one holds, its tasks run; all K then hold at once.)
 AGENT_REGISTER_MS = "120000"
 WAIT_S = 240.0  # at most, for A's drivers to hold, B to end, A to end (a hung driver: killed)
 PROBES = 8  # each driver's probe tasks, per stage
@@ -330,10 +331,10 @@ async def _round_on(
     b = Driver("b", projects[k], mount / "rb", environ(mount / "rb"))
     b_again = Driver("b again", projects[k], mount / "rb2", environ(mount / "rb2"))
     drivers += [*a_drivers, b, b_again]
-    for d in a_drivers:  # one after another, each once the previous one's cluster is up
+    held = []
+    for d in a_drivers:  # one after another, each once the previous one holds
         await d.start()
-        await d.until(("init", "error"), WAIT_S)
-    held = await asyncio.gather(*(d.until(("held",), WAIT_S) for d in a_drivers))
+        held.append(await d.until(("held",), WAIT_S))
     await b.start()
     await b.finish(WAIT_S)
     after_b = used_bytes(mount)[0]
