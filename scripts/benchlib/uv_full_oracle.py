@@ -120,7 +120,7 @@ def broken(o: Outcome) -> list[str]:
     out = []
     if not o.sized:
         out.append(f"{o.agent}: the small disk's room is not one env but not two")
-    unstarted = [e for e in (*o.a, o.b, o.b_again) if _cluster_unstarted(e)]
+    unstarted = [e for e in (*o.a, o.b, o.b_again) if cluster_unstarted(e)]
     if unstarted:
         out.append(f"{o.agent}: {len(unstarted)} local cluster(s) did not start, not for the "
                    f"disk: {unstarted[0].first_line[:120]}")  # fmt: skip
@@ -129,7 +129,7 @@ def broken(o: Outcome) -> list[str]:
     return out
 
 
-def _cluster_unstarted(e: End) -> bool:
+def cluster_unstarted(e: End) -> bool:
     """Ray's own start failed (the machine's load: its raylet has a fixed 30 s), with no ENOSPC
     anywhere in the driver's output: the round measured the machine, not the disk."""
     return STARTUP_TIMEOUT in e.first_line and not e.output_no_space
