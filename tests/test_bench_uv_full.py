@@ -118,6 +118,8 @@ def test_a_cluster_that_did_not_start_for_the_load_is_a_broken_run_for_the_disk_
     ]
     disk = dataclasses.replace(load, output_no_space=True)  # the seed user's: the disk is why
     assert broken(dataclasses.replace(STOCK, b_again=disk)) == []
+    in_logs = dataclasses.replace(load, logs_no_space=True)  # its raylet's log says why
+    assert broken(dataclasses.replace(STOCK, b_again=in_logs)) == []
 
 
 def test_enospc_is_told_from_the_agents_own_refusal() -> None:

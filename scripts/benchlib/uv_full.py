@@ -164,6 +164,7 @@ class Driver:
     started: float = 0.0
     ended: float = 0.0
     killed: bool = False
+    logs_no_space: bool = False  # a log file of its Ray session names ENOSPC
     code: int | None = None
     facts: list[dict[str, Any]] = field(default_factory=list)
     output: list[str] = field(default_factory=list)
@@ -249,6 +250,7 @@ class Driver:
             failed=len(failed),
             no_space_tasks=sum(saw_no_space(f.get("text", "")) for f in failed),
             output_no_space=saw_no_space("\n".join(self.output)),
+            logs_no_space=self.logs_no_space,
             seconds=self.ended - self.started,
             first_error_s=min((f["t"] - self.started for f in failed), default=math.nan),
         )
@@ -343,6 +345,7 @@ async def _round_on(
             await d.until(("held",), WAIT_S)
             if d.exited() or not hold:
                 await d.finish(WAIT_S)
+                d.logs_no_space = any(await asyncio.to_thread(logs_naming_no_space, [ray_tmp]))
             if not (d.exited() and cluster_unstarted(d.end(("launch",)))):
                 break
             retried.append(
@@ -367,6 +370,8 @@ async def _round_on(
     worker_logs, other_logs = await asyncio.to_thread(
         logs_naming_no_space, [d.ray_tmp for d in drivers]
     )
+    for d in drivers:
+        d.logs_no_space = any(await asyncio.to_thread(logs_naming_no_space, [d.ray_tmp]))
     outcome = Outcome(
         agent=agent,
         a=tuple(d.end(("launch", "before")) for d in a_drivers),

@@ -53,6 +53,7 @@ class End:
     failed: int = 0
     no_space_tasks: int = 0  # of the failed, those whose error names ENOSPC
     output_no_space: bool = False  # anything the driver printed names ENOSPC
+    logs_no_space: bool = False  # a log file of its Ray session names ENOSPC
     seconds: float = 0.0  # from its spawn to its exit
     first_error_s: float = float("nan")  # from its spawn to its first failed task
 
@@ -131,8 +132,8 @@ def broken(o: Outcome) -> list[str]:
 
 def cluster_unstarted(e: End) -> bool:
     """Ray's own start failed (the machine's load: its raylet has a fixed 30 s), with no ENOSPC
-    anywhere in the driver's output: the round measured the machine, not the disk."""
-    return STARTUP_TIMEOUT in e.first_line and not e.output_no_space
+    in the driver's output or its session's logs: the round measured the machine, not the disk."""
+    return STARTUP_TIMEOUT in e.first_line and not (e.output_no_space or e.logs_no_space)
 
 
 def figures(result: WorkloadResult, stock: Outcome, ours: Outcome) -> list[Figure]:
