@@ -82,7 +82,10 @@ SESSIONS_SLACK = 24 * MiB  # Ray's sessions' files on the tmpfs (logs, sockets, 
 # each once the previous one holds, its tasks run; all K then hold at once.)
 AGENT_REGISTER_MS = "120000"
 STARTS = 3  # a driver whose local cluster did not start (Ray's 30 s passed): started again
-WAIT_S = 240.0  # at most, for A's drivers to hold, B to end, A to end (a hung driver: killed)
+# at most, for a driver to hold or end (a hung driver: killed; stock Ray's, whose workers die in
+# `uv run` on the full disk, restarts them for ever); for those that build a lock's env, longer
+WAIT_S = 120.0
+BUILD_S = 300.0
 PROBES = 8  # each driver's probe tasks, per stage
 
 HELD_PY = '''"""uv-full's driver (written by scripts/benchlib/uv_full.py): the project's launch.py
@@ -333,7 +336,7 @@ async def _round_on(
 
     retried: list[str] = []
 
-    async def launch(name: str, project: Project, hold: bool) -> Driver:
+    async def launch(name: str, project: Project, hold: bool, wait_s: float = WAIT_S) -> Driver:
         """``name``'s driver started, then held (``hold``) or ended; started again on a fresh Ray
         temp dir while its local cluster did not start for the machine's load (not the disk's)."""
         for attempt in range(STARTS):
@@ -342,9 +345,10 @@ async def _round_on(
             d = Driver(name, project, ray_tmp, environ(ray_tmp, **extra))
             drivers.append(d)
             await d.start()
-            await d.until(("held",), WAIT_S)
+            if hold:
+                await d.until(("held",), wait_s)
             if d.exited() or not hold:
-                await d.finish(WAIT_S)
+                await d.finish(WAIT_S if hold else wait_s)
                 d.logs_no_space = any(await asyncio.to_thread(logs_naming_no_space, [ray_tmp]))
             if not (d.exited() and cluster_unstarted(d.end(("launch",)))):
                 break
@@ -354,7 +358,10 @@ async def _round_on(
         return d
 
     # one after another, each once the previous one holds
-    a_drivers = [await launch(f"a{i + 1}", p, hold=True) for i, p in enumerate(projects[:k])]
+    a_drivers = [
+        await launch(f"a{i + 1}", p, hold=True, wait_s=WAIT_S if i else BUILD_S)
+        for i, p in enumerate(projects[:k])
+    ]
     b = await launch("b", projects[k], hold=False)
     after_b = used_bytes(mount)[0]
     places = [mount / name for name in os.listdir(mount) if name != cache.name]
@@ -365,7 +372,7 @@ async def _round_on(
     left: list[str] = []
     for d in (*a_drivers, b):
         left += await asyncio.to_thread(leftover_processes, d.ray_tmp, LEAVE_S)
-    b_again = await launch("b2", projects[k], hold=False)
+    b_again = await launch("b2", projects[k], hold=False, wait_s=BUILD_S)
     left += await asyncio.to_thread(leftover_processes, b_again.ray_tmp, LEAVE_S)
     worker_logs, other_logs = await asyncio.to_thread(
         logs_naming_no_space, [d.ray_tmp for d in drivers]
