@@ -288,6 +288,13 @@ def _parser() -> argparse.ArgumentParser:
         help="uv-run: the last experiment's project depends on another version of its large "
         "dependency (its own lock): the one-venv goal must miss",
     )
+    p.add_argument(
+        "--uv-full-ours-only",
+        dest="uv_full_ours_only",
+        action="store_true",
+        default=None,
+        help="uv-full: this agent's round alone (no stock Ray round: its baselines are NaN)",
+    )
     knobs = p.add_argument_group("sizes (defaults: the full run; --smoke shrinks them all)")
     for flag, name, kind in (
         ("--hot-rounds", "hot_rounds", int),

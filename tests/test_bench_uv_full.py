@@ -6,6 +6,7 @@ figures are only its baseline, whatever they are; a disk not sized to one env is
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
@@ -129,3 +130,10 @@ def test_enospc_is_told_from_the_agents_own_refusal() -> None:
     assert not saw_no_space("uv:proj: no space left on the agent's disk during the install")
     assert names_figures(REFUSAL)
     assert not names_figures("uv:proj: no space left on the agent's disk during the install")
+
+
+def test_a_run_of_this_agent_alone_is_judged_with_nan_baselines() -> None:
+    rows = figures(WorkloadResult("uv-full"), None, GOOD)
+    assert len(rows) == 9
+    assert all(f.goal_met for f in rows)
+    assert all(math.isnan(f.baseline) for f in rows)

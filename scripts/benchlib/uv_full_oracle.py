@@ -9,8 +9,9 @@ the seed user's symptom, recorded, never judged); ``misses`` labels each missed 
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from benchlib.figures import Figure, Goal, WorkloadResult, labelled_misses
@@ -136,91 +137,57 @@ def cluster_unstarted(e: End) -> bool:
     return STARTUP_TIMEOUT in e.first_line and not (e.output_no_space or e.logs_no_space)
 
 
-def figures(result: WorkloadResult, stock: Outcome, ours: Outcome) -> list[Figure]:
-    """The rows: this agent's with goals, stock Ray's figure as each one's baseline; returns
-    those with goals."""
-    stock_is = "Ray's agent (the baseline: the seed user's symptom)"
-    b = ours.b
+_NONE = Goal("value", "==", 0, "none: == 0")
+_YES = Goal("value", "==", 1, "yes: == 1")
+_STOCK_IS = "Ray's agent (the baseline: the seed user's symptom)"
+# each row: its metric, its unit, its figure of a round, the goal on this agent's figure
+ROWS: tuple[tuple[str, str, Callable[[Outcome], float], Goal | None], ...] = (
+    ("tasks that saw ENOSPC", "tasks", lambda o: o.no_space_tasks, _NONE),
+    ("drivers whose output names ENOSPC", "drivers", lambda o: o.no_space_drivers, _NONE),
+    ("worker logs naming ENOSPC", "files", lambda o: o.worker_logs_no_space, _NONE),
+    ("tasks that failed, all drivers", "tasks", lambda o: o.failed_tasks, None),
+    (
+        "B refused with a RuntimeEnvSetupError naming needed, free and the setting",
+        "yes",
+        lambda o: o.b_refused,
+        _YES,
+    ),
+    (
+        "B's first failed task, from its spawn",
+        "s",
+        lambda o: o.b.first_error_s,
+        Goal("value", "<=", GOAL_B_FAILS_S),
+    ),
+    ("half-built venvs left after B's failure", "venvs", lambda o: o.half_built, _NONE),
+    (
+        "bytes left in the agent's staging after B's failure",
+        "bytes",
+        lambda o: o.staging_bytes,
+        _NONE,
+    ),
+    (
+        "A's experiments untouched (every task ran, before and after B)",
+        "yes",
+        lambda o: o.a_untouched,
+        _YES,
+    ),
+    ("B relaunched after A ended ran", "yes", lambda o: o.b_again.ran, _YES),
+)
+
+
+def figures(result: WorkloadResult, stock: Outcome | None, ours: Outcome) -> list[Figure]:
+    """The rows: this agent's figures with their goals, stock Ray's as each one's baseline (NaN
+    when this run measured this agent alone); returns those with goals."""
     rows = [
         result.figure(
-            "tasks that saw ENOSPC",
-            float(ours.no_space_tasks),
-            float(stock.no_space_tasks),
-            stock_is,
-            "tasks",
-            Goal("value", "==", 0, "none: == 0"),
-        ),
-        result.figure(
-            "drivers whose output names ENOSPC",
-            float(ours.no_space_drivers),
-            float(stock.no_space_drivers),
-            stock_is,
-            "drivers",
-            Goal("value", "==", 0, "none: == 0"),
-        ),
-        result.figure(
-            "worker logs naming ENOSPC",
-            float(ours.worker_logs_no_space),
-            float(stock.worker_logs_no_space),
-            stock_is,
-            "files",
-            Goal("value", "==", 0, "none: == 0"),
-        ),
-        result.figure(
-            "tasks that failed, all drivers",
-            float(ours.failed_tasks),
-            float(stock.failed_tasks),
-            stock_is,
-            "tasks",
-        ),
-        result.figure(
-            "B refused with a RuntimeEnvSetupError naming needed, free and the setting",
-            float(ours.b_refused),
-            float(stock.b_refused),
-            stock_is,
-            "yes",
-            Goal("value", "==", 1, "yes: == 1"),
-        ),
-        result.figure(
-            "B's first failed task, from its spawn",
-            b.first_error_s,
-            stock.b.first_error_s,
-            stock_is,
-            "s",
-            Goal("value", "<=", GOAL_B_FAILS_S),
-        ),
-        result.figure(
-            "half-built venvs left after B's failure",
-            float(ours.half_built),
-            float(stock.half_built),
-            stock_is,
-            "venvs",
-            Goal("value", "==", 0, "none: == 0"),
-        ),
-        result.figure(
-            "bytes left in the agent's staging after B's failure",
-            float(ours.staging_bytes),
-            float(stock.staging_bytes),
-            stock_is,
-            "bytes",
-            Goal("value", "==", 0, "none: == 0"),
-        ),
-        result.figure(
-            "A's experiments untouched (every task ran, before and after B)",
-            float(ours.a_untouched),
-            float(stock.a_untouched),
-            stock_is,
-            "yes",
-            Goal("value", "==", 1, "yes: == 1"),
-        ),
-        result.figure(
-            "B relaunched after A ended ran",
-            float(ours.b_again.ran),
-            float(stock.b_again.ran),
-            stock_is,
-            "yes",
-            Goal("value", "==", 1, "yes: == 1"),
-        ),
+            metric,
+            float(value(ours)),
+            float(value(stock)) if stock is not None else math.nan,
+            _STOCK_IS,
+            unit,
+            goal,
+        )
+        for metric, unit, value, goal in ROWS
     ]
     return [f for f in rows if f.goal is not None]
 
