@@ -129,6 +129,13 @@ def test_enospc_is_told_from_the_agents_own_refusal() -> None:
     assert not saw_no_space(REFUSAL)
     assert not saw_no_space("uv:proj: no space left on the agent's disk during the install")
     assert names_figures(REFUSAL)
+    in_mib = (
+        "uv:x: building its venv needs about 200.0 MiB; the agent keeps 58.0 MiB free on its "
+        "disk (the min-free-disk setting), but 120.0 MiB are free after evicting 0 unused "
+        "package(s). Nothing was written."
+    )
+    assert names_figures(in_mib)
+    assert not names_figures(in_mib.replace("min-free-disk", "floor"))
     assert not names_figures("uv:proj: no space left on the agent's disk during the install")
 
 
