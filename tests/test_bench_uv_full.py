@@ -113,7 +113,9 @@ def test_a_disk_not_sized_to_one_env_or_a_process_left_is_a_broken_run() -> None
 
 def test_a_cluster_that_did_not_start_for_the_load_is_a_broken_run_for_the_disk_not() -> None:
     line = "The current node timed out during startup. This could happen because ..."
-    load = End(code=1, error_class="Exception", first_line=line, tasks=1, failed=1)
+    load = End(
+        code=1, error_class="Exception", first_line=line, tasks=1, failed=1, free_bytes=2**30
+    )
     assert broken(dataclasses.replace(GOOD, b_again=load)) == [
         "ours: 1 local cluster(s) did not start, not for the disk: " + line
     ]
@@ -121,6 +123,8 @@ def test_a_cluster_that_did_not_start_for_the_load_is_a_broken_run_for_the_disk_
     assert broken(dataclasses.replace(STOCK, b_again=disk)) == []
     in_logs = dataclasses.replace(load, logs_no_space=True)  # its raylet's log says why
     assert broken(dataclasses.replace(STOCK, b_again=in_logs)) == []
+    full = dataclasses.replace(load, free_bytes=4 * 2**20)  # a full disk writes no log
+    assert broken(dataclasses.replace(STOCK, b_again=full)) == []
 
 
 def test_enospc_is_told_from_the_agents_own_refusal() -> None:

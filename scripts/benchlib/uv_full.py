@@ -168,6 +168,7 @@ class Driver:
     ended: float = 0.0
     killed: bool = False
     logs_no_space: bool = False  # a log file of its Ray session names ENOSPC
+    free_bytes: int = -1  # on the small disk when it ended
     code: int | None = None
     facts: list[dict[str, Any]] = field(default_factory=list)
     output: list[str] = field(default_factory=list)
@@ -227,6 +228,8 @@ class Driver:
             self.kill()
         await asyncio.gather(*self._tasks)
         self.ended, self.code = time.time(), proc.returncode
+        used, size = used_bytes(self.ray_tmp.parent)  # the small disk (one statvfs)
+        self.free_bytes = size - used
 
     def kill(self) -> None:
         if self._proc is not None and self._proc.returncode is None:
@@ -254,6 +257,7 @@ class Driver:
             no_space_tasks=sum(saw_no_space(f.get("text", "")) for f in failed),
             output_no_space=saw_no_space("\n".join(self.output)),
             logs_no_space=self.logs_no_space,
+            free_bytes=self.free_bytes,
             seconds=self.ended - self.started,
             first_error_s=min((f["t"] - self.started for f in failed), default=math.nan),
         )

@@ -21,6 +21,7 @@ from benchlib.figures import Figure, Goal, WorkloadResult, labelled_misses
 # disk" names no device)
 NO_SPACE = re.compile(r"no space left on device|\bENOSPC\b|errno 28\b|os error 28\b", re.I)
 SETUP_ERROR = "RuntimeEnvSetupError"
+ROOMY_BYTES = 64 * 2**20  # free on the small disk: a cluster's start needs a few MiB of it
 STARTUP_TIMEOUT = "timed out during startup"  # ray.init's own, when its raylet is not up in 30 s
 # B's spawn to its first failed task: a local cluster's start (~25 s here) and a refusal
 GOAL_B_FAILS_S = 60.0
@@ -55,6 +56,7 @@ class End:
     no_space_tasks: int = 0  # of the failed, those whose error names ENOSPC
     output_no_space: bool = False  # anything the driver printed names ENOSPC
     logs_no_space: bool = False  # a log file of its Ray session names ENOSPC
+    free_bytes: int = -1  # on the small disk when it ended (-1: not measured)
     seconds: float = 0.0  # from its spawn to its exit
     first_error_s: float = float("nan")  # from its spawn to its first failed task
 
@@ -132,9 +134,12 @@ def broken(o: Outcome) -> list[str]:
 
 
 def cluster_unstarted(e: End) -> bool:
-    """Ray's own start failed (the machine's load: its raylet has a fixed 30 s), with no ENOSPC
-    in the driver's output or its session's logs: the round measured the machine, not the disk."""
-    return STARTUP_TIMEOUT in e.first_line and not (e.output_no_space or e.logs_no_space)
+    """Ray's own start failed (the machine's load: its raylet has a fixed 30 s) with room on the
+    disk and no ENOSPC in the driver's output or its session's logs (a full disk writes no log):
+    the round measured the machine, not the disk."""
+    if STARTUP_TIMEOUT not in e.first_line or e.output_no_space or e.logs_no_space:
+        return False
+    return e.free_bytes >= ROOMY_BYTES
 
 
 _NONE = Goal("value", "==", 0, "none: == 0")
