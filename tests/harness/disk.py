@@ -24,8 +24,10 @@ TMPFS_BYTES = 8 * MiB
 
 
 @contextmanager
-def tmpfs(size_bytes: int = TMPFS_BYTES) -> Iterator[Path]:
-    """A fresh tmpfs of ``size_bytes``, unmounted afterwards; skip the test if none can be had."""
+def tmpfs(size_bytes: int = TMPFS_BYTES, *, required_in_ci: bool = False) -> Iterator[Path]:
+    """A fresh tmpfs of ``size_bytes``, unmounted afterwards; skip the test if none can be had
+    (needs root), or, with ``required_in_ci`` under ``CI=true`` (which runs as root), fail it:
+    there a test that never ran would pass unseen."""
     mount_point = short_tempdir()
     try:
         result = subprocess.run(
@@ -36,7 +38,10 @@ def tmpfs(size_bytes: int = TMPFS_BYTES) -> Iterator[Path]:
         result = subprocess.CompletedProcess([], 1, "", str(exc))
     if result.returncode != 0:
         shutil.rmtree(mount_point, ignore_errors=True)
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.strip()}")
+        why = f"cannot mount a tmpfs here (needs root): {result.stderr.strip()}"
+        if required_in_ci and os.environ.get("CI") == "true":
+            pytest.fail(f"{why}; CI runs as root, so this test must run there")
+        pytest.skip(why)
     try:
         yield mount_point
     finally:

@@ -18,6 +18,7 @@ from agent.install.fetch.base import Space
 from agent.install.fetch.fetcher import Fetcher
 from agent.install.unpack.plan import ArchiveLimits
 from agent.install.unpack.pool import UnpackPool
+from agent.install.venvs.disk_guard import BuildRoom
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class InstallJob:
     space: Space  # the disk floor: ``expect`` a size before writing it (a reservation)
     downloaded: Callable[[int], None]  # a download of this many bytes completed
     unpacked: Callable[[], None]  # the package's folder was made (an extraction, a venv)
+    room: BuildRoom  # the disk floor as a venv build sees it: its estimate, its guard
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from agent.install.disk.root import du
 from agent.install.disk.staging import through
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
 from agent.install.venvs.build import build_venv, relocate
+from agent.install.venvs.disk_guard import DiskGuard
 from agent.install.venvs.local_read import copy_into
 from agent.install.venvs.wheel_cache import pip_installer_for
 
@@ -103,6 +104,7 @@ class PipVenvInstaller:
             uv=self._uv,
             cache=self._wheel_cache,
             sources=sources,
+            guard=DiskGuard(job.room),  # no estimate ahead: what a set resolves to is unknown
         )
         job.unpacked()
         # through: a cancelled install lets the venv's rewrite end before its staging goes

@@ -8,6 +8,11 @@ project's find-links and indexes. A package project is installed into it too, no
 venv outlives the copy it was built from); a virtual one only gets its dependencies, as
 ``uv run`` gives them. Then the staging path is rewritten to the final one and the venv measured,
 as ``pip_venv`` does.
+
+Before uv runs, the bytes the venv will add to the root are estimated from the lock
+(``agent.install.venvs.estimate``) and reserved on the disk floor (``BuildRoom.reserve``: unused
+packages evicted, or a refusal naming the figures before a byte is written); while uv runs, the
+floor is watched (``agent.install.venvs.disk_guard``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from agent.install.disk.staging import through
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
 from agent.install.installers.pip_venv import finish_venv
 from agent.install.venvs.build import run_installer
+from agent.install.venvs.disk_guard import DiskGuard
+from agent.install.venvs.estimate import measure_lock
 from agent.install.venvs.project_plan import PROJECT, materialize, project_environ
 
 
@@ -61,6 +68,15 @@ class UvProjectInstaller:
             scratch / PROJECT,
             recipe.settings.is_package,
         )
+        estimate = await asyncio.to_thread(
+            measure_lock,
+            dict(recipe.files).get("uv.lock", b""),
+            project=Path(recipe.working_dir),
+            cache=self._wheel_cache,
+            python=recipe.python,
+        )
+        await job.room.reserve(estimate.bytes_, f"building its venv ({estimate.describe()})")
+        guard = DiskGuard(job.room)
         venv = job.staging / "venv"
         log_path = self._logs / f"{job.final.name}-{uuid.uuid4().hex[:8]}.log"
         cache = [] if self._wheel_cache is None else ["--cache-dir", str(self._wheel_cache)]
@@ -84,6 +100,7 @@ class UvProjectInstaller:
             job.staging,
             cwd=scratch / PROJECT,
             environ=environ,
+            guard=guard,
         )
         if recipe.with_packages:
             places = [f"--find-links={v}" for v in recipe.settings.find_links]
@@ -106,6 +123,7 @@ class UvProjectInstaller:
                 job.staging,
                 cwd=scratch / PROJECT,
                 environ=environ,
+                guard=guard,
             )
         job.unpacked()
         finish = asyncio.to_thread(finish_venv, venv, job.final, job.label)

@@ -47,6 +47,7 @@ from agent.core.errors import InstallerFailed, echo
 from agent.core.pip_spec import PipSpec
 from agent.core.uv_spec import UvSpec, uv_version_matches
 from agent.install.disk.staging import through
+from agent.install.venvs.disk_guard import DiskGuard, enospc_error, log_says_enospc
 from agent.install.venvs.spawn import run, spawn
 
 log = logging.getLogger(__name__)
@@ -108,11 +109,15 @@ async def run_installer(
     *,
     cwd: Path | None = None,
     environ: Mapping[str, str] | None = None,
+    guard: DiskGuard | None = None,
 ) -> None:
     """Run one installer command as ``build_venv`` runs its own: its output in ``log_path``,
     in its own process group (killed with it when cancelled), its temp files in ``staging``;
     a failure is ``InstallerFailed`` with its last error lines. ``cwd`` (default ``staging``)
-    and ``environ`` (default ``installer_environ()``) for a project's build."""
+    and ``environ`` (default ``installer_environ()``) for a project's build. ``guard``: the
+    disk floor watched while it runs (``DiskGuard``: stopped before the floor, with the
+    figures); an installer that ran out of space fails ``DiskExhausted`` either way, never
+    with its own ENOSPC words."""
     # The installer's temp files go in its staging folder: an install killed (timeout, crash)
     # leaves its pip-* folders there, removed with the staging, not in the machine's temp dir.
     temp = staging / "installer-tmp"
@@ -136,12 +141,14 @@ async def run_installer(
         os.close(out)  # the child has its own copy
     try:
         await through(asyncio.ensure_future(asyncio.to_thread(_write_pgid, staging, child.pid)))
-        code = await child.wait()
+        code = await (child.wait() if guard is None else guard.watch(child))
     except BaseException:  # cancelled: the whole group goes, now, children included
         child.kill(group=True)
         await asyncio.shield(child.wait())
         raise
     if code != 0:
+        if await asyncio.to_thread(log_says_enospc, log_path, _COMMAND):
+            raise enospc_error(guard, f"{label}: {os.path.basename(args[0])}", log_path)
         tail = await asyncio.to_thread(_tail, log_path)
         raise InstallerFailed(
             f"{label}: {os.path.basename(args[0])} exited with {code}; its last error lines "
@@ -212,12 +219,14 @@ async def build_venv(
     uv: str | None = None,
     cache: Path | None = None,
     sources: Sequence[str] = (),
+    guard: DiskGuard | None = None,
 ) -> Path:
     """Make ``staging/venv`` with the spec installed; return it. ``label`` names the package in
     messages, already cut (``UriKey.label``). ``uv``: the uv binary (``find_uv``), used for a
     ``UvSpec`` always and for a ``PipSpec`` when ``installer`` is "uv"; ``cache``: the root's
     wheel cache uv installs from, by hardlinks (``agent.install.venvs.wheel_cache``); ``sources``:
-    the installer's arguments for the spec's local sources (their copies: ``local_read``)."""
+    the installer's arguments for the spec's local sources (their copies: ``local_read``);
+    ``guard``: the disk floor watched while each installer runs (``run_installer``)."""
     venv = staging / "venv"
     venv_python = str(venv / "bin" / "python")
     if isinstance(spec, UvSpec) and uv is None:
@@ -231,7 +240,11 @@ async def build_venv(
     options = spec.options
     if uv is not None and by_uv:
         await run_installer(
-            [uv, "venv", "--quiet", "--python", python, str(venv)], log_path, label, staging
+            [uv, "venv", "--quiet", "--python", python, str(venv)],
+            log_path,
+            label,
+            staging,
+            guard=guard,
         )
         install = [uv, "pip", "install", "--python", venv_python]
         if cache is not None:
@@ -248,7 +261,11 @@ async def build_venv(
                 extra={"uri": label, "installer": "pip", "options": pip_only},
             )
         await run_installer(
-            [python, "-m", "venv", "--without-pip", str(venv)], log_path, label, staging
+            [python, "-m", "venv", "--without-pip", str(venv)],
+            log_path,
+            label,
+            staging,
+            guard=guard,
         )
         install = [
             python,
@@ -261,7 +278,9 @@ async def build_venv(
             "--disable-pip-version-check",
             "--no-input",
         ]
-    await run_installer([*install, *options, *spec.packages, *sources], log_path, label, staging)
+    await run_installer(
+        [*install, *options, *spec.packages, *sources], log_path, label, staging, guard=guard
+    )
     if isinstance(spec, UvSpec) and spec.uv_check and uv is not None:
         await run_installer([uv, "pip", "check", "--python", venv_python], log_path, label, staging)
     if spec.sees is not None:
