@@ -404,6 +404,9 @@ async def _round_on(
         f"{agent}: B while A's held: {outcome.b.describe()}; ended after "
         f"{outcome.b.seconds:.1f}s, first failed task after {outcome.b.first_error_s:.1f}s"
     )
+    said = [line for line in outcome.b.error_text.splitlines() if "need" in line]
+    if said:  # the line of B's error that names the figures (a refusal's), cut
+        notes.append(f"{agent}: B's error says: {said[-1].strip()[:500]}")
     notes.append(f"{agent}: B relaunched after A's ended: {outcome.b_again.describe()}")
     notes.append(
         f"{agent}: after B's failure: {after_b / MiB:.0f} of {size / MiB:.0f} MiB used; "
