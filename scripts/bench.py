@@ -52,6 +52,13 @@ Workloads (``--only NAME``, repeatable; the parts are in ``scripts/benchlib/``):
   ~150 MB dependency, offline, uv's cache hardlinked and copied, on Ray's agent and on this one
   (``benchlib/uv_run.py``): peak disk added against one env (goal <= 1.15x), wall against
   stock (goal <= 0.8x), time to first task, venvs built, what is left in Ray's temp dirs.
+- uv-full (only with ``--only uv-full``; root, Ray 2.60 and uv, minutes): issue 39's full disk,
+  on a tmpfs made for the run that holds one env but not two (the Ray temp dirs, TMPDIR, the
+  agent's root, uv's cache): K experiments on lock A under ``uv run``, one on lock B launched
+  while they run, B again once they ended; on Ray's agent (the baseline, recorded) and on this
+  one (``benchlib/uv_full.py``): tasks, driver outputs and worker logs that saw ENOSPC (goal 0),
+  B refused with a RuntimeEnvSetupError naming the bytes needed, free and the setting, within
+  60 s; no venv left half-built, nothing in staging; A untouched; B's relaunch runs.
 
 The peer run, ``--peer ray`` (needs ray and smart_open): Ray 2.60's own runtime env agent, in a
 real Ray head node started for the run, next to this agent's Ray door (``serve --ray-address``),
@@ -109,6 +116,7 @@ from benchlib.recovery import bench_recovery
 from benchlib.shared import Shared
 from benchlib.shared_root import bench_shared_root
 from benchlib.shared_wheels import bench_shared_wheels
+from benchlib.uv_full import bench_uv_full
 from benchlib.uv_run import bench_uv_run
 from benchlib.workers import bench_worker_starts
 
@@ -147,6 +155,7 @@ EXPERIMENTS: dict[str, Workload] = {
 # run only when named (--only): heavy user scenarios (minutes, GBs of disk)
 SCENARIOS: dict[str, Workload] = {
     "uv-run": lambda work, sizes, shared: bench_uv_run(work, sizes),
+    "uv-full": lambda work, sizes, shared: bench_uv_full(work, sizes),
 }
 ALL_WORKLOADS = {**WORKLOADS, **PEER_WORKLOADS, **EXPERIMENTS, **SCENARIOS}
 
@@ -279,6 +288,13 @@ def _parser() -> argparse.ArgumentParser:
         help="uv-run: the last experiment's project depends on another version of its large "
         "dependency (its own lock): the one-venv goal must miss",
     )
+    p.add_argument(
+        "--uv-full-ours-only",
+        dest="uv_full_ours_only",
+        action="store_true",
+        default=None,
+        help="uv-full: this agent's round alone (no stock Ray round: its baselines are NaN)",
+    )
     knobs = p.add_argument_group("sizes (defaults: the full run; --smoke shrinks them all)")
     for flag, name, kind in (
         ("--hot-rounds", "hot_rounds", int),
@@ -308,6 +324,8 @@ def _parser() -> argparse.ArgumentParser:
         ("--e2e-rounds", "e2e_rounds", int),
         ("--uv-run-experiments", "uv_run_experiments", int),
         ("--uv-run-big-mib", "uv_run_big_mib", float),
+        ("--uv-full-experiments", "uv_full_experiments", int),
+        ("--uv-full-big-mib", "uv_full_big_mib", float),
     ):
         parse = kind if name == "seed" else _above_zero(kind)
         knobs.add_argument(flag, dest=name, type=parse, help=f"default {getattr(d, name)}")

@@ -69,6 +69,10 @@ class Sizes:
     uv_run_experiments: int = 3
     uv_run_big_mib: float = 150.0  # the large dependency's incompressible payload
     uv_run_plant: bool = False  # one experiment's lock differs: the one-venv goal must miss
+    # uv-full (only when named, root): K experiments on lock A and one on lock B, a small disk
+    uv_full_experiments: int = 3
+    uv_full_big_mib: float = 200.0  # the large dependency's payload, each of its two versions
+    uv_full_ours_only: bool = False  # this agent's round alone (stock's: an earlier run's)
     # a bound on any one phase, so nothing can run away
     phase_timeout_s: float = 600.0
 

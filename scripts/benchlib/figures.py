@@ -11,6 +11,7 @@ import os
 import sys
 import textwrap
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -152,6 +153,20 @@ class WorkloadResult:
         fig = Figure(self.name, *args, **kwargs)
         self.figures.append(fig)
         return fig
+
+
+def labelled_misses(rows: Sequence[Figure], why: Callable[[Figure], str]) -> list[str]:
+    """Each missed goal among ``rows``, labelled: ``EXPECTED miss: <metric>: <why>`` when
+    ``why(figure)`` knows a reason, else ``UNEXPECTED miss: <metric>`` (a scenario's oracle)."""
+    out = []
+    for f in rows:
+        if f.goal_met:
+            continue
+        reason = why(f)
+        out.append(
+            f"EXPECTED miss: {f.metric}: {reason}" if reason else f"UNEXPECTED miss: {f.metric}"
+        )
+    return out
 
 
 # -- the table -------------------------------------------------------------------------------

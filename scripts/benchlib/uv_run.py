@@ -4,7 +4,7 @@ depends on Ray and a large incompressible package, each driver a bare ``ray.init
 started with ``uv run --offline python launch.py``: K local Ray clusters, offline wheels, uv's
 cache on the same file system (``UV_LINK_MODE=hardlink``) and, in a second pair of rounds,
 copied (``UV_LINK_MODE=copy``: the cache on another disk). In each mode one round on stock Ray's
-agent and one on this agent (``_switch_ours``), interleaved.
+agent and one on this agent (``switch_ours``), interleaved.
 
 Each round: the K projects are made and their own ``.venv`` synced (``uv sync``: the user's
 driver env, made before the clock starts); then the disk under the round's Ray temp dirs, the
@@ -119,7 +119,7 @@ if not _agent and not any("/site-packages/ray/" in _arg for _arg in _argv):
 '''
 
 
-def _switch_ours(python: Path, root: Path) -> str:
+def switch_ours(python: Path, root: Path) -> str:
     """Make the Ray nodes ``python`` (a project's venv) starts run this agent on ``root``; say
     how. ``rtenv-agent ray enable --python PYTHON --root ROOT`` (issue 30 item 3: the agent then
     runs from the installation of the python running the benchmark); in a checkout without it,
@@ -251,7 +251,7 @@ async def run_round(
         )  # fmt: skip
         await asyncio.to_thread(run_uv, ["sync", "--offline"], project.path, env)
         if agent == "ours":
-            how = await asyncio.to_thread(_switch_ours, project.venv / "bin" / "python", root)
+            how = await asyncio.to_thread(switch_ours, project.venv / "bin" / "python", root)
         experiments.append(Experiment(i, project, ray_tmp))
     measured = [cache, root, *(folder / f"r{i}" for i in range(1, k + 1)),
                 *(e.project.venv for e in experiments)]  # fmt: skip

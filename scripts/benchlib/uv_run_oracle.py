@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from benchlib.figures import Figure, Goal, WorkloadResult
+from benchlib.figures import Figure, Goal, WorkloadResult, labelled_misses
 
 GOAL_DISK = 1.15  # peak disk added by the K experiments, against one env's bytes
 GOAL_WALL = 0.8  # wall of the K experiments, against stock's
@@ -114,17 +114,13 @@ def figures(result: WorkloadResult, stock: Outcome, ours: Outcome) -> list[Figur
 
 def misses(rows: Sequence[Figure], ours: Outcome, planted: bool) -> list[str]:
     """Each missed goal among ``rows``: EXPECTED (why) or UNEXPECTED."""
-    out = []
     pending = mode_of(ours) == PENDING
-    for f in rows:
-        if f.goal_met:
-            continue
+
+    def why(f: Figure) -> str:
         if pending:
-            why = "this agent's workers still ran uv run (issue 30 item 1 not in this checkout)"
-        elif planted and "venvs built" in f.metric and ours.distinct_locks > 1:
-            why = f"--plant: {ours.distinct_locks} distinct locks, so one venv is impossible"
-        else:
-            out.append(f"UNEXPECTED miss: {f.metric}")
-            continue
-        out.append(f"EXPECTED miss: {f.metric}: {why}")
-    return out
+            return "this agent's workers still ran uv run (issue 30 item 1 not in this checkout)"
+        if planted and "venvs built" in f.metric and ours.distinct_locks > 1:
+            return f"--plant: {ours.distinct_locks} distinct locks, so one venv is impossible"
+        return ""
+
+    return labelled_misses(rows, why)

@@ -28,6 +28,7 @@ FILES: dict[str, str] = {
     "test_archive.py": "unit",
     "test_bad_input.py": "sockets",
     "test_bench_smoke.py": "process",
+    "test_bench_uv_full.py": "unit",
     "test_bench_uv_run.py": "unit",
     "test_build_progress.py": "unit",
     "test_chaos.py": "process",
