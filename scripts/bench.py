@@ -110,6 +110,7 @@ from benchlib.shared import Shared
 from benchlib.shared_root import bench_shared_root
 from benchlib.shared_wheels import bench_shared_wheels
 from benchlib.uv_run import bench_uv_run
+from benchlib.uv_scale import bench_uv_scale
 from benchlib.workers import bench_worker_starts
 
 from agent.ops.usage import OneLineParser
@@ -147,6 +148,7 @@ EXPERIMENTS: dict[str, Workload] = {
 # run only when named (--only): heavy user scenarios (minutes, GBs of disk)
 SCENARIOS: dict[str, Workload] = {
     "uv-run": lambda work, sizes, shared: bench_uv_run(work, sizes),
+    "uv-scale": lambda work, sizes, shared: bench_uv_scale(work, sizes),
 }
 ALL_WORKLOADS = {**WORKLOADS, **PEER_WORKLOADS, **EXPERIMENTS, **SCENARIOS}
 
@@ -279,6 +281,21 @@ def _parser() -> argparse.ArgumentParser:
         help="uv-run: the last experiment's project depends on another version of its large "
         "dependency (its own lock): the one-venv goal must miss",
     )
+    p.add_argument(
+        "--heavy",
+        dest="uv_scale_heavy",
+        action="store_true",
+        default=None,
+        help="uv-scale: the stack adds torch with its CUDA wheels (downloads GBs once)",
+    )
+    p.add_argument(
+        "--plant-scale",
+        dest="uv_scale_plant",
+        action="store_true",
+        default=None,
+        help="uv-scale: the last experiment's line (uv run --locked) makes this agent build a "
+        "second venv for the same lock: the oracle must fail naming it",
+    )
     knobs = p.add_argument_group("sizes (defaults: the full run; --smoke shrinks them all)")
     for flag, name, kind in (
         ("--hot-rounds", "hot_rounds", int),
@@ -308,8 +325,10 @@ def _parser() -> argparse.ArgumentParser:
         ("--e2e-rounds", "e2e_rounds", int),
         ("--uv-run-experiments", "uv_run_experiments", int),
         ("--uv-run-big-mib", "uv_run_big_mib", float),
+        ("--uv-scale-experiments", "uv_scale_experiments", int),
+        ("--uv-scale-stagger", "uv_scale_stagger_s", float),
     ):
-        parse = kind if name == "seed" else _above_zero(kind)
+        parse = kind if name in ("seed", "uv_scale_stagger_s") else _above_zero(kind)
         knobs.add_argument(flag, dest=name, type=parse, help=f"default {getattr(d, name)}")
     return p
 

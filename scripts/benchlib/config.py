@@ -69,6 +69,11 @@ class Sizes:
     uv_run_experiments: int = 3
     uv_run_big_mib: float = 150.0  # the large dependency's incompressible payload
     uv_run_plant: bool = False  # one experiment's lock differs: the one-venv goal must miss
+    # uv-scale (only when named): K experiments on a real many-file stack, three rounds, kills
+    uv_scale_experiments: int = 5
+    uv_scale_heavy: bool = False  # torch with its CUDA wheels (GBs) besides the light stack
+    uv_scale_plant: bool = False  # one experiment's line makes this agent build a second venv
+    uv_scale_stagger_s: float = 10.0  # between two experiments' launches (0: all at once)
     # a bound on any one phase, so nothing can run away
     phase_timeout_s: float = 600.0
 

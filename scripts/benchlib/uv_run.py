@@ -4,7 +4,7 @@ depends on Ray and a large incompressible package, each driver a bare ``ray.init
 started with ``uv run --offline python launch.py``: K local Ray clusters, offline wheels, uv's
 cache on the same file system (``UV_LINK_MODE=hardlink``) and, in a second pair of rounds,
 copied (``UV_LINK_MODE=copy``: the cache on another disk). In each mode one round on stock Ray's
-agent and one on this agent (``_switch_ours``), interleaved.
+agent and one on this agent (``switch_ours``), interleaved.
 
 Each round: the K projects are made and their own ``.venv`` synced (``uv sync``: the user's
 driver env, made before the clock starts); then the disk under the round's Ray temp dirs, the
@@ -119,7 +119,7 @@ if not _agent and not any("/site-packages/ray/" in _arg for _arg in _argv):
 '''
 
 
-def _switch_ours(python: Path, root: Path) -> str:
+def switch_ours(python: Path, root: Path) -> str:
     """Make the Ray nodes ``python`` (a project's venv) starts run this agent on ``root``; say
     how. ``rtenv-agent ray enable --python PYTHON --root ROOT`` (issue 30 item 3: the agent then
     runs from the installation of the python running the benchmark); in a checkout without it,
@@ -198,7 +198,8 @@ class RoundRun:
         return sum(len(workers_running_uv(e.facts)) for e in self.experiments)
 
 
-def _venvs(roots: Sequence[Path]) -> list[str]:
+def venvs_under(roots: Sequence[Path]) -> list[str]:
+    """The venv folders (holding a ``pyvenv.cfg``) under ``roots``, sorted. Blocking."""
     found = []
     for root in roots:
         for folder, dirs, names in os.walk(root):
@@ -251,7 +252,7 @@ async def run_round(
         )  # fmt: skip
         await asyncio.to_thread(run_uv, ["sync", "--offline"], project.path, env)
         if agent == "ours":
-            how = await asyncio.to_thread(_switch_ours, project.venv / "bin" / "python", root)
+            how = await asyncio.to_thread(switch_ours, project.venv / "bin" / "python", root)
         experiments.append(Experiment(i, project, ray_tmp))
     measured = [cache, root, *(folder / f"r{i}" for i in range(1, k + 1)),
                 *(e.project.venv for e in experiments)]  # fmt: skip
@@ -282,7 +283,7 @@ async def run_round(
             files, size = await asyncio.to_thread(file_bytes, resources)
             left_files, left_bytes = left_files + files, left_bytes + size
         all_left += (await asyncio.to_thread(file_bytes, e.ray_tmp))[1]
-    venvs = await asyncio.to_thread(_venvs, [root, *(e.ray_tmp for e in experiments)])
+    venvs = await asyncio.to_thread(venvs_under, [root, *(e.ray_tmp for e in experiments)])
     sockets = sorted(p.name for p in root.glob("agent-*.sock"))
     root_bytes = await asyncio.to_thread(disk_bytes, [root])
     run = RoundRun(
@@ -319,12 +320,12 @@ def outcome(run: RoundRun, big_bytes: int) -> Outcome:
     )  # fmt: skip
 
 
-def _short_base(work: Path) -> Path:
+def short_base(work: Path, prefix: str = "ur") -> Path:
     """A folder for the rounds short enough for Ray's socket paths under it (a session's
     ``sockets/plasma_store`` adds ~70 bytes to RAY_TMPDIR; the limit is 107): under ``work``
     when that is short, else under /tmp."""
     parent = work if len(os.fsencode(str(work))) <= 24 else Path("/tmp")
-    return Path(tempfile.mkdtemp(prefix="ur", dir=parent))
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
 
 
 def _note(run: RoundRun, how: str) -> str:
@@ -352,7 +353,7 @@ def _note(run: RoundRun, how: str) -> str:
 async def bench_uv_run(work: Path, sizes: Sizes) -> WorkloadResult:
     result = WorkloadResult("uv-run")
     k, plant = sizes.uv_run_experiments, sizes.uv_run_plant
-    base = _short_base(work)
+    base = short_base(work)
     try:
         house = await asyncio.to_thread(ray_wheelhouse)
         built = "found ready" if house.built_s is None else f"built in {house.built_s:.1f}s"

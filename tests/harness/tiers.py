@@ -29,6 +29,7 @@ FILES: dict[str, str] = {
     "test_bad_input.py": "sockets",
     "test_bench_smoke.py": "process",
     "test_bench_uv_run.py": "unit",
+    "test_bench_uv_scale.py": "unit",
     "test_chaos.py": "process",
     "test_ci_run.py": "process",
     "test_cli_doors.py": "process",
