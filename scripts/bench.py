@@ -52,6 +52,15 @@ Workloads (``--only NAME``, repeatable; the parts are in ``scripts/benchlib/``):
   ~150 MB dependency, offline, uv's cache hardlinked and copied, on Ray's agent and on this one
   (``benchlib/uv_run.py``): peak disk added against one env (goal <= 1.15x), wall against
   stock (goal <= 0.8x), time to first task, venvs built, what is left in Ray's temp dirs.
+- uv-scale (only with ``--only uv-scale``; Ray 2.60 and uv here, tens of minutes and ~10 GB of
+  disk): issue 39's user, K=5 experiments (``--uv-scale-experiments``, launched
+  ``--uv-scale-stagger`` s apart) each a bare ``ray.init()`` under ``uv run`` on numpy, scipy,
+  pandas and scikit-learn (``--heavy``: and torch with its CUDA wheels), offline from a
+  wheelhouse filled once from the index, three rounds on one root (round 1 cold), in round 2 a
+  driver and another experiment's raylet SIGKILLed and relaunched; Ray's agent and this one
+  (``benchlib/uv_scale.py``): peak disk added against one env (goal <= 1.1x), warm time to
+  first task against stock (goal <= 0.7x), tasks failed, workers unregistered, CPU by role,
+  left-overs, relaunches reusing the env. ``--plant-scale`` plants a second venv for one lock.
 
 The peer run, ``--peer ray`` (needs ray and smart_open): Ray 2.60's own runtime env agent, in a
 real Ray head node started for the run, next to this agent's Ray door (``serve --ray-address``),

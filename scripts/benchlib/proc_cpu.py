@@ -4,9 +4,10 @@ A ``CpuSampler`` walks /proc every ``period_s`` in a thread of its own and, for 
 whose command line names one of its places (an experiment's ``RAY_TMPDIR``: its GCS, raylet,
 agent and workers carry their session's paths; the agent's root: the agent's own builds),
 keeps the last user + system seconds it read (its own, not its children's: a raylet's waited-
-for children are counted once, as themselves). A process that ends between two samples loses
-what it ran since the last one (at most ``period_s`` of CPU). ``role`` names what a process is
-from its command line: pure.
+for children are counted once, as themselves), under the role its command line last showed (a
+worker's setup that execs ``uv run``: its CPU before the exec goes to ``worker-uv`` too). A
+process that ends between two samples loses what it ran since the last one (at most
+``period_s`` of CPU). ``role`` names what a process is from its command line: pure.
 """
 
 from __future__ import annotations
@@ -83,8 +84,11 @@ class CpuSampler:
             self._argv[ident] = self._classify(pid, parent)
         known = self._argv[ident]
         if known is not None and depth == 0:
+            # its role as its command line says now: a worker's setup (``setup_worker.py``)
+            # execs ``uv run`` under Ray's uv-run hook, the same process
+            now = self._classify(pid, known) or known
             cpu = (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime
-            self._seen[ident] = Proc(pid, known[0], known[1], cpu)
+            self._seen[ident] = Proc(pid, known[0], now[1], cpu)
         return known
 
     def _classify(self, pid: int, parent: tuple[str, str] | None) -> tuple[str, str] | None:

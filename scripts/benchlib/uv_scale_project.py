@@ -6,8 +6,8 @@ then ``import ray``) with a bare ``ray.init()`` and ``TASKS`` tasks that import 
 environment, ``SCALE_MODULES``), fit a small model and report, from the worker: its pid, its
 python, the stack's versions, whether a uv is among its ancestors, and its own CPU seconds
 (``resource.getrusage`` of the worker process: all it ran so far, its start included). The
-driver reports each task's result or its failure (``failed``: the exception's class and first
-line), then ``done``; a driver killed midway reports what it had.
+driver reports each task's result or its failure (``failed``: the exception's class, its first
+and last line), then ``done``; a driver killed midway reports what it had.
 """
 
 from __future__ import annotations
@@ -59,9 +59,10 @@ def task(i):
 def report(ref):
     try:
         print("FACT " + json.dumps(ray.get(ref)), flush=True)
-    except Exception as exc:  # a task failed: its class and first line, the run goes on
-        line = (str(exc).strip().splitlines() or [""])[0][:300]
-        fact = {"kind": "failed", "t": time.time(), "error": f"{type(exc).__name__}: {line}"}
+    except Exception as exc:  # a task failed: its class, first and last line; the run goes on
+        lines = str(exc).strip().splitlines() or [""]
+        why = lines[0][:200] + (" ... " + lines[-1][:200] if len(lines) > 1 else "")
+        fact = {"kind": "failed", "t": time.time(), "error": f"{type(exc).__name__}: {why}"}
         print("FACT " + json.dumps(fact), flush=True)
 
 
