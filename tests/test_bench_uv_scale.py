@@ -164,3 +164,6 @@ def test_each_process_of_a_cluster_is_named_by_its_role() -> None:
     assert role(["/py", "-u", "-I", "-m", "agent", "ray-agent", "--root=/r"]) == "agent"
     assert role(["/py", "/x/ray/_private/runtime_env/agent/main.py"]) == "agent"
     assert role(["/py", "/x/ray/dashboard/agent.py"]) == "other"
+    assert role(["ray::RuntimeEnvAgent"]) == "agent"  # the titles Ray's processes give themselves
+    assert role(["ray::DashboardAgent"]) == "other"
+    assert role(["ray::Holder"]) == "worker"

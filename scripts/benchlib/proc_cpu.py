@@ -34,11 +34,15 @@ def role(argv: Sequence[str]) -> str:
     worker = any(a.endswith("default_worker.py") for a in argv)
     if program == "uv":
         return "worker-uv" if worker else "agent"  # a worker's uv run; the agent's own build
-    if worker or program.startswith("ray::"):
+    if program == "ray::RuntimeEnvAgent":  # Ray's agent, titled
+        return "agent"
+    if program.startswith("ray::") and not program.endswith("Agent"):  # ray::IDLE, ray::task
+        return "worker"
+    if worker:
         return "worker"
     if "ray-agent" in argv or any(a.endswith("runtime_env/agent/main.py") for a in argv):
         return "agent"
-    return "other"
+    return "other"  # the dashboard and its agent (ray::DashboardAgent), monitors
 
 
 @dataclass(frozen=True)

@@ -183,6 +183,11 @@ def _note(side: Side, rnd: Round, runs: list[Attempted], procs: list[Proc], file
     mib = 2**20
     cpu = by_role(procs)
     workers = sorted((p.cpu_s for p in procs if p.role == "worker"), reverse=True)
+    reported: dict[tuple[int, int], float] = {}  # (attempt, worker pid) -> its getrusage
+    for n, r in enumerate(runs):
+        for f in worker_facts(r.facts):
+            key = (n, int(f["pid"]))
+            reported[key] = max(reported.get(key, 0.0), float(f.get("cpu_s", 0.0)))
     firsts = ", ".join(
         f"e{a.experiment}{'' if a.kind == 'run' else '(' + a.kind + ')'} "
         + ("-" if a.first_task_s is None else f"{a.first_task_s:.1f}")
@@ -199,7 +204,9 @@ def _note(side: Side, rnd: Round, runs: list[Attempted], procs: list[Proc], file
         f"{side.agent}, round {rnd.index}: first task (s) {firsts}; drivers not exiting 0: "
         f"{'; '.join(ended) or 'none'}; tasks failed: {len(fails)} ({'; '.join(fails[:6])}); "
         f"CPU s: workers {cpu['worker']:.1f} ({len(workers)} workers, max "
-        f"{workers[0] if workers else 0:.1f}), their uv run {cpu['worker-uv']:.1f}, raylets "
+        f"{workers[0] if workers else 0:.1f}; as the {len(reported)} that ran a task report "
+        f"their own: {sum(reported.values()):.1f}), their setup and uv run "
+        f"{cpu['worker-uv']:.1f}, raylets "
         f"{cpu['raylet']:.1f}, GCS {cpu['gcs']:.1f}, agents {cpu['agent']:.1f}, other Ray "
         f"{cpu['other']:.1f}; unregistered workers {rnd.unregistered}; left: "
         f"{files} files ({rnd.left_runtime_bytes / mib:.0f} MiB) in runtime_resources, the "
