@@ -133,11 +133,13 @@ def test_left_overs_unregistered_workers_slow_starts_and_rebuilds_miss_unexpecte
         "UNEXPECTED miss: workers that never registered, this agent",
         "UNEXPECTED miss: the agent's left-overs in its root after the rounds, this agent",
     ]
-    rounds = tuple(
-        dataclasses.replace(r, attempts=tuple(dataclasses.replace(a, reused=False, first_task_s=35.0)
-                                              for a in r.attempts))
+    slower = [
+        tuple(dataclasses.replace(a, reused=False, first_task_s=35.0) for a in r.attempts)
         for r in GOOD.rounds
-    )  # fmt: skip
+    ]
+    rounds = tuple(
+        dataclasses.replace(r, attempts=a) for r, a in zip(GOOD.rounds, slower, strict=True)
+    )
     assert _judge(dataclasses.replace(GOOD, rounds=rounds, added_bytes=600 * MiB))[1] == [
         "UNEXPECTED miss: peak disk added by 5 experiments over 3 rounds, this agent",
         "UNEXPECTED miss: time to first task, warm cache (rounds 2-3), median",
