@@ -104,6 +104,8 @@ class CpuSampler:
         except OSError:
             return None
         argv = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+        if not argv:  # a zombie, or one exiting: no command line to tell (its last role stays)
+            return None
         for label, needle in self._needles:
             if needle in raw:
                 return label, role(argv)
