@@ -59,6 +59,15 @@ Workloads (``--only NAME``, repeatable; the parts are in ``scripts/benchlib/``):
   one (``benchlib/uv_full.py``): tasks, driver outputs and worker logs that saw ENOSPC (goal 0),
   B refused with a RuntimeEnvSetupError naming the bytes needed, free and the setting, within
   60 s; no venv left half-built, nothing in staging; A untouched; B's relaunch runs.
+- uv-scale (only with ``--only uv-scale``; Ray 2.60 and uv here, tens of minutes and ~10 GB of
+  disk): issue 39's user, K=5 experiments (``--uv-scale-experiments``, launched
+  ``--uv-scale-stagger`` s apart) each a bare ``ray.init()`` under ``uv run`` on numpy, scipy,
+  pandas and scikit-learn (``--heavy``: and torch with its CUDA wheels), offline from a
+  wheelhouse filled once from the index, three rounds on one root (round 1 cold), in round 2 a
+  driver and another experiment's raylet SIGKILLed and relaunched; Ray's agent and this one
+  (``benchlib/uv_scale.py``): peak disk added against one env (goal <= 1.1x), warm time to
+  first task against stock (goal <= 0.7x), tasks failed, workers unregistered, CPU by role,
+  left-overs, relaunches reusing the env. ``--plant-scale`` plants a second venv for one lock.
 
 The peer run, ``--peer ray`` (needs ray and smart_open): Ray 2.60's own runtime env agent, in a
 real Ray head node started for the run, next to this agent's Ray door (``serve --ray-address``),
@@ -118,6 +127,7 @@ from benchlib.shared_root import bench_shared_root
 from benchlib.shared_wheels import bench_shared_wheels
 from benchlib.uv_full import bench_uv_full
 from benchlib.uv_run import bench_uv_run
+from benchlib.uv_scale import bench_uv_scale
 from benchlib.workers import bench_worker_starts
 
 from agent.ops.usage import OneLineParser
@@ -156,6 +166,7 @@ EXPERIMENTS: dict[str, Workload] = {
 SCENARIOS: dict[str, Workload] = {
     "uv-run": lambda work, sizes, shared: bench_uv_run(work, sizes),
     "uv-full": lambda work, sizes, shared: bench_uv_full(work, sizes),
+    "uv-scale": lambda work, sizes, shared: bench_uv_scale(work, sizes),
 }
 ALL_WORKLOADS = {**WORKLOADS, **PEER_WORKLOADS, **EXPERIMENTS, **SCENARIOS}
 
@@ -295,6 +306,21 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="uv-full: this agent's round alone (no stock Ray round: its baselines are NaN)",
     )
+    p.add_argument(
+        "--heavy",
+        dest="uv_scale_heavy",
+        action="store_true",
+        default=None,
+        help="uv-scale: the stack adds torch with its CUDA wheels (downloads GBs once)",
+    )
+    p.add_argument(
+        "--plant-scale",
+        dest="uv_scale_plant",
+        action="store_true",
+        default=None,
+        help="uv-scale: the last experiment's line (uv run --locked) makes this agent build a "
+        "second venv for the same lock: the oracle must fail naming it",
+    )
     knobs = p.add_argument_group("sizes (defaults: the full run; --smoke shrinks them all)")
     for flag, name, kind in (
         ("--hot-rounds", "hot_rounds", int),
@@ -326,8 +352,10 @@ def _parser() -> argparse.ArgumentParser:
         ("--uv-run-big-mib", "uv_run_big_mib", float),
         ("--uv-full-experiments", "uv_full_experiments", int),
         ("--uv-full-big-mib", "uv_full_big_mib", float),
+        ("--uv-scale-experiments", "uv_scale_experiments", int),
+        ("--uv-scale-stagger", "uv_scale_stagger_s", float),
     ):
-        parse = kind if name == "seed" else _above_zero(kind)
+        parse = kind if name in ("seed", "uv_scale_stagger_s") else _above_zero(kind)
         knobs.add_argument(flag, dest=name, type=parse, help=f"default {getattr(d, name)}")
     return p
 

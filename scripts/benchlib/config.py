@@ -73,6 +73,11 @@ class Sizes:
     uv_full_experiments: int = 3
     uv_full_big_mib: float = 200.0  # the large dependency's payload, each of its two versions
     uv_full_ours_only: bool = False  # this agent's round alone (stock's: an earlier run's)
+    # uv-scale (only when named): K experiments on a real many-file stack, three rounds, kills
+    uv_scale_experiments: int = 5
+    uv_scale_heavy: bool = False  # torch with its CUDA wheels (GBs) besides the light stack
+    uv_scale_plant: bool = False  # one experiment's line makes this agent build a second venv
+    uv_scale_stagger_s: float = 10.0  # between two experiments' launches (0: all at once)
     # a bound on any one phase, so nothing can run away
     phase_timeout_s: float = 600.0
 

@@ -198,7 +198,8 @@ class RoundRun:
         return sum(len(workers_running_uv(e.facts)) for e in self.experiments)
 
 
-def _venvs(roots: Sequence[Path]) -> list[str]:
+def venvs_under(roots: Sequence[Path]) -> list[str]:
+    """The venv folders (holding a ``pyvenv.cfg``) under ``roots``, sorted. Blocking."""
     found = []
     for root in roots:
         for folder, dirs, names in os.walk(root):
@@ -282,7 +283,7 @@ async def run_round(
             files, size = await asyncio.to_thread(file_bytes, resources)
             left_files, left_bytes = left_files + files, left_bytes + size
         all_left += (await asyncio.to_thread(file_bytes, e.ray_tmp))[1]
-    venvs = await asyncio.to_thread(_venvs, [root, *(e.ray_tmp for e in experiments)])
+    venvs = await asyncio.to_thread(venvs_under, [root, *(e.ray_tmp for e in experiments)])
     sockets = sorted(p.name for p in root.glob("agent-*.sock"))
     root_bytes = await asyncio.to_thread(disk_bytes, [root])
     run = RoundRun(
@@ -319,12 +320,12 @@ def outcome(run: RoundRun, big_bytes: int) -> Outcome:
     )  # fmt: skip
 
 
-def _short_base(work: Path) -> Path:
+def short_base(work: Path, prefix: str = "ur") -> Path:
     """A folder for the rounds short enough for Ray's socket paths under it (a session's
     ``sockets/plasma_store`` adds ~70 bytes to RAY_TMPDIR; the limit is 107): under ``work``
     when that is short, else under /tmp."""
     parent = work if len(os.fsencode(str(work))) <= 24 else Path("/tmp")
-    return Path(tempfile.mkdtemp(prefix="ur", dir=parent))
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
 
 
 def _note(run: RoundRun, how: str) -> str:
@@ -352,7 +353,7 @@ def _note(run: RoundRun, how: str) -> str:
 async def bench_uv_run(work: Path, sizes: Sizes) -> WorkloadResult:
     result = WorkloadResult("uv-run")
     k, plant = sizes.uv_run_experiments, sizes.uv_run_plant
-    base = _short_base(work)
+    base = short_base(work)
     try:
         house = await asyncio.to_thread(ray_wheelhouse)
         built = "found ready" if house.built_s is None else f"built in {house.built_s:.1f}s"

@@ -31,6 +31,7 @@ FILES: dict[str, str] = {
     "test_bench_uv_full.py": "unit",
     "test_bench_uv_run.py": "unit",
     "test_build_progress.py": "unit",
+    "test_bench_uv_scale.py": "unit",
     "test_chaos.py": "process",
     "test_ci_run.py": "process",
     "test_cli_doors.py": "process",

@@ -39,7 +39,8 @@ UV = Path(sys.executable).with_name("uv")  # the dev venv's uv (a binary named u
 # looks for an ancestor whose argv[0]'s name is "uv")
 FACT = "FACT "
 _CLOSED = "http://127.0.0.1:9"
-LAUNCH_PY = '''"""An experiment's driver, as its user wrote it: a bare ray.init()."""
+# the top of every driver: its start fact, then ray, and its workers' ancestors' command lines
+LAUNCH_HEAD = '''"""An experiment's driver, as its user wrote it: a bare ray.init()."""
 import json
 import os
 import sys
@@ -64,7 +65,10 @@ def _ancestors():
             break
         out.append([a.decode(errors="replace") for a in argv if a])
     return out
-
+'''
+LAUNCH_PY = (
+    LAUNCH_HEAD
+    + """
 
 def facts(kind):
     import bigdep
@@ -107,7 +111,8 @@ for result in ray.get(pending):
 holder = Holder.remote()
 print("FACT " + json.dumps(ray.get(holder.report.remote())), flush=True)
 print("FACT " + json.dumps({"kind": "done", "t": time.time()}), flush=True)
-'''
+"""
+)
 
 
 def base_python() -> Path:
@@ -133,13 +138,19 @@ def uv_environ(cache: Path, base: Mapping[str, str], **extra: str) -> dict[str, 
     return env
 
 
-def pyproject(name: str, find_links: Sequence[Path], big_version: str) -> str:
+def pyproject(
+    name: str, find_links: Sequence[Path], big_version: str, requires: Sequence[str] = ()
+) -> str:
+    """A virtual project on Ray and ``requires``, or, when none, ``bigdep==big_version``."""
     v = sys.version_info
     links = ", ".join(json.dumps(str(p)) for p in find_links)
+    deps = ", ".join(
+        json.dumps(d) for d in [f"ray=={RAY_VERSION}", *(requires or [f"{BIG}=={big_version}"])]
+    )
     return (
         f'[project]\nname = {json.dumps(name)}\nversion = "0.1.0"\n'
         f'requires-python = "=={v.major}.{v.minor}.*"\n'
-        f'dependencies = ["ray=={RAY_VERSION}", "{BIG}=={big_version}"]\n\n'
+        f"dependencies = [{deps}]\n\n"
         f"[tool.uv]\nfind-links = [{links}]\nno-index = true\n"
         "environments = [\"sys_platform == 'linux'\"]\n"
     )
@@ -167,14 +178,18 @@ def make_project(
     big_version: str = "1.0",
     note: str = "",
     lock_from: Project | None = None,
+    requires: Sequence[str] = (),
+    launch: str = LAUNCH_PY,
 ) -> Project:
     """A project folder at ``path``: pyproject.toml (named after the folder), launch.py,
     .gitignore, ``experiment.txt`` holding ``note`` (the one file experiments differ by), and
     uv.lock: copied from ``lock_from`` (same pyproject, so the same lock: saves a resolve) or
-    made by ``uv lock --offline`` with ``env`` (``uv_environ``'s)."""
+    made by ``uv lock --offline`` with ``env`` (``uv_environ``'s). ``requires``: the project's
+    dependencies besides Ray (default ``bigdep``); ``launch``: the driver's text."""
     path.mkdir(parents=True, exist_ok=True)
-    (path / "pyproject.toml").write_text(pyproject("experiment", find_links, big_version))
-    (path / "launch.py").write_text(LAUNCH_PY)
+    text = pyproject("experiment", find_links, big_version, requires)
+    (path / "pyproject.toml").write_text(text)
+    (path / "launch.py").write_text(launch)
     (path / ".gitignore").write_text(".venv\n")
     (path / "experiment.txt").write_text(note + "\n")
     project = Project(path, big_version)
