@@ -1,7 +1,8 @@
 """Ray's per-kind cache sizes (``RAY_RUNTIME_ENV_<NAME>_CACHE_SIZE_GB``), honoured when set: a
 cap on the unused bytes of that kind's packages besides the root's budget; Ray's http(s)
 download headers (``RAY_RUNTIME_ENV_HTTP_USER_AGENT``, ``RAY_RUNTIME_ENV_BEARER_TOKEN``) and
-their refusals (issue 31)."""
+their refusals (issue 31); Ray's ``RUNTIME_ENV_RETRY_TIMES``, the setup timeouts a create waits
+(issue 39)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from agent.ops.ray_knobs import (
     kind_groups,
     ray_cache_budgets,
     ray_http_headers,
+    ray_setup_attempts,
 )
 from agent.state.index import KindBudget
 from tests.harness.in_process import running_agent
@@ -131,3 +133,14 @@ async def test_a_kind_budget_counts_what_is_in_use_as_rays_uri_cache_does() -> N
         for reply in (second, again):
             await a.delete(reply.runtime_env_id)
         a.service.check_invariants()
+
+
+def test_a_create_under_ray_waits_as_many_setup_timeouts_as_rays_agent_tries() -> None:
+    """Ray's agent tries 3 times unless RUNTIME_ENV_RETRY_TIMES says otherwise; 0 still waits
+    one timeout (the build runs once); a value that is no count is refused, naming it."""
+    assert ray_setup_attempts({}) == 3
+    assert ray_setup_attempts({"RUNTIME_ENV_RETRY_TIMES": "5"}) == 5
+    assert ray_setup_attempts({"RUNTIME_ENV_RETRY_TIMES": "0"}) == 1
+    for bad in ("-1", "three", "101", ""):
+        with pytest.raises(ConfigError, match=r"RUNTIME_ENV_RETRY_TIMES=.*0 to 100"):
+            ray_setup_attempts({"RUNTIME_ENV_RETRY_TIMES": bad})

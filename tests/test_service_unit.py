@@ -151,6 +151,33 @@ async def test_a_setup_timeout_releases_the_references_and_its_build_goes_on_for
         r.check()
 
 
+async def test_a_create_waits_each_attempts_timeout_while_its_one_build_goes_on(
+    tmp_path: Path,
+) -> None:
+    """With 3 attempts (Ray's agent's), a build longer than one setup timeout but shorter than
+    three ends in the create's success (Ray's agent would start it again twice); a build
+    longer than three fails, the message naming the attempts."""
+    async with service_rig(tmp_path, max_setup_timeout_s=1.0, setup_attempts=3) as r:
+        a = r.packages.add("a")
+        gate = r.packages.stall("a")
+        create = asyncio.ensure_future(r.create(env_json(py_modules=[a]), timeout_s=-1))
+        await asyncio.sleep(1.5)  # the stimulus: a build past one timeout (1s), within three
+        assert not create.done()
+        gate.set()
+        await asyncio.wait_for(create, timeout=10)
+        assert r.packages.gets["a"] == 1
+    (tmp_path / "2").mkdir()
+    async with service_rig(tmp_path / "2", max_setup_timeout_s=0.1, setup_attempts=2) as r:
+        b = r.packages.add("b")
+        gate = r.packages.stall("b")
+        with pytest.raises(SetupTimeout) as timed_out:
+            await r.create(env_json(py_modules=[b]), timeout_s=-1)
+        message = timed_out.value.message
+        assert "within 0.2s (2 attempts of setup_timeout_seconds, 0.1s each)" in message
+        gate.set()
+        r.check()
+
+
 async def test_a_cancelled_create_gives_back_its_references_and_cancels_its_install(
     tmp_path: Path,
 ) -> None:

@@ -44,6 +44,10 @@ class Settings:
     py_executable: str = sys.executable
     default_setup_timeout_s: float = 600.0
     max_setup_timeout_s: float = 3600.0
+    # a create fails after this many setup timeouts in a row, its build going on through them
+    # all (``AgentService._setup_timeout``): 1, or Ray's RUNTIME_ENV_RETRY_TIMES under Ray, whose
+    # agent tries that many times, each under the timeout (``agent.ops.ray_knobs``)
+    setup_attempts: int = 1
     request_log_capacity: int = 10_000  # request ids remembered for idempotent retries
     max_info_envs: int = 10_000  # GetRuntimeEnvsInfo lists at most this many envs
     max_message_bytes: int = 4 * 1024 * 1024

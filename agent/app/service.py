@@ -56,7 +56,7 @@ from agent.app.records import (
 )
 from agent.app.snapshot import EnvState, Levels, Snapshot
 from agent.app.views import cache_view, env_view, failed_view, recovery_view, uri_view
-from agent.app.waiting import Waiting, timeout_message
+from agent.app.waiting import Waiting, setup_wait, timeout_message
 from agent.core import logfields
 from agent.core.dialect import GRPC, Dialect
 from agent.core.errors import (
@@ -155,7 +155,7 @@ class AgentService:
         env = self._parses.parse(serialized, dialect)
         eager = eager_install or env.eager_install is True
         logfields.note(env_id=env.env_id)  # on this request's log lines from here on
-        timeout = self._setup_timeout(env, timeout_s)
+        timeout = setup_wait(self.settings, env, timeout_s)
         hit = await self._requests.run(
             "create", request_id, env.env_id, lambda: self._create(env, timeout, job_id, eager)
         )
@@ -177,7 +177,7 @@ class AgentService:
         a door may keep the key of a request it sees again."""
         check_job_id(job_id)
         env = self._parses.parse(serialized, dialect)
-        self._setup_timeout(env, timeout_s)
+        setup_wait(self.settings, env, timeout_s)
         return HitKey(env, job_id, eager_install or env.eager_install is True)
 
     def create_hit(self, key: HitKey) -> bool:
@@ -242,7 +242,9 @@ class AgentService:
                 self.waiting.leave(env_id, job_id)
                 self._abort(env, exc)
             if isinstance(exc, TimeoutError):
-                raise SetupTimeout(timeout_message(env_id, setup_timeout_s, kept)) from exc
+                raise SetupTimeout(
+                    timeout_message(env_id, setup_timeout_s, kept, self.settings.setup_attempts)
+                ) from exc
             raise
         self.waiting.leave(env_id, job_id)
         record.state = EnvState.READY
@@ -290,19 +292,6 @@ class AgentService:
         if self._db is not None:
             self._db.notes.note_live_envs(len(self.records))
             self.store.note(keys)
-
-    def _setup_timeout(self, env: RuntimeEnv, requested: int) -> float:
-        if requested < -1:
-            raise InvalidRuntimeEnv(
-                f"config.setup_timeout_seconds must be positive or -1, got {requested}"
-            )
-        chosen: float | None = requested or env.setup_timeout_seconds
-        limit = self.settings.max_setup_timeout_s
-        if not chosen:
-            return self.settings.default_setup_timeout_s
-        if chosen == -1:
-            return limit
-        return limit if chosen > limit else float(chosen)  # compared before float(): 10**400
 
     # -- delete ----------------------------------------------------------------------------
     async def delete(

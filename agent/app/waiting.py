@@ -1,5 +1,5 @@
 """The creates waiting on builds: which env each create in flight is of, for which jobs, and so
-which jobs a build's progress line is for.
+which jobs a build's progress line is for; and how long a create waits (``setup_wait``).
 
 A create enters when its installs begin and leaves when they end (done, failed, timed out or
 cancelled). A build's line (``UriStore.builds``) goes to ``sink`` once for each job whose create
@@ -16,7 +16,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from agent.app.config import Settings
 from agent.app.snapshot import BuildView
+from agent.core.errors import InvalidRuntimeEnv
+from agent.core.runtime_env import RuntimeEnv
 from agent.core.uris import UriKey
 from agent.state.builds import Builds
 
@@ -92,8 +95,29 @@ class Waiting:
                 log.exception("a progress line for job %s was not written", job)
 
 
-def timeout_message(env_id: str, timeout_s: float, kept: tuple[UriKey, ...]) -> str:
-    """A create's setup timeout, in Ray's words' spirit: what to raise, and what goes on."""
+def setup_wait(settings: Settings, env: RuntimeEnv, requested: int) -> float:
+    """A create's whole wait: the timeout asked for (0: the env's, else the default; -1 and
+    above the limit: the limit), once per attempt (``Settings.setup_attempts``)."""
+    if requested < -1:
+        raise InvalidRuntimeEnv(
+            f"config.setup_timeout_seconds must be positive or -1, got {requested}"
+        )
+    chosen: float | None = requested or env.setup_timeout_seconds
+    limit = settings.max_setup_timeout_s
+    if not chosen:
+        each = settings.default_setup_timeout_s
+    elif chosen == -1:
+        each = limit
+    else:
+        each = limit if chosen > limit else float(chosen)  # compared before float(): 10**400
+    return each * settings.setup_attempts
+
+
+def timeout_message(
+    env_id: str, timeout_s: float, kept: tuple[UriKey, ...], attempts: int = 1
+) -> str:
+    """A create's setup timeout, in Ray's words' spirit: what to raise, and what goes on.
+    ``timeout_s``: the whole wait, ``attempts`` times the setup timeout."""
     goes_on = (
         f"; {len(kept)} build(s) go on ({', '.join(k.label for k in kept[:3])}"
         f"{', ...' if len(kept) > 3 else ''}): a create of it again joins them, and "
@@ -102,7 +126,14 @@ def timeout_message(env_id: str, timeout_s: float, kept: tuple[UriKey, ...]) -> 
         else ""
     )
     return (
-        f"runtime env {env_id} was not set up within {timeout_s:g}s (setup_timeout_seconds)"
+        f"runtime env {env_id} was not set up within {timeout_s:g}s "
+        f"({_timeouts(timeout_s, attempts)})"
         f"{goes_on}. Consider increasing the timeout in the runtime_env config, for example "
         'runtime_env={"config": {"setup_timeout_seconds": 1800}, ...}'
     )
+
+
+def _timeouts(timeout_s: float, attempts: int) -> str:
+    if attempts == 1:
+        return "setup_timeout_seconds"
+    return f"{attempts} attempts of setup_timeout_seconds, {timeout_s / attempts:g}s each"

@@ -62,7 +62,7 @@ from agent.core.errors import ConfigError, echo
 from agent.install.fetch.gcs_source import GcsConfig
 from agent.ops import logs, option_sources
 from agent.ops.ray_flags import RayFlags, has_token_auth, parse_flags
-from agent.ops.ray_knobs import ray_cache_budgets, ray_http_headers
+from agent.ops.ray_knobs import ray_cache_budgets, ray_http_headers, ray_setup_attempts
 from agent.ops.ray_token import ray_token, read_token_file
 from agent.ops.startup import MAX_UNIX_PATH_BYTES
 
@@ -177,6 +177,7 @@ def settings_for(
         ray=ray,
         kind_budgets=ray_cache_budgets(environ),
         http_headers=ray_http_headers(environ),
+        setup_attempts=ray_setup_attempts(environ),
         ray_folders=flags.runtime_env_dir if root == default_root(flags.runtime_env_dir) else None,
     )
     if flags.logging_level:

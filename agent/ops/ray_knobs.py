@@ -12,7 +12,13 @@ Ray's agent downloads http(s) packages with a ``User-Agent`` of
 ``RAY_RUNTIME_ENV_HTTP_USER_AGENT`` (``ray-runtime-env-curl/1.0`` when unset) and, when
 ``RAY_RUNTIME_ENV_BEARER_TOKEN`` is set, ``Authorization: Bearer <token>`` (``protocol.py``'s
 ``_http_headers``); so does this one under Ray, except that a redirect to another origin drops
-the token (``agent.install.fetch.transport``), where Ray's sends it to every host. Pure.
+the token (``agent.install.fetch.transport``), where Ray's sends it to every host.
+
+Ray's agent tries a create ``RUNTIME_ENV_RETRY_TIMES`` times (3 when unset), each under the
+setup timeout, starting the build again each time (``runtime_env_agent.py``'s
+``_create_runtime_env_with_retry``), so a create under Ray fails after that many timeouts. This
+agent waits as long (``Settings.setup_attempts``): its one build goes on through them all, so a
+build that Ray's retries would have finished never fails here. Pure.
 """
 
 from __future__ import annotations
@@ -92,3 +98,26 @@ def _header_problem(value: str) -> str | None:
     if not value.isascii():
         return "is not ASCII: an HTTP header carries ASCII"
     return None
+
+
+RETRY_TIMES_VAR = "RUNTIME_ENV_RETRY_TIMES"
+RAYS_RETRY_TIMES = 3  # Ray's when the variable is unset
+MAX_ATTEMPTS = 100  # more is a typo: a create would wait 100 setup timeouts
+
+
+def ray_setup_attempts(environ: Mapping[str, str]) -> int:
+    """How many setup timeouts a create waits under Ray: Ray's ``RUNTIME_ENV_RETRY_TIMES``,
+    at least 1 (``ConfigError`` naming a value that is not a whole number up to
+    ``MAX_ATTEMPTS``)."""
+    text = environ.get(RETRY_TIMES_VAR)
+    if text is None:
+        return RAYS_RETRY_TIMES
+    try:
+        times = int(text)
+    except ValueError:
+        times = -1
+    if not 0 <= times <= MAX_ATTEMPTS:
+        raise ConfigError(
+            f"{RETRY_TIMES_VAR}={echo(text)} is not a number of attempts (0 to {MAX_ATTEMPTS})"
+        )
+    return max(times, 1)
