@@ -92,7 +92,9 @@ class Waiting:
             try:
                 self.sink(job, line)
             except Exception:  # a setup log not written is no create's failure
-                log.exception("a progress line for job %s was not written", job)
+                log.exception(
+                    "a progress line for job %s was not written", job, extra={"job_id": job}
+                )
 
 
 def setup_wait(settings: Settings, env: RuntimeEnv, requested: int) -> float:

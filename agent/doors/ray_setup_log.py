@@ -76,7 +76,13 @@ class SetupLogs:
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
             except OSError as exc:
-                log.warning("cannot write Ray's setup log %s: %s", path, exc.strerror or exc)
+                error = exc.strerror or str(exc)
+                log.warning(
+                    "cannot write Ray's setup log %s: %s",
+                    path,
+                    error,
+                    extra={"path": str(path), "error": error},
+                )
                 return
             try:
                 if os.fstat(fd).st_size < MAX_FILE_BYTES:
@@ -87,4 +93,4 @@ class SetupLogs:
 
 def _retrieve(task: asyncio.Future[None]) -> None:
     if not task.cancelled() and (exc := task.exception()) is not None:
-        log.warning("a line of Ray's setup log was not written: %s", exc)
+        log.warning("a line of Ray's setup log was not written: %s", exc, extra={"error": str(exc)})

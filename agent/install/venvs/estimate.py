@@ -39,6 +39,7 @@ from pathlib import Path
 
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
 from agent.core.units import plural
 
@@ -107,9 +108,12 @@ def _supported(python: str | None) -> frozenset[Tag]:
     """The tags a venv of ``python`` takes on this machine."""
     version = sys.version_info[:2]
     if python:
-        numbers = python.split(".")
-        if len(numbers) >= 2 and numbers[0].isdigit() and numbers[1].isdigit():
-            version = (int(numbers[0]), int(numbers[1]))
+        try:
+            release = Version(python).release
+        except InvalidVersion:
+            release = ()
+        if len(release) >= 2:
+            version = (release[0], release[1])
     return frozenset([*cpython_tags(version), *compatible_tags(version)])
 
 
