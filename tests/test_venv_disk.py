@@ -21,6 +21,7 @@ from agent.install.venvs.estimate import (
     unpacked_bytes,
 )
 from agent.state.room import Claim, DiskRoom
+from tests.harness.polling import wait_until
 
 MiB = 1024**2
 
@@ -157,7 +158,7 @@ async def test_the_guard_returns_the_exit_status_of_an_installer_that_fits() -> 
     installer = FakeInstaller()
     guard = DiskGuard(room, interval_s=0.001)
     watching = asyncio.ensure_future(guard.watch(installer))
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: len(room.told) >= 2, what="the guard's second measure")
     installer.exit.set_result(0)
     assert await asyncio.wait_for(watching, 10) == 0
     assert installer.killed == []
