@@ -310,7 +310,8 @@ def test_pip_only_lists_exactly_the_allowed_pip_options_the_agents_uv_refuses(
 ) -> None:
     """Each option a pip env may name is tried on the agent's uv (a dry run, offline): those uv
     refuses as unknown are PIP_ONLY (their sets are built by pip), and uv takes every other."""
-    from agent.core.pip_spec import _ALLOWED, PIP_ONLY
+    from agent.core.pip_options import ALLOWED as _ALLOWED
+    from agent.core.pip_options import PIP_ONLY
     from agent.install.venvs.wheel_cache import find_uv
 
     uv = find_uv()
