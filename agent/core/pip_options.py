@@ -102,7 +102,8 @@ INDEX_OPTIONS: dict[str, bool] = {
 
 # The options of ALLOWED that ``uv pip install`` (0.13) takes as pip does: a pip env naming only
 # these may be built by uv (``pip-installer uv``); any other makes pip build it (``PIP_ONLY``).
-# uv takes --platform and --python-version too, but they mean another thing there.
+# uv takes --platform, --python-version, --isolated and --break-system-packages too, but they mean
+# another thing there.
 _UV_TAKES = frozenset({
     "--index-url", "-i", "--extra-index-url", "--no-index", "--find-links", "-f",
     "--trusted-host", "--pre", "--no-deps", "--only-binary", "--no-binary",

@@ -1,12 +1,18 @@
 """The ``pip`` field: a dependency set, normalised and named by its content. Pure but for
 ``realpath`` and ``isdir`` of the local paths it names.
 
-Ray's two forms are accepted: a list of requirement strings, or
-``{"packages": [...], "pip_install_options": [...]}``, with Ray's normalised keys
-``pip_check`` and ``pip_version``: ``pip_check: false`` (Ray's default) and an empty or null
-``pip_version`` change nothing and are not part of the set's identity; ``pip_check: true`` is
-refused (this agent does not run ``pip check`` after installing), and so is a ``pip_version``
-(the venv is made with the pip this agent installs with: the ``pip_installer`` setting).
+Ray's two forms are accepted, as Ray's agent takes them: a list of requirement strings, or
+``{"packages": [...], "pip_install_options": [...], "pip_check": ..., "pip_version": ...}``.
+``pip_check: false`` (Ray's default) and an empty or null ``pip_version`` change nothing and are
+not part of the set's identity. ``pip_check: true`` runs ``pip check`` in the venv after the
+install; a ``pip_version`` (a specifier Ray appends to ``pip``) installs that pip into the venv
+first, which then installs the set (``agent.install.venvs.pip_commands``); each is part of the
+set's identity. Ray's agent writes the list into a requirements file: a line holding options pip
+reads there (``--index-url URL``, ``--extra-index-url``, ``--find-links``, ``--pre``...:
+``pip_options.REQUIREMENTS_FILE``) is taken, its words kept in order (``PipSpec.lines``) and
+given to pip after the options. ``pip_install_options`` takes every option of ``pip install``
+(``pip_options.PIP_INSTALL``, whole spellings only) but those refused by name, each saying why
+(``pip_options.REFUSED``).
 Requirement names are normalised as PEP 503 says (lowercase, runs of ``-_.`` become ``-``),
 whitespace is dropped, and the list is sorted and de-duplicated; the set, the options, the
 Python version and the platform are hashed into ``pip://<hash>``, so the same set written in
@@ -17,10 +23,11 @@ reference (``name @ file:///x.whl``, ``name @ git+file:///repo``), a path, ``--f
 ``--index-url``, ``--extra-index-url`` and ``--editable``. A local one must be an absolute path
 or a ``file:`` URL; with allowed file roots set it must lie inside one (links resolved:
 PERMISSION_DENIED otherwise), a ``--find-links`` must then be a folder (an HTML page's links
-lead anywhere) and a local index is refused (its pages, likewise). Options that make pip read a
-file of requirements (``-r``, ``-c``, which may name further files, and whose lines pip quotes
-in its errors), pass arguments to a build backend (``--config-settings``) or write outside the
-venv are refused by name; only the options of ``_ALLOWED`` pass. Requirement strings are PEP
+lead anywhere) and a local index is refused (its pages, likewise), in an option line as in
+the options (``agent.core.install_options``). Options that make pip read a file of requirements
+(``-r``, ``-c``, which may name further files, and whose lines pip quotes in its errors), pass
+arguments to a build backend (``--config-settings``) or write outside the venv are refused by
+name, in the options and as lines. Requirement strings are PEP
 508, whose markers compare the interpreter's properties and name no file, or a line pip reads as
 a path or URL: a wheel, an sdist or a project folder by its absolute path (or ``file:`` URL),
 ``-e <folder>``, a bare remote URL (``agent.core.local_sources``: what is taken, what is refused
