@@ -25,8 +25,8 @@ _PURE_OS = {
 # the one I/O the core does, where: a path a runtime env names resolved against the allowed
 # roots at parse (a lookup, nothing read nor written)
 _PATH_LOOKUPS = {
-    "os.path.realpath": {"roots.py", "places.py", "pip_spec.py", "uv_project.py"},
-    "os.path.isdir": {"pip_spec.py"},
+    "os.path.realpath": {"roots.py", "places.py", "install_options.py", "uv_project.py"},
+    "os.path.isdir": {"install_options.py"},
 }
 # what a module may do that the check would take for I/O, and why it is none
 _NOT_IO = {

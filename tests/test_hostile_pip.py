@@ -231,7 +231,8 @@ REFUSED_OPTIONS = [
     ["--cache-dir", "/x"], ["--log", "/x"], ["--report", "/x"], ["--build", "/x"],
 ]  # fmt: skip
 REFUSED_PACKAGES = [
-    "./pkg", "../x.tar.gz", "x-1.0-py3-none-any.whl", "-e ./pkg", "--index-url=/abs/simple",
+    "./pkg", "../x.tar.gz", "x-1.0-py3-none-any.whl", "-e ./pkg", "--index-url=abs/simple",
+    "-r {secret}", "-c {secret}", "--constraint={secret}",
     "{secret} ; os_name == 'posix'", "file:x.whl", "x @ ./p", "x @ /abs/p.whl",
     "x @ file:x.whl", "x @ file://host/x.whl", "x @ ftp://host/x.whl", "x @ git+ext::sh -c id",
     "x @ svn+lp:proj",

@@ -121,7 +121,7 @@ REFUSED: list[tuple[str, type[AgentError], tuple[str, ...]]] = [
     ("--editable=pkg/", InvalidRuntimeEnv, _RELATIVE),
     (f"{WHEEL} ; python_version >= '3'", InvalidRuntimeEnv, ("name @ file:///abs/path ; marker",)),
     ("-e git+https://host/r.git#egg=r", InvalidRuntimeEnv, ("pip.pip_install_options",)),
-    ("--index-url https://host/simple", InvalidRuntimeEnv, ("pip.pip_install_options",)),
+    ("--no-deps", InvalidRuntimeEnv, ("pip.pip_install_options",)),
     ("/srv/elsewhere/x-1.0-py3-none-any.whl", PermissionDenied, _OUTSIDE),
     ("/srv/allowed/../elsewhere/proj", PermissionDenied, _OUTSIDE),
     ("file:///srv/allowed/%2E%2E/elsewhere/proj", PermissionDenied, _OUTSIDE),

@@ -122,7 +122,11 @@ async def test_each_refused_form_answers_its_status_and_the_agent_keeps_serving(
             grpc.StatusCode.NOT_FOUND,
             "no such file on this node",
         ),
-        (pip_env("--index-url http://127.0.0.1:9/"), grpc.StatusCode.INVALID_ARGUMENT, "option"),
+        (
+            pip_env("--no-deps"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "pass any other in pip.pip_install",
+        ),
     ]
     async with running_agent(allow_file_roots=(str(allowed),)) as a:
         for env, code, words in cases:

@@ -15,7 +15,8 @@ import pytest
 from packaging.requirements import Requirement
 
 from agent.core.errors import AgentError, InvalidRuntimeEnv, PermissionDenied
-from agent.core.pip_spec import PIP_ONLY, PipSpec, normalize_requirement, parse_pip
+from agent.core.pip_options import ALLOWED, PIP_INSTALL, PIP_ONLY, REFUSED, REQUIREMENTS_FILE
+from agent.core.pip_spec import PipSpec, normalize_requirement, parse_pip
 from agent.core.roots import FileRoots
 from agent.core.runtime_env import EnvLimits, parse_runtime_env
 from agent.core.uris import UriKey, UriKind
@@ -445,3 +446,141 @@ def test_no_color_is_taken_and_kept_for_pip_and_uv_alike() -> None:
     got = spec({"packages": ["a"], "pip_install_options": ["--no-color"]})
     assert got.options == ("--no-color",)
     assert "--no-color" not in PIP_ONLY
+
+
+# -- Ray's pip as Ray's agent takes it: option lines, every pip option, pip_version, pip_check ----
+
+_VALUES = {
+    "--index-url": "https://host/simple", "--pypi-url": "https://host/simple",
+    "-i": "https://host/simple", "--extra-index-url": "https://host/extra",
+    "--find-links": "https://host/links", "-f": "https://host/links",
+    "--editable": "git+https://host/r#egg=demo", "-e": "git+https://host/r#egg=demo",
+}  # fmt: skip
+
+
+def _with_value(flag: str, table: dict[str, bool]) -> list[str]:
+    return [flag, _VALUES.get(flag, "v")] if table[flag] else [flag]
+
+
+@pytest.mark.parametrize("flag", sorted(REQUIREMENTS_FILE))
+def test_an_option_line_pip_reads_from_a_requirements_file_is_taken_and_keyed(flag: str) -> None:
+    """Before: 'is an option line, not a requirement'. Ray's agent writes the list into a
+    requirements file: each option pip reads there is taken as a line, its words kept in order,
+    apart from the requirements, and part of the venv's key."""
+    words = _with_value(flag, REQUIREMENTS_FILE)
+    got = spec([" ".join(words), "demo"])
+    assert got.packages == ("demo",)
+    assert got.lines == (tuple(words),)
+    assert got.line_options == tuple(words)
+    assert got.uri != spec(["demo"]).uri
+    assert got.canonical()["packages"] == [" ".join(words), "demo"]
+
+
+def test_option_lines_keep_their_order_and_spelling_in_the_key() -> None:
+    a, b = "--index-url https://a/simple", "--extra-index-url=https://b/simple"
+    first = spec([a, "demo", b])
+    assert first.lines == (
+        ("--index-url", "https://a/simple"),
+        ("--extra-index-url=https://b/simple",),
+    )
+    assert spec(["demo", a, b]).uri == first.uri, "a line's place among requirements: none"
+    assert spec([b, a, "demo"]).uri != first.uri, "their order: pip's last --index-url wins"
+    assert spec(["--pre", "Demo"]).uri == spec(["--pre", "demo"]).uri
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("-r /srv/allowed/r.txt", "reads a requirements file"),
+        ("--requirement=/srv/allowed/r.txt", "reads a requirements file"),
+        ("-c /srv/allowed/c.txt", "reads a constraints file"),
+        ("--constraint /srv/allowed/c.txt", "reads a constraints file"),
+        ("--no-deps", "pass any other in pip.pip_install_options"),
+        ("--target /x", "writes outside the env's venv"),
+        ("--extra-index=https://host/s", "abbreviations"),
+        ("-ihttps://host/s", "run together"),
+        ("--index-url", "needs a value"),
+        ("--index-url 'https://host/s", "cannot be split"),
+    ],
+)
+def test_an_option_line_that_reads_a_file_or_is_no_requirements_file_line_is_refused(
+    line: str, words: str
+) -> None:
+    with pytest.raises(InvalidRuntimeEnv) as refused:
+        parse_pip([line, "demo"], file_roots=ROOTS)
+    assert words in refused.value.message, refused.value.message
+    assert "pip.packages[0]" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "--index-url file:///srv/elsewhere/simple",
+        "--extra-index-url /srv/allowed/simple",  # a local index: its pages link anywhere
+        "--find-links /srv/elsewhere",
+        "-f file:///srv/allowed/../elsewhere",
+    ],
+)
+def test_a_place_an_option_line_names_is_checked_as_an_options_is(line: str) -> None:
+    with pytest.raises(PermissionDenied, match="allow-file-root"):
+        parse_pip([line, "demo"], file_roots=ROOTS)
+
+
+@pytest.mark.parametrize("flag", sorted(ALLOWED))
+def test_every_pip_install_option_but_the_refused_is_taken(flag: str) -> None:
+    """Before: an allow-list of 37 spellings. Now pip's own table but the refused."""
+    options = _with_value(flag, ALLOWED)
+    assert spec(with_options(*options)).options == tuple(options)
+
+
+def test_rays_default_install_options_are_taken() -> None:
+    """Ray's agent's defaults, and its test_pip_install_options's: before, refused."""
+    ray = ["--no-cache-dir", "--no-build-isolation", "--disable-pip-version-check"]
+    assert spec(with_options(*ray)).options == tuple(ray)
+
+
+@pytest.mark.parametrize("flag", sorted(REFUSED.keys() & PIP_INSTALL.keys()))
+def test_a_refused_pip_option_names_why(flag: str) -> None:
+    with pytest.raises(InvalidRuntimeEnv) as refused:
+        parse_pip(with_options(*_with_value(flag, PIP_INSTALL)))
+    assert f"{flag!r} is refused: {REFUSED[flag]}" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    "option", ["--disable-pip", "--no-cache", "--no-warn", "--dry", "--use-feat=x", "-qq"]
+)
+def test_an_abbreviation_pip_would_take_is_refused(option: str) -> None:
+    with pytest.raises(InvalidRuntimeEnv, match="abbreviations"):
+        parse_pip(with_options(option))
+
+
+def test_a_pip_version_is_normalised_and_keyed_and_makes_pip_build_the_set() -> None:
+    """Before: refused. Ray's specifier, normalised as packaging prints it; unset, empty and
+    null name the set without one; it is found where the set's options and lines say."""
+    value = {"packages": ["--index-url https://host/simple", "demo"],
+             "pip_install_options": ["--no-deps", "--trusted-host", "host"]}  # fmt: skip
+    pinned = spec({**value, "pip_version": "<19, >19"})
+    assert pinned.pip_version == "<19,>19"
+    assert pinned.canonical()["pip_version"] == "<19,>19"
+    assert pinned.uri != spec(value).uri
+    assert spec({**value, "pip_version": ">19,<19"}).uri == pinned.uri
+    assert spec({**value, "pip_version": ""}).uri == spec({**value, "pip_version": None}).uri
+    assert spec({**value, "pip_version": ""}).uri == spec(value).uri
+    assert "pip_version" in pinned.pip_only
+    assert pinned.index_options() == (
+        "--trusted-host",
+        "host",
+        "--index-url",
+        "https://host/simple",
+    )
+    for bad in ("latest", 23, "x" * 101):
+        with pytest.raises(InvalidRuntimeEnv, match="pip_version"):
+            parse_pip({**value, "pip_version": bad})
+
+
+def test_pip_check_is_taken_and_keyed() -> None:
+    checked = spec({"packages": ["demo"], "pip_check": True})
+    assert checked.pip_check
+    assert checked.canonical()["pip_check"] is True
+    assert checked.uri != spec({"packages": ["demo"], "pip_check": False}).uri
+    assert spec({"packages": ["demo"], "pip_check": False}).uri == spec(["demo"]).uri

@@ -13,7 +13,8 @@ Taken, by ``pip`` and ``uv`` alike, each a ``LocalSource``:
 Every path is checked against the allowed roots by ``places.check_place``, as every local place
 pip reads from is. Refused, each saying what works: a relative path (``./pkg``, ``dist/x.whl``,
 a bare ``x.whl``), which names nothing where Ray's agent runs pip (an empty folder of its own);
-a marker after a path or a bare URL; an option line (``--index-url ...``: the options field);
+a marker after a path or a bare URL; an option line where the tool takes none (a ``uv`` list:
+the options field; ``pip`` takes those pip reads from a requirements file: ``pip_spec``);
 an editable VCS checkout (the options field, as ``-e``, ``<url>``).
 
 A source's line is part of its env's identity, normalised (``line``). Its venv's key holds its
@@ -181,7 +182,8 @@ def _split_extras(text: str) -> tuple[str, str]:
 
 
 def option_line(text: str, where: str, options_field: str) -> InvalidRuntimeEnv:
-    """A package line that is an option (a requirements file's ``--index-url ...`` line)."""
+    """A package line that is an option (a requirements file's ``--index-url ...`` line), where
+    the tool takes no option line."""
     return InvalidRuntimeEnv(
         f"{where} {echo(text)} is an option line, not a requirement; pass the option in "
         f"{options_field} (a requirements file's lines: list them here, one by one)"

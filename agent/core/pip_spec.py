@@ -1,12 +1,18 @@
 """The ``pip`` field: a dependency set, normalised and named by its content. Pure but for
 ``realpath`` and ``isdir`` of the local paths it names.
 
-Ray's two forms are accepted: a list of requirement strings, or
-``{"packages": [...], "pip_install_options": [...]}``, with Ray's normalised keys
-``pip_check`` and ``pip_version``: ``pip_check: false`` (Ray's default) and an empty or null
-``pip_version`` change nothing and are not part of the set's identity; ``pip_check: true`` is
-refused (this agent does not run ``pip check`` after installing), and so is a ``pip_version``
-(the venv is made with the pip this agent installs with: the ``pip_installer`` setting).
+Ray's two forms are accepted, as Ray's agent takes them: a list of requirement strings, or
+``{"packages": [...], "pip_install_options": [...], "pip_check": ..., "pip_version": ...}``.
+``pip_check: false`` (Ray's default) and an empty or null ``pip_version`` change nothing and are
+not part of the set's identity. ``pip_check: true`` runs ``pip check`` in the venv after the
+install; a ``pip_version`` (a specifier Ray appends to ``pip``) installs that pip into the venv
+first, which then installs the set (``agent.install.venvs.pip_commands``); each is part of the
+set's identity. Ray's agent writes the list into a requirements file: a line holding options pip
+reads there (``--index-url URL``, ``--extra-index-url``, ``--find-links``, ``--pre``...:
+``pip_options.REQUIREMENTS_FILE``) is taken, its words kept in order (``PipSpec.lines``) and
+given to pip after the options. ``pip_install_options`` takes every option of ``pip install``
+(``pip_options.PIP_INSTALL``, whole spellings only) but those refused by name, each saying why
+(``pip_options.REFUSED``).
 Requirement names are normalised as PEP 503 says (lowercase, runs of ``-_.`` become ``-``),
 whitespace is dropped, and the list is sorted and de-duplicated; the set, the options, the
 Python version and the platform are hashed into ``pip://<hash>``, so the same set written in
@@ -17,10 +23,11 @@ reference (``name @ file:///x.whl``, ``name @ git+file:///repo``), a path, ``--f
 ``--index-url``, ``--extra-index-url`` and ``--editable``. A local one must be an absolute path
 or a ``file:`` URL; with allowed file roots set it must lie inside one (links resolved:
 PERMISSION_DENIED otherwise), a ``--find-links`` must then be a folder (an HTML page's links
-lead anywhere) and a local index is refused (its pages, likewise). Options that make pip read a
-file of requirements (``-r``, ``-c``, which may name further files, and whose lines pip quotes
-in its errors), pass arguments to a build backend (``--config-settings``) or write outside the
-venv are refused by name; only the options of ``_ALLOWED`` pass. Requirement strings are PEP
+lead anywhere) and a local index is refused (its pages, likewise), in an option line as in
+the options (``agent.core.install_options``). Options that make pip read a file of requirements
+(``-r``, ``-c``, which may name further files, and whose lines pip quotes in its errors), pass
+arguments to a build backend (``--config-settings``) or write outside the venv are refused by
+name, in the options and as lines. Requirement strings are PEP
 508, whose markers compare the interpreter's properties and name no file, or a line pip reads as
 a path or URL: a wheel, an sdist or a project folder by its absolute path (or ``file:`` URL),
 ``-e <folder>``, a bare remote URL (``agent.core.local_sources``: what is taken, what is refused
@@ -32,16 +39,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
+import shlex
 import sys
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
-from agent.core.errors import InvalidRuntimeEnv, PermissionDenied, echo
+from agent.core.errors import InvalidRuntimeEnv, echo
+from agent.core.install_options import OptionTables, check_options, option_tokens, pick
 from agent.core.kinds import NodeSite
 from agent.core.local_sources import (
     LocalSource,
@@ -54,45 +63,21 @@ from agent.core.local_sources import (
     relative,
     source_identity,
 )
+from agent.core.pip_options import (
+    ALLOWED,
+    INDEX_OPTIONS,
+    PIP_INSTALL,
+    PIP_ONLY,
+    REFUSED,
+    REQUIREMENTS_FILE,
+)
 from agent.core.places import check_place
 from agent.core.roots import FileRoots
 
-# pip install options allowed in an env, by their full spelling only (pip would also take any
-# unambiguous prefix, such as --targ for --target: an allow-list of whole names refuses those),
-# each with whether it takes a value. Short options only alone and with their value apart.
-_ALLOWED: dict[str, bool] = {
-    "--index-url": True, "-i": True, "--extra-index-url": True, "--no-index": False,
-    "--find-links": True, "-f": True, "--trusted-host": True, "--pre": False,
-    "--no-deps": False, "--only-binary": True, "--no-binary": True, "--prefer-binary": False,
-    "--no-build-isolation": False, "--use-pep517": False, "--no-use-pep517": False,
-    "--upgrade": False, "-U": False, "--upgrade-strategy": True, "--force-reinstall": False,
-    "--ignore-installed": False, "-I": False, "--require-hashes": False,
-    "--no-cache-dir": False, "--no-compile": False, "--compile": False, "--timeout": True,
-    "--retries": True, "--progress-bar": True, "--quiet": False, "-q": False,
-    "--verbose": False, "-v": False, "--no-warn-script-location": False, "--editable": True,
-    "-e": True, "--no-color": False,
-}  # fmt: skip
-# Refused by name, each with why: a refusal says what to do instead.
-_FILE_LIST = "list the requirements in pip.packages instead"
-_WRITES = "writes outside the env's venv"
-_REFUSED: dict[str, str] = {
-    "-r": f"reads a requirements file (which may name further files); {_FILE_LIST}",
-    "--requirement": f"reads a requirements file (which may name further files); {_FILE_LIST}",
-    "-c": f"reads a constraints file (which may name further files); {_FILE_LIST}",
-    "--constraint": f"reads a constraints file (which may name further files); {_FILE_LIST}",
-    "-C": "passes arguments to a package's build backend, which may take them as paths",
-    "--config-settings": "passes arguments to a package's build backend, which may take them "
-    "as paths",
-    "-t": _WRITES, "--target": _WRITES, "--prefix": _WRITES, "--root": _WRITES,
-    "--user": _WRITES, "--src": _WRITES, "--cache-dir": _WRITES, "--log": _WRITES,
-    "--report": _WRITES, "--build": _WRITES, "-b": _WRITES,
-}  # fmt: skip
-_FIND_LINKS = ("-f", "--find-links")
-# uv's: the last two (pip has neither)
-_INDEXES = ("-i", "--index-url", "--extra-index-url", "--index", "--default-index")
-_EDITABLE = ("-e", "--editable")
+PIP_TABLES = OptionTables(ALLOWED, REFUSED, REQUIREMENTS_FILE)
+_FIELDS = ("packages", "pip_install_options", "pip_check", "pip_version")
+_MAX_VERSION_CHARS = 100
 MAX_REQUIREMENTS = 512
-_RAY_PIP_KEYS = ("pip_check", "pip_version")  # Ray's normalised form adds them
 _MAX_ITEM_CHARS = 4096
 
 
@@ -110,6 +95,11 @@ class PipSpec:
     # and their bytes' digests, read at create: only then has the set a key
     sources: tuple[LocalSource, ...] = ()
     contents: tuple[str, ...] = ()
+    # the option lines of the list (``--extra-index-url URL``), each split into its words, in
+    # their order: pip reads them from the requirements file Ray's agent writes
+    lines: tuple[tuple[str, ...], ...] = ()
+    pip_version: str = ""  # a specifier Ray appends to "pip", installed into the venv first
+    pip_check: bool = False  # run ``pip check`` in the venv after the install
 
     @property
     def digest(self) -> str:
@@ -119,6 +109,12 @@ class PipSpec:
             "python": self.python,
             "platform": self.platform,
         }
+        if self.lines:  # each added only when set: the digests of sets without, as they were
+            fields["lines"] = self.lines
+        if self.pip_version:
+            fields["pip_version"] = self.pip_version
+        if self.pip_check:
+            fields["pip_check"] = True
         if self.sees is not None:
             fields["node_site"] = True  # the digest's keys as they always were
             fields["node_python"] = self.sees.python
@@ -131,35 +127,49 @@ class PipSpec:
     def uri(self) -> str:
         return f"pip://{self.digest}"
 
-    def canonical(self) -> dict[str, list[str]]:
-        """The env's identity keeps the set and the options (the interpreter is the node's)."""
-        return {
-            "packages": listed(self.packages, self.sources),
+    def canonical(self) -> dict[str, object]:
+        """The env's identity keeps the set, its option lines first (as given, in their order),
+        the options and the keys that change the venv (the interpreter is the node's)."""
+        out: dict[str, object] = {
+            "packages": [
+                *(shlex.join(line) for line in self.lines),
+                *listed(self.packages, self.sources),
+            ],
             "pip_install_options": list(self.options),
         }
+        if self.pip_version:
+            out["pip_version"] = self.pip_version
+        if self.pip_check:
+            out["pip_check"] = True
+        return out
+
+    @property
+    def line_options(self) -> tuple[str, ...]:
+        """The option lines' words, as the installer is given them after the options (a line's
+        ``--index-url`` wins over the options', as a requirements file's does)."""
+        return tuple(word for line in self.lines for word in line)
 
     @property
     def pip_only(self) -> tuple[str, ...]:
-        """The options ``uv pip install`` does not take (``PIP_ONLY``): such a set is built by
-        pip whatever the ``pip-installer`` setting, so its options mean what pip says."""
-        return tuple(option for option in self.options if option in PIP_ONLY)
+        """What of the set ``uv pip install`` does not take: its options and option lines' of
+        ``PIP_ONLY``, and a ``pip_version`` (a pip installed into the venv, which installs the
+        set). Such a set is built by pip whatever the ``pip-installer`` setting."""
+        given = (*self.options, *self.line_options)
+        version = ("pip_version",) if self.pip_version else ()
+        return (*(option for option in given if option in PIP_ONLY), *version)
 
     def uv_options(self) -> tuple[str, ...]:
-        """The options as uv is given them: pip's ``--no-cache-dir`` (which uv takes, for its
-        ``--no-cache``) dropped, as a uv env's ``--no-cache`` is: the venvs link from the
-        agent's wheel cache, counted in its budget, and pip's meaning (no download cache) is
-        kept by that cache being the agent's, not the user's."""
-        return tuple(option for option in self.options if option != "--no-cache-dir")
+        """The options and option lines as uv is given them: pip's ``--no-cache-dir`` (which uv
+        takes, for its ``--no-cache``) dropped, as a uv env's ``--no-cache`` is: the venvs link
+        from the agent's wheel cache, counted in its budget, and pip's meaning (no download
+        cache) is kept by that cache being the agent's, not the user's."""
+        given = (*self.options, *self.line_options)
+        return tuple(option for option in given if option != "--no-cache-dir")
 
-
-# Options of _ALLOWED that ``uv pip install`` refuses as unknown (uv 0.13): a pip env naming one
-# is built by pip. The others uv takes as pip does (--trusted-host, --pre, --force-reinstall,
-# --compile, --no-compile, --no-cache-dir among them).
-PIP_ONLY = frozenset({
-    "--prefer-binary", "--use-pep517", "--no-use-pep517", "--upgrade-strategy",
-    "--ignore-installed", "-I", "--timeout", "--retries", "--progress-bar",
-    "--no-warn-script-location",
-})  # fmt: skip
+    def index_options(self) -> tuple[str, ...]:
+        """The options and option lines that say where pip finds packages (``INDEX_OPTIONS``):
+        the ``pip_version``'s pip is installed from there."""
+        return pick((*self.options, *self.line_options), INDEX_OPTIONS, PIP_INSTALL)
 
 
 def normalize_requirement(text: str, field: str) -> str:
@@ -203,29 +213,45 @@ def parse_pip(value: object, *, file_roots: Sequence[str] | FileRoots = ()) -> P
     resolved once (``FileRoots.of``), or folder names, resolved on each call."""
     if value is None:
         return None
+    version, check = "", False
     if isinstance(value, list):
         packages, options = value, []
     elif isinstance(value, dict):
-        unknown = sorted(set(value) - {"packages", "pip_install_options", *_RAY_PIP_KEYS})
+        unknown = sorted(set(value) - set(_FIELDS))
         if unknown:
             raise InvalidRuntimeEnv(
                 f"unknown pip field(s) {', '.join(echo(k) for k in unknown[:5])}; supported: "
-                "packages, pip_install_options, pip_check (false), pip_version (unset)"
+                f"{', '.join(_FIELDS)}"
             )
-        _check_ray_pip_keys(value)
+        version, check = _ray_pip_keys(value)
         packages = value.get("packages", [])
         options = value.get("pip_install_options", [])
     else:
         raise InvalidRuntimeEnv("pip must be a list of requirements or an object with packages")
-    normalised, sources, kept = checked_set(
-        "pip", packages, "pip_install_options", options, file_roots, _ALLOWED, _REFUSED
-    )
-    if not normalised and not sources:
+    found = checked_set("pip", packages, "pip_install_options", options, file_roots, PIP_TABLES)
+    if not found.packages and not found.sources:
         return None
     python, machine = interpreter()
     return PipSpec(
-        packages=normalised, options=kept, python=python, platform=machine, sources=sources
+        packages=found.packages,
+        options=found.options,
+        python=python,
+        platform=machine,
+        sources=found.sources,
+        lines=found.lines,
+        pip_version=version,
+        pip_check=check,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedSet:
+    """A pip or uv set's parts, each checked: see ``checked_set``."""
+
+    packages: tuple[str, ...]
+    sources: tuple[LocalSource, ...]
+    options: tuple[str, ...]
+    lines: tuple[tuple[str, ...], ...]
 
 
 def checked_set(
@@ -234,23 +260,22 @@ def checked_set(
     options_field: str,
     options: object,
     file_roots: Sequence[str] | FileRoots,
-    allowed: Mapping[str, bool],
-    refused: Mapping[str, str],
-    dropped: Collection[str] = (),
-) -> tuple[tuple[str, ...], tuple[LocalSource, ...], tuple[str, ...]]:
+    tables: OptionTables,
+) -> CheckedSet:
     """A pip or uv set's requirements (parsed, normalised, sorted; () when it names none), its
-    lines naming files or folders of the node (``LocalSource``, sorted) and install options
-    (``dropped`` ones left out), each checked against its allow-list and the file roots.
-    ``file_roots``: resolved once (``FileRoots.of``), or folder names."""
+    lines naming files or folders of the node (``LocalSource``, sorted), its option lines (each
+    split into words, in their order) and install options (``tables.dropped`` ones left out),
+    each checked against the tool's ``tables`` and the file roots. ``file_roots``: resolved once
+    (``FileRoots.of``), or folder names."""
     requirements = check_items(f"{field}.packages", packages)
     given = check_items(f"{field}.{options_field}", options)
-    kept = tuple(option for option in given if option not in dropped)
+    kept = tuple(option for option in given if option not in tables.dropped)
     roots = file_roots if isinstance(file_roots, FileRoots) else FileRoots.of(file_roots)
-    check_options(kept, roots, f"{field}.{options_field}", allowed, refused)
-    named, sources = parse_requirements(
-        requirements, f"{field}.packages", roots, f"{field}.{options_field}"
+    check_options(kept, roots, f"{field}.{options_field}", tables.allowed, tables.refused)
+    named, sources, lines = parse_requirements(
+        requirements, f"{field}.packages", roots, f"{field}.{options_field}", tables
     )
-    return named, sources, kept
+    return CheckedSet(named, sources, kept, lines)
 
 
 def interpreter() -> tuple[str, str]:
@@ -278,29 +303,46 @@ def check_items(field: str, items: object) -> list[str]:
 
 
 def parse_requirements(
-    packages: Sequence[str], field: str, roots: FileRoots, options_field: str
-) -> tuple[tuple[str, ...], tuple[LocalSource, ...]]:
+    packages: Sequence[str], field: str, roots: FileRoots, options_field: str, tables: OptionTables
+) -> tuple[tuple[str, ...], tuple[LocalSource, ...], tuple[tuple[str, ...], ...]]:
     """The requirements, each parsed (PEP 508, or a line pip reads as a path or URL) and each
     place it reads checked against the roots, normalised, sorted and de-duplicated: the lines
-    naming files or folders of the node apart (``agent.core.local_sources``)."""
+    naming files or folders of the node apart (``agent.core.local_sources``), and the option
+    lines (``tables.lines``) apart, each split into its words, in their order."""
     normalised: set[str] = set()
     sources: dict[str, LocalSource] = {}
+    lines: list[tuple[str, ...]] = []
     for i, text in enumerate(packages):
-        found = _line(text.strip(), f"{field}[{i}]", roots, options_field)
+        found = _line(text.strip(), f"{field}[{i}]", roots, options_field, tables)
         if isinstance(found, LocalSource):
             sources.setdefault(found.line, found)
+        elif isinstance(found, tuple):
+            lines.append(found)
         else:
             normalised.add(found)
-    return tuple(sorted(normalised)), tuple(sources[line] for line in sorted(sources))
+    ordered = tuple(sources[line] for line in sorted(sources))
+    return tuple(sorted(normalised)), ordered, tuple(lines)
 
 
-def _line(text: str, where: str, roots: FileRoots, options_field: str) -> str | LocalSource:
-    """One package line as pip reads it: a requirement (normalised), or a local source."""
+def _line(
+    text: str, where: str, roots: FileRoots, options_field: str, tables: OptionTables
+) -> str | LocalSource | tuple[str, ...]:
+    """One package line as pip reads it: a requirement (normalised), a local source, or an
+    option line (its words)."""
     if text.startswith("-"):
         source = editable(text, where, roots, options_field)
-        if source is None:
+        if source is not None:
+            return source
+        if not tables.lines:
             raise option_line(text, where, options_field)
-        return source
+        words = tuple(option_tokens(text, where))
+        not_passed = (
+            f"a line may hold the options pip reads from a requirements file, such as "
+            f"--index-url, --extra-index-url, --find-links, --pre; pass any other in "
+            f"{options_field}; abbreviations and short options run together are refused"
+        )
+        check_options(words, roots, where, tables.lines, tables.refused, not_passed)
+        return words
     try:
         requirement = Requirement(text)
     except InvalidRequirement as exc:
@@ -321,78 +363,28 @@ def _line(text: str, where: str, roots: FileRoots, options_field: str) -> str | 
     return canonical
 
 
-def _check_ray_pip_keys(value: dict[str, object]) -> None:
-    """Ray's ``pip_check`` and ``pip_version``: their do-nothing values only (see the module
-    docstring); anything else is refused, saying what this agent does instead."""
+def _ray_pip_keys(value: dict[str, object]) -> tuple[str, bool]:
+    """Ray's ``pip_version`` (a specifier it appends to "pip": "==23.2.1", "<24,>=22"; "" when
+    unset, empty or null), normalised, and ``pip_check``."""
     check = value.get("pip_check", False)
     if not isinstance(check, bool):
         raise InvalidRuntimeEnv(f"pip.pip_check must be a boolean, got {echo(check)}")
-    if check:
-        raise InvalidRuntimeEnv(
-            "pip.pip_check true is not supported: this agent does not run 'pip check' after "
-            "installing; set it to false (Ray's default) or leave it out"
-        )
     version = value.get("pip_version")
-    if version is not None and not isinstance(version, str):
+    if version is None:
+        return "", check
+    if not isinstance(version, str):
         raise InvalidRuntimeEnv(f"pip.pip_version must be a string, got {echo(version)}")
-    if version:
+    if not version.strip():
+        return "", check
+    if len(version) > _MAX_VERSION_CHARS:
         raise InvalidRuntimeEnv(
-            f"pip.pip_version {echo(version)} is not supported: this agent makes each venv with "
-            "its own pip (the pip_installer setting); leave pip_version out"
+            f"pip.pip_version {echo(version)} is {len(version)} characters long; the limit is "
+            f"{_MAX_VERSION_CHARS}"
         )
-
-
-def check_options(
-    options: Sequence[str],
-    roots: FileRoots,
-    field: str,
-    allowed: Mapping[str, bool],
-    refused: Mapping[str, str],
-) -> None:
-    """Every option must be on the allow-list (``allowed``: each full spelling, and whether it
-    takes a value), spelled in full; one of ``refused`` is refused with its reason; each place
-    an option names to read packages from (``-f``, ``-i``, ``-e`` and their long names) must be
-    allowed."""
-    i = 0
-    while i < len(options):
-        option = options[i]
-        flag, eq, attached = option.partition("=")
-        takes_value = allowed.get(flag)
-        if flag in refused:
-            raise InvalidRuntimeEnv(f"{field}: {echo(option)} is refused: {refused[flag]}")
-        if takes_value is None or (eq and (not takes_value or not flag.startswith("--"))):
-            raise InvalidRuntimeEnv(
-                f"{field}: {echo(option)} is not an option an env may pass (options that "
-                "write outside the env's venv, such as --target, --prefix, --user, --root, or "
-                "read files of requirements, such as -r, -c, are refused; so are abbreviations "
-                "and short options run together)"
-            )
-        value = attached
-        if takes_value and not eq:
-            if i + 1 >= len(options):
-                raise InvalidRuntimeEnv(f"{field}: {echo(option)} needs a value")
-            i += 1
-            value = options[i]
-        where = f"{field}: {flag}"
-        if flag in _FIND_LINKS:
-            path = check_place(value, where, roots, vcs=False)
-            if path is not None and roots and not os.path.isdir(os.path.realpath(path)):
-                raise InvalidRuntimeEnv(
-                    f"{where} {echo(value)} is not a folder: with allow-file-root set, a "
-                    "local --find-links must be a folder of archives (pip would follow an HTML "
-                    "page's links wherever they lead)"
-                )
-        elif flag in _INDEXES:
-            path = check_place(value, where, roots, vcs=False)
-            if path is not None and roots:
-                raise PermissionDenied(
-                    f"{where} {echo(value)} is a local index, refused with allow-file-root "
-                    "set (its pages may link anywhere); name a folder of archives inside the "
-                    "allowed roots with --find-links instead"
-                )
-        elif flag in _EDITABLE and check_place(value, where, roots, vcs=True) and not roots:
-            raise PermissionDenied(
-                f"{where} {echo(value)}: an editable install of a local path needs the "
-                "allow-file-root setting, and the path inside one of its folders"
-            )
-        i += 1
+    try:
+        return str(SpecifierSet(version)), check
+    except InvalidSpecifier as exc:
+        raise InvalidRuntimeEnv(
+            f"pip.pip_version {echo(version)} is not a version specifier (such as '==23.2.1' or "
+            "'<24,>=22'; Ray appends it to 'pip')"
+        ) from exc

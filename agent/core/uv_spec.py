@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from agent.core.errors import InvalidRuntimeEnv, echo, type_name
+from agent.core.install_options import OptionTables
 from agent.core.kinds import NodeSite
 from agent.core.local_sources import LocalSource, listed, source_identity
 from agent.core.pip_spec import checked_set, interpreter
@@ -81,6 +82,10 @@ _REFUSED: dict[str, str] = {
     "--link-mode": "the agent links every venv to its shared wheel cache (hardlinks)",
     "--keyring-provider": "runs a credential helper of the agent's node",
 }  # fmt: skip
+
+
+# no option line is taken in a uv list (yet): such a line is refused, naming the options field
+_TABLES = OptionTables(_ALLOWED, _REFUSED, {}, _DROPPED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,27 +165,18 @@ def parse_uv(value: object, *, file_roots: Sequence[str] | FileRoots = ()) -> Uv
         raise InvalidRuntimeEnv(
             f"uv must be a list of requirements or an object with packages, got {type_name(value)}"
         )
-    normalised, sources, kept = checked_set(
-        "uv",
-        packages,
-        "uv_pip_install_options",
-        options,
-        file_roots,
-        _ALLOWED,
-        _REFUSED,
-        dropped=_DROPPED,
-    )
-    if not normalised and not sources:
+    found = checked_set("uv", packages, "uv_pip_install_options", options, file_roots, _TABLES)
+    if not found.packages and not found.sources:
         return None
     python, machine = interpreter()
     return UvSpec(
-        packages=normalised,
-        options=kept,
+        packages=found.packages,
+        options=found.options,
         uv_version=version,
         uv_check=check,
         python=python,
         platform=machine,
-        sources=sources,
+        sources=found.sources,
     )
 
 

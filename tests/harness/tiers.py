@@ -102,6 +102,8 @@ FILES: dict[str, str] = {
     "test_parent_watch.py": "process",
     "test_pip_crash.py": "process",
     "test_pip_env.py": "sockets",
+    "test_pip_options.py": "unit",
+    "test_pip_ray_options.py": "sockets",
     "test_pip_local.py": "sockets",
     "test_pip_spec.py": "unit",
     "test_plugin_config.py": "unit",

@@ -6,7 +6,7 @@ venv`` and ``uv pip install`` for a ``uv`` env, and for a ``pip`` env when ``pip
 ``uv`` and a uv is found (beside the agent's python, else on PATH). uv installs from the root's
 one wheel cache by hardlinks (``--link-mode hardlink --cache-dir <root>/wheel-cache``: see
 ``agent.install.venvs.wheel_cache``); pip has no such mode, so a venv pip builds is a copy of its
-own.
+own. A ``pip_version`` or ``pip_check`` adds pip's steps (``agent.install.venvs.pip_commands``).
 The installer's output goes to a log file under the root; a failure is FAILED_PRECONDITION
 with the installer's own last error lines (those it writes at the start of a line; what a
 package's build printed, which pip indents, can quote any file the build read, and stays in
@@ -48,6 +48,7 @@ from agent.core.pip_spec import PipSpec
 from agent.core.uv_spec import UvSpec, uv_version_matches
 from agent.install.disk.staging import through
 from agent.install.venvs.disk_guard import DiskGuard, enospc_error, log_says_enospc
+from agent.install.venvs.pip_commands import install_options, pip_argv, pip_version_argv
 from agent.install.venvs.spawn import run, spawn
 
 log = logging.getLogger(__name__)
@@ -267,20 +268,17 @@ async def build_venv(
             staging,
             guard=guard,
         )
-        install = [
-            python,
-            "-m",
-            "pip",
-            "--python",
-            venv_python,
-            "--isolated",
-            "install",
-            "--disable-pip-version-check",
-            "--no-input",
-        ]
+        install = pip_argv(python, venv_python, "install", spec)
+        options = install_options(spec)
+        if isinstance(spec, PipSpec) and spec.pip_version:
+            pip = pip_version_argv(python, venv_python, spec)
+            await run_installer(pip, log_path, label, staging, guard=guard)
     await run_installer(
         [*install, *options, *spec.packages, *sources], log_path, label, staging, guard=guard
     )
+    if isinstance(spec, PipSpec) and spec.pip_check:
+        check = pip_argv(python, venv_python, "check", spec)
+        await run_installer(check, log_path, label, staging)
     if isinstance(spec, UvSpec) and spec.uv_check and uv is not None:
         await run_installer([uv, "pip", "check", "--python", venv_python], log_path, label, staging)
     if spec.sees is not None:
