@@ -132,18 +132,42 @@ async def test_uv_check_true_runs_uv_pip_check_whose_incompatibility_fails_the_i
         assert len(venv_dirs(ra, "uv")) == 1, "the checked venv is not kept"
 
 
-async def test_a_uv_version_the_agents_uv_does_not_satisfy_is_refused_naming_both(
-    tmp_path: Path,
-) -> None:
-    wheel = write_wheel(tmp_path / "wheels", "uvver")
-    env = {"uv": {"packages": [f"uvver @ {wheel.as_uri()}"], "uv_version": "==0.0.1"}}
+async def test_a_uv_version_no_place_of_the_env_has_fails_in_uvs_words(tmp_path: Path) -> None:
+    """The uv of a uv_version the agent's does not satisfy is fetched from the env's places
+    (here its find-links folder, offline), and one they lack fails the create
+    FAILED_PRECONDITION in uv's own words (``test_uv_version.py``: from an index, the uv
+    found and used)."""
+    wheels = tmp_path / "wheels"
+    write_wheel(wheels, "uvver")
+    options = ["--no-index", "--find-links", str(wheels)]
+    uv = {"packages": ["uvver"], "uv_version": "==0.0.1", "uv_pip_install_options": options}
     async with running_agent() as ra:
         with pytest.raises(grpc.aio.AioRpcError) as failed:
-            await ra.create(json.dumps(env), timeout_s=BUILD_S)
+            await ra.create(json.dumps({"uv": uv}), timeout_s=BUILD_S)
         assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         details = failed.value.details() or ""
-        assert "'==0.0.1'" in details, details
-        assert "installs no other" in details, details
+        assert "uv.uv_version '==0.0.1': the uv it asks for was not installed" in details
+        assert "Because uv was not found in the provided package locations" in details, details
+        await ra.settle()
+        assert venv_dirs(ra, "uv") == venv_dirs(ra, "uv_tool") == []
+
+
+async def test_a_uv_version_the_agents_uv_satisfies_is_built_by_it_with_nothing_fetched(
+    tmp_path: Path,
+) -> None:
+    """The agent's own uv satisfies the specifier: it builds the venv, as it always did, and
+    the env names no uv of its own (nothing fetched: the documented choice; Ray installs one)."""
+    wheels = tmp_path / "wheels"
+    write_wheel(wheels, "uvver")
+    options = ["--no-index", "--find-links", str(wheels)]
+    uv = {"packages": ["uvver"], "uv_version": ">=0.1", "uv_pip_install_options": options}
+    async with running_agent() as ra:
+        reply = await ra.create(json.dumps({"uv": uv}), timeout_s=BUILD_S)
+        assert [u.split(":")[0] for u in reply.uris] == ["uv"]
+        assert venv_dirs(ra, "uv_tool") == []
+        [venv] = venv_dirs(ra, "uv")
+        cfg = (ra.root / "uris" / venv / "pyvenv.cfg").read_text()
+        assert f"uv = {ra.service.store.wheel_cache.version}\n" in cfg
 
 
 async def test_a_pip_env_and_a_uv_env_sharing_a_20_mib_wheel_hold_one_copy_on_disk(
