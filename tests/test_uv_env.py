@@ -22,7 +22,16 @@ from agent.install.venvs.wheel_cache import CACHE_DIR, own_bytes, pip_installer_
 from tests.harness.disk import floor, free_bytes, tmpfs
 from tests.harness.in_process import RunningAgent, running_agent
 from tests.harness.pip_wheels import isolate_pip
-from tests.harness.uv_wheels import BIG, MiB, du_bytes, have_uv, no_network, uv_env, write_wheel
+from tests.harness.uv_wheels import (
+    BIG,
+    MiB,
+    agents_uv_version,
+    du_bytes,
+    have_uv,
+    no_network,
+    uv_env,
+    write_wheel,
+)
 from tests.harness.venvs import probe
 
 pytestmark = pytest.mark.skipif(not have_uv(), reason="no uv beside the python nor on PATH")
@@ -167,7 +176,7 @@ async def test_a_uv_version_the_agents_uv_satisfies_is_built_by_it_with_nothing_
         assert venv_dirs(ra, "uv_tool") == []
         [venv] = venv_dirs(ra, "uv")
         cfg = (ra.root / "uris" / venv / "pyvenv.cfg").read_text()
-        assert f"uv = {ra.service.store.wheel_cache.version}\n" in cfg
+        assert f"uv = {agents_uv_version()}\n" in cfg
 
 
 async def test_a_pip_env_and_a_uv_env_sharing_a_20_mib_wheel_hold_one_copy_on_disk(

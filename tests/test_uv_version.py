@@ -17,7 +17,7 @@ from tests.harness.in_process import RunningAgent, running_agent
 from tests.harness.old_uv import FILL, OLD_UV, old_uv_wheel
 from tests.harness.pip_wheels import isolate_pip
 from tests.harness.simple_index import SimpleIndex, loopback_only, simple_index
-from tests.harness.uv_wheels import have_uv, write_wheel
+from tests.harness.uv_wheels import agents_uv_version, have_uv, write_wheel
 from tests.harness.venvs import probe
 
 pytestmark = pytest.mark.skipif(not have_uv(), reason="no uv beside the python nor on PATH")
@@ -61,7 +61,7 @@ async def test_two_envs_of_one_uv_version_are_built_by_that_uv_fetched_once(
 ) -> None:
     wheels = [old_uv, write_wheel(tmp_path, "uvvera"), write_wheel(tmp_path, "uvverb")]
     async with simple_index(wheels) as index, running_agent() as ra:
-        agents_uv = ra.service.store.wheel_cache.version
+        agents_uv = agents_uv_version()
         assert agents_uv, "the agent's own uv tells its version"
         assert agents_uv != OLD_UV, "the agent's own uv is another version"
         a, b = await asyncio.gather(
