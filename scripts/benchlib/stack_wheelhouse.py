@@ -31,7 +31,10 @@ HEAVY = (*LIGHT, "torch==2.14.1")
 MODULES = ("numpy", "scipy", "pandas", "sklearn")  # what the light stack's tasks import
 HEAVY_MODULES = (*MODULES, "torch")
 KEEP_FREE = 20 * 2**30  # the machine keeps this much free
-_NEEDS = {False: 1 * 2**30, True: 12 * 2**30}  # the download and its installs, about
+# the download and what the run makes of it, about: with --heavy (hardlinked: uv_scale.py) the
+# 3 GB of wheels, each agent's uv cache (5.7 GB) and this agent's root (its wheel cache, linked
+# into its one venv), and the projects' venvs, linked
+_NEEDS = {False: 4 * 2**30, True: 36 * 2**30}
 
 
 @dataclass(frozen=True)

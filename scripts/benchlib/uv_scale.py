@@ -4,8 +4,13 @@ many-file stack from the package index (numpy, scipy, pandas, scikit-learn; ``--
 torch with its CUDA wheels), each driver an unmodified bare ``ray.init()`` started with ``uv
 run --offline python launch.py`` whose tasks import the stack (``benchlib/uv_scale_project.py``).
 Offline: Ray's wheelhouse repacked from this venv and the stack's wheels, downloaded once into
-a folder of this user's and kept (``benchlib/stack_wheelhouse.py``). uv copies (``UV_LINK_MODE=
-copy``: its cache on another disk, the case where the disk fills).
+a folder of this user's and kept (``benchlib/stack_wheelhouse.py``). With the light stack uv
+copies (``UV_LINK_MODE=copy``: its cache on another disk, the case where the disk fills); with
+``--heavy`` it hardlinks (its cache on the same disk), because copies do not fit a machine: on
+2026-12-07 a copying heavy run at K=3 filled 77 GB in stock Ray's first round (each of its workers
+copied the 5.7 GB env into its Ray temp dir, and the projects' own venvs were copies too).
+``FLOOR``: a round that takes the machine's free space below it is stopped (its clusters killed
+by pid) and the run fails saying so, before the disk fills.
 
 For each agent (stock Ray's, and this one switched on as the uv-run workload does, by
 ``uv_run.switch_ours``) the K projects are made and their own ``.venv`` synced (the user's
@@ -73,6 +78,9 @@ from tests.harness.uv_projects import (
 )
 
 ROUNDS = 3
+LINK_MODES = {False: "copy", True: "hardlink"}  # UV_LINK_MODE, by --heavy (see above)
+FLOOR = 10 * 2**30  # free bytes a round keeps on the machine, or it is stopped
+_FLOOR_PERIOD_S = 1.0
 KILLS = {1: KILLED_DRIVER, 2: KILLED_RAYLET}  # in round 2: experiment -> what is killed
 
 
@@ -106,7 +114,8 @@ async def _setup(
     for i in range(1, k + 1):
         ray_tmp = folder / f"r{i}"
         extra = {"RTENV_ROOT": str(root)} if agent == "ours" else {}
-        env = ray_environ(cache, ray_tmp, TMPDIR=str(tmp), UV_LINK_MODE="copy",
+        link = LINK_MODES["torch==" in " ".join(house.pins)]
+        env = ray_environ(cache, ray_tmp, TMPDIR=str(tmp), UV_LINK_MODE=link,
                           SCALE_MODULES=modules, **extra)  # fmt: skip
         first = experiments[0].project if experiments else None
         project = await asyncio.to_thread(
@@ -153,9 +162,22 @@ async def _round(side: Side, index: int, pins: Sequence[str], sizes: Sizes) -> s
     cpu.start()
     try:
         kills = KILLS if index == 2 else {}
-        runs = await run_round(
-            side.experiments, kills, sizes.phase_timeout_s, sizes.uv_scale_stagger_s
+        rounds = asyncio.ensure_future(
+            run_round(side.experiments, kills, sizes.phase_timeout_s, sizes.uv_scale_stagger_s)
         )
+        floor = asyncio.ensure_future(_floor_crossed(side.folder, sizes.phase_timeout_s * 4))
+        await asyncio.wait({rounds, floor}, return_when=asyncio.FIRST_COMPLETED)
+        if not rounds.done():
+            rounds.cancel()
+            await asyncio.to_thread(kill_all, processes_naming(side.folder))
+            raise BenchError(
+                f"{side.agent}, round {index}: stopped with {floor.result() / 2**30:.1f} GiB "
+                f"free on the machine (the floor is {FLOOR / 2**30:.0f} GiB), before its disk "
+                f"filled; disk added so far +{(disk.peak - side.before_bytes) / 2**30:.1f} GiB "
+                f"(one env {side.env_bytes / 2**30:.1f} GiB)"
+            )
+        floor.cancel()
+        runs = rounds.result()
     finally:
         side.peak_bytes = max(side.peak_bytes, await asyncio.to_thread(disk.stop))
         procs = await asyncio.to_thread(cpu.stop)
@@ -177,6 +199,18 @@ async def _round(side: Side, index: int, pins: Sequence[str], sizes: Sizes) -> s
     rnd = Round(index, tuple(attempts), unreg, left_bytes, tuple(left_agent), left_procs)
     side.rounds.append(rnd)
     return _note(side, rnd, runs, procs, left_files)
+
+
+async def _floor_crossed(folder: Path, limit_s: float) -> int:
+    """Once the free space of ``folder``'s file system is below ``FLOOR``: the free bytes then.
+    Checked every ``_FLOOR_PERIOD_S`` for at most ``limit_s`` (then it waits no more)."""
+    for _ in range(int(limit_s / _FLOOR_PERIOD_S) + 1):
+        free = (await asyncio.to_thread(shutil.disk_usage, folder)).free
+        if free < FLOOR:
+            return free
+        await asyncio.sleep(_FLOOR_PERIOD_S)
+    await asyncio.Event().wait()  # past the limit: the round's own timeouts end it
+    return 0
 
 
 def _note(side: Side, rnd: Round, runs: list[Attempted], procs: list[Proc], files: int) -> str:

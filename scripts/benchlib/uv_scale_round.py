@@ -95,16 +95,19 @@ async def attempt(run: Run, timeout_s: float, delay_s: float = 0.0) -> Run:
     assert proc.stderr is not None
     reader = asyncio.create_task(_read_facts(proc.stdout, run))
     errors = asyncio.create_task(proc.stderr.read())
-    for _ in range(100_000):  # bounded by the deadline: one step a second at most
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(proc.wait()), 1.0)
-            break
-        if time.monotonic() > run.deadline:
-            with contextlib.suppress(ProcessLookupError):  # uv and the driver
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
-            run.stderr += "(killed at its deadline)\n"
-            break
+    try:
+        for _ in range(100_000):  # bounded by the deadline: one step a second at most
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(proc.wait()), 1.0)
+                break
+            if time.monotonic() > run.deadline:
+                _kill_group(proc.pid)
+                await proc.wait()
+                run.stderr += "(killed at its deadline)\n"
+                break
+    except asyncio.CancelledError:  # the round was stopped (its disk floor): uv goes too
+        _kill_group(proc.pid)
+        raise
     run.code = proc.returncode
     run.ended = time.time()
     await reader
@@ -112,6 +115,12 @@ async def attempt(run: Run, timeout_s: float, delay_s: float = 0.0) -> Run:
     run.processes_left = await asyncio.to_thread(leftover_processes, e.ray_tmp, LEAVE_S)
     run.over.set()
     return run
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL a driver's session: uv and the driver (gone already: fine)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def raylet_of(ray_tmp: Path) -> int | None:

@@ -11,10 +11,17 @@
 A file is in the tier of the heaviest thing any of its tests does, so ``pytest -m unit`` starts
 nothing. A test with no tier, or with two (its file in ``FILES`` and a tier mark of its own),
 fails the run at collection. At the end one line sums each tier: its tests and the seconds they
-took (setup, call and teardown), just above pytest's summary line."""
+took (setup, call and teardown), just above pytest's summary line.
+
+The tier also groups the tests for pytest-xdist (``-n 2 --dist loadgroup``, the README's test
+command): the ``ray`` tier is one group, run by one worker one test at a time, as Ray's nodes
+always were (two of them at once on 2 cores starve each other's startup timeouts), while the
+other worker takes the other files; every other file is a group of its own (its tests share
+their module's fixtures and run in its order)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -217,6 +224,7 @@ class _Tiers:
             have = tiers_of(item)
             if len(have) == 1:
                 self._tier_of[item.nodeid] = have[0]
+                item.add_marker(pytest.mark.xdist_group(group_of(have[0], name)))
             elif not have:
                 wrong.setdefault(name, "no tier (give the file a line in FILES)")
             else:
@@ -229,7 +237,9 @@ class _Tiers:
             )
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        tier = self._tier_of.get(report.nodeid)
+        # Under pytest-xdist the controller collects nothing: a worker's report carries the
+        # test's marks among its keywords.
+        tier = self._tier_of.get(report.nodeid) or _tier_in(report.keywords)
         if tier is not None:
             tests, seconds = self._totals.get(tier, (0, 0.0))
             self._totals[tier] = (tests + (report.when == "setup"), seconds + report.duration)
@@ -238,6 +248,17 @@ class _Tiers:
         """The tiers line; pytest writes its own summary line after this hook."""
         if self._totals:
             terminalreporter.write_line(tiers_line(self._totals))
+
+
+def group_of(tier: str, file: str) -> str:
+    """The pytest-xdist group of a test of ``tier`` in ``file`` (see the module docstring)."""
+    return "ray" if tier == "ray" else file
+
+
+def _tier_in(keywords: Mapping[str, object]) -> str | None:
+    """The one tier among a report's keywords, if there is one."""
+    found = [tier for tier in TIERS if tier in keywords]
+    return found[0] if len(found) == 1 else None
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -5,6 +5,11 @@ folder of its own, so what is left there at the end was left by this suite and b
 on the machine (other suites may be making ``rtenv-*`` folders in the shared temp dir at the same
 time). Anything left but pytest's own ``tmp_path`` folders fails the run, naming what was left;
 then the folder is removed, so a failing run leaves nothing behind either.
+
+Under pytest-xdist (``-n``) the controller makes the folder before its workers start, and they
+inherit it through ``TMPDIR``: a worker makes none of its own and checks nothing (what a worker
+says at its end is never shown), so the controller, which ends after every worker has, checks
+what all of them left.
 """
 
 from __future__ import annotations
@@ -28,7 +33,14 @@ def _parent() -> str:
     return current if len(os.fsencode(current)) <= _MAX_PARENT_BYTES else "/tmp"
 
 
+def _is_worker(config: pytest.Config) -> bool:
+    """Whether this is a pytest-xdist worker (its controller guards the temp dir)."""
+    return hasattr(config, "workerinput")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if _is_worker(config):
+        return
     private = Path(tempfile.mkdtemp(prefix="rtt-", dir=_parent()))
     config.stash[_KEY] = (private, os.environ.get("TMPDIR"))
     os.environ["TMPDIR"] = str(private)
@@ -42,6 +54,8 @@ def leftovers(private: Path) -> list[str]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _is_worker(session.config):
+        return
     private, old = session.config.stash[_KEY]
     try:
         left = leftovers(private)
