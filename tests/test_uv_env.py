@@ -161,22 +161,35 @@ async def test_a_uv_version_no_place_of_the_env_has_fails_in_uvs_words(tmp_path:
         assert venv_dirs(ra, "uv") == venv_dirs(ra, "uv_tool") == []
 
 
-async def test_a_uv_version_the_agents_uv_satisfies_is_built_by_it_with_nothing_fetched(
+async def test_a_uv_version_the_agents_uv_satisfies_is_built_by_it_and_gets_that_uv_installed(
     tmp_path: Path,
 ) -> None:
-    """The agent's own uv satisfies the specifier: it builds the venv, as it always did, and
-    the env names no uv of its own (nothing fetched: the documented choice; Ray installs one)."""
+    """The agent's own uv satisfies the specifier: it builds the venv, and the env names no uv
+    package; the venv gets ``uv<uv_version>`` installed into it all the same, as Ray's does (a
+    hand-written ``uv`` 1.0 wheel here: the worker sees it); a set whose places have no uv fails
+    saying why it needs one."""
     wheels = tmp_path / "wheels"
     write_wheel(wheels, "uvver")
     options = ["--no-index", "--find-links", str(wheels)]
     uv = {"packages": ["uvver"], "uv_version": ">=0.1", "uv_pip_install_options": options}
     async with running_agent() as ra:
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await ra.create(json.dumps({"uv": uv}), timeout_s=BUILD_S)
+        assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        details = failed.value.details() or ""
+        assert "because uv was not found in the provided package locations" in details.lower()
+        assert "uv.uv_version: the venv gets 'uv>=0.1' installed into it" in details, details
+
+        write_wheel(wheels, "uv")
         reply = await ra.create(json.dumps({"uv": uv}), timeout_s=BUILD_S)
         assert [u.split(":")[0] for u in reply.uris] == ["uv"]
         assert venv_dirs(ra, "uv_tool") == []
         [venv] = venv_dirs(ra, "uv")
         cfg = (ra.root / "uris" / venv / "pyvenv.cfg").read_text()
         assert f"uv = {agents_uv_version()}\n" in cfg
+        seen = await probe(reply.context, "uv")
+        assert seen["uv"][0] == "uv 1.0"
+        assert seen["uv"][1].startswith(str(ra.root.resolve() / "uris" / venv))
 
 
 async def test_a_pip_env_and_a_uv_env_sharing_a_20_mib_wheel_hold_one_copy_on_disk(

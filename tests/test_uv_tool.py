@@ -20,7 +20,7 @@ from agent.core.packages import Package, tool_package
 from agent.core.runtime_env import EnvLimits, RuntimeEnv, parse_runtime_env
 from agent.core.uris import UriKey, UriKind
 from agent.core.uv_spec import UvSpec, options_among, parse_uv
-from agent.core.uv_tool import SCHEME, uv_tool
+from agent.core.uv_tool import SCHEME, uv_set, uv_tool
 from agent.install.installers.pip_venv import refused_an_option
 
 INDEX = "http://127.0.0.1:1/simple"
@@ -69,6 +69,19 @@ def test_the_uv_is_installed_from_the_envs_places_as_a_wheel_only() -> None:
     )  # fmt: skip
     assert (tool.spec.uv_version, tool.spec.uv_check, tool.spec.sees) == ("", False, None)
     assert tool.uri.startswith(SCHEME)
+
+
+@pytest.mark.parametrize("agent_uv", ["0.13.9", "0.4.0"])
+def test_the_venv_gets_the_uv_of_its_uv_version_whichever_uv_builds_it(agent_uv: str) -> None:
+    """Ray installs ``uv<uv_version>`` into the venv: the set is the uv package's own, so the
+    agent's uv links the wheel that package's build put in the cache."""
+    value = {"packages": ["a"], "uv_version": "==0.4.0", "uv_pip_install_options": ["-i", INDEX]}
+    installs = uv_set(spec(value))
+    assert installs is not None
+    assert (installs.packages, installs.options) == (("uv==0.4.0",), ("-i", INDEX, "--no-build"))
+    tool = uv_tool(spec(value), agent_uv)
+    assert (None if tool is None else tool.spec) == (None if agent_uv == "0.4.0" else installs)
+    assert uv_set(spec({"packages": ["a"]})) is None, "no uv_version: no uv installed"
 
 
 def test_options_among_takes_each_flag_with_its_value_in_either_spelling() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import grpc
@@ -15,7 +16,7 @@ import pytest
 
 from tests.harness.in_process import RunningAgent, running_agent
 from tests.harness.old_uv import FILL, OLD_UV, old_uv_wheel
-from tests.harness.pip_wheels import isolate_pip
+from tests.harness.pip_wheels import isolate_pip, run
 from tests.harness.simple_index import SimpleIndex, loopback_only, simple_index
 from tests.harness.uv_wheels import agents_uv_version, have_uv, write_wheel
 from tests.harness.venvs import probe
@@ -91,6 +92,32 @@ async def test_two_envs_of_one_uv_version_are_built_by_that_uv_fetched_once(
         again = await ra.create(env(index, "uvvera", f"=={OLD_UV}"), timeout_s=BUILD_S)
         assert again.uris == a.uris
         assert index.gets_of("uv") == 1, "kept in the root: not fetched again"
+
+
+WORKER_UV = "import importlib.metadata as m, sys; print(m.version('uv'), sys.prefix)"
+
+
+async def test_the_worker_sees_the_uv_of_its_uv_version_installed_in_its_venv(
+    tmp_path: Path, old_uv: Path
+) -> None:
+    """Ray installs ``uv<uv_version>`` into the env's venv, and its test asks the worker
+    ``importlib.metadata.version("uv")``: here too, a distribution of the venv's own (its
+    ``bin/uv`` too), linked from the wheel cache the uv package's build filled: one download."""
+    wheels = [old_uv, write_wheel(tmp_path, "uvvere")]
+    async with simple_index(wheels) as index, running_agent() as ra:
+        reply = await ra.create(env(index, "uvvere", f"=={OLD_UV}"), timeout_s=BUILD_S)
+        context = reply.context
+        code, out, err = await run(
+            context.py_executable, "-c", WORKER_UV, env={**os.environ, **context.env_vars}
+        )
+        assert code == 0, err
+        version, prefix = out.split()
+        assert version == OLD_UV, out
+        [venv] = dirs(ra, "uv")
+        assert Path(prefix) == venv.resolve(), "the venv's own distribution"
+        _, told, _ = await run(str(venv / "bin" / "uv"), "--version")
+        assert told.split()[:2] == ["uv", OLD_UV], told
+        assert index.gets_of("uv") == 1, "the venv's uv linked from the wheel cache"
 
 
 async def test_a_uv_version_no_index_has_fails_failed_precondition_in_the_installers_words(

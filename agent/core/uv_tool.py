@@ -17,11 +17,27 @@ else the default index, as Ray's pip would; they were checked when the env was p
 place an env names is (``allow-file-root``). ``--no-build`` is added: a uv is taken from a wheel,
 never built from its source (which needs Rust and runs the source's build).
 
-The agent's own uv, when it satisfies the specifier, builds the env as it always did: no fetch
-(the env then names no such package). Ray installs the uv whatever the node has (its check of an
-existing uv in the venv finds none in a new one). Skipping keeps a node that has no index at
-hand building the envs it built before, and costs nothing: the venv is the same key either way
-(its digest keeps ``uv_version``), and the uv that built it is one that satisfies it.
+The agent's own uv, when it satisfies the specifier, builds the env: no uv package (the env
+then names none). Either way the env's venv gets ``uv<uv_version>`` installed into it, as Ray's
+does (Ray installs it whatever the node has: its worker sees a ``uv`` distribution that
+satisfies the specifier, its ``bin/uv`` and ``python -m uv``): the same set (``uv_set``), by the
+agent's uv, from the root's wheel cache before the env's packages
+(``agent.install.venvs.build``). When a uv package was built, its wheel is in that cache (the
+agent's uv built it there), so the venv's uv is linked from it: one download per root. When the
+agent's uv satisfies the specifier, the first venv's install fetches it from the env's places
+(an env with a ``uv_version`` needs an index, or a find-links folder, that has uv, as Ray's
+does), and the venvs after it link it from the cache.
+
+The venv's own ``bin/uv`` does not build the rest (Ray's does): the uv package's does, so the
+venv's ``pyvenv.cfg`` names it, and the venv's uv is installed by the agent's uv (another uv's
+cache layout would not find the wheel the agent's uv cached).
+
+A cached venv whose uv package was evicted gets that package installed again by the next create
+of its env, though the venv needs it not: the package is one of the env's, held while the env
+lives like the others (the store holds every key the env counts: its invariant S1), and
+skipping it would leave a key counted but not held. That install is the agent's uv linking the
+uv from the wheel cache, the index asked for its page at most; a download only when the wheel
+cache was cleared too.
 """
 
 from __future__ import annotations
@@ -59,15 +75,23 @@ def uv_tool(spec: UvSpec, agent_uv: str) -> UvTool | None:
     """The uv that builds ``spec``'s venv, when the env asks for one the agent's own uv (of
     version ``agent_uv``; "" when unknown: then never taken to satisfy it) does not satisfy;
     None when the agent's uv builds it."""
-    if not spec.uv_version or (agent_uv and uv_version_matches(spec, agent_uv)):
+    installs = uv_set(spec)
+    if installs is None or (agent_uv and uv_version_matches(spec, agent_uv)):
         return None
-    requirement = str(Requirement(f"uv{spec.uv_version}"))
-    installs = UvSpec(
-        packages=(requirement,),
+    return UvTool(spec.uv_version, installs)
+
+
+def uv_set(spec: UvSpec) -> UvSpec | None:
+    """The set that installs ``uv<uv_version>`` from the env's places (``--no-build``): the uv
+    package's (``uv_tool``), and the one the agent's uv installs into the env's venv before its
+    packages, whichever uv builds it; None without a ``uv_version``."""
+    if not spec.uv_version:
+        return None
+    return UvSpec(
+        packages=(str(Requirement(f"uv{spec.uv_version}")),),
         options=(*options_among(spec.options, _WHERE), _NO_BUILD),
         uv_version="",
         uv_check=False,
         python=spec.python,
         platform=spec.platform,
     )
-    return UvTool(spec.uv_version, installs)

@@ -11,6 +11,8 @@ A uv set whose ``uv_version`` the agent's uv does not satisfy is built by the uv
 env's ``UriKind.UV_TOOL`` package (``agent.core.uv_tool``), installed before this venv
 (``agent.app.ensures``), its ``bin/uv`` run as the agent's would be, with the same flags. An
 older uv may not take them all (nor the env's own options): its refusal is said as such.
+Whichever uv builds it, a set with a ``uv_version`` gets ``uv<uv_version>`` installed into its
+venv first, by the agent's uv from the wheel cache (``agent.core.uv_tool.uv_set``), as Ray's.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from agent.core.pip_spec import PipSpec
 from agent.core.roots import NO_ROOTS, FileRoots
 from agent.core.uris import UriKey, UriKind
 from agent.core.uv_spec import UvSpec
-from agent.core.uv_tool import UV_BIN, UvTool, uv_tool
+from agent.core.uv_tool import UV_BIN, UvTool, uv_set, uv_tool
 from agent.install.disk.modes import harden_tree, make_dir
 from agent.install.disk.root import du, package_dir
 from agent.install.disk.staging import through
@@ -122,6 +124,8 @@ class PipVenvInstaller:
                 cache=self._wheel_cache,
                 sources=sources,
                 guard=DiskGuard(job.room),  # no estimate ahead: what a set resolves to is unknown
+                uv_dist=uv_set(spec) if isinstance(spec, UvSpec) else None,
+                agent_uv=self._uv,
             )
         except InstallerFailed as exc:
             if tool is None or not refused_an_option(exc.message):

@@ -222,6 +222,8 @@ async def build_venv(
     cache: Path | None = None,
     sources: Sequence[str] = (),
     guard: DiskGuard | None = None,
+    uv_dist: UvSpec | None = None,
+    agent_uv: str | None = None,
 ) -> Path:
     """Make ``staging/venv`` with the spec installed; return it. ``label`` names the package in
     messages, already cut (``UriKey.label``). ``uv``: the uv binary (``find_uv``, or the uv of
@@ -229,7 +231,10 @@ async def build_venv(
     ``PipSpec`` when ``installer`` is "uv"; ``cache``: the root's
     wheel cache uv installs from, by hardlinks (``agent.install.venvs.wheel_cache``); ``sources``:
     the installer's arguments for the spec's local sources (their copies: ``local_read``);
-    ``guard``: the disk floor watched while each installer runs (``run_installer``)."""
+    ``guard``: the disk floor watched while each installer runs (``run_installer``);
+    ``uv_dist``: the set of ``uv<uv_version>`` (``agent.core.uv_tool.uv_set``), installed into
+    the venv before the spec's packages by ``agent_uv`` (the agent's uv) from ``cache``, as Ray
+    installs it into its venv."""
     venv = staging / "venv"
     venv_python = str(venv / "bin" / "python")
     if isinstance(spec, UvSpec) and uv is None:
@@ -252,6 +257,10 @@ async def build_venv(
             install += ["--link-mode", "hardlink", "--cache-dir", str(cache)]
         if isinstance(spec, PipSpec):
             options = spec.uv_options()
+        if uv_dist is not None and agent_uv is not None:  # the agent's uv: its cache's layout
+            await _install_uv_dist(
+                [agent_uv, *install[1:]], uv_dist, log_path, label, staging, guard
+            )
     else:
         if isinstance(spec, PipSpec) and installer == "uv" and spec.pip_only:
             pip_only = ", ".join(spec.pip_only)
@@ -288,6 +297,28 @@ async def build_venv(
         sites = await site_folders_of(python, label)
         await asyncio.to_thread(write_site_pth, venv, sites)
     return venv
+
+
+async def _install_uv_dist(
+    install: list[str],
+    uv_dist: UvSpec,
+    log_path: Path,
+    label: str,
+    staging: Path,
+    guard: DiskGuard | None,
+) -> None:
+    """Install ``uv_dist`` (``uv<uv_version>``) by ``install`` (the agent's uv pip install);
+    its failure says why the venv needs a uv."""
+    try:
+        await run_installer(
+            [*install, *uv_dist.options, *uv_dist.packages], log_path, label, staging, guard=guard
+        )
+    except InstallerFailed as exc:
+        raise InstallerFailed(
+            f"{exc.message}\n(uv.uv_version: the venv gets {echo(uv_dist.packages[0])} installed "
+            "into it before its packages, as Ray's does, from the places its "
+            "uv_pip_install_options name, else the default index)"
+        ) from exc
 
 
 async def site_folders_of(python: str, label: str) -> list[str]:
