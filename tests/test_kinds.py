@@ -75,7 +75,8 @@ def test_every_kind_has_one_row_and_every_way_of_building_one_installer() -> Non
 @pytest.mark.parametrize("kind", list(UriKind))
 def test_each_kinds_row_is_complete_and_consistent(kind: UriKind) -> None:
     """Every column set; a venv kind builds a venv, a derived kind is never named by an env,
-    and what Ray's folder shows is what Ray's cache variable of that name caps."""
+    a tool (the uv of a uv_version) is placed nowhere on the worker and every other kind one
+    way, and what Ray's folder shows is what Ray's cache variable of that name caps."""
     row = KINDS[kind]
     venv = row.build in {Build.PIP_VENV, Build.UV_VENV, Build.PROJECT_VENV}
     assert (row.placement.venv is not None) == venv
@@ -90,7 +91,8 @@ def test_each_kinds_row_is_complete_and_consistent(kind: UriKind) -> None:
     }
     assert row.ray_cache == row.ray_folder.removesuffix("_files")
     placements = [row.placement.on_path, row.placement.java, row.placement.venv is not None]
-    assert sum(placements) == 1  # each kind is put on the worker one way
+    assert sum(placements) == (row.origin is not Origin.TOOL)  # each kind put there one way
+    assert (row.origin is Origin.TOOL) == (row.build is Build.UV_TOOL)
 
 
 def test_the_dialects_venv_and_module_kinds_are_rows() -> None:

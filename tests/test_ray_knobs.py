@@ -43,11 +43,12 @@ def test_only_the_variables_set_add_a_budget_in_bytes_of_their_kinds() -> None:
 
 
 def test_rays_caches_are_listed_in_rays_order_and_uv_caps_uv_run_project_venvs() -> None:
-    """What Ray's ``uv`` folder shows is what its variable caps: a uv run project's venv too."""
+    """What Ray's ``uv`` folder shows is what its variable caps: a uv run project's venv too,
+    and the uv of a uv_version (Ray installs it into the uv venv, which that variable caps)."""
     groups = kind_groups()
     assert list(groups) == ["working_dir", "py_modules", "pip", "uv", "java_jars"]
     (budget,) = ray_cache_budgets({"RAY_RUNTIME_ENV_UV_CACHE_SIZE_GB": "1"})
-    assert budget.kinds == {"uv", "ray_uv", "uv_project"}
+    assert budget.kinds == {"uv", "ray_uv", "uv_project", "uv_tool"}
 
 
 @pytest.mark.parametrize("value", ["x", "-1", "nan", "inf", ""])

@@ -22,7 +22,16 @@ from agent.install.venvs.wheel_cache import CACHE_DIR, own_bytes, pip_installer_
 from tests.harness.disk import floor, free_bytes, tmpfs
 from tests.harness.in_process import RunningAgent, running_agent
 from tests.harness.pip_wheels import isolate_pip
-from tests.harness.uv_wheels import BIG, MiB, du_bytes, have_uv, no_network, uv_env, write_wheel
+from tests.harness.uv_wheels import (
+    BIG,
+    MiB,
+    agents_uv_version,
+    du_bytes,
+    have_uv,
+    no_network,
+    uv_env,
+    write_wheel,
+)
 from tests.harness.venvs import probe
 
 pytestmark = pytest.mark.skipif(not have_uv(), reason="no uv beside the python nor on PATH")
@@ -132,18 +141,55 @@ async def test_uv_check_true_runs_uv_pip_check_whose_incompatibility_fails_the_i
         assert len(venv_dirs(ra, "uv")) == 1, "the checked venv is not kept"
 
 
-async def test_a_uv_version_the_agents_uv_does_not_satisfy_is_refused_naming_both(
-    tmp_path: Path,
-) -> None:
-    wheel = write_wheel(tmp_path / "wheels", "uvver")
-    env = {"uv": {"packages": [f"uvver @ {wheel.as_uri()}"], "uv_version": "==0.0.1"}}
+async def test_a_uv_version_no_place_of_the_env_has_fails_in_uvs_words(tmp_path: Path) -> None:
+    """The uv of a uv_version the agent's does not satisfy is fetched from the env's places
+    (here its find-links folder, offline), and one they lack fails the create
+    FAILED_PRECONDITION in uv's own words (``test_uv_version.py``: from an index, the uv
+    found and used)."""
+    wheels = tmp_path / "wheels"
+    write_wheel(wheels, "uvver")
+    options = ["--no-index", "--find-links", str(wheels)]
+    uv = {"packages": ["uvver"], "uv_version": "==0.0.1", "uv_pip_install_options": options}
     async with running_agent() as ra:
         with pytest.raises(grpc.aio.AioRpcError) as failed:
-            await ra.create(json.dumps(env), timeout_s=BUILD_S)
+            await ra.create(json.dumps({"uv": uv}), timeout_s=BUILD_S)
         assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         details = failed.value.details() or ""
-        assert "'==0.0.1'" in details, details
-        assert "installs no other" in details, details
+        assert "uv.uv_version '==0.0.1': the uv it asks for was not installed" in details
+        assert "Because uv was not found in the provided package locations" in details, details
+        await ra.settle()
+        assert venv_dirs(ra, "uv") == venv_dirs(ra, "uv_tool") == []
+
+
+async def test_a_uv_version_the_agents_uv_satisfies_is_built_by_it_and_gets_that_uv_installed(
+    tmp_path: Path,
+) -> None:
+    """The agent's own uv satisfies the specifier: it builds the venv, and the env names no uv
+    package; the venv gets ``uv<uv_version>`` installed into it all the same, as Ray's does (a
+    hand-written ``uv`` 1.0 wheel here: the worker sees it); a set whose places have no uv fails
+    saying why it needs one."""
+    wheels = tmp_path / "wheels"
+    write_wheel(wheels, "uvver")
+    options = ["--no-index", "--find-links", str(wheels)]
+    uv = {"packages": ["uvver"], "uv_version": ">=0.1", "uv_pip_install_options": options}
+    async with running_agent() as ra:
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await ra.create(json.dumps({"uv": uv}), timeout_s=BUILD_S)
+        assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        details = failed.value.details() or ""
+        assert "because uv was not found in the provided package locations" in details.lower()
+        assert "uv.uv_version: the venv gets 'uv>=0.1' installed into it" in details, details
+
+        write_wheel(wheels, "uv")
+        reply = await ra.create(json.dumps({"uv": uv}), timeout_s=BUILD_S)
+        assert [u.split(":")[0] for u in reply.uris] == ["uv"]
+        assert venv_dirs(ra, "uv_tool") == []
+        [venv] = venv_dirs(ra, "uv")
+        cfg = (ra.root / "uris" / venv / "pyvenv.cfg").read_text()
+        assert f"uv = {agents_uv_version()}\n" in cfg
+        seen = await probe(reply.context, "uv")
+        assert seen["uv"][0] == "uv 1.0"
+        assert seen["uv"][1].startswith(str(ra.root.resolve() / "uris" / venv))
 
 
 async def test_a_pip_env_and_a_uv_env_sharing_a_20_mib_wheel_hold_one_copy_on_disk(

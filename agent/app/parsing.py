@@ -35,14 +35,17 @@ class ParseCache:
         plugin_fields: frozenset[str] = frozenset(),
         *,
         node_python: str = "",
+        agent_uv: str = "",
     ) -> None:
         """``plugin_fields``: the fields of the node's runtime env plugins (run where the
         dialect runs them); ``node_python``: the node's python, whose site folders a venv that
-        sees the node's packages sees."""
+        sees the node's packages sees; ``agent_uv``: the version of the agent's uv (a
+        ``uv_version`` it does not satisfy names the uv that does)."""
         self._limits = limits
         self._plugin_fields = plugin_fields
         self._file_roots = file_roots
         self._node_python = node_python
+        self._agent_uv = agent_uv
         # digest of a JSON text -> env id (and the text's config) -> parsed env: many spellings
         # share one value
         self._spellings: BoundedCache[bytes, _Spelling] = BoundedCache(
@@ -68,6 +71,7 @@ class ParseCache:
                 dialect=dialect,
                 node_python=self._node_python,
                 plugin_fields=self._plugin_fields,
+                agent_uv=self._agent_uv,
             )
             config = _Spelling(env.env_id, env.setup_timeout_seconds, env.eager_install)
             self._spellings.put(digest, config, 128)

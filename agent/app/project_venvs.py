@@ -20,6 +20,10 @@ either door's), or whose requirements files do, gets its venv the same way too: 
 (``agent.install.venvs.local_read``, in a thread) into the venv's key, once per life of the env (a
 live env's creates share the venv its first create made, as its workers do; the first create
 after its last reference is gone reads them again).
+
+A derived uv venv whose ``uv_version`` needs a uv of its own (``agent.core.uv_tool``) gets it
+first: named by the env when its parse saw the set (a set naming files of the node), else
+(requirements files) held for the env the same way and installed before the venv.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from collections.abc import Callable
 
 from agent.app.config import Settings
 from agent.app.records import EnvRecord
-from agent.core.packages import Package, venv_package
+from agent.core.packages import Package, tool_package, venv_package
 from agent.core.pip_spec import PipSpec
 from agent.core.refs import RefTables
 from agent.core.roots import FileRoots
@@ -63,6 +67,7 @@ class ProjectVenvs:
         self._tables = tables
         self._note = note  # the service's: a package's last use, for the index
         cache = store.wheel_cache
+        self._agent_uv = "" if cache is None else cache.version  # as the parse's
         self._planning = Planning(
             uv=None if cache is None else cache.uv,
             roots=FileRoots.of(settings.allow_file_roots),
@@ -125,6 +130,12 @@ class ProjectVenvs:
             label = f"env {env.env_id}'s {tool} field"
             contents = await read_contents(spec.sources, self._planning.roots, label)
             spec = dataclasses.replace(spec, contents=contents)
+        uv = tool_package(spec, self._agent_uv)
+        if uv is not None and uv.key not in env.uri_keys:  # the uv of a uv_version in its
+            # files: held for the env, installed before the venv it builds (``ensures``)
+            self._tables.derive(env.env_id, [uv.key])
+            self._note((uv.key,))
+            await self._store.ensure(uv)
         await self._hold_and_install(env, record, venv_package(env.dialect.venv_kind(tool), spec))
 
     async def _hold_and_install(self, env: RuntimeEnv, record: EnvRecord, venv: Package) -> None:

@@ -43,6 +43,7 @@ from typing import Any
 from agent.app.config import Settings
 from agent.app.contexts import EnvContexts
 from agent.app.created import Created, HitKey
+from agent.app.ensures import start_ensures
 from agent.app.idempotency import RequestLog
 from agent.app.parsing import ParseCache
 from agent.app.project_venvs import ProjectVenvs
@@ -109,8 +110,13 @@ class AgentService:
         self._job_ids = JobIds()
         self._failure_bytes = 0
         self._requests = RequestLog(settings.request_log_capacity)
+        cache = store.wheel_cache
+        self._agent_uv = "" if cache is None else cache.version  # whether a uv_version needs a uv
         self._parses = ParseCache(
-            settings.env, settings.allow_file_roots, node_python=settings.py_executable
+            settings.env,
+            settings.allow_file_roots,
+            node_python=settings.py_executable,
+            agent_uv=self._agent_uv,
         )
         self._projects = ProjectVenvs(settings, store, tables, self._note)
         self.waiting = Waiting(store.builds)  # the creates waiting on builds, for their lines
@@ -129,6 +135,7 @@ class AgentService:
             self.settings.allow_file_roots,
             fields,
             node_python=self.settings.py_executable,
+            agent_uv=self._agent_uv,
         )
 
     def keep_held(self, held: Callable[[str], int]) -> None:
@@ -225,7 +232,7 @@ class AgentService:
         # create also waits for goes on for it (``UriStore.ensure``'s waiters).
         # At the setup timeout the builds are kept going (``UriStore.builds``) before their
         # ensures are left: the work is shielded from the timeout, then cancelled past it.
-        ensures = [asyncio.ensure_future(self.store.ensure(p)) for p in env.packages]
+        ensures = start_ensures(env.packages, self.store.ensure)  # a tool first: ``ensures``
         work = asyncio.ensure_future(self._installs(env, record, ensures))
         self.waiting.enter(env_id, job_id, lambda: self._keys_of(env))
         kept: tuple[UriKey, ...] = ()

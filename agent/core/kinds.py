@@ -7,8 +7,9 @@ Pure: no I/O. A kind (``UriKind``) is how a package is made and put on the worke
   ``build_ray_context``);
 - ``build``: how the install layer makes the folder (``agent.install.installers`` maps each
   ``Build`` to its installer);
-- ``origin``: whether an env names the package by a URI, names a set it is built from, or the
-  package is derived by the env's create from files it reads;
+- ``origin``: whether an env names the package by a URI, names a set it is built from, the
+  package is derived by the env's create from files it reads, or it is a tool that builds
+  another package of the env (the uv of a ``uv_version``: installed first, placed nowhere);
 - ``ray_folder``: the folder of Ray's ``runtime_resources`` it is shown in under Ray
   (``agent.state.ray_folders``);
 - ``ray_cache``: Ray's plugin whose ``RAY_RUNTIME_ENV_<PLUGIN>_CACHE_SIZE_GB`` caps it
@@ -76,6 +77,7 @@ class Build(Enum):
     PIP_VENV = "pip_venv"  # a venv built by pip from a requirement set
     UV_VENV = "uv_venv"  # a venv built by uv from a requirement set
     PROJECT_VENV = "project_venv"  # a uv run project's venv, built by uv from its lock
+    UV_TOOL = "uv_tool"  # a venv holding a uv of a uv_version, its binary checked after
 
 
 class Origin(Enum):
@@ -85,6 +87,10 @@ class Origin(Enum):
     SET = "set"  # the env names the set it is built from; a set naming files of the node, or
     # read from requirements files of the working dir, is derived at create from those files
     DERIVED = "derived"  # derived by the env's create from its working dir; never named
+    # builds another package of the env (the uv of a uv env's uv_version): named by the env
+    # beside the venv it builds (or, when that venv is derived, derived with it), installed
+    # before it; put nowhere on the worker
+    TOOL = "tool"
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +110,7 @@ _ISOLATED = Placement(venv=VenvPlace.ISOLATED)
 _NODE_SITE = Placement(venv=VenvPlace.NODE_SITE)
 _PROJECT = Placement(venv=VenvPlace.PROJECT)
 _JAVA = Placement(java=True)
+_NOWHERE = Placement()  # a tool: used by the build of another package, not by the worker
 
 # One row per kind; a table whose alignment is the point. Ray's caches in the order Ray lists them.
 KINDS: dict[UriKind, KindRow] = {
@@ -117,6 +124,7 @@ KINDS: dict[UriKind, KindRow] = {
     UriKind.RAY_UV:           KindRow(_NODE_SITE,   Build.UV_VENV,            Origin.SET,   "uv",                "uv"),
     UriKind.UV_PROJECT:       KindRow(_PROJECT,     Build.PROJECT_VENV,       Origin.DERIVED, "uv",              "uv"),
     UriKind.JAVA_JARS:        KindRow(_JAVA,        Build.JARS,               Origin.NAMED, "java_jars_files",   "java_jars"),
+    UriKind.UV_TOOL:          KindRow(_NOWHERE,     Build.UV_TOOL,            Origin.TOOL,  "uv",                "uv"),
 }  # fmt: skip
 
 

@@ -14,17 +14,19 @@ from agent.core.pip_spec import PipSpec
 from agent.core.uris import ParsedUri, UriKey, UriKind
 from agent.core.uv_project import ProjectRecipe
 from agent.core.uv_spec import UvSpec
+from agent.core.uv_tool import UvTool, uv_tool
 
-# what an installer needs: a URI to fetch, a dependency set, a uv run project's files
-Recipe = ParsedUri | PipSpec | UvSpec | ProjectRecipe
+# what an installer needs: a URI to fetch, a dependency set, a uv run project's files, the uv
+# of a uv_version
+Recipe = ParsedUri | PipSpec | UvSpec | ProjectRecipe | UvTool
 
 
 @dataclass(frozen=True, slots=True)
 class Package:
     """One package of an env: its key (the unit counted, cached and deleted) and its recipe
     (``ParsedUri`` for the zip kinds, ``PipSpec`` for pip, ``UvSpec`` for uv, ``ProjectRecipe``
-    for a uv run project's venv). Equal keys have equal recipes: the key's URI is the recipe's
-    name (the URI itself, or the set's hash)."""
+    for a uv run project's venv, ``UvTool`` for the uv of a uv_version). Equal keys have equal
+    recipes: the key's URI is the recipe's name (the URI itself, or the set's hash)."""
 
     key: UriKey
     recipe: Recipe
@@ -35,3 +37,11 @@ def venv_package(kind: UriKind, spec: PipSpec | UvSpec) -> Package:
     venv, or one that sees the node's packages). A set naming local sources has its bytes read
     first (``PipSpec.contents``): its key holds them."""
     return Package(UriKey(kind, spec.uri), spec)
+
+
+def tool_package(spec: PipSpec | UvSpec, agent_uv: str) -> Package | None:
+    """The uv that builds a uv set's venv, as a package of the env, when its ``uv_version`` asks
+    for one the agent's uv (of version ``agent_uv``) does not satisfy (``agent.core.uv_tool``);
+    None for a pip set, and when the agent's uv builds it."""
+    tool = uv_tool(spec, agent_uv) if isinstance(spec, UvSpec) else None
+    return None if tool is None else Package(UriKey(UriKind.UV_TOOL, tool.uri), tool)

@@ -36,7 +36,7 @@ from agent.core.env_fields import (
 )
 from agent.core.errors import InvalidRuntimeEnv, echo
 from agent.core.kinds import Build, NodeSite, row_of, sees_node
-from agent.core.packages import Package, venv_package
+from agent.core.packages import Package, tool_package, venv_package
 from agent.core.pip_spec import PipSpec, parse_pip
 from agent.core.roots import FileRoots
 from agent.core.uris import ParsedUri, UriKey, UriKind, parse_uri
@@ -141,6 +141,7 @@ class _Draft:
     limits: EnvLimits
     file_roots: Sequence[str] | FileRoots
     node_python: str
+    agent_uv: str = ""  # the version of the agent's uv: whether a uv_version needs another
     working_dir: str | None = None
     wd_uri: ParsedUri | None = None
     py_modules: dict[str, ParsedUri] = field(default_factory=dict)
@@ -228,13 +229,16 @@ def parse_runtime_env(
     file_roots: Sequence[str] | FileRoots = (),
     node_python: str = "",
     plugin_fields: frozenset[str] = frozenset(),
+    agent_uv: str = "",
 ) -> RuntimeEnv:
     """Parse and validate a serialized runtime env as ``dialect`` reads it; raise
     ``InvalidRuntimeEnv`` naming the field. Each package is parsed here, once, into its key and
     its recipe (``Package``). ``node_python``: the node's python whose site folders a venv that
     sees the node's packages adds (part of its key). ``plugin_fields``: the fields of the
     node's runtime env plugins, taken as they are (their plugin validates them) and part of the
-    env's identity, where the dialect runs them."""
+    env's identity, where the dialect runs them. ``agent_uv``: the version of the agent's uv; a
+    ``uv_version`` it does not satisfy (or any, when "") names the uv that does as a package of
+    the env (``agent.core.uv_tool``)."""
     size = len(text.encode())
     if size > limits.max_json_bytes:
         raise InvalidRuntimeEnv(
@@ -252,7 +256,7 @@ def parse_runtime_env(
         dialect.unknown_fields,
     )
     check_ray_extras(obj)
-    draft = _Draft(obj, dialect, limits, file_roots, node_python)
+    draft = _Draft(obj, dialect, limits, file_roots, node_python, agent_uv)
     for name, parse_field in FIELDS.items():
         value = obj.get(name)
         if value is not None:
@@ -303,7 +307,9 @@ def _local_venv(draft: _Draft) -> PipSpec | UvSpec | None:
 
 def _packages(draft: _Draft) -> tuple[Package, ...]:
     """The env's packages in its order: the working dir, the py_modules, the pip venv, the
-    jars, the uv venv (a set naming files of the node is none of them: derived at create)."""
+    jars, the uv that builds the uv venv when its uv_version asks for another than the agent's,
+    the uv venv (a set naming files of the node is none of them: derived at create; the uv that
+    builds it is named all the same)."""
     packages: list[Package] = []
     if draft.working_dir is not None and draft.wd_uri is not None:
         packages.append(Package(UriKey(UriKind.WORKING_DIR, draft.working_dir), draft.wd_uri))
@@ -311,12 +317,16 @@ def _packages(draft: _Draft) -> tuple[Package, ...]:
         Package(UriKey(module_kind(parsed, draft.dialect), uri), parsed)
         for uri, parsed in draft.py_modules.items()
     )
-    venv = None
-    if draft.venv is not None and not draft.venv[1].sources:
-        venv = venv_package(*draft.venv)
+    venv = tool = None
+    if draft.venv is not None:
+        tool = tool_package(draft.venv[1], draft.agent_uv)
+        if not draft.venv[1].sources:
+            venv = venv_package(*draft.venv)
     if venv is not None and isinstance(venv.recipe, PipSpec):
         packages.append(venv)
     packages.extend(Package(UriKey(UriKind.JAVA_JARS, u), p) for u, p in draft.java_jars.items())
+    if tool is not None:
+        packages.append(tool)
     if venv is not None and isinstance(venv.recipe, UvSpec):
         packages.append(venv)
     return tuple(packages)

@@ -57,6 +57,10 @@ class UriKind(StrEnum):
     # file, object stores): Ray's agent drops it (``remove_top_level_directory``), the gRPC door
     # keeps it, so they are other packages (a gcs:// upload is unpacked as it is by both)
     RAY_PY_MODULES = "ray_py_modules"
+    # the uv a uv env's ``uv_version`` asks for, when the agent's own does not satisfy it: a
+    # venv holding ``uv<version>`` from the env's indexes, which builds the env's venv
+    # (``agent.core.uv_tool``); uvtool://<hash>, named by the env beside its venv
+    UV_TOOL = "uv_tool"
 
 
 @dataclass(frozen=True, order=True, slots=True)

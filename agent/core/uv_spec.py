@@ -9,9 +9,10 @@ one set are one venv: the list, and the object with the same packages and nothin
 lines naming files or folders of the node are taken as ``pip``'s are (``local_sources``).
 
 - ``uv_version``: a version specifier Ray appends to ``uv`` (``"==0.13.9"``, ``">=0.5"``). Ray
-  installs that uv into the venv; this agent builds every venv with its own uv (beside its
-  python, or on PATH) and refuses the install (FAILED_PRECONDITION) when that uv's version does
-  not satisfy the specifier: the check is made by the installer, which knows the uv.
+  installs that uv and builds the venv with it; so does this agent when its own uv (beside its
+  python, or on PATH) does not satisfy the specifier: that uv is a package of the env, fetched
+  once per root from the env's indexes and shared (``agent.core.uv_tool``); a uv no index has
+  fails the install FAILED_PRECONDITION in the installer's words. It stays in the venv's key.
 - ``uv_check: true`` runs ``uv pip check`` in the venv after the install, as Ray does; a
   conflict fails the install with uv's lines.
 - ``uv_pip_install_options``: options of ``uv pip install``, by an allow-list of full spellings
@@ -92,7 +93,7 @@ _TABLES = OptionTables(_ALLOWED, _REFUSED, {}, _DROPPED)
 class UvSpec:
     packages: tuple[str, ...]  # normalised, sorted, distinct
     options: tuple[str, ...]  # as given: their order can matter to uv
-    uv_version: str  # a specifier the agent's uv must satisfy; "" for any
+    uv_version: str  # a specifier the uv that builds the venv satisfies; "" for any
     uv_check: bool  # run ``uv pip check`` after the install
     python: str  # "3.11"
     platform: str  # "linux-x86_64"
@@ -209,5 +210,20 @@ def _version(value: object) -> str:
 
 
 def uv_version_matches(spec: UvSpec, version: str) -> bool:
-    """Whether the agent's uv, of ``version`` ("0.13.9"), satisfies the env's ``uv_version``."""
+    """Whether a uv of ``version`` ("0.13.9") satisfies the env's ``uv_version``."""
     return not spec.uv_version or SpecifierSet(spec.uv_version).contains(version, prereleases=True)
+
+
+def options_among(options: tuple[str, ...], flags: frozenset[str]) -> tuple[str, ...]:
+    """The options of ``options`` (a set's, checked against ``_ALLOWED``) whose flag is one of
+    ``flags``, each with its value, in their order: where the uv of a ``uv_version`` is fetched
+    from (``agent.core.uv_tool``)."""
+    out: list[str] = []
+    i = 0
+    while i < len(options):
+        flag, eq, _ = options[i].partition("=")
+        taken = options[i : i + 2] if _ALLOWED.get(flag, False) and not eq else options[i : i + 1]
+        if flag in flags:
+            out.extend(taken)
+        i += len(taken)
+    return tuple(out)

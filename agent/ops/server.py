@@ -47,7 +47,7 @@ from agent.install.fetch.fetcher import Fetcher
 from agent.install.fetch.gcs_source import GcsConfig
 from agent.install.installers import InstallTools, build_installers
 from agent.install.unpack.pool import UnpackPool, auto_workers
-from agent.install.venvs.wheel_cache import WheelCache, find_uv
+from agent.install.venvs.wheel_cache import WheelCache, find_uv, version_of
 from agent.ops.door_addresses import METRICS_FLAG, every_door, probe_doors
 from agent.ops.ray_door import RayDoor
 from agent.ops.startup import (
@@ -198,7 +198,7 @@ class Agent:
                 http_headers=dict(settings.http_headers),
             )
             uv = await asyncio.to_thread(find_uv)
-            wheel_cache = WheelCache(root, uv)
+            wheel_cache = WheelCache(root, uv, await version_of(uv))
             installers = build_installers(
                 InstallTools(
                     fetcher,
@@ -211,6 +211,8 @@ class Agent:
                     uv,
                     wheel_cache.path,
                     FileRoots.of(settings.allow_file_roots),
+                    uv_version=wheel_cache.version,
+                    root=root,
                 )
             )
             store = UriStore(

@@ -182,6 +182,8 @@ FILES: dict[str, str] = {
     "test_unpack_pool.py": "process",
     "test_unpack_pool_streaming.py": "process",
     "test_unsupported_fields.py": "sockets",
+    "test_uv_version.py": "sockets",
+    "test_uv_tool.py": "unit",
     "test_uv_env.py": "sockets",
     "test_uv_project_settings.py": "unit",
     "test_uv_run_env.py": "sockets",

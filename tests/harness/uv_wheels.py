@@ -80,3 +80,13 @@ def module_wheel(folder: Path, module: str, value: str) -> Path:
     """A pure-python wheel of ``module`` (its VALUE ``value``) in ``folder``, built by the
     benchmark's builder: ``<module>-1.0-py3-none-any.whl``."""
     return bench_wheel(folder, module, {}, value=value)
+
+
+def agents_uv_version() -> str:
+    """The version the agent's uv tells (``uv --version``: "uv 0.13.9 (...)")."""
+    from agent.install.venvs.wheel_cache import find_uv
+
+    uv = find_uv()
+    assert uv is not None
+    done = subprocess.run([uv, "--version"], capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout.split()[1]

@@ -16,6 +16,7 @@ from agent.install.installers.java_jars import JavaJarsInstaller
 from agent.install.installers.pip_venv import PipVenvInstaller
 from agent.install.installers.project_venv import UvProjectInstaller
 from agent.install.installers.py_wheel import PyWheelInstaller
+from agent.install.installers.uv_tool import UvToolInstaller
 from agent.install.installers.zip_archive import ZipArchiveInstaller
 
 __all__ = [
@@ -38,6 +39,7 @@ INSTALLERS: dict[Build, Callable[[InstallTools], Installer]] = {
     Build.PIP_VENV: PipVenvInstaller.of,  # a spec that sees the node's site: the build adds it
     Build.UV_VENV: PipVenvInstaller.of_uv,
     Build.PROJECT_VENV: UvProjectInstaller.of,
+    Build.UV_TOOL: UvToolInstaller.of,  # the uv of a uv_version: a uv set's venv, checked
 }
 
 

@@ -35,6 +35,8 @@ class InstallTools:
     uv: str | None = None  # the uv binary (``find_uv``); None: uv envs refused, pip by pip
     wheel_cache: Path | None = None  # the root's wheel cache uv links venvs from
     file_roots: FileRoots = NO_ROOTS  # where a pip or uv set's local sources may be read
+    uv_version: str = ""  # what ``uv`` tells as its version ("" unknown): the uv_versions it meets
+    root: Path | None = None  # the root, where the uv of a uv_version is found (its package)
 
 
 @dataclass(frozen=True)

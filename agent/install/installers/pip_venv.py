@@ -6,6 +6,13 @@ its output in a log under the root's ``logs/``, from a copy of the files and fol
 (``agent.install.venvs.local_read``: their bytes checked against the key's); then rewrite the
 staging path to the final one in its scripts, give its files the agent's modes (the installer ran
 under the agent's umask) and measure it, in one thread hop.
+
+A uv set whose ``uv_version`` the agent's uv does not satisfy is built by the uv that does: the
+env's ``UriKind.UV_TOOL`` package (``agent.core.uv_tool``), installed before this venv
+(``agent.app.ensures``), its ``bin/uv`` run as the agent's would be, with the same flags. An
+older uv may not take them all (nor the env's own options): its refusal is said as such.
+Whichever uv builds it, a set with a ``uv_version`` gets ``uv<uv_version>`` installed into its
+venv first, by the agent's uv from the wheel cache (``agent.core.uv_tool.uv_set``), as Ray's.
 """
 
 from __future__ import annotations
@@ -15,12 +22,15 @@ import os
 import uuid
 from pathlib import Path
 
+from agent.core.errors import InstallerFailed, echo
 from agent.core.packages import Package
 from agent.core.pip_spec import PipSpec
 from agent.core.roots import NO_ROOTS, FileRoots
+from agent.core.uris import UriKey, UriKind
 from agent.core.uv_spec import UvSpec
+from agent.core.uv_tool import UV_BIN, UvTool, uv_set, uv_tool
 from agent.install.disk.modes import harden_tree, make_dir
-from agent.install.disk.root import du
+from agent.install.disk.root import du, package_dir
 from agent.install.disk.staging import through
 from agent.install.installers.base import Installed, InstallJob, InstallTools, recipe_error
 from agent.install.venvs.build import build_venv, relocate
@@ -39,6 +49,8 @@ class PipVenvInstaller:
         uv: str | None = None,
         wheel_cache: Path | None = None,
         roots: FileRoots = NO_ROOTS,
+        uv_version: str = "",
+        root: Path | None = None,
     ) -> None:
         self._python = python
         self._installer = installer  # of pip envs: "pip", or "uv" when there is one
@@ -46,6 +58,8 @@ class PipVenvInstaller:
         self._uv = uv
         self._wheel_cache = wheel_cache
         self._roots = roots  # where the sets' local sources may be read
+        self._uv_version = uv_version  # what ``uv`` tells: which uv_version needs another uv
+        self._root = root  # where that uv is installed, as a package
 
     @classmethod
     def of(cls, tools: InstallTools) -> PipVenvInstaller:
@@ -72,6 +86,8 @@ class PipVenvInstaller:
             uv=tools.uv,
             wheel_cache=tools.wheel_cache,
             roots=tools.file_roots,
+            uv_version=tools.uv_version,
+            root=tools.root,
         )
 
     def check(self, package: Package, label: str) -> None:
@@ -91,26 +107,61 @@ class PipVenvInstaller:
             raise recipe_error(package, "pip or uv")
         spec = package.recipe
         log_path = self._logs / f"{job.final.name}-{uuid.uuid4().hex[:8]}.log"
+        tool = uv_tool(spec, self._uv_version) if isinstance(spec, UvSpec) else None
+        uv = self._uv if tool is None else await self._tool_binary(tool, job.label)
         sources = await copy_into(
             spec.sources, spec.contents, self._roots, job.staging / "sources", job.label
         )
-        venv = await build_venv(
-            spec,
-            job.staging,
-            python=self._python,
-            installer=self._installer,
-            log_path=log_path,
-            label=job.label,
-            uv=self._uv,
-            cache=self._wheel_cache,
-            sources=sources,
-            guard=DiskGuard(job.room),  # no estimate ahead: what a set resolves to is unknown
-        )
+        try:
+            venv = await build_venv(
+                spec,
+                job.staging,
+                python=self._python,
+                installer=self._installer,
+                log_path=log_path,
+                label=job.label,
+                uv=uv,
+                cache=self._wheel_cache,
+                sources=sources,
+                guard=DiskGuard(job.room),  # no estimate ahead: what a set resolves to is unknown
+                uv_dist=uv_set(spec) if isinstance(spec, UvSpec) else None,
+                agent_uv=self._uv,
+            )
+        except InstallerFailed as exc:
+            if tool is None or not refused_an_option(exc.message):
+                raise
+            raise InstallerFailed(
+                f"{exc.message}\n(this venv is built by the uv of uv.uv_version "
+                f"{echo(tool.version)}, {echo(str(uv))}: that uv does not take an option the "
+                "agent passes (venv, pip install --python, --link-mode hardlink, --cache-dir, "
+                "pip check) or one of the env's uv_pip_install_options; ask for a newer uv, "
+                "or leave out the option it lacks)"
+            ) from exc
         job.unpacked()
         # through: a cancelled install lets the venv's rewrite end before its staging goes
         finish = asyncio.to_thread(finish_venv, venv, job.final, job.label)
         size = await through(asyncio.ensure_future(finish))
         return Installed(venv, size)
+
+    async def _tool_binary(self, tool: UvTool, label: str) -> str:
+        """The ``uv`` of the env's uv package (installed before: ``agent.app.ensures``)."""
+        if self._root is None:  # the agent's installers are given the root
+            raise AssertionError(f"{label}: no root to find the uv of a uv_version in")
+        binary = package_dir(self._root, UriKey(UriKind.UV_TOOL, tool.uri)) / UV_BIN
+        if not await asyncio.to_thread(os.access, binary, os.X_OK):
+            raise InstallerFailed(
+                f"{label}: the uv of uv.uv_version {echo(tool.version)} is not installed "
+                f"({binary} is missing): the env's create installs it first; create it again"
+            )
+        return str(binary)
+
+
+def refused_an_option(message: str) -> bool:
+    """Whether an installer's words say it refused an argument (clap's, as uv words it)."""
+    return any(words in message for words in _REFUSED_ARGUMENT)
+
+
+_REFUSED_ARGUMENT = ("unexpected argument", "unrecognized subcommand", "invalid value")
 
 
 def finish_venv(venv: Path, final: Path, label: str) -> int:

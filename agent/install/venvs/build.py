@@ -3,7 +3,9 @@
 ``python -m venv --without-pip`` makes the venv (fast: no ensurepip), then the installer puts
 the requirements in it: ``pip --python <venv python> install`` (the agent's own pip); or ``uv
 venv`` and ``uv pip install`` for a ``uv`` env, and for a ``pip`` env when ``pip-installer`` is
-``uv`` and a uv is found (beside the agent's python, else on PATH). uv installs from the root's
+``uv`` and a uv is found (beside the agent's python, else on PATH; a ``uv`` env whose
+``uv_version`` that uv does not satisfy, by the uv that does: ``agent.core.uv_tool``). uv installs
+from the root's
 one wheel cache by hardlinks (``--link-mode hardlink --cache-dir <root>/wheel-cache``: see
 ``agent.install.venvs.wheel_cache``); pip has no such mode, so a venv pip builds is a copy of its
 own. A ``pip_version`` or ``pip_check`` adds pip's steps (``agent.install.venvs.pip_commands``).
@@ -45,7 +47,7 @@ from pathlib import Path
 
 from agent.core.errors import InstallerFailed, echo
 from agent.core.pip_spec import PipSpec
-from agent.core.uv_spec import UvSpec, uv_version_matches
+from agent.core.uv_spec import UvSpec
 from agent.install.disk.staging import through
 from agent.install.venvs.disk_guard import DiskGuard, enospc_error, log_says_enospc
 from agent.install.venvs.pip_commands import install_options, pip_argv, pip_version_argv
@@ -63,7 +65,7 @@ _TAIL_LINE_CHARS = 200  # each cut to this
 _TAIL_READ_BYTES = 64 * 1024  # of the log's end, read to find them
 _PR_SET_PDEATHSIG = 1
 _PGID_BYTES = 20  # of an installer.pgid: a pid's digits
-_VERSION_TIMEOUT_S = 30.0  # for ``uv --version``, and the node python's site folders
+_VERSION_TIMEOUT_S = 30.0  # for the node python's site folders
 SITE_PTH = "_rtenv_node_site.pth"  # in a Ray-semantics venv's site-packages
 # printed by the node python: its site folders (a venv python's are its venv's), one per line
 _NODE_SITES = "import site\nfor d in site.getsitepackages(): print(d)\n"
@@ -221,13 +223,19 @@ async def build_venv(
     cache: Path | None = None,
     sources: Sequence[str] = (),
     guard: DiskGuard | None = None,
+    uv_dist: UvSpec | None = None,
+    agent_uv: str | None = None,
 ) -> Path:
     """Make ``staging/venv`` with the spec installed; return it. ``label`` names the package in
-    messages, already cut (``UriKey.label``). ``uv``: the uv binary (``find_uv``), used for a
-    ``UvSpec`` always and for a ``PipSpec`` when ``installer`` is "uv"; ``cache``: the root's
+    messages, already cut (``UriKey.label``). ``uv``: the uv binary (``find_uv``, or the uv of
+    the spec's ``uv_version``: ``agent.core.uv_tool``), used for a ``UvSpec`` always and for a
+    ``PipSpec`` when ``installer`` is "uv"; ``cache``: the root's
     wheel cache uv installs from, by hardlinks (``agent.install.venvs.wheel_cache``); ``sources``:
     the installer's arguments for the spec's local sources (their copies: ``local_read``);
-    ``guard``: the disk floor watched while each installer runs (``run_installer``)."""
+    ``guard``: the disk floor watched while each installer runs (``run_installer``);
+    ``uv_dist``: the set of ``uv<uv_version>`` (``agent.core.uv_tool.uv_set``), installed into
+    the venv before the spec's packages by ``agent_uv`` (the agent's uv) from ``cache``, as Ray
+    installs it into its venv."""
     venv = staging / "venv"
     venv_python = str(venv / "bin" / "python")
     if isinstance(spec, UvSpec) and uv is None:
@@ -235,8 +243,6 @@ async def build_venv(
             f"{label}: a uv env needs uv, and the agent finds none beside its python nor on "
             "PATH (install the agent's uv extra, or uv)"
         )
-    if isinstance(spec, UvSpec) and uv is not None and spec.uv_version:
-        await _check_uv_version(spec, uv, label)
     by_uv = isinstance(spec, UvSpec) or (installer == "uv" and not spec.pip_only)
     options = spec.options
     if uv is not None and by_uv:
@@ -252,6 +258,10 @@ async def build_venv(
             install += ["--link-mode", "hardlink", "--cache-dir", str(cache)]
         if isinstance(spec, PipSpec):
             options = spec.uv_options()
+        if uv_dist is not None and agent_uv is not None:  # the agent's uv: its cache's layout
+            await _install_uv_dist(
+                [agent_uv, *install[1:]], uv_dist, log_path, label, staging, guard
+            )
     else:
         if isinstance(spec, PipSpec) and installer == "uv" and spec.pip_only:
             pip_only = ", ".join(spec.pip_only)
@@ -287,6 +297,28 @@ async def build_venv(
     return venv
 
 
+async def _install_uv_dist(
+    install: list[str],
+    uv_dist: UvSpec,
+    log_path: Path,
+    label: str,
+    staging: Path,
+    guard: DiskGuard | None,
+) -> None:
+    """Install ``uv_dist`` (``uv<uv_version>``) by ``install`` (the agent's uv pip install);
+    its failure says why the venv needs a uv."""
+    try:
+        await run_installer(
+            [*install, *uv_dist.options, *uv_dist.packages], log_path, label, staging, guard=guard
+        )
+    except InstallerFailed as exc:
+        raise InstallerFailed(
+            f"{exc.message}\n(uv.uv_version: the venv gets {echo(uv_dist.packages[0])} installed "
+            "into it before its packages, as Ray's does, from the places its "
+            "uv_pip_install_options name, else the default index)"
+        ) from exc
+
+
 async def site_folders_of(python: str, label: str) -> list[str]:
     """The site folders of the node's python (``site.getsitepackages()``)."""
     try:
@@ -319,26 +351,6 @@ def write_site_pth(venv: Path, sites: Sequence[str]) -> None:
     """Write ``SITE_PTH`` in each of the venv's site-packages folders. Blocking."""
     for site_packages in venv.glob("lib/python*/site-packages"):
         (site_packages / SITE_PTH).write_text(site_line(sites))
-
-
-async def _check_uv_version(spec: UvSpec, uv: str, label: str) -> None:
-    """Refuse the env when the agent's uv does not satisfy its ``uv_version``."""
-    try:
-        done = await run([uv, "--version"], env=installer_environ(), timeout_s=_VERSION_TIMEOUT_S)
-    except TimeoutError:
-        raise InstallerFailed(
-            f"{label}: the agent's uv ({echo(uv)}) did not tell its version within "
-            f"{_VERSION_TIMEOUT_S:g}s, so uv.uv_version cannot be checked"
-        ) from None
-    out = done.output if done.code == 0 else b""
-    words = out.decode(errors="replace").split()
-    version = words[1] if len(words) > 1 and words[0] == "uv" else ""
-    if not version or not uv_version_matches(spec, version):
-        raise InstallerFailed(
-            f"{label}: uv.uv_version {echo(spec.uv_version)} asks for another uv than the "
-            f"agent's ({echo(version or 'unknown')}, {echo(uv)}): this agent builds every venv "
-            "with its own uv and installs no other; leave uv_version out, or match it"
-        )
 
 
 def relocate(venv: Path, final: Path) -> None:

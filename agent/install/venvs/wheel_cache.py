@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 CACHE_DIR = "wheel-cache"
 _CLEAN_TIMEOUT_S = 120.0  # uv cache clean waits for the installs using the cache; at most this
+_VERSION_TIMEOUT_S = 30.0  # for ``uv --version``
 
 
 def find_uv() -> str | None:
@@ -43,6 +44,20 @@ def find_uv() -> str | None:
     if os.access(beside, os.X_OK) and beside.is_file():
         return str(beside)
     return shutil.which("uv")
+
+
+async def version_of(uv: str | None) -> str:
+    """The version a uv binary tells (``uv --version``: "uv 0.13.9 (...)" -> "0.13.9"); "" when
+    there is no uv, or it tells none within ``_VERSION_TIMEOUT_S`` (a ``uv_version`` is then
+    never taken as satisfied by it)."""
+    if uv is None:
+        return ""
+    try:
+        done = await run([uv, "--version"], env=installer_environ(), timeout_s=_VERSION_TIMEOUT_S)
+    except (TimeoutError, OSError):
+        return ""
+    words = done.output.decode(errors="replace").split() if done.code == 0 else []
+    return words[1] if len(words) > 1 and words[0] == "uv" else ""
 
 
 def own_bytes(cache: Path) -> int:
@@ -61,11 +76,13 @@ def own_bytes(cache: Path) -> int:
 
 
 class WheelCache:
-    """The cache folder and the uv that clears it."""
+    """The cache folder and the uv that clears it (the agent's: ``version`` is what it tells,
+    "" if unknown)."""
 
-    def __init__(self, root: Path, uv: str | None) -> None:
+    def __init__(self, root: Path, uv: str | None, version: str = "") -> None:
         self.path = root / CACHE_DIR
         self.uv = uv
+        self.version = version
         self.own_bytes = 0  # as of the last measure
         self.clears = 0
 
