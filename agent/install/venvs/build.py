@@ -238,7 +238,7 @@ async def build_venv(
     if isinstance(spec, UvSpec) and uv is not None and spec.uv_version:
         await _check_uv_version(spec, uv, label)
     by_uv = isinstance(spec, UvSpec) or (installer == "uv" and not spec.pip_only)
-    options = spec.options
+    options = install_options(spec)  # a uv set's option lines too (``UvSpec.line_options``)
     if uv is not None and by_uv:
         await run_installer(
             [uv, "venv", "--quiet", "--python", python, str(venv)],
