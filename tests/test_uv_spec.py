@@ -230,7 +230,7 @@ def test_every_refusal_of_the_full_table_names_why(option: str, why: str) -> Non
 @pytest.mark.parametrize(
     "options",
     [
-        ["--index-strategy", "unsafe-best-match"], ["--reinstall-package", "a"],
+        ["--reinstall-package", "a"],
         ["--no-build-isolation-package", "a"], ["-P", "a"], ["--upgrade-package=a"],
         ["--prerelease-package", "a=allow"], ["--exact"], ["--dry-run"], ["--no-editable"],
         ["--torch-backend", "cpu"], ["--no-installer-metadata"], ["--pre"],
