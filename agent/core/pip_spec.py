@@ -73,8 +73,11 @@ from agent.core.pip_options import (
 )
 from agent.core.places import check_place
 from agent.core.roots import FileRoots
+from agent.core.uv_options import SPLITS
 
-PIP_TABLES = OptionTables(ALLOWED, REFUSED, REQUIREMENTS_FILE)
+# a pip set may be built by uv (``pip-installer uv``), which splits some values into several
+# places (``--find-links a,b``): each part is checked, for whichever installer reads it
+PIP_TABLES = OptionTables(ALLOWED, REFUSED, REQUIREMENTS_FILE, splits=SPLITS)
 _FIELDS = ("packages", "pip_install_options", "pip_check", "pip_version")
 _MAX_VERSION_CHARS = 100
 MAX_REQUIREMENTS = 512
