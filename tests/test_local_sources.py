@@ -143,9 +143,9 @@ def test_a_refused_form_is_named_with_the_way_that_works(
         assert word in refused.message
 
 
-def test_an_option_line_in_uv_names_uvs_options_field() -> None:
-    with pytest.raises(InvalidRuntimeEnv, match=r"uv\.uv_pip_install_options"):
-        parse_uv(["-f /srv/allowed/w"], file_roots=ROOTS)
+def test_an_option_line_uv_does_not_read_in_a_requirements_file_names_uvs_options_field() -> None:
+    with pytest.raises(InvalidRuntimeEnv, match=r"pass any other in uv\.uv_pip_install_options"):
+        parse_uv(["--upgrade", "a"], file_roots=ROOTS)
 
 
 def test_an_editable_folder_needs_an_allowed_root_as_the_option_does() -> None:

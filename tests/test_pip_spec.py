@@ -262,6 +262,19 @@ def test_a_local_find_links_page_is_refused_with_roots_set_as_its_links_lead_any
     assert spec(with_options("-f", str(tmp_path / "links.html"))).options, "no roots: as before"
 
 
+def test_each_place_of_a_value_uv_would_split_is_checked_as_a_pip_set_may_be_built_by_uv() -> None:
+    """Before: '--find-links https://x,/etc' was checked whole (a remote URL), and a pip set
+    built by uv (pip-installer uv) read '/etc' too: uv splits it at the comma."""
+    roots = ("/srv/allowed",)
+    for option, value in (("--find-links", "https://x.test/a,/etc"),
+                          ("--extra-index-url", "https://x.test/s /etc")):  # fmt: skip
+        with pytest.raises(PermissionDenied) as failed:
+            parse_pip(with_options(option, value), file_roots=roots)
+        assert f"{option} '/etc' is outside the folders" in failed.value.message
+        with pytest.raises(PermissionDenied):
+            parse_pip([f"{option} {value!r}", "a"], file_roots=roots)
+
+
 NEVER = [
     with_options("--find-links", "wheels"),
     with_options("--find-links", "~/wheels"),

@@ -203,3 +203,151 @@ def test_what_rays_own_validation_makes_of_both_forms_is_one_venv_here() -> None
     dicted = validation.parse_and_validate_uv({"packages": ["numpy", "requests"]})
     assert dicted["uv_pip_install_options"] == ["--no-cache"], "Ray's default, as read"
     assert spec(listed) == spec(dicted) == spec(["requests", "numpy"])
+
+
+@pytest.mark.parametrize(
+    ("option", "why"),
+    [
+        ("--requirement", "reads a requirements file"), ("--constraint", "reads a constraints"),
+        ("--excludes", "reads a file of the agent's node"),
+        ("--build-constraints", "reads a file of the agent's node"),
+        ("--group", "reads a file of the agent's node (a pyproject.toml"),
+        ("--project", "reads a file of the agent's node"),
+        ("--directory", "runs uv in a folder of the agent's node"),
+        ("--user", "writes outside"), ("--break-system-packages", "writes outside"),
+        ("-t", "writes outside"),
+        ("--managed-python", "picks another interpreter"),
+        ("--python-preference", "picks another interpreter"),
+        ("--config-settings-package", "passes arguments to a package's build backend"),
+        ("--help", "prints and exits"), ("--show-settings", "prints and exits"),
+    ],
+)  # fmt: skip
+def test_every_refusal_of_the_full_table_names_why(option: str, why: str) -> None:
+    message = refused({"packages": ["a"], "uv_pip_install_options": [option, "x"]})
+    assert f"uv.uv_pip_install_options: '{option}' is refused: {why}" in message
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--reinstall-package", "a"],
+        ["--no-build-isolation-package", "a"], ["-P", "a"], ["--upgrade-package=a"],
+        ["--prerelease-package", "a=allow"], ["--exact"], ["--dry-run"], ["--no-editable"],
+        ["--torch-backend", "cpu"], ["--no-installer-metadata"], ["--pre"],
+        ["--trusted-host", "x.test"], ["--force-reinstall"], ["--no-python-downloads"],
+        ["--python-version", "3.11"], ["--no-sources-package", "a"], ["--system-certs"],
+    ],
+)  # fmt: skip
+def test_uv_options_refused_before_are_taken(options: list[str]) -> None:
+    """Before: each 'not an option an env may pass'. Every option of uv pip install but the
+    refused ones is taken, and is part of the venv's key."""
+    got = spec({"packages": ["a"], "uv_pip_install_options": options})
+    assert got.options == tuple(options)
+    assert got.uri != spec(["a"]).uri
+
+
+def test_pips_spelling_of_no_cache_is_dropped_as_rays_default_is() -> None:
+    """uv takes pip's --no-cache-dir for its --no-cache: dropped likewise (before: refused)."""
+    assert spec({"packages": ["a"], "uv_pip_install_options": ["--no-cache-dir"]}) == spec(["a"])
+
+
+@pytest.mark.parametrize(
+    ("value", "bad"),
+    [
+        ("https://x.test/a,/etc", "/etc"), ("https://x.test/a,file:///etc", "file:///etc"),
+    ],
+)  # fmt: skip
+def test_each_place_of_a_find_links_uv_splits_at_commas_is_checked(value: str, bad: str) -> None:
+    """Before: the value was checked whole (a remote URL), and uv read '/etc' too."""
+    with pytest.raises(PermissionDenied) as failed:
+        parse_uv({"packages": ["a"], "uv_pip_install_options": ["--find-links", value]},
+                 file_roots=("/srv/allowed",))  # fmt: skip
+    assert f"--find-links '{bad}' is outside the folders" in failed.value.message
+
+
+@pytest.mark.parametrize("option", ["--extra-index-url", "--index"])
+def test_each_index_of_a_value_uv_splits_at_whitespace_is_checked(option: str) -> None:
+    with pytest.raises(PermissionDenied) as failed:
+        parse_uv({"packages": ["a"], "uv_pip_install_options": [option, "https://x.test/s /etc"]},
+                 file_roots=("/srv/allowed",))  # fmt: skip
+    assert f"{option} '/etc' is outside the folders" in failed.value.message
+
+
+def test_a_named_index_is_checked_by_its_url() -> None:
+    """uv's --index and --default-index take ``name=URL``: before, refused as no URL."""
+    named = ["--index", "torch=https://x.test/s", "--default-index", "main=https://y.test/s"]
+    assert spec({"packages": ["a"], "uv_pip_install_options": named}).options == tuple(named)
+    with pytest.raises(PermissionDenied):
+        parse_uv({"packages": ["a"], "uv_pip_install_options": ["--index", "local=/etc"]},
+                 file_roots=("/srv/allowed",))  # fmt: skip
+
+
+def test_option_lines_of_a_uv_list_are_taken_keyed_and_given_after_the_options() -> None:
+    """Before: each refused as an option line. Ray writes the list into a requirements file:
+    the lines uv reads there are taken, in their order, part of the key and of the identity."""
+    index = "--index-url https://x.test/simple"
+    lines = [index, "--extra-index-url=https://y.test/s", "-f /srv/w", "--no-binary :all:"]
+    got = spec([*lines, "numpy"])
+    assert got.packages == ("numpy",)
+    assert got.lines == tuple(tuple(line.split()) for line in lines)
+    assert got.line_options == tuple(word for line in lines for word in line.split())
+    assert got.canonical()["packages"] == [*lines, "numpy"]
+    assert got.uri != spec(["numpy"]).uri
+    assert got.uri != spec([*reversed(lines), "numpy"]).uri, "their order is uv's order"
+    assert spec(["numpy"]) == spec({"packages": ["numpy"], "uv_pip_install_options": []})
+
+
+def test_a_line_is_read_as_uv_reads_it_one_option_up_to_a_hash() -> None:
+    got = spec(["--index-url https://x.test/simple#not-the-url", "--no-index # offline", "a"])
+    assert got.lines == (("--index-url", "https://x.test/simple"), ("--no-index",))
+    assert "holds more than one option: uv reads one option a line" in refused(
+        ["--no-index --find-links /srv/w", "a"]
+    )
+
+
+def test_the_lines_uv_ignores_are_taken_and_left_out_as_uv_leaves_them() -> None:
+    ignored = ["--pre", "--trusted-host x.test", "--prefer-binary", "--use-feature fast-deps"]
+    assert spec([*ignored, "a"]) == spec(["a"])
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("--upgrade", "a line may hold the options uv reads from a requirements file: "
+         "--index-url, --extra-index-url, --no-index, --find-links, --no-binary, --only-binary, "
+         "--require-hashes; pass any other in uv.uv_pip_install_options"),
+        ("--index https://x.test/s", "pass any other in uv.uv_pip_install_options"),
+        ("-r /srv/r.txt", "'-r' is refused: reads a requirements file"),
+        ("-c /srv/c.txt", "'-c' is refused: reads a constraints file"),
+        ("--index-url", "'--index-url' needs a value"),
+    ],
+)  # fmt: skip
+def test_a_line_uv_does_not_take_is_refused_saying_why(line: str, words: str) -> None:
+    assert words in refused([line, "a"])
+
+
+def test_two_index_url_lines_are_refused_as_uv_refuses_them() -> None:
+    message = refused(["-i https://x.test/a", "--index-url=https://x.test/b", "a"])
+    assert "uv.packages: 2 --index-url lines" in message
+    assert "name the others with --extra-index-url" in message
+
+
+def test_a_lines_places_are_checked_against_the_allowed_roots() -> None:
+    roots = ("/srv/allowed",)
+    for line in ("--index-url /etc", "--find-links=/etc", "--extra-index-url file:///etc",
+                 "-f https://x.test/w,/etc"):  # fmt: skip
+        with pytest.raises(PermissionDenied) as failed:
+            parse_uv([line, "a"], file_roots=roots)
+        assert "outside the folders" in failed.value.message, line
+
+
+def test_uv_is_given_the_lines_as_it_makes_of_a_requirements_file() -> None:
+    """uv keeps the command line's default index over a file's --index-url, and its command
+    line takes --no-index and --require-hashes once: such a line is left out there."""
+    got = spec({"packages": ["-i https://x.test/file", "--no-index", "--no-index",
+                             "--require-hashes", "--extra-index-url https://x.test/e", "a"],
+                "uv_pip_install_options": ["--default-index", "https://x.test/cli",
+                                           "--require-hashes"]})  # fmt: skip
+    assert got.line_options == ("--no-index", "--extra-index-url", "https://x.test/e")
+    alone = spec(["-i https://x.test/file", "a"])
+    assert alone.line_options == ("-i", "https://x.test/file")

@@ -50,7 +50,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
 from agent.core.errors import InvalidRuntimeEnv, echo
-from agent.core.install_options import OptionTables, check_options, option_tokens, pick
+from agent.core.install_options import OptionTables, check_options, pick, read_option_line
 from agent.core.kinds import NodeSite
 from agent.core.local_sources import (
     LocalSource,
@@ -73,8 +73,11 @@ from agent.core.pip_options import (
 )
 from agent.core.places import check_place
 from agent.core.roots import FileRoots
+from agent.core.uv_options import SPLITS
 
-PIP_TABLES = OptionTables(ALLOWED, REFUSED, REQUIREMENTS_FILE)
+# a pip set may be built by uv (``pip-installer uv``), which splits some values into several
+# places (``--find-links a,b``): each part is checked, for whichever installer reads it
+PIP_TABLES = OptionTables(ALLOWED, REFUSED, REQUIREMENTS_FILE, splits=SPLITS)
 _FIELDS = ("packages", "pip_install_options", "pip_check", "pip_version")
 _MAX_VERSION_CHARS = 100
 MAX_REQUIREMENTS = 512
@@ -271,7 +274,8 @@ def checked_set(
     given = check_items(f"{field}.{options_field}", options)
     kept = tuple(option for option in given if option not in tables.dropped)
     roots = file_roots if isinstance(file_roots, FileRoots) else FileRoots.of(file_roots)
-    check_options(kept, roots, f"{field}.{options_field}", tables.allowed, tables.refused)
+    where = f"{field}.{options_field}"
+    check_options(kept, roots, where, tables.allowed, tables.refused, splits=tables.splits)
     named, sources, lines = parse_requirements(
         requirements, f"{field}.packages", roots, f"{field}.{options_field}", tables
     )
@@ -318,7 +322,7 @@ def parse_requirements(
             sources.setdefault(found.line, found)
         elif isinstance(found, tuple):
             lines.append(found)
-        else:
+        elif found is not None:
             normalised.add(found)
     ordered = tuple(sources[line] for line in sorted(sources))
     return tuple(sorted(normalised)), ordered, tuple(lines)
@@ -326,23 +330,16 @@ def parse_requirements(
 
 def _line(
     text: str, where: str, roots: FileRoots, options_field: str, tables: OptionTables
-) -> str | LocalSource | tuple[str, ...]:
-    """One package line as pip reads it: a requirement (normalised), a local source, or an
-    option line (its words)."""
+) -> str | LocalSource | tuple[str, ...] | None:
+    """One package line as the tool reads it: a requirement (normalised), a local source, an
+    option line (its words), or None (a line the tool ignores)."""
     if text.startswith("-"):
         source = editable(text, where, roots, options_field)
         if source is not None:
             return source
         if not tables.lines:
             raise option_line(text, where, options_field)
-        words = tuple(option_tokens(text, where))
-        not_passed = (
-            f"a line may hold the options pip reads from a requirements file, such as "
-            f"--index-url, --extra-index-url, --find-links, --pre; pass any other in "
-            f"{options_field}; abbreviations and short options run together are refused"
-        )
-        check_options(words, roots, where, tables.lines, tables.refused, not_passed)
-        return words
+        return read_option_line(text, where, roots, options_field, tables)
     try:
         requirement = Requirement(text)
     except InvalidRequirement as exc:

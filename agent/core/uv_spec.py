@@ -15,15 +15,22 @@ lines naming files or folders of the node are taken as ``pip``'s are (``local_so
   fails the install FAILED_PRECONDITION in the installer's words. It stays in the venv's key.
 - ``uv_check: true`` runs ``uv pip check`` in the venv after the install, as Ray does; a
   conflict fails the install with uv's lines.
-- ``uv_pip_install_options``: options of ``uv pip install``, by an allow-list of full spellings
-  (``_ALLOWED``), each place they read packages from checked as ``pip``'s are. ``--no-cache``
-  (``-n``), which Ray's driver writes into the object form as its default, is dropped: the
-  agent's venvs are all linked from its one wheel cache, counted in its budget (the point of
-  Ray's default is to keep uv's own cache in the home folder from growing unbounded), so Ray's
-  normalised object and the list are one venv. Options that read files
-  (``-r``, ``-c``, ``--overrides``, ``--cert``, ``--config-file``), write elsewhere (``--target``,
-  ``--prefix``, ``--system``, ``--cache-dir``), pick another interpreter (``-p``) or the link
-  mode (``--link-mode``: the agent's) are refused by name.
+- ``uv_pip_install_options``: every option of ``uv pip install`` (``agent.core.uv_options``:
+  the installed uv's table, whole spellings only) but those refused by name, each saying why:
+  what reads a file of the node (``-r``, ``-c``, ``--overrides``, ``--cert``, ``--config-file``),
+  writes outside the venv (``--target``, ``--prefix``, ``--system``, ``--cache-dir``), picks
+  another interpreter (``-p``), the link mode (``--link-mode``: the agent's)... Each place they
+  read packages from is checked as ``pip``'s are, each part of a value uv splits
+  (``--find-links a,b``) apart. ``--no-cache`` (``-n``), which Ray's driver writes into the
+  object form as its default, is dropped: the agent's venvs are all linked from its one wheel
+  cache, counted in its budget (the point of Ray's default is to keep uv's own cache in the
+  home folder from growing unbounded), so Ray's normalised object and the list are one venv.
+- Option lines: Ray's agent writes the list into a requirements file, so a line holding an
+  option uv reads there (``--index-url URL``, ``--extra-index-url``, ``--find-links``,
+  ``--no-index``...: ``uv_options.REQUIREMENTS_FILE``) is taken as uv reads it (one option a
+  line, its value up to a ``#``), its words kept in order (``UvSpec.lines``, in the key) and
+  given to uv after the options, as uv makes of them (``UvSpec.line_options``); the lines uv
+  ignores (``--pre``, ``--trusted-host``...) are taken and left out, as uv leaves them.
 
 ``uv`` and ``pip`` with the same packages are *not* one venv: a different resolver, and options
 of a different tool; and both fields in one env are refused, as Ray refuses them.
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,49 +52,30 @@ from agent.core.kinds import NodeSite
 from agent.core.local_sources import LocalSource, listed, source_identity
 from agent.core.pip_spec import checked_set, interpreter
 from agent.core.roots import FileRoots
+from agent.core.uv_options import (
+    ALLOWED,
+    DROPPED,
+    IGNORED_LINES,
+    REFUSED,
+    REQUIREMENTS_FILE,
+    SPLITS,
+)
 
 _FIELDS = ("packages", "uv_version", "uv_check", "uv_pip_install_options")
 _MAX_VERSION_CHARS = 100
-
-# uv pip install options an env may pass, by full spelling, each with whether it takes a value.
-_ALLOWED: dict[str, bool] = {
-    "--index-url": True, "-i": True, "--extra-index-url": True, "--default-index": True,
-    "--index": True, "--no-index": False, "--find-links": True, "-f": True,
-    "--index-strategy": True, "--no-deps": False, "--only-binary": True, "--no-binary": True,
-    "--no-build": False, "--no-build-isolation": False, "--upgrade": False, "-U": False,
-    "--reinstall": False, "--resolution": True, "--prerelease": True, "--exclude-newer": True,
-    "--require-hashes": False, "--no-verify-hashes": False, "--compile-bytecode": False,
-    "--refresh": False, "--offline": False,
-    "--no-sources": False, "--strict": False, "--quiet": False, "-q": False,
-    "--verbose": False, "-v": False, "--no-progress": False, "--editable": True, "-e": True,
-    "--allow-insecure-host": True, "--color": True,
-}  # fmt: skip
-_DROPPED = ("--no-cache", "-n")  # Ray's default: the agent's cache is counted (see above)
-_FILE_LIST = "list the requirements in uv.packages instead"
-_WRITES = "writes outside the env's venv"
-_READS = "reads a file of the agent's node"
-_REFUSED: dict[str, str] = {
-    "-r": f"reads a requirements file; {_FILE_LIST}",
-    "--requirements": f"reads a requirements file; {_FILE_LIST}",
-    "-c": f"reads a constraints file; {_FILE_LIST}",
-    "--constraints": f"reads a constraints file; {_FILE_LIST}",
-    "--overrides": f"reads an overrides file; {_FILE_LIST}",
-    "--excludes": _READS, "-b": _READS, "--build-constraints": _READS, "--cert": _READS,
-    "--config-file": _READS, "--directory": _READS, "--project": _READS,
-    "-C": "passes arguments to a package's build backend, which may take them as paths",
-    "--config-setting": "passes arguments to a package's build backend, which may take them "
-    "as paths",
-    "-t": _WRITES, "--target": _WRITES, "--prefix": _WRITES, "--user": _WRITES,
-    "--system": _WRITES, "--break-system-packages": _WRITES, "--cache-dir": _WRITES,
-    "-p": "picks another interpreter than the env's venv", "--python": "picks another "
-    "interpreter than the env's venv",
-    "--link-mode": "the agent links every venv to its shared wheel cache (hardlinks)",
-    "--keyring-provider": "runs a credential helper of the agent's node",
-}  # fmt: skip
-
-
-# no option line is taken in a uv list (yet): such a line is refused, naming the options field
-_TABLES = OptionTables(_ALLOWED, _REFUSED, {}, _DROPPED)
+_ALLOWED = ALLOWED  # uv pip install's options an env may pass (``agent.core.uv_options``)
+_TABLES = OptionTables(
+    ALLOWED,
+    REFUSED,
+    REQUIREMENTS_FILE,
+    DROPPED,
+    tool="uv",
+    splits=SPLITS,
+    ignored_lines=IGNORED_LINES,
+    one_option_a_line=True,
+)
+_DEFAULT_INDEX = ("-i", "--index-url", "--default-index")  # uv keeps the first it is given
+_ONCE = ("--no-index", "--require-hashes")  # flags uv's command line takes once
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +92,9 @@ class UvSpec:
     sees: NodeSite | None = None
     sources: tuple[LocalSource, ...] = ()  # as ``PipSpec.sources``
     contents: tuple[str, ...] = ()  # their digests, read at create
+    # the option lines of the list (``--index-url URL``), each its words, in their order: uv
+    # reads them from the requirements file Ray's agent writes (``PipSpec.lines``)
+    lines: tuple[tuple[str, ...], ...] = ()
 
     @property
     def digest(self) -> str:
@@ -113,6 +105,8 @@ class UvSpec:
             "python": self.python,
             "platform": self.platform,
         }
+        if self.lines:  # only when set: the digests of sets without, as they were
+            identity["lines"] = self.lines
         if self.uv_version:
             identity["uv_version"] = self.uv_version
         if self.uv_check:
@@ -130,9 +124,13 @@ class UvSpec:
         return f"uv://{self.digest}"
 
     def canonical(self) -> dict[str, object]:
-        """The env's identity: the set, the options, and the keys that change the venv."""
+        """The env's identity: the set, its option lines first (as given, in their order), the
+        options, and the keys that change the venv."""
         out: dict[str, object] = {
-            "packages": listed(self.packages, self.sources),
+            "packages": [
+                *(shlex.join(line) for line in self.lines),
+                *listed(self.packages, self.sources),
+            ],
             "uv_pip_install_options": list(self.options),
         }
         if self.uv_version:
@@ -140,6 +138,24 @@ class UvSpec:
         if self.uv_check:
             out["uv_check"] = True
         return out
+
+    @property
+    def line_options(self) -> tuple[str, ...]:
+        """The option lines' words as uv's command line takes them after the options, meaning
+        what uv makes of them in a requirements file: there, the options' default index wins
+        over a line's ``--index-url`` (dropped), and a flag the options hold, or a line before,
+        counts once (uv's command line refuses it twice)."""
+        given = {option.partition("=")[0] for option in self.options}
+        out: list[str] = []
+        for line in self.lines:
+            flag = line[0].partition("=")[0]
+            if flag in _DEFAULT_INDEX and given.intersection(_DEFAULT_INDEX):
+                continue
+            if flag in _ONCE and flag in given:
+                continue
+            given.add(flag)
+            out.extend(line)
+        return tuple(out)
 
 
 def parse_uv(value: object, *, file_roots: Sequence[str] | FileRoots = ()) -> UvSpec | None:
@@ -167,6 +183,7 @@ def parse_uv(value: object, *, file_roots: Sequence[str] | FileRoots = ()) -> Uv
             f"uv must be a list of requirements or an object with packages, got {type_name(value)}"
         )
     found = checked_set("uv", packages, "uv_pip_install_options", options, file_roots, _TABLES)
+    _one_index_line(found.lines)
     if not found.packages and not found.sources:
         return None
     python, machine = interpreter()
@@ -178,7 +195,19 @@ def parse_uv(value: object, *, file_roots: Sequence[str] | FileRoots = ()) -> Uv
         python=python,
         platform=machine,
         sources=found.sources,
+        lines=found.lines,
     )
+
+
+def _one_index_line(lines: tuple[tuple[str, ...], ...]) -> None:
+    """uv refuses a requirements file with two ``--index-url`` lines: so does the agent."""
+    indexes = [line for line in lines if line[0].partition("=")[0] in ("-i", "--index-url")]
+    if len(indexes) > 1:
+        raise InvalidRuntimeEnv(
+            f"uv.packages: {len(indexes)} --index-url lines ({echo(shlex.join(indexes[1]))} "
+            "after the first); uv reads one from a requirements file: name the others with "
+            "--extra-index-url"
+        )
 
 
 def _check_flag(value: object) -> bool:

@@ -244,7 +244,7 @@ async def build_venv(
             "PATH (install the agent's uv extra, or uv)"
         )
     by_uv = isinstance(spec, UvSpec) or (installer == "uv" and not spec.pip_only)
-    options = spec.options
+    options = install_options(spec)  # a uv set's option lines too (``UvSpec.line_options``)
     if uv is not None and by_uv:
         await run_installer(
             [uv, "venv", "--quiet", "--python", python, str(venv)],

@@ -42,6 +42,7 @@ def pip_version_argv(python: str, venv_python: str, spec: PipSpec) -> list[str]:
 
 
 def install_options(spec: PipSpec | UvSpec) -> tuple[str, ...]:
-    """The set's options as pip is given them: a pip set's option lines after its options (a
-    line's ``--index-url`` wins, as a requirements file's does)."""
-    return spec.options if isinstance(spec, UvSpec) else (*spec.options, *spec.line_options)
+    """The set's options as its installer is given them: its option lines after its options, as
+    each tool makes of a requirements file's (pip's: a line's ``--index-url`` wins; uv's:
+    ``UvSpec.line_options``)."""
+    return (*spec.options, *spec.line_options)
