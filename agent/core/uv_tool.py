@@ -82,14 +82,15 @@ def uv_tool(spec: UvSpec, agent_uv: str) -> UvTool | None:
 
 
 def uv_set(spec: UvSpec) -> UvSpec | None:
-    """The set that installs ``uv<uv_version>`` from the env's places (``--no-build``): the uv
+    """The set that installs ``uv<uv_version>`` from the env's places, in its options and its
+    option lines (``--no-build``): the uv
     package's (``uv_tool``), and the one the agent's uv installs into the env's venv before its
     packages, whichever uv builds it; None without a ``uv_version``."""
     if not spec.uv_version:
         return None
     return UvSpec(
         packages=(str(Requirement(f"uv{spec.uv_version}")),),
-        options=(*options_among(spec.options, _WHERE), _NO_BUILD),
+        options=(*options_among((*spec.options, *spec.line_options), _WHERE), _NO_BUILD),
         uv_version="",
         uv_check=False,
         python=spec.python,
