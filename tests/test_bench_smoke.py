@@ -32,6 +32,7 @@ def _number(x: object) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)
 
 
+@pytest.mark.timeout(300)  # the run's own bound is 240 s: a loaded machine took 124
 def test_the_benchmark_runs_every_workload_with_tiny_sizes_and_reports_them() -> None:
     base = short_tempdir()  # short: the agents' unix sockets live inside it
     out = base / "bench-results.json"
