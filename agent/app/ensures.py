@@ -34,13 +34,13 @@ def start_ensures(packages: Sequence[Package], ensure: Ensure) -> list[asyncio.F
         if task is None:
             built_by_tool = first and row_of(package.key.kind).build is Build.UV_VENV
             task = asyncio.ensure_future(
-                after(first, ensure, package) if built_by_tool else ensure(package)
+                _after(first, ensure, package) if built_by_tool else ensure(package)
             )
         out.append(task)
     return out
 
 
-async def after(tools: Sequence[asyncio.Future[Path]], ensure: Ensure, package: Package) -> Path:
+async def _after(tools: Sequence[asyncio.Future[Path]], ensure: Ensure, package: Package) -> Path:
     """``ensure(package)`` once every tool is installed; a tool's failure raised instead. The
     tools are waited for, never cancelled from here (they are the create's tasks too)."""
     await asyncio.wait(tools)
