@@ -53,28 +53,29 @@ PIP_INSTALL: dict[str, bool] = {
     "--no-python-version-warning": False, "--use-feature": True, "--use-deprecated": True,
 }  # fmt: skip
 
-# Refused, each with why: a refusal says what to do instead.
+# Refused, each with why: a refusal says what to do instead. The reasons pip's and uv's
+# refusals share (``agent.core.uv_options`` takes them from here).
 _FILE_LIST = "list the requirements in pip.packages instead"
-_WRITES = "writes outside the env's venv"
-_READS = "reads a file of the agent's node"
-_BACKEND = "passes arguments to a package's build backend, which may take them as paths"
-_EXITS = "prints and exits without installing anything"
+WRITES = "writes outside the env's venv"
+READS = "reads a file of the agent's node"
+BACKEND = "passes arguments to a package's build backend, which may take them as paths"
+EXITS = "prints and exits without installing anything"
 REFUSED: dict[str, str] = {
     "-r": f"reads a requirements file (which may name further files); {_FILE_LIST}",
     "--requirement": f"reads a requirements file (which may name further files); {_FILE_LIST}",
     "-c": f"reads a constraints file (which may name further files); {_FILE_LIST}",
     "--constraint": f"reads a constraints file (which may name further files); {_FILE_LIST}",
-    "-C": _BACKEND, "--config-settings": _BACKEND, "--global-option": _BACKEND,
-    "--build-option": _BACKEND,  # older pips'
-    "-t": _WRITES, "--target": _WRITES, "--prefix": _WRITES, "--root": _WRITES,
-    "--user": _WRITES, "--src": _WRITES, "--source": _WRITES, "--source-dir": _WRITES,
-    "--source-directory": _WRITES, "--cache-dir": _WRITES, "--log": _WRITES,
-    "--log-file": _WRITES, "--local-log": _WRITES, "--report": _WRITES,
-    "--build": _WRITES, "-b": _WRITES,  # older pips' build folder
-    "--cert": _READS, "--client-cert": _READS,
+    "-C": BACKEND, "--config-settings": BACKEND, "--global-option": BACKEND,
+    "--build-option": BACKEND,  # older pips'
+    "-t": WRITES, "--target": WRITES, "--prefix": WRITES, "--root": WRITES,
+    "--user": WRITES, "--src": WRITES, "--source": WRITES, "--source-dir": WRITES,
+    "--source-directory": WRITES, "--cache-dir": WRITES, "--log": WRITES,
+    "--log-file": WRITES, "--local-log": WRITES, "--report": WRITES,
+    "--build": WRITES, "-b": WRITES,  # older pips' build folder
+    "--cert": READS, "--client-cert": READS,
     "--python": "picks another interpreter than the env's venv",
     "--keyring-provider": "runs a credential helper of the agent's node",
-    "--help": _EXITS, "-h": _EXITS, "--version": _EXITS, "-V": _EXITS,
+    "--help": EXITS, "-h": EXITS, "--version": EXITS, "-V": EXITS,
 }  # fmt: skip
 
 ALLOWED: dict[str, bool] = {k: v for k, v in PIP_INSTALL.items() if k not in REFUSED}

@@ -30,6 +30,8 @@ one option a line, its value up to a ``#``; it reads and ignores ``IGNORED_LINES
 
 from __future__ import annotations
 
+from agent.core.pip_options import BACKEND, EXITS, READS, WRITES
+
 # uv 0.13's ``uv pip install --help``, each spelling: whether it takes a value.
 UV_PIP_INSTALL: dict[str, bool] = {
     # options
@@ -90,11 +92,7 @@ UV_HIDDEN: dict[str, bool] = {
 
 # Refused, each with why: a refusal says what to do instead.
 _FILE_LIST = "list the requirements in uv.packages instead"
-_WRITES = "writes outside the env's venv"
-_READS = "reads a file of the agent's node"
-_BACKEND = "passes arguments to a package's build backend, which may take them as paths"
 _PYTHON = "picks another interpreter than the env's venv's, or fetches one"
-_EXITS = "prints and exits without installing anything"
 REFUSED: dict[str, str] = {
     "-r": f"reads a requirements file (which may name further files); {_FILE_LIST}",
     "--requirements": f"reads a requirements file (which may name further files); {_FILE_LIST}",
@@ -104,21 +102,21 @@ REFUSED: dict[str, str] = {
     "--constraint": f"reads a constraints file; {_FILE_LIST}",
     "--overrides": f"reads an overrides file; {_FILE_LIST}",
     "--override": f"reads an overrides file; {_FILE_LIST}",
-    "--excludes": _READS, "--exclude": _READS, "-b": _READS, "--build-constraints": _READS,
-    "--build-constraint": _READS, "--cert": _READS, "--config-file": _READS,
-    "--group": f"{_READS} (a pyproject.toml, by its path or in the working directory)",
-    "--project": f"{_READS} (a project's pyproject.toml and uv.toml)",
+    "--excludes": READS, "--exclude": READS, "-b": READS, "--build-constraints": READS,
+    "--build-constraint": READS, "--cert": READS, "--config-file": READS,
+    "--group": f"{READS} (a pyproject.toml, by its path or in the working directory)",
+    "--project": f"{READS} (a project's pyproject.toml and uv.toml)",
     "--directory": "runs uv in a folder of the agent's node, where relative paths resolve",
-    "-t": _WRITES, "--target": _WRITES, "--prefix": _WRITES, "--user": _WRITES,
-    "--system": _WRITES, "--break-system-packages": _WRITES, "--cache-dir": _WRITES,
+    "-t": WRITES, "--target": WRITES, "--prefix": WRITES, "--user": WRITES,
+    "--system": WRITES, "--break-system-packages": WRITES, "--cache-dir": WRITES,
     "-p": _PYTHON, "--python": _PYTHON, "--managed-python": _PYTHON,
     "--python-preference": _PYTHON, "--python-fetch": _PYTHON,
     "--allow-python-downloads": _PYTHON,
     "--link-mode": "the agent links every venv to its shared wheel cache (hardlinks)",
-    "-C": _BACKEND, "--config-setting": _BACKEND, "--config-settings": _BACKEND,
-    "--config-settings-package": _BACKEND,
+    "-C": BACKEND, "--config-setting": BACKEND, "--config-settings": BACKEND,
+    "--config-settings-package": BACKEND,
     "--keyring-provider": "runs a credential helper of the agent's node",
-    "--help": _EXITS, "-h": _EXITS, "--show-settings": _EXITS,
+    "--help": EXITS, "-h": EXITS, "--show-settings": EXITS,
 }  # fmt: skip
 
 # Ray's default (its driver writes ["--no-cache"] into the object form), and pip's spelling of
