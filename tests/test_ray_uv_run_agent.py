@@ -48,6 +48,9 @@ WRITE_MIB = 10  # what the first task of an experiment writes into its working d
 
 pytestmark = [
     pytest.mark.skipif(not UV.is_file(), reason=f"needs uv beside this python ({UV})"),
+    # a test runs up to three drivers in turn, each bounded by DRIVER_S: pytest's 120 s cut
+    # the third of one (72 s on a quiet run) when CI's other worker and a Ray run shared the cores
+    pytest.mark.timeout(600),
 ]
 
 
