@@ -1,0 +1,87 @@
+"""The oracle of the chaos run on real Ray (scripts/chaosray/oracle.py): it tells the failures a
+fault the run injected can have caused from every other failure, exactly, and never excuses a
+unit of work that saw other files than its env's."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+if str(SCRIPTS) not in sys.path:
+    sys.path.append(str(SCRIPTS))
+
+from chaosray.oracle import JOIN_S, AttemptEnd, Fault, Outcome, judge  # noqa: E402
+
+
+def _failed(cluster: int = 0, attempt: int = 1, t0: float = 100.0, t1: float = 110.0,
+            paths: tuple[str, ...] = ("/pkg/a.zip",)) -> Outcome:  # fmt: skip
+    return Outcome(cluster, attempt, "wd-1", paths, t0, t1, False, "WorkerCrashedError", "died")
+
+
+def test_a_unit_that_saw_other_files_is_a_violation_whatever_faults_there_were() -> None:
+    """Rule 1: a mismatch is never expected, not even beside a fault that ended its cluster."""
+    seen = Outcome(0, 1, "wd-1", (), 100, 110, False, mismatch=("missing a.txt at end",))
+    faults = [Fault("raylet", 105, 105, cluster=0, attempt=1)]
+    verdict = judge([seen], faults, [])
+    assert verdict.violations == ["cluster 0 attempt 1: task of wd-1 saw other files: "
+                                  "missing a.txt at end"]  # fmt: skip
+
+
+def test_a_failure_with_no_fault_is_a_violation_naming_its_error() -> None:
+    verdict = judge([_failed()], [], [])
+    assert len(verdict.violations) == 1
+    assert "failed with no fault to cause it: WorkerCrashedError: died" in verdict.violations[0]
+    assert verdict.failed == 1
+
+
+@pytest.mark.parametrize(
+    ("fault", "explained"),
+    [
+        # a fault that ends the cluster: that attempt's failures from the fault on
+        (Fault("raylet", 105, 105, cluster=0, attempt=1), True),
+        (Fault("raylet", 105, 105, cluster=0, attempt=2), False),  # another attempt
+        (Fault("raylet", 105, 105, cluster=1, attempt=1), False),  # another cluster
+        (Fault("agent", 111, 111, cluster=0, attempt=1), False),  # after the failure
+        (Fault("crash:after_download", 50, 50, cluster=0, attempt=1), True),
+        # a worker killed while the unit was in flight, on its cluster
+        (Fault("worker", 105, 105, cluster=0, attempt=1), True),
+        (Fault("worker", 99, 99, cluster=0, attempt=1), False),  # before it was submitted
+        (Fault("worker", 105, 105, cluster=2, attempt=1), False),
+        # windows: an agent stopped, the disk full (every cluster)
+        (Fault("sigstop", 90, 101, cluster=0), True),
+        (Fault("sigstop", 90, 99, cluster=0), False),
+        (Fault("disk-full", 109, 112), True),
+        (Fault("disk-full", 111, 112), False),
+        # the package server: only on a path the unit's env downloads
+        (Fault("server:500", 105, 105, path="/pkg/a.zip"), True),
+        (Fault("server:500", 105, 105, path="/pkg/b.zip"), False),
+        (Fault("server:reset", 100 - JOIN_S + 1, 0, path="/pkg/a.zip"), True),  # joined build
+        (Fault("server:reset", 100 - JOIN_S - 1, 0, path="/pkg/a.zip"), False),
+    ],
+)
+def test_a_failure_is_explained_only_by_a_fault_that_can_have_caused_it(
+    fault: Fault, explained: bool
+) -> None:
+    verdict = judge([_failed()], [fault], [])
+    assert (verdict.violations == []) is explained, verdict.violations
+    assert verdict.explained == ({fault.kind: 1} if explained else {})
+
+
+def test_an_attempt_that_did_not_finish_needs_a_fault_that_ended_its_cluster() -> None:
+    """Rule 3: a driver that died or hung is a violation unless a fault ended its cluster."""
+    ends = [AttemptEnd(0, 1, False, "exit -9"), AttemptEnd(1, 1, False, "exit 1"),
+            AttemptEnd(2, 1, True)]  # fmt: skip
+    faults = [Fault("driver", 5, 5, cluster=0, attempt=1), Fault("worker", 5, 5, cluster=1,
+                                                                 attempt=1)]  # fmt: skip
+    verdict = judge([], faults, ends)
+    assert verdict.violations == ["cluster 1 attempt 1 ended with no fault to end it: exit 1"]
+
+
+def test_successes_and_explained_failures_are_counted() -> None:
+    ok = Outcome(0, 1, "wd-1", (), 1, 2, True)
+    verdict = judge([ok, ok, _failed()], [Fault("gcs", 101, 101, cluster=0, attempt=1)], [])
+    assert (verdict.ok, verdict.failed, dict(verdict.explained)) == (2, 1, {"gcs": 1})
+    assert verdict.violations == []
