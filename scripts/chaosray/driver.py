@@ -307,6 +307,8 @@ def _run(spec: Json, round_: int) -> int:
             _outcome(round_, left, error=type(exc).__name__, message=f"the driver failed: {exc}")
         raise
     emit("done", round_)
+    if spec.get("wait_release"):  # the runner's quiet point: every cluster done, none stopped
+        sys.stdin.readline()
     ray.shutdown()
     if cluster is not None:
         cluster.shutdown()
