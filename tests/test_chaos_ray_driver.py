@@ -154,7 +154,7 @@ async def _run(switched: Switched, mode: str, work: Path, ray_tmp: Path) -> list
 
     async with serve(made, count) as base_url:
         cases = env_cases(made, base_url)
-        listed = [{"name": c.name, "runtime_env": c.runtime_env, "expect": c.expect} for c in cases]
+        listed = [c.spec() for c in cases]
         listed += _decoys(cases, base_url) if mode == "init" else []
         spec = {
             "mode": mode, "nodes": 3, "seed": SEED, "round": 1, "tasks": len(listed),
@@ -171,7 +171,11 @@ async def _run(switched: Switched, mode: str, work: Path, ray_tmp: Path) -> list
     assert kinds[-1] == "done", kinds
     outcomes = [e for e in events if e["kind"] == "outcome"]
     assert Counter(o["case"] for o in outcomes) == Counter(c["name"] for c in listed)
-    bad = [o for o in outcomes if o["case"] not in ("decoy", "broken") and not _clean(o)]
+    bad = [
+        (o["case"], o["how"], o["error"], o["mismatch"][:3], o["message"][:300])
+        for o in outcomes
+        if o["case"] not in ("decoy", "broken") and not _clean(o)
+    ]
     assert bad == [], bad
     assert {o["how"] for o in outcomes} == {"task", "actor"}
     (ready,) = [e for e in events if e["kind"] == "ready"]

@@ -170,6 +170,10 @@ class EnvCase:
     expect: dict[str, Tree]  # section ("working_dir", "module:<name>") -> what a task sees
     paths: tuple[str, ...]  # the server paths this env downloads
 
+    def spec(self) -> dict[str, Any]:
+        """The case as the driver's spec lists it (``driver.py``: name, runtime_env, expect)."""
+        return {"name": self.name, "runtime_env": self.runtime_env, "expect": self.expect}
+
 
 def project(dist: str) -> str:
     """A distribution's PEP 503 name (``chaos_a`` -> ``chaos-a``)."""
