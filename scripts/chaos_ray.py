@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
 import os
 import random
 import shutil
@@ -42,6 +44,7 @@ from chaosray.run import Plan, Rig, Tally, run  # noqa: E402
 from agent.ops.usage import OneLineParser  # noqa: E402
 from tests.harness import ray_switch  # noqa: E402
 from tests.harness.ray_nodes import base_environ  # noqa: E402
+from tests.harness.uv_projects import UV  # noqa: E402
 
 DRIVER = SCRIPTS / "chaosray" / "driver.py"
 MiB = 2**20
@@ -59,6 +62,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--disk-mib", type=int, default=2048, help="the run's file system")
     p.add_argument("--crash-share", type=float, default=0.3)
     p.add_argument("--nodes", type=int, default=3, help="nodes of the Cluster")
+    p.add_argument(
+        "--events", type=Path, default=None,
+        help="write every fault, outcome and attempt's end here (JSON lines)",
+    )  # fmt: skip
     return p
 
 
@@ -86,6 +93,17 @@ def _summary(seed: int, tally: Tally, verdict_lines: list[str], took: float, rou
     )
 
 
+def _write_events(path: Path, tally: Tally, hook: ServerFaults) -> None:
+    """Every fault (the server's too), outcome and attempt's end, one JSON object a line."""
+    rows: list[tuple[str, object]] = [("fault", f) for f in tally.faults]
+    rows += [("server", f) for f in hook.faults]
+    rows += [("outcome", o) for o in tally.outcomes]
+    rows += [("end", e) for e in tally.ends]
+    with path.open("w") as out:
+        for what, row in rows:
+            out.write(json.dumps({"what": what, **dataclasses.asdict(row)}) + "\n")  # type: ignore[call-overload]
+
+
 async def _main(a: argparse.Namespace, seed: int) -> int:
     rng = random.Random(seed)
     mount = small_disk.make_small_disk(a.disk_mib * MiB)
@@ -93,6 +111,7 @@ async def _main(a: argparse.Namespace, seed: int) -> int:
     started = time.monotonic()
     try:
         agent_python = ray_switch.agent_venv(venvs / "agent")
+        (agent_python.parent / "uv").symlink_to(UV)  # where the agent's uv extra puts it
         python = ray_switch.ray_venv(venvs / "ray")
         root = mount / "root"
         done = ray_switch.switch(agent_python, "enable", "--python", str(python), "--root",
@@ -128,6 +147,8 @@ async def _main(a: argparse.Namespace, seed: int) -> int:
                                                   f"{len(t.violations)} violations so far",
                                                   flush=True))  # fmt: skip
             tally, verdict = await run(plan, rig)
+            if a.events is not None:
+                _write_events(a.events, tally, hook)
         explained = ", ".join(f"{n} by {k}" for k, n in sorted(verdict.explained.items()))
         lines = [
             f"units        {verdict.ok} ok, {verdict.failed} failed "

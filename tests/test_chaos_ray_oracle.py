@@ -13,7 +13,7 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 if str(SCRIPTS) not in sys.path:
     sys.path.append(str(SCRIPTS))
 
-from chaosray.oracle import JOIN_S, AttemptEnd, Fault, Outcome, judge  # noqa: E402
+from chaosray.oracle import JOIN_S, SETTLE_S, AttemptEnd, Fault, Outcome, judge  # noqa: E402
 
 
 def _failed(cluster: int = 0, attempt: int = 1, t0: float = 100.0, t1: float = 110.0,
@@ -45,7 +45,7 @@ def test_a_failure_with_no_fault_is_a_violation_naming_its_error() -> None:
         (Fault("raylet", 105, 105, cluster=0, attempt=2), False),  # another attempt
         (Fault("raylet", 105, 105, cluster=1, attempt=1), False),  # another cluster
         (Fault("agent", 111, 111, cluster=0, attempt=1), False),  # after the failure
-        (Fault("crash:after_download", 50, 50, cluster=0, attempt=1), True),
+        (Fault("crash:after_download", 50, 50, cluster=0, attempt=1), False),  # never fired
         # a worker killed while the unit was in flight, on its cluster
         (Fault("worker", 105, 105, cluster=0, attempt=1), True),
         (Fault("worker", 99, 99, cluster=0, attempt=1), False),  # before it was submitted
@@ -85,3 +85,29 @@ def test_successes_and_explained_failures_are_counted() -> None:
     verdict = judge([ok, ok, _failed()], [Fault("gcs", 101, 101, cluster=0, attempt=1)], [])
     assert (verdict.ok, verdict.failed, dict(verdict.explained)) == (2, 1, {"gcs": 1})
     assert verdict.violations == []
+
+
+def test_a_node_fault_explains_later_units_only_while_ray_settles_or_if_the_attempt_died() -> None:
+    """A worker node killed in a Cluster that lives on: a unit submitted long after it must not
+    fail; one submitted while Ray has not yet seen the node dead may; in an attempt that the
+    fault ended, every later failure is its."""
+    fault = Fault("raylet", 10, 10, cluster=0, attempt=1)
+    soon = _failed(t0=10 + SETTLE_S - 1, t1=10 + SETTLE_S + 5)
+    late = _failed(t0=10 + SETTLE_S + 1, t1=10 + SETTLE_S + 5)
+    assert judge([soon], [fault], []).violations == []
+    assert len(judge([late], [fault], [AttemptEnd(0, 1, True)]).violations) == 1
+    assert judge([late], [fault], [AttemptEnd(0, 1, False, "exit 1")]).violations == []
+
+
+def test_a_failure_is_counted_for_its_likeliest_cause() -> None:
+    """An agent stopped for a while and then its raylet killed: the kill took the unit."""
+    faults = [Fault("sigstop", 101, 103, cluster=0), Fault("raylet", 105, 105, cluster=0,
+                                                           attempt=1)]  # fmt: skip
+    assert dict(judge([_failed()], faults, []).explained) == {"raylet": 1}
+
+
+def test_an_armed_crash_point_explains_its_attempts_failures_once_it_fired() -> None:
+    """It fired: the attempt died undone."""
+    armed = Fault("crash:mid_extract", 50, 50, cluster=0, attempt=1)
+    assert judge([_failed()], [armed], [AttemptEnd(0, 1, False, "exit 1")]).violations == []
+    assert len(judge([_failed()], [armed], [AttemptEnd(0, 1, True)]).violations) == 1

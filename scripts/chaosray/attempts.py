@@ -26,6 +26,7 @@ from chaosray import procs
 
 LINE = "CHAOS "
 LEAVE_S = 30.0  # a cluster's processes to go once its driver has ended
+AFTER_DEAD_S = 20.0  # a driver whose cluster died, to end on its own before it is killed
 _MAX_LINES = 100_000  # bounded: a driver prints a line a unit of work
 
 
@@ -122,7 +123,7 @@ async def _follow(attempt: Attempt) -> None:
     errors = asyncio.ensure_future(proc.stderr.read())
     await _read(proc.stdout, attempt)
     attempt.code = await proc.wait()
-    attempt.stderr = (await errors).decode(errors="replace")[-4000:]
+    attempt.stderr = (await errors).decode(errors="replace")[-4000:] + attempt.stderr
     attempt.ended.set()
 
 
@@ -148,9 +149,37 @@ async def wait_ended(attempt: Attempt, timeout_s: float) -> bool:
         await asyncio.wait_for(attempt.ended.wait(), timeout_s)
         return True
     except TimeoutError:
+        attempt.stderr += "(its group killed by the runner)\n"
         kill_group(attempt)
         await asyncio.wait_for(attempt.ended.wait(), 30.0)
         return False
+
+
+def _cluster_alive(cluster: Cluster) -> bool:
+    """Its GCS and its head node's raylet are running. Blocking."""
+    roles = procs.roles(cluster.ray_tmp)
+    return bool(roles.gcs) and roles.head() is not None
+
+
+async def until_over(attempt: Attempt) -> None:
+    """Wait until the attempt says done or its driver exits. A driver whose cluster died (a
+    fault killed it, a crash point fired, or it died on its own) may wait on it for minutes:
+    ``AFTER_DEAD_S`` after the cluster was seen dead, its group is killed, as its user would
+    stop it to relaunch."""
+    dead_at = 0.0
+    for _ in range(1_000_000):  # bounded by the attempt's end (or the round's deadline)
+        if attempt.done.is_set() or attempt.ended.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(attempt.ended.wait(), 2.0)
+        if attempt.done.is_set() or attempt.ended.is_set():
+            return
+        if not dead_at and attempt.ready.is_set():
+            alive = not attempt.killed and await asyncio.to_thread(_cluster_alive, attempt.cluster)
+            dead_at = 0.0 if alive else time.monotonic()
+        if dead_at and time.monotonic() - dead_at > AFTER_DEAD_S:
+            await wait_ended(attempt, 0.0)
+            return
 
 
 async def clear(cluster: Cluster, timeout_s: float = LEAVE_S) -> list[str]:

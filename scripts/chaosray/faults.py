@@ -1,9 +1,12 @@
 """The faults of the chaos run on real Ray: what each kind does, to whom, and what it records.
 
-A kind is data (``KINDS``: its weight in the seeded draw, and whether it kills a process, ends
-its cluster and so needs a relaunch); ``inject`` carries one out against a running attempt (or
-the whole run: the shared disk, the package server) and returns the ``Fault`` the oracle reads,
-or None when it found nothing to hit (a cluster with no busy worker, say). Fate sharing is
+A kind is data (``KINDS``: its weight in the seeded draw, and whether it is a SIGKILL);
+``inject`` carries one out against a running attempt (or the whole run: the shared disk, the
+package server) and returns the ``Fault`` the oracle reads, or None when it found nothing to hit
+(a cluster with no busy worker, say). A kill is fatal when it takes the whole cluster: the
+driver, the GCS, or the raylet, keeper or agent of its head node (its only one, but in the
+Cluster); the attempt is then marked killed and its driver stopped soon after
+(``attempts.until_over``), to be relaunched. Fate sharing is
 checked where a kill should take a peer with it (Ray's rule for its own agent): a raylet killed
 takes its keeper and agent, an agent or keeper killed takes its raylet (``fate_problems``).
 Crash points are not here: an attempt is started with one armed (``attempts.start``).
@@ -30,23 +33,30 @@ FATE_S = 30.0  # a killed process's peer (raylet, or keeper and agent) to be gon
 class Kind:
     weight: int
     kill: bool  # a SIGKILL (counted toward the run's kills)
-    ends_cluster: bool  # the attempt ends; the runner relaunches it
 
 
 KINDS: dict[str, Kind] = {
-    "raylet": Kind(3, True, True),
-    "gcs": Kind(2, True, True),
-    "keeper": Kind(2, True, True),
-    "agent": Kind(3, True, True),
-    "driver": Kind(2, True, True),
-    "worker": Kind(5, True, False),
-    "sigstop": Kind(2, False, False),
-    "server": Kind(2, False, False),
-    "disk-full": Kind(1, False, False),
+    "raylet": Kind(3, True),
+    "gcs": Kind(2, True),
+    "keeper": Kind(2, True),
+    "agent": Kind(3, True),
+    "driver": Kind(2, True),
+    "worker": Kind(5, True),
+    "sigstop": Kind(2, False),
+    "server": Kind(2, False),
+    "disk-full": Kind(1, False),
 }
-# crash points armed in a relaunched attempt's agents (agent/crash.py's, where they fire under
+# crash points armed in a relaunched one-node attempt's agent (agent/crash.py's that fire under
 # Ray on a shared root); each one that fires is a kill of its agent
-CRASH_POINTS = ("after_download", "after_extract", "before_rename", "after_rename_before_commit")
+CRASH_POINTS = (
+    "after_download",
+    "mid_extract",
+    "after_extract",
+    "before_rename",
+    "after_rename_before_commit",
+    "mid_ray_link",
+    "mid_venv_build",
+)
 
 
 def draw(rng: random.Random) -> str:
@@ -93,8 +103,8 @@ async def _check_fate(world: World, label: str, what: str, peers: list[int]) -> 
         )
 
 
-def _kill_fault(kind: str, attempt: Attempt, t: float) -> Fault:
-    return Fault(kind, t, t, cluster=attempt.cluster.index, attempt=attempt.number)
+def _kill_fault(kind: str, attempt: Attempt, t: float, fatal: bool) -> Fault:
+    return Fault(kind, t, t, cluster=attempt.cluster.index, attempt=attempt.number, fatal=fatal)
 
 
 async def _kill(world: World, kind: str, attempt: Attempt) -> Fault | None:
@@ -103,8 +113,10 @@ async def _kill(world: World, kind: str, attempt: Attempt) -> Fault | None:
     rng = world.rng
     target: procs.Proc | None
     peers: list[int] = []
+    node = 0  # the raylet of the node it hits (0: the cluster's own: the GCS, the driver)
     if kind == "raylet":
         target = _pick(rng, roles.raylets)
+        node = target.pid if target is not None else 0
         if target is not None:
             keeper = roles.keeper_of(target.pid)
             agent = roles.agent_of(keeper.pid) if keeper else None
@@ -114,12 +126,14 @@ async def _kill(world: World, kind: str, attempt: Attempt) -> Fault | None:
         agent = roles.agent_of(keeper.pid) if keeper else None
         target = keeper if kind == "keeper" else agent
         peers = [keeper.ppid] if keeper is not None else []
+        node = keeper.ppid if keeper is not None else 0
         if kind == "keeper" and agent is not None:
             peers.append(agent.pid)
     elif kind == "gcs":
         target = _pick(rng, roles.gcs)
     elif kind == "worker":
         target = _pick(rng, roles.busy_workers())
+        node = -1  # no node dies
     else:  # driver
         target = procs.Proc(attempt.pid, 0, ()) if attempt.pid else None
     if target is None:
@@ -127,12 +141,14 @@ async def _kill(world: World, kind: str, attempt: Attempt) -> Fault | None:
     t = time.time()
     if not procs.signal_pid(target.pid, signal.SIGKILL):
         return None
-    if KINDS[kind].ends_cluster:
+    head = roles.head()
+    fatal = node == 0 or (head is not None and node == head.pid)
+    if fatal:
         attempt.killed = kind
     if peers:
         check = _check_fate(world, label, f"{kind} {target.pid}", peers)
         world.fate_checks.append(asyncio.ensure_future(check))
-    return _kill_fault(kind, attempt, t)
+    return _kill_fault(kind, attempt, t, fatal)
 
 
 async def _sigstop(world: World, attempt: Attempt) -> Fault | None:

@@ -8,15 +8,19 @@ kind the failures it explains. The rules, in order:
    first look or its last) is a violation, whatever else happened: no fault excuses a task
    seeing a half-built or deleted package.
 2. A unit that failed is expected only when a fault the run injected can have caused it:
-   - a fault that ends its cluster (SIGKILL of a raylet, the GCS, a keeper, an agent, the
-     driver; an agent armed to kill itself at a crash point) explains every failure of that
-     driver attempt reported after the fault (Ray's fate sharing takes the node down);
+   - a fault on a node of its cluster (SIGKILL of a raylet, the GCS, a keeper, an agent, the
+     driver) explains a failure of that driver attempt in flight at the fault, or submitted up
+     to ``SETTLE_S`` after it (Ray takes that long to see a node dead), and, when it killed the
+     cluster (``fatal``: its only node, or its head, the GCS, the driver), every failure the
+     attempt reported after it; an agent armed to kill itself at a crash point (one-node
+     clusters only) explains its attempt's failures once it fired (the attempt died undone);
    - a worker SIGKILLed on its cluster while the unit was in flight;
    - an agent of its cluster stopped (SIGSTOP) while it was in flight;
    - the shared disk full while it was in flight;
    - a package server fault on a path the unit's env downloads, while it was in flight or up to
      ``JOIN_S`` before (a create joins a build another agent of the root started earlier).
-   Any other failure is a violation.
+   Any other failure is a violation. Where several faults could have caused a failure, it is
+   counted for the likeliest: one on its attempt first, then a worker's, the server's, a window.
 3. A driver attempt that ended without saying it was done (it died, exited non-zero, or hung
    past its deadline) is a violation unless a fault ended its cluster.
 """
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 JOIN_S = 60.0  # a create may join a build started this long before it (then fail with it)
+SETTLE_S = 30.0  # a dead node seen by Ray (its health checks): units placed on it meanwhile fail
 
 
 class Scope(Enum):
@@ -69,6 +74,7 @@ class Fault:
     cluster: int | None = None  # None: every cluster (the shared disk, the package server)
     attempt: int | None = None  # the driver attempt it hit (ATTEMPT faults)
     path: str = ""  # PATH faults: the server path
+    fatal: bool = False  # ATTEMPT faults: it killed the cluster (the runner saw it dead)
 
 
 @dataclass(frozen=True)
@@ -102,14 +108,21 @@ class Verdict:
     failed: int = 0
 
 
-def _explains(f: Fault, o: Outcome) -> bool:
+_ORDER = (Scope.ATTEMPT, Scope.IN_FLIGHT, Scope.PATH, Scope.WINDOW)  # the likeliest cause first
+
+
+def _explains(f: Fault, o: Outcome, undone: set[tuple[int, int]]) -> bool:
     scope = scope_of(f.kind)
     if scope is Scope.PATH:
         return f.path in o.paths and o.t0 - JOIN_S <= f.t0 <= o.t1
     if f.cluster is not None and f.cluster != o.cluster:
         return False
     if scope is Scope.ATTEMPT:
-        return f.attempt == o.attempt and o.t1 >= f.t0
+        if f.attempt != o.attempt or o.t1 < f.t0:
+            return False
+        if f.kind.startswith("crash:"):  # armed all along: it fired if the attempt died
+            return (o.cluster, o.attempt) in undone
+        return f.fatal or o.t0 <= f.t0 + SETTLE_S
     if scope is Scope.IN_FLIGHT:
         return o.t0 <= f.t0 <= o.t1
     return f.t0 <= o.t1 and o.t0 <= f.t1  # WINDOW: the two overlap
@@ -124,6 +137,9 @@ def judge(
 ) -> Verdict:
     """The violations among what happened, and the failures each fault kind explains."""
     verdict = Verdict()
+    ends = list(ends)
+    undone = {(e.cluster, e.attempt) for e in ends if not e.done}
+    ordered = sorted(faults, key=lambda f: _ORDER.index(scope_of(f.kind)))
     for o in outcomes:
         if o.mismatch:
             verdict.violations.append(f"{_label(o)} saw other files: {', '.join(o.mismatch)}")
@@ -132,7 +148,7 @@ def judge(
             verdict.ok += 1
             continue
         verdict.failed += 1
-        cause = next((f for f in faults if _explains(f, o)), None)
+        cause = next((f for f in ordered if _explains(f, o, undone)), None)
         if cause is None:
             verdict.violations.append(
                 f"{_label(o)} failed with no fault to cause it: {o.error}: {o.message[:300]}"

@@ -51,6 +51,11 @@ class Roles:
         """Workers running something (not ``ray::IDLE``)."""
         return [w for w in self.workers if not w.argv[0].startswith(b"ray::IDLE")]
 
+    def head(self) -> Proc | None:
+        """The head node's raylet (``--head``; the only one of a one-node cluster)."""
+        heads = [r for r in self.raylets if b"--head" in r.argv]
+        return heads[0] if heads else (self.raylets[0] if len(self.raylets) == 1 else None)
+
     def keeper_of(self, raylet: int) -> Proc | None:
         return next((k for k in self.keepers if k.ppid == raylet), None)
 

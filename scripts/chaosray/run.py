@@ -27,7 +27,7 @@ from chaosray import attempts, checks, faults, oracle
 from chaosray.attempts import Attempt, Cluster
 from chaosray.faults import KINDS, World
 
-AFTER_KILL_S = 60.0  # a driver whose cluster a fault ended, to exit on its own
+STOP_S = 60.0  # a released driver, to stop its cluster and exit
 RELAUNCHES = 8  # per cluster and round: past that the round goes on without it (a violation)
 _STEP_S = (1.0, 4.0)  # between two faults
 
@@ -122,20 +122,14 @@ async def _supervise(
         attempt = await attempts.start(c, rig.python, rig.driver, _spec(plan, rig, r, c), rig.env,
                                        crash)  # fmt: skip
         live[c.index] = attempt
-        done = asyncio.ensure_future(attempt.done.wait())
-        ended = asyncio.ensure_future(attempt.ended.wait())
-        await asyncio.wait([done, ended], return_when=asyncio.FIRST_COMPLETED)
+        await attempts.until_over(attempt)
         if attempt.done.is_set():
-            ended.cancel()
             return
-        done.cancel()
-        if attempt.killed:  # a fault ended it: its driver may linger a while
-            await attempts.wait_ended(attempt, AFTER_KILL_S)
         if left := await attempts.clear(c):
             tally.notes.append(f"{attempt.label}: killed what its end left: {left[:3]}")
         _record(tally, rig, attempt)
         crash = ""
-        if not calm.is_set() and rng.random() < plan.crash_share:
+        if c.nodes == 1 and not calm.is_set() and rng.random() < plan.crash_share:
             crash = rng.choice(faults.CRASH_POINTS)
     tally.violations.append(
         f"round {r}: cluster {c.index} never finished ({RELAUNCHES} relaunches)"
@@ -192,8 +186,8 @@ async def one_round(plan: Plan, rig: Rig, tally: Tally, r: int) -> None:
     for a in live.values():
         attempts.release(a)
     for a in live.values():
-        if not await attempts.wait_ended(a, AFTER_KILL_S):
-            tally.notes.append(f"{a.label}: did not stop its cluster in {AFTER_KILL_S:.0f} s")
+        if not await attempts.wait_ended(a, STOP_S):
+            tally.notes.append(f"{a.label}: did not stop its cluster in {STOP_S:.0f} s")
     for c in rig.clusters:
         if left := await attempts.clear(c):
             tally.notes.append(f"round {r}: cluster {c.index} left processes: {left[:3]}")
