@@ -3,7 +3,8 @@ when it reaches one, to prove that its state survives ``kill -9`` at that instan
 
 Points: after_download, mid_extract (an unpack writes a zip's second file: some are written, not
 all), after_extract, before_rename, after_rename_before_commit, during_trash_deletion,
-mid_count_batch and mid_venv_build (the venv folder exists and an installer was started in it).
+mid_count_batch, mid_ray_link (a tree of Ray's folders has its first hard link, not yet renamed
+into place) and mid_venv_build (the venv folder exists and an installer was started in it).
 Unset in production, a check costs one set lookup.
 
 A point reached in a helper process of the agent (an unpack worker: ``kills_agent``) kills the
@@ -25,6 +26,7 @@ POINTS = frozenset(
         "after_rename_before_commit",
         "during_trash_deletion",
         "mid_count_batch",
+        "mid_ray_link",
         "mid_venv_build",
     }
 )

@@ -7,12 +7,14 @@ agent restarts on the same root and is checked through the disk, the SQLite file
 GetRuntimeEnvsInfo, then serves every surviving package with zero downloads and downloads again
 whatever was not committed. ``mid_extract`` dies in an unpack worker process (the worker kills
 the agent) and in a thread of the agent's; ``mid_venv_build`` while uv or pip builds a venv
-(rebuilt after the restart).
+(rebuilt after the restart); ``mid_ray_link`` runs ``ray-agent`` processes for one node (its Ray
+folders: the restart removes the half-built tree and shows each package whole once used).
 """
 
 from __future__ import annotations
 
 import io
+import os
 import signal
 import zipfile
 from collections.abc import Awaitable, Callable
@@ -22,12 +24,15 @@ from pathlib import Path
 import grpc
 import pytest
 
+from agent.core.kinds import row_of
+from agent.core.uris import UriKind
 from agent.crash import POINTS
 from tests.harness.crashing_agent import (
     X_ZIP,
     Y_ZIP,
     ZIPS,
     AgentProc,
+    RayNode,
     agent_process,
     check_recovered,
     create_each,
@@ -71,11 +76,12 @@ def staging(root: Path) -> set[str]:
 @dataclass(frozen=True)
 class Rig:
     """What a scenario's workload and checks use: the packages' server, the root, the offline
-    wheelhouse (for a venv's scenario)."""
+    wheelhouse (for a venv's scenario), the node (for a Ray scenario)."""
 
     pkgs: PackageServer
     root: Path
     wheels: Path | None = None
+    node: RayNode | None = None
 
 
 Workload = Callable[[AgentProc, Rig], Awaitable[None]]
@@ -118,6 +124,12 @@ async def install_b_release_it_then_crash_evicting_x(agent: AgentProc, rig: Rig)
     await replied_or_died(agent.delete(reply.runtime_env_id))
 
 
+async def install_b_then_crash_linking_it_into_rays_folder(agent: AgentProc, rig: Rig) -> None:
+    """B installs Y (committed); the pass after it shows Y in the node's Ray folder, and dies
+    after the first of its two hard links, before the tree is renamed into place."""
+    await replied_or_died(agent.create(env_of(rig.pkgs, "y.zip")))
+
+
 def venv_env(rig: Rig) -> str:
     assert rig.wheels is not None
     return pip_env(["alpha-pkg"], rig.wheels)
@@ -149,6 +161,49 @@ async def venv_built_again(agent: AgentProc, rig: Rig) -> None:
     assert sorted(read_index(rig.root).uris) == listing(rig.root / "uris")
 
 
+def _files(top: Path) -> dict[str, int]:
+    return {
+        os.path.relpath(os.path.join(t, f), top): os.lstat(os.path.join(t, f)).st_ino
+        for t, _, names in os.walk(top)
+        for f in names
+    }
+
+
+def _ray_folder(rig: Rig, package: str) -> Path:
+    """The node's Ray folder that shows the root's package ``package`` (``<kind>-<hash>``)."""
+    assert rig.node is not None
+    return rig.node.runtime_resources / row_of(UriKind(package.rsplit("-", 1)[0])).ray_folder
+
+
+def half_built_in_rays_folder(rig: Rig) -> None:
+    """The dead agent left Y's tree under its temporary name, one of its two files linked, and
+    nothing under Y's name."""
+    [y] = [d for d in listing(rig.root / "uris") if not d.startswith("working_dir-")]
+    names = listing(_ray_folder(rig, y))
+    [left] = [n for n in names if n.startswith(f".rtenv-building-{y}-")]
+    assert names == [left], names
+    assert len(_files(_ray_folder(rig, y) / left)) == 1, "it died after its first link"
+
+
+async def rays_folders_whole(agent: AgentProc, rig: Rig) -> None:
+    """No temporary tree is left in the node's Ray folders, and each package the restarted
+    agent used (``create_each``: X and Y) is shown whole: its files, hard links to the root's,
+    once the pass after its create has run."""
+    packages = listing(rig.root / "uris")
+    assert len(packages) == 2, packages
+
+    def whole() -> bool:
+        for name in packages:
+            tree, folder = _ray_folder(rig, name) / name, listing(_ray_folder(rig, name))
+            if [n for n in folder if n.startswith(".rtenv-building-")] or tree.is_symlink():
+                return False
+            if not tree.is_dir() or _files(tree) != _files(rig.root / "uris" / name):
+                return False
+        return True
+
+    await wait_until(whole, timeout_s=10, what="X and Y whole in the node's Ray folders")
+
+
 @dataclass(frozen=True)
 class Scenario:
     workload: Workload
@@ -162,7 +217,9 @@ class Scenario:
     bytes_freed: int  # -1: some (a venv cut short: what it had written)
     envs_forgotten: int  # the armed agent's live envs, as its last transaction wrote them
     args: tuple[str, ...] = ()
+    ray: bool = False  # the agents are ``ray-agent`` processes of one node (its Ray folders)
     wheels: bool = False  # the workload builds a venv from the offline wheelhouse
+    died_with: Callable[[Rig], None] | None = None  # what else it left, checked once dead
     after: Workload | None = None  # checked last, in the restarted agent
 
 
@@ -205,6 +262,12 @@ SCENARIOS = {
         # noted 0 live envs before the pass that evicted X, whose transaction carried it
         envs_forgotten=0,
     ),
+    "mid_ray_link": Scenario(
+        install_b_then_crash_linking_it_into_rays_folder, dead_uris=2, dead_staging=frozenset(),
+        dead_trash=0, kept=frozenset({"x.zip", "y.zip"}), refetched=frozenset(), rows_dropped=0,
+        orphans=0, bytes_freed=0, envs_forgotten=1, ray=True,
+        died_with=half_built_in_rays_folder, after=rays_folders_whole,
+    ),
     "mid_venv_build": Scenario(
         crash_building_a_venv, dead_uris=1, dead_trash=0,
         dead_staging=frozenset({"venv", "installer-tmp", "installer.pgid", "sources"}),
@@ -235,9 +298,11 @@ def test_every_crash_point_has_a_scenario() -> None:
     assert {point for point, _ in RUNS.values()} == set(POINTS)
 
 
-async def install_x_and_stop(root: Path, log: Path, pkgs: PackageServer) -> None:
+async def install_x_and_stop(
+    root: Path, log: Path, pkgs: PackageServer, node: RayNode | None = None
+) -> None:
     """A clean agent downloads X for env A, releases it (X cached, unused), stops on SIGTERM."""
-    async with agent_process(root, log) as first:
+    async with agent_process(root, log, ray=node) as first:
         reply = await first.create(env_of(pkgs, "x.zip"))
         assert await first.delete(reply.runtime_env_id) == 0
         await first.sigterm()
@@ -255,26 +320,29 @@ async def test_restart_after_sigkill_at_crash_point_agrees_with_disk_and_reuses_
     if scenario.wheels:
         isolate_pip(request.getfixturevalue("monkeypatch"))
         wheels = request.getfixturevalue("wheels")
+    node = RayNode(base / "session") if scenario.ray else None
     async with package_server() as pkgs:
-        rig = Rig(pkgs, root, wheels)
+        rig = Rig(pkgs, root, wheels, node)
         for name, body in ZIPS.items():
             pkgs.add(name, body)
-        await install_x_and_stop(root, base / "1-clean.log", pkgs)
+        await install_x_and_stop(root, base / "1-clean.log", pkgs, node)
 
         async with agent_process(
-            root, base / "2-armed.log", *scenario.args, crash_at=point
+            root, base / "2-armed.log", *scenario.args, crash_at=point, ray=node
         ) as armed:
             try:
                 assert armed.address, "it exited before serving"
                 await scenario.workload(armed, rig)
             except (AssertionError, grpc.aio.AioRpcError) as exc:
                 raise AssertionError(premature(point, root, armed, exc)) from exc
-            assert await armed.died() == -signal.SIGKILL, armed.log_text()
+            assert await armed.died() == armed.killed, armed.log_text()
         assert len(listing(root / "uris")) == scenario.dead_uris, "it did not die at the point"
         assert staging(root) == scenario.dead_staging, "it did not die at the point"
         assert len(listed(root, "trash")) == scenario.dead_trash, "it did not die at the point"
+        if scenario.died_with is not None:
+            scenario.died_with(rig)
 
-        async with agent_process(root, base / "3-restart.log") as agent:
+        async with agent_process(root, base / "3-restart.log", ray=node) as agent:
             r = await check_recovered(agent, root, pkgs, scenario.kept)
             assert r.rows_dropped == scenario.rows_dropped, r
             assert r.orphans_deleted == scenario.orphans, r
