@@ -128,6 +128,7 @@ FILES: dict[str, str] = {
     "test_ray_door_lifecycle.py": "process",
     "test_ray_fate.py": "ray",
     "test_ray_folders.py": "ray",
+    "test_ray_folders_root.py": "process",
     "test_ray_folders_unit.py": "unit",
     "test_ray_front.py": "sockets",
     "test_ray_launcher.py": "ray",
