@@ -38,8 +38,8 @@ from benchlib import small_disk  # noqa: E402
 from chaosray import server, workload  # noqa: E402
 from chaosray.attempts import Cluster  # noqa: E402
 from chaosray.faults import World  # noqa: E402
-from chaosray.server_faults import ServerFaults  # noqa: E402
 from chaosray.run import Plan, Rig, Tally, run  # noqa: E402
+from chaosray.server_faults import ServerFaults  # noqa: E402
 
 from agent.ops.usage import OneLineParser  # noqa: E402
 from tests.harness import ray_switch  # noqa: E402

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 from chaosray import procs
 from chaosray.attempts import Attempt
-from chaosray.server_faults import ServerFaults
 from chaosray.oracle import Fault
+from chaosray.server_faults import ServerFaults
 
 FATE_S = 30.0  # a killed process's peer (raylet, or keeper and agent) to be gone
 
