@@ -42,6 +42,7 @@ from chaosray.run import Plan, Rig, Tally, run  # noqa: E402
 from chaosray.server_faults import ServerFaults  # noqa: E402
 
 from agent.ops.usage import OneLineParser  # noqa: E402
+from agent.plant import DEFECTS  # noqa: E402
 from tests.harness import ray_switch  # noqa: E402
 from tests.harness.ray_nodes import base_environ  # noqa: E402
 from tests.harness.uv_projects import UV  # noqa: E402
@@ -62,6 +63,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--disk-mib", type=int, default=2048, help="the run's file system")
     p.add_argument("--crash-share", type=float, default=0.3)
     p.add_argument("--nodes", type=int, default=3, help="nodes of the Cluster")
+    p.add_argument(
+        "--plant", choices=sorted(DEFECTS), default=None,
+        help="plant this defect in every agent (RTENV_PLANT): the run must fail",
+    )  # fmt: skip
     p.add_argument(
         "--events", type=Path, default=None,
         help="write every fault, outcome and attempt's end here (JSON lines)",
@@ -135,6 +140,7 @@ async def _main(a: argparse.Namespace, seed: int) -> int:
                 RTENV_CACHE_BUDGET=str(a.budget_mib * MiB),
                 RAY_gcs_rpc_server_reconnect_timeout_s="10",
                 NO_PROXY="127.0.0.1,localhost",
+                **({"RTENV_PLANT": a.plant} if a.plant else {}),
             )
             world = World(
                 rng, hook, lambda size: small_disk.resize(mount, size),
@@ -156,6 +162,7 @@ async def _main(a: argparse.Namespace, seed: int) -> int:
             f"violations   {len(verdict.violations)}",
             *(f"  {v}" for v in verdict.violations[:40]),
             *(f"note: {n}" for n in tally.notes[:20]),
+            *([f"planted      {a.plant} (RTENV_PLANT): the run must fail"] if a.plant else []),
         ]
         print(_summary(seed, tally, lines, time.monotonic() - started, a.rounds))
         return 1 if verdict.violations else 0

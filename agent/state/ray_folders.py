@@ -57,6 +57,7 @@ from typing import NamedTuple
 from agent.core.kinds import row_of
 from agent.core.uris import UriKey, UriKind
 from agent.crash import crash_point
+from agent.plant import planted
 from agent.state.entries import UriEntry, UriState
 from agent.state.index import KindBudget
 
@@ -231,6 +232,8 @@ class RayFolders:
         ready = [(k, e) for k, e in self._entries.items() if e.state is UriState.READY]
         used = [(k, e.size, e.last_used_ms, e.held) for k, e in ready if e.used_here]
         shown = shown_here(used, self._caps)
+        if planted("rm_ray_tree"):  # the chaos oracle's proof: trees gone while in use
+            shown = set()
         view = [
             (key.kind, entry.path, key in shown)
             for key, entry in self._entries.items()

@@ -43,6 +43,7 @@ from agent.install.disk.root import (
 )
 from agent.install.installers import Installer
 from agent.install.venvs.wheel_cache import WheelCache
+from agent.plant import planted
 from agent.state import ray_folders
 from agent.state.builds import Builds
 from agent.state.deletions import Deletions
@@ -224,6 +225,8 @@ class UriStore:
         if entry is not None and entry.state is UriState.READY and entry.held:
             self._hits += 1
             entry.last_used_ms = self._now_ms()
+            if planted("drop_ref_early"):  # the chaos oracle's proof: R1 broken on purpose
+                self._db.notes.note_ref_dropped(key.kind.value, key.uri)
             return entry.path
         if (
             entry is not None

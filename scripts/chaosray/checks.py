@@ -18,21 +18,56 @@ from pathlib import Path
 import grpc
 from chaoslib_root import held, holder_of, read_root, root_problems, stopped_problems
 
+from agent.core.kinds import row_of
+from agent.core.uris import UriKind
 from agent.ops.ray_agent import socket_name
+from agent.state.ray_folders import TREES
 from chaosray import procs
 from rtenv.v1 import agent_pb2, agent_pb2_grpc
 
 _LOOKS = 20
-_NODE_FLAG = b"--node-id"
+
+
+def _flag(argv: tuple[bytes, ...], name: bytes) -> str:
+    """The value of ``--name=X`` or ``--name X`` in ``argv`` ("" if absent)."""
+    for i, arg in enumerate(argv):
+        if arg.startswith(name + b"="):
+            return arg.split(b"=", 1)[1].decode()
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1].decode()
+    return ""
 
 
 def _node_id(argv: tuple[bytes, ...]) -> str:
-    for i, arg in enumerate(argv):
-        if arg.startswith(_NODE_FLAG + b"="):
-            return arg.split(b"=", 1)[1].decode()
-        if arg == _NODE_FLAG and i + 1 < len(argv):
-            return argv[i + 1].decode()
-    return ""
+    return _flag(argv, b"--node-id")
+
+
+def _tree_problems(
+    label: str, agent: procs.Proc, held: set[str], dirs: dict[str, str], root: Path
+) -> list[str]:
+    """Each package of a folder of files (working dirs, modules) that the agent's envs hold is
+    shown in its node's Ray folder, whole: Ray's tools and GC checks read it there."""
+    base = _flag(agent.argv, b"--runtime-env-dir")
+    if not base:
+        return []
+    problems = []
+    for key in sorted(held):
+        kind, _, _ = key.partition(":")
+        folder = row_of(UriKind(kind)).ray_folder
+        name = dirs.get(key, "")
+        if folder not in TREES or not name:
+            continue
+        shown = Path(base) / folder / name
+        package = root / "uris" / name
+        if not shown.exists():
+            problems.append(f"{label}{key}, held, is not shown in its node's {folder}")
+        elif not shown.is_symlink() and _files(shown) != _files(package):
+            problems.append(f"{label}{key}, held, is shown in part in its node's {folder}")
+    return problems
+
+
+def _files(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*") if not p.is_dir()}
 
 
 def _info(root: Path, node_id: str) -> agent_pb2.GetRuntimeEnvsInfoReply:
@@ -73,7 +108,11 @@ def quiet_problems(root: Path, ray_tmps: Sequence[Path], budget: int) -> list[st
         after = _held(root, agents)
         if before is not None and before == after:
             nodes = {holders[label]: (label, after[label]) for label, _ in agents}
-            return root_problems(state, nodes, budget)
+            problems = root_problems(state, nodes, budget)
+            dirs = {key: d for key, d, _, st, _ in state.rows if st == "ready"}
+            for label, a in agents:
+                problems += _tree_problems(label, a, after[label], dirs, root)
+            return problems
         time.sleep(0.5)
     problems.append(
         f"no steady look at the root in {_LOOKS} tries (the agents' envs or builds kept moving)"
