@@ -54,7 +54,7 @@ MiB = 2**20
 def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="chaos_ray", description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=None, help="replay these draws (default: random)")
-    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--kills", type=int, default=50, help="SIGKILLs across the run")
     p.add_argument("--tasks", type=int, default=24, help="units of work per driver attempt")
     p.add_argument("--concurrency", type=int, default=4)

@@ -26,7 +26,7 @@ from chaosray import procs
 
 LINE = "CHAOS "
 LEAVE_S = 30.0  # a cluster's processes to go once its driver has ended
-AFTER_DEAD_S = 20.0  # a driver whose cluster died, to end on its own before it is killed
+AFTER_DEAD_S = 5.0  # a driver whose cluster died, to end on its own before it is killed
 _MAX_LINES = 100_000  # bounded: a driver prints a line a unit of work
 
 

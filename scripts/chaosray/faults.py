@@ -133,6 +133,11 @@ async def _kill(world: World, kind: str, attempt: Attempt) -> Fault | None:
         target = _pick(rng, roles.gcs)
     elif kind == "worker":
         target = _pick(rng, roles.busy_workers())
+        for _ in range(6):  # between two units a node may have none busy for a moment
+            if target is not None:
+                break
+            await asyncio.sleep(0.5)
+            target = _pick(rng, (await _roles(attempt)).busy_workers())
         node = -1  # no node dies
     else:  # driver
         target = procs.Proc(attempt.pid, 0, ()) if attempt.pid else None

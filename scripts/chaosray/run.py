@@ -29,7 +29,8 @@ from chaosray.faults import KINDS, World
 
 STOP_S = 60.0  # a released driver, to stop its cluster and exit
 RELAUNCHES = 8  # per cluster and round: past that the round goes on without it (a violation)
-_STEP_S = (1.0, 4.0)  # between two faults
+_STEP_S = (0.5, 2.5)  # between two faults
+DEAD_LEAVE_S = 5.0  # what a killed cluster left, to go before it is killed
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ async def _supervise(
         await attempts.until_over(attempt)
         if attempt.done.is_set():
             return
-        if left := await attempts.clear(c):
+        if left := await attempts.clear(c, DEAD_LEAVE_S):
             tally.notes.append(f"{attempt.label}: killed what its end left: {left[:3]}")
         _record(tally, rig, attempt)
         crash = ""
@@ -157,7 +158,8 @@ async def _faults(plan: Plan, rig: Rig, tally: Tally, r: int, live: dict[int, At
             continue
         target = rng.choice(sorted(targets, key=lambda a: a.cluster.index))
         fault = await faults.inject(rig.world, kind, target)
-        tally.injected[kind] += 1
+        if fault is not None or kind == "server":  # a spell of the server's: its own record
+            tally.injected[kind] += 1
         if fault is not None:
             tally.faults.append(fault)
             if KINDS[kind].kill:
