@@ -54,7 +54,7 @@ MiB = 2**20
 def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="chaos_ray", description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=None, help="replay these draws (default: random)")
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--kills", type=int, default=50, help="SIGKILLs across the run")
     p.add_argument("--tasks", type=int, default=24, help="units of work per driver attempt")
     p.add_argument("--concurrency", type=int, default=4)
@@ -139,6 +139,9 @@ async def _main(a: argparse.Namespace, seed: int) -> int:
             env = base_environ(
                 RTENV_CACHE_BUDGET=str(a.budget_mib * MiB),
                 RAY_gcs_rpc_server_reconnect_timeout_s="10",
+                # no idle workers started ahead: every unit has an env of its own (2 cores)
+                RAY_enable_worker_prestart="0",
+                RAY_prestart_worker_first_driver="0",
                 NO_PROXY="127.0.0.1,localhost",
                 **({"RTENV_PLANT": a.plant} if a.plant else {}),
             )
@@ -149,7 +152,8 @@ async def _main(a: argparse.Namespace, seed: int) -> int:
             plan = Plan(seed, a.rounds, a.kills, a.tasks, a.concurrency, a.round_s,
                         a.crash_share, a.budget_mib * MiB)  # fmt: skip
             rig = Rig(clusters, str(python), DRIVER, env, cases, root, world,
-                      on_round=lambda r, t: print(f"round {r}: {sum(t.kills.values())} kills, "
+                      on_round=lambda r, t: print(f"round {r} at {time.monotonic() - started:.0f} s: "
+                                                  f"{sum(t.kills.values())} kills, "
                                                   f"{len(t.violations)} violations so far",
                                                   flush=True))  # fmt: skip
             tally, verdict = await run(plan, rig)

@@ -80,6 +80,14 @@ def test_an_attempt_that_did_not_finish_needs_a_fault_that_ended_its_cluster() -
     assert verdict.violations == ["cluster 1 attempt 1 ended with no fault to end it: exit 1"]
 
 
+def test_an_env_case_that_never_ran_ok_is_a_violation_even_if_each_failure_is_explained() -> None:
+    """Rule 4: a broken case hidden behind faults is still found."""
+    fault = Fault("raylet", 105, 105, cluster=0, attempt=1, fatal=True)
+    ok = Outcome(0, 1, "wd-2", (), 1, 2, True)
+    verdict = judge([_failed(), ok], [fault], [], cases=["wd-1", "wd-2"])
+    assert verdict.violations == ["env cases that never ran ok: wd-1"]
+
+
 def test_successes_and_explained_failures_are_counted() -> None:
     ok = Outcome(0, 1, "wd-1", (), 1, 2, True)
     verdict = judge([ok, ok, _failed()], [Fault("gcs", 101, 101, cluster=0, attempt=1)], [])
@@ -87,16 +95,17 @@ def test_successes_and_explained_failures_are_counted() -> None:
     assert verdict.violations == []
 
 
-def test_a_node_fault_explains_later_units_only_while_ray_settles_or_if_the_attempt_died() -> None:
+def test_a_node_fault_explains_later_units_only_while_ray_settles_or_if_it_was_fatal() -> None:
     """A worker node killed in a Cluster that lives on: a unit submitted long after it must not
-    fail; one submitted while Ray has not yet seen the node dead may; in an attempt that the
-    fault ended, every later failure is its."""
-    fault = Fault("raylet", 10, 10, cluster=0, attempt=1)
+    fail; one submitted while Ray has not yet seen the node dead may; after a fatal kill (the
+    cluster's only node, its head), every later failure of the attempt is the kill's."""
+    node = Fault("raylet", 10, 10, cluster=0, attempt=1)
+    fatal = Fault("raylet", 10, 10, cluster=0, attempt=1, fatal=True)
     soon = _failed(t0=10 + SETTLE_S - 1, t1=10 + SETTLE_S + 5)
     late = _failed(t0=10 + SETTLE_S + 1, t1=10 + SETTLE_S + 5)
-    assert judge([soon], [fault], []).violations == []
-    assert len(judge([late], [fault], [AttemptEnd(0, 1, True)]).violations) == 1
-    assert judge([late], [fault], [AttemptEnd(0, 1, False, "exit 1")]).violations == []
+    assert judge([soon], [node], []).violations == []
+    assert len(judge([late], [node], []).violations) == 1
+    assert judge([late], [fatal], []).violations == []
 
 
 def test_a_failure_is_counted_for_its_likeliest_cause() -> None:

@@ -35,13 +35,15 @@ class Kind:
     kill: bool  # a SIGKILL (counted toward the run's kills)
 
 
+# weights: a kill that ends a cluster costs a start of it (tens of seconds of both cores), a
+# worker's costs a worker's start: most kills are of workers, every kind still drawn each round
 KINDS: dict[str, Kind] = {
-    "raylet": Kind(3, True),
-    "gcs": Kind(2, True),
-    "keeper": Kind(2, True),
-    "agent": Kind(3, True),
-    "driver": Kind(2, True),
-    "worker": Kind(5, True),
+    "raylet": Kind(2, True),
+    "gcs": Kind(1, True),
+    "keeper": Kind(1, True),
+    "agent": Kind(2, True),
+    "driver": Kind(1, True),
+    "worker": Kind(9, True),
     "sigstop": Kind(2, False),
     "server": Kind(2, False),
     "disk-full": Kind(1, False),

@@ -23,6 +23,8 @@ kind the failures it explains. The rules, in order:
    counted for the likeliest: one on its attempt first, then a worker's, the server's, a window.
 3. A driver attempt that ended without saying it was done (it died, exited non-zero, or hung
    past its deadline) is a violation unless a fault ended its cluster.
+4. Every env case ran ok at least once: a case that always fails, each time beside a fault that
+   could explain it, is broken, not unlucky.
 """
 
 from __future__ import annotations
@@ -133,10 +135,15 @@ def _label(o: Outcome) -> str:
 
 
 def judge(
-    outcomes: Iterable[Outcome], faults: Sequence[Fault], ends: Iterable[AttemptEnd]
+    outcomes: Iterable[Outcome],
+    faults: Sequence[Fault],
+    ends: Iterable[AttemptEnd],
+    cases: Iterable[str] = (),
 ) -> Verdict:
-    """The violations among what happened, and the failures each fault kind explains."""
+    """The violations among what happened, and the failures each fault kind explains.
+    ``cases``: the env cases that must each have run ok once."""
     verdict = Verdict()
+    outcomes = list(outcomes)
     ends = list(ends)
     undone = {(e.cluster, e.attempt) for e in ends if not e.done}
     ordered = sorted(faults, key=lambda f: _ORDER.index(scope_of(f.kind)))
@@ -169,4 +176,7 @@ def judge(
                 f"cluster {end.cluster} attempt {end.attempt} ended with no fault to end it: "
                 f"{end.why[:300]}"
             )
+    worked = {o.case for o in outcomes if o.ok}
+    if never := sorted(set(cases) - worked):
+        verdict.violations.append(f"env cases that never ran ok: {', '.join(never)}")
     return verdict

@@ -40,6 +40,7 @@ FILES: dict[str, str] = {
     "test_build_progress.py": "unit",
     "test_bench_uv_scale.py": "unit",
     "test_chaos.py": "process",
+    "test_chaos_ray.py": "ray",
     "test_chaos_ray_driver.py": "ray",
     "test_chaos_ray_oracle.py": "unit",
     "test_chaos_ray_server.py": "sockets",
