@@ -23,6 +23,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -111,6 +112,10 @@ def _write_events(path: Path, tally: Tally, hook: ServerFaults) -> None:
 
 async def _main(a: argparse.Namespace, seed: int) -> int:
     rng = random.Random(seed)
+    task = asyncio.current_task()
+    assert task is not None
+    for sig in (signal.SIGTERM, signal.SIGINT):  # stopped: its clusters and file system go too
+        asyncio.get_running_loop().add_signal_handler(sig, task.cancel)
     mount = small_disk.make_small_disk(a.disk_mib * MiB)
     venvs = Path(tempfile.mkdtemp(prefix="chaos-ray-venvs-"))
     started = time.monotonic()
@@ -151,11 +156,14 @@ async def _main(a: argparse.Namespace, seed: int) -> int:
             )  # fmt: skip
             plan = Plan(seed, a.rounds, a.kills, a.tasks, a.concurrency, a.round_s,
                         a.crash_share, a.budget_mib * MiB)  # fmt: skip
-            rig = Rig(clusters, str(python), DRIVER, env, cases, root, world,
-                      on_round=lambda r, t: print(f"round {r} at {time.monotonic() - started:.0f} s: "
-                                                  f"{sum(t.kills.values())} kills, "
-                                                  f"{len(t.violations)} violations so far",
-                                                  flush=True))  # fmt: skip
+
+            def said(r: int, t: Tally) -> None:
+                took = time.monotonic() - started
+                kills = sum(t.kills.values())
+                print(f"round {r} at {took:.0f} s: {kills} kills, "
+                      f"{len(t.violations)} violations so far", flush=True)  # fmt: skip
+
+            rig = Rig(clusters, str(python), DRIVER, env, cases, root, world, on_round=said)
             tally, verdict = await run(plan, rig)
             if a.events is not None:
                 _write_events(a.events, tally, hook)
@@ -183,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chaos_ray: seed {seed}", flush=True)
     if os.geteuid() != 0:
         p.error("the run mounts a tmpfs of its own: it needs root")
-    return asyncio.run(_main(a, seed))
+    try:
+        return asyncio.run(_main(a, seed))
+    except asyncio.CancelledError:  # SIGTERM or SIGINT: what it started is gone
+        print("chaos_ray: stopped; its clusters and file system removed", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

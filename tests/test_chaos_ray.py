@@ -59,7 +59,7 @@ def test_a_short_run_kills_clusters_at_every_point_with_no_violation() -> None:
     assert (code, int(violations)) == (0, 0), f"the run failed:\n{out[-6000:]}"
     (kills,) = _field(out, "kills", r"(\d+): .*")
     assert int(kills) >= 8
-    ok, failed = map(int, _field(out, "units", r"(\d+) ok, (\d+) failed .*"))
+    ok, _failed = map(int, _field(out, "units", r"(\d+) ok, (\d+) failed .*"))
     assert ok > 0
     assert re.search(r"^seed 21: 2 of 2 rounds in ", out, re.MULTILINE), out[-3000:]
 
