@@ -53,6 +53,7 @@ class Attempt:
     code: int | None = None
     stderr: str = ""
     killed: str = ""  # the fault that ended its cluster (the runner's), "" if none
+    logs: str = ""  # its cluster's last log lines, when it ended with no fault to end it
     proc: asyncio.subprocess.Process | None = None
     follower: asyncio.Future[None] | None = None  # reads its output until it exits
 
@@ -64,7 +65,8 @@ class Attempt:
         """How it ended, for a violation."""
         tail = self.stderr.strip().splitlines()[-3:]
         said = "done" if self.done.is_set() else "not done"
-        return f"exit {self.code}, {said}; its last words: {' | '.join(tail)[-400:]}"
+        logs = f"; its cluster's logs: {self.logs[-1200:]}" if self.logs else ""
+        return f"exit {self.code}, {said}; its last words: {' | '.join(tail)[-400:]}{logs}"
 
 
 async def _read(stream: asyncio.StreamReader, attempt: Attempt) -> None:
@@ -153,6 +155,25 @@ async def wait_ended(attempt: Attempt, timeout_s: float) -> bool:
         kill_group(attempt)
         await asyncio.wait_for(attempt.ended.wait(), 30.0)
         return False
+
+
+_LOGS = ("raylet.out", "runtime_env_agent.err", "runtime_env_agent.log", "gcs_server.out")
+_LOG_LINES = 4
+
+
+def last_words(cluster: Cluster) -> str:
+    """The last lines of its newest session's raylet, agent and GCS logs (for a violation: the
+    run removes its file system at the end). Blocking."""
+    sessions = sorted((cluster.ray_tmp / "ray").glob("session_2*"))
+    if not sessions:
+        return "(no Ray session)"
+    out = []
+    for name in _LOGS:
+        for path in sorted((sessions[-1] / "logs").glob(f"{name}*"))[:1]:
+            with contextlib.suppress(OSError):
+                lines = path.read_text(errors="replace").splitlines()[-_LOG_LINES:]
+                out.append(f"{path.name}: " + " | ".join(line[-200:] for line in lines))
+    return "; ".join(out)
 
 
 def _cluster_alive(cluster: Cluster) -> bool:

@@ -174,7 +174,7 @@ def judge(
         if not ended:
             verdict.violations.append(
                 f"cluster {end.cluster} attempt {end.attempt} ended with no fault to end it: "
-                f"{end.why[:300]}"
+                f"{end.why[:1700]}"
             )
     worked = {o.case for o in outcomes if o.ok}
     if never := sorted(set(cases) - worked):

@@ -30,6 +30,7 @@ from chaosray.faults import KINDS, World
 STOP_S = 60.0  # a released driver, to stop its cluster and exit
 RELAUNCHES = 8  # per cluster and round: past that the round goes on without it (a violation)
 _STEP_S = (0.5, 2.5)  # between two faults
+_FAULTS_SHARE = 0.75  # of a round's deadline, the most its faults may take
 DEAD_LEAVE_S = 5.0  # what a killed cluster left, to go before it is killed
 
 
@@ -126,6 +127,8 @@ async def _supervise(
         await attempts.until_over(attempt)
         if attempt.done.is_set():
             return
+        if not attempt.killed and not attempt.crash_point:  # a violation: say what Ray said
+            attempt.logs = await asyncio.to_thread(attempts.last_words, c)
         if left := await attempts.clear(c, DEAD_LEAVE_S):
             tally.notes.append(f"{attempt.label}: killed what its end left: {left[:3]}")
         _record(tally, rig, attempt)
@@ -142,28 +145,42 @@ def _targets(live: Mapping[int, Attempt]) -> list[Attempt]:
             and not a.ended.is_set()]  # fmt: skip
 
 
+def _count(tally: Tally, kind: str, fault: oracle.Fault | None) -> None:
+    if fault is not None or kind == "server":  # a spell of the server's: its own record
+        tally.injected[kind] += 1
+    if fault is not None:
+        tally.faults.append(fault)
+        if KINDS[kind].kill:
+            tally.kills[kind] += 1
+
+
+async def _spell(rig: Rig, tally: Tally, kind: str, target: Attempt) -> None:
+    _count(tally, kind, await faults.inject(rig.world, kind, target))
+
+
 async def _faults(plan: Plan, rig: Rig, tally: Tally, r: int, live: dict[int, Attempt]) -> None:
-    """Inject faults until this round's share of the kills has landed (or its deadline)."""
+    """Inject faults until this round's share of the kills has landed (or its deadline). A
+    fault that lasts (an agent stopped, the disk full, the server's spell) goes on beside the
+    kills, one of each kind at a time."""
     rng = rig.world.rng
     share = math.ceil(plan.kills / plan.rounds)
     goal = min(plan.kills, share * (r + 1))
-    deadline = time.monotonic() + plan.round_s * 0.7
+    deadline = time.monotonic() + plan.round_s * _FAULTS_SHARE
+    spells: dict[str, asyncio.Future[None]] = {}
     for _ in range(10_000):  # bounded by the deadline
         if sum(tally.kills.values()) >= goal or time.monotonic() > deadline:
-            return
+            break
         await asyncio.sleep(rng.uniform(*_STEP_S))
         targets = _targets(live)
         kind = faults.draw(rng)
-        if not targets:
+        if not targets or (kind in spells and not spells[kind].done()):
             continue
         target = rng.choice(sorted(targets, key=lambda a: a.cluster.index))
-        fault = await faults.inject(rig.world, kind, target)
-        if fault is not None or kind == "server":  # a spell of the server's: its own record
-            tally.injected[kind] += 1
-        if fault is not None:
-            tally.faults.append(fault)
-            if KINDS[kind].kill:
-                tally.kills[kind] += 1
+        if KINDS[kind].kill:
+            _count(tally, kind, await faults.inject(rig.world, kind, target))
+        else:
+            spells[kind] = asyncio.ensure_future(_spell(rig, tally, kind, target))
+    await asyncio.gather(*spells.values())
 
 
 async def one_round(plan: Plan, rig: Rig, tally: Tally, r: int) -> None:
