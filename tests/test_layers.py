@@ -26,7 +26,7 @@ from pathlib import Path
 
 AGENT = Path(__file__).resolve().parent.parent / "agent"
 LAYERS = ("core", "install", "state", "app", "doors", "ops", "launcher")
-ANYWHERE = {"agent.crash"}  # below every layer
+ANYWHERE = {"agent.crash", "agent.plant"}  # below every layer
 TOP = {"agent.ray"}  # the driver's API (``agent.ray.install()``), over the launcher: above all
 
 

@@ -160,6 +160,23 @@ def test_rtenv_root_and_the_options_table_come_from_the_environment() -> None:
     assert s.log_level == "DEBUG"
 
 
+@pytest.mark.parametrize(
+    ("more", "environ", "root"),
+    [({}, {}, "/b/s/runtime_resources/rtenv"),
+     ({"root": "/shared"}, {}, "/shared"),  # the Ray switch's root
+     ({}, {"RTENV_ROOT": "/keep/cache"}, "/keep/cache")],
+    ids=["session-root", "switch-root", "rtenv-root"],
+)  # fmt: skip
+def test_rays_folders_are_the_nodes_own_whatever_the_root(
+    more: dict[str, str], environ: dict[str, str], root: str
+) -> None:
+    """Under Ray, the agent fills the node's Ray folders (``runtime_resources``) whether its
+    root is the session's or shared by many nodes (issue 40)."""
+    s = _settings(parse_flags(ray_flags(Path("/b"), more=more)), environ)
+    assert s.root == Path(root)
+    assert s.ray_folders == Path("/b/s/runtime_resources")
+
+
 def test_the_parent_is_the_real_parent_and_a_parent_of_1_means_the_raylet_is_gone() -> None:
     assert ray_agent.parent_pid(lambda: 4242) == 4242
     with pytest.raises(ConfigError, match="already gone"):

@@ -3,8 +3,9 @@ raylet launches this agent: while an actor holds an env, its working_dir and py_
 packages show in ``runtime_resources/working_dir_files`` and ``py_modules_files`` (``pip`` and
 ``conda`` exist too, as Ray's GC checks list them), and ``ray list runtime-envs`` shows the env
 in use; with Ray's per-kind cache sizes at 0, both folders are empty once the env is released,
-as Ray's GC checks expect; a Ray Client job, whose server starts in the env before any counted
-create, runs in it with the sizes at 0 and lets it go at its end. Both pass on Ray's own agent
+as Ray's GC checks expect, whether the agent's root is in Ray's session or shared outside it
+(``RTENV_ROOT``); a Ray Client job, whose server starts in the env before any counted create,
+runs in it with the sizes at 0 and lets it go at its end. Both pass on Ray's own agent
 (``RTENV_E2E_AGENT=ray``)."""
 
 from __future__ import annotations
@@ -61,9 +62,12 @@ def _ray_list(node: RayNode) -> list[dict[str, object]]:
     return listed
 
 
+@pytest.mark.parametrize("root", ["session", "shared"])
 def test_rays_folders_show_the_packages_in_use_and_are_empty_once_released(
-    tmp_path: Path,
+    tmp_path: Path, root: str
 ) -> None:
+    """With the agent's root in Ray's session (the default), and in a folder of its own that
+    several nodes may share (``RTENV_ROOT``, as the Ray switch's ``--root``: issue 40)."""
     wd = tmp_path / "wd.zip"
     filler = "0123456789abcdef" * 16384  # 256 KiB
     wd.write_bytes(workdir_zip({"data.txt": "folders", "filler.txt": filler}))
@@ -73,6 +77,7 @@ def test_rays_folders_show_the_packages_in_use_and_are_empty_once_released(
     sizes = {
         "RAY_RUNTIME_ENV_WORKING_DIR_CACHE_SIZE_GB": "0",
         "RAY_RUNTIME_ENV_PY_MODULES_CACHE_SIZE_GB": "0",
+        **({"RTENV_ROOT": str(tmp_path / "shared-root")} if root == "shared" else {}),
     }
     with ray_nodes(1, env=sizes, dashboard=DASHBOARD) as (node,):
         driver = Driver(node, "hold", {"runtime_env": env, "spec": {"modules": ["foldermod"]}})

@@ -75,7 +75,7 @@ class Settings:
     # sent with every http(s) GET of a package (under Ray: Ray's User-Agent and bearer token,
     # ``agent.ops.ray_knobs``); () = aiohttp's own User-Agent, no credentials
     http_headers: tuple[tuple[str, str], ...] = ()
-    # under Ray, with the root in Ray's runtime_resources: that folder, whose Ray folders
+    # under Ray, the node's runtime_resources (whatever the root): its Ray folders
     # (working_dir_files, py_modules_files, pip...) show the packages (``state.ray_folders``)
     ray_folders: Path | None = None
 

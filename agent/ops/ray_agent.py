@@ -178,7 +178,7 @@ def settings_for(
         kind_budgets=ray_cache_budgets(environ),
         http_headers=ray_http_headers(environ),
         setup_attempts=ray_setup_attempts(environ),
-        ray_folders=flags.runtime_env_dir if root == default_root(flags.runtime_env_dir) else None,
+        ray_folders=flags.runtime_env_dir,  # the node's own, whatever the root (a shared one too)
     )
     if flags.logging_level:
         settings = replace(settings, log_level=flags.logging_level)

@@ -49,6 +49,8 @@ class UriEntry:
     # the store (``builds``): not cancelled when its last waiter leaves; a later ensure joins it
     build: Build | None = field(default=None, repr=False)  # while installing under this
     # agent's claim: where and since when (``builds``: progress lines, info)
+    used_here: bool = False  # an env of this agent used it since it entered this view: under
+    # Ray, its kind's Ray folder shows it while it is ready (``ray_folders``)
     dropping: bool = False  # READY, released while held: the drop of its committed reference
     # is noted for the index; while the note is not taken by a transaction, or the drop is
     # deferred (its row kept: this agent alone on the root), ``ensure`` holds it again by

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from agent.install.disk.modes import make_dir
 from agent.install.venvs.build import kill_orphaned_installers
+from agent.plant import planted
 from agent.state import schema, sockets
 from agent.state.holders import (
     Reaping,
@@ -90,6 +91,8 @@ def reap_dead(conn: sqlite3.Connection, root: Path, me: str, trash: Path, reaped
     for holder in sorted(named - {me}):
         if not is_alive(root, holder):
             reap(conn, root, holder, trash, reaped)
+        elif planted("reap_live_holder"):  # the chaos oracle's proof: R4 broken on purpose
+            drop_holder_rows(conn, holder)
     # a holder reaped above is locked by this pass (``begin_reaping``), so ``is_alive`` would
     # find it alive: its folders go by name
     reaping = {holder for holder, _ in reaped.holders}

@@ -43,6 +43,7 @@ from agent.install.disk.root import (
 )
 from agent.install.installers import Installer
 from agent.install.venvs.wheel_cache import WheelCache
+from agent.plant import planted
 from agent.state import ray_folders
 from agent.state.builds import Builds
 from agent.state.deletions import Deletions
@@ -130,6 +131,7 @@ class UriStore:
         self.remeasures = Remeasure(db, self._entries.get, after=self.pass_loop.ask)
         self._last_release_ms = 0  # strictly increasing over this agent's releases
         self._hits = 0  # of ensure and touch; those of an obtain are ``installing``'s
+        self._ray_folders: ray_folders.RayFolders | None = None  # under Ray (``mirror_into``)
         root.mkdir(mode=0o755, parents=True, exist_ok=True)
         for sub in ("uris", "tmp", "trash"):
             make_dir(root / sub)  # 0755 whatever the umask; loose modes of an earlier run fixed
@@ -218,9 +220,13 @@ class UriStore:
         while entry is not None and entry.abandoned:
             await self._outlive(entry)
             entry = self._entries.get(key)
+        if entry is not None:
+            entry.used_here = True  # under Ray, its Ray folder shows it (``ray_folders``)
         if entry is not None and entry.state is UriState.READY and entry.held:
             self._hits += 1
             entry.last_used_ms = self._now_ms()
+            if planted("drop_ref_early"):  # the chaos oracle's proof: R1 broken on purpose
+                self._db.notes.note_ref_dropped(key.kind.value, key.uri)
             return entry.path
         if (
             entry is not None
@@ -236,7 +242,7 @@ class UriStore:
             return entry.path
         if entry is None or entry.state is UriState.READY:
             if entry is None:
-                entry = UriEntry(key=key, path=self.path_for(key))
+                entry = UriEntry(key=key, path=self.path_for(key), used_here=True)
                 self._entries[key] = entry
             else:  # ready, not held: taken again. If that fails, the next pass reads every
                 entry.was_ready = True  # ready package (the change log would not bring it back)
@@ -335,20 +341,12 @@ class UriStore:
         await self.pass_loop.caught_up(timeout_s)
 
     def mirror_into(self, base: Path) -> None:
-        """From now on, after each pass, ``base`` (Ray's ``runtime_resources``) shows each ready
-        package in its kind's Ray folder (``ray_folders``: a tree of hard links, or a link for
-        a venv), and no package of this agent's that is not ready."""
-        folders = ray_folders.Mirror(base)
-
-        async def mirror() -> None:
-            ready = [
-                (key.kind, entry.path)
-                for key, entry in self._entries.items()
-                if entry.state is UriState.READY
-            ]
-            await asyncio.to_thread(folders.sync, ray_folders.plan(ready))
-
-        self.pass_loop.after_pass = mirror
+        """From now on, after each pass, Ray's folders under ``base`` (its ``runtime_resources``)
+        show each ready package this agent's envs used (``ray_folders``: a tree of hard links,
+        or a link for a venv), and none the root no longer has; until the store's close."""
+        caps = self.pass_loop.kind_budgets  # Ray's cache sizes, set before
+        self._ray_folders = ray_folders.RayFolders(base, self._entries, caps)
+        self.pass_loop.after_pass = self._ray_folders.sync
         self.pass_loop.ask()  # Ray's folders made at once, even empty
 
     async def settle(self) -> None:
@@ -391,6 +389,8 @@ class UriStore:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._ray_folders is not None:  # left, its trees would keep evicted packages' bytes
+            await self._ray_folders.clear()
         await self.drain()
         # this agent's own folders, empty now (a crash leaves them to whoever reaps it)
         await asyncio.to_thread(remove_all, [self._db.staging, self._db.trash], False)

@@ -1,13 +1,15 @@
-"""An agent process that may crash at a named point, the packages it installs, and readers of what
-it left on disk and in its index."""
+"""An agent process that may crash at a named point (``rtenv-agent serve``, or ``rtenv-agent
+ray-agent`` as a raylet starts it, with Ray's flags for a node's session: ``RayNode``), the
+packages it installs, and readers of what it left on disk and in its index."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sqlite3
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ from tests.harness.packages import env_json, make_zip
 from tests.harness.polling import wait_until
 
 PREFIX = "rtenv-agent serving on "
+NODE = "62ced19539cdea1adcecd63ef7e1c7b82d82375a6651551ce7511777"  # a node id as Ray writes it
 
 
 X_ZIP = make_zip({"proj/x.txt": "x" * 10_000})  # working_dir: unpacked without "proj/"
@@ -44,12 +47,49 @@ def env_of(server: PackageServer, name: str) -> str:
     return env_json(working_dir=url) if name == "x.zip" else env_json(py_modules=[url])
 
 
+@dataclass(frozen=True)
+class RayNode:
+    """A node's session, as a raylet names it to the ``ray-agent`` it starts (Ray 2.60's flags,
+    its log to stderr); no GCS listens at its address (no ``gcs://`` package is read)."""
+
+    session: Path
+    node_id: str = NODE
+
+    @property
+    def runtime_resources(self) -> Path:
+        """The node's Ray folders' folder (``--runtime-env-dir``)."""
+        return self.session / "runtime_resources"
+
+    def flags(self) -> list[str]:
+        values = {
+            "node-id": self.node_id,
+            "node-ip-address": "127.0.0.1",
+            "runtime-env-agent-port": "0",
+            "session-dir": str(self.session),
+            "gcs-address": "127.0.0.1:1",
+            "cluster-id-hex": "e5e266bae6d3c574950cad939fdb5dac2d17973d87b1580bf10452b7",
+            "runtime-env-dir": str(self.runtime_resources),
+            "logging-rotate-bytes": "536870912",
+            "logging-rotate-backup-count": "5",
+            "log-dir": str(self.session / "logs"),
+            "logging-filename": "",
+            "temp-dir": str(self.session.parent),
+        }
+        return [f"--{name}={value}" for name, value in values.items()]
+
+
 @dataclass
 class AgentProc:
     proc: asyncio.subprocess.Process
     address: str  # "" if it exited before serving
     log: Path
     stub: agent_pb2_grpc.RuntimeEnvAgentStub | None = None
+    keeper: bool = False  # ``ray-agent``: the process is the agent's keeper (``ops.keeper``)
+
+    @property
+    def killed(self) -> int:
+        """The process's exit code once the agent died of SIGKILL (a keeper exits 128 + 9)."""
+        return 128 + signal.SIGKILL if self.keeper else -signal.SIGKILL
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -89,21 +129,36 @@ class AgentProc:
 
 @asynccontextmanager
 async def agent_process(
-    root: Path, log: Path, *args: str, crash_at: str = ""
+    root: Path,
+    log: Path,
+    *args: str,
+    crash_at: str = "",
+    ray: RayNode | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> AsyncIterator[AgentProc]:
-    """``python -m agent serve --root ROOT ARGS``; yielded once it serves or has exited."""
+    """``python -m agent serve --root ROOT ARGS``, or with ``ray`` ``python -m agent ray-agent
+    <its flags> ARGS`` on ``RTENV_ROOT=ROOT``; ``environ`` added to this process's environment;
+    yielded once it serves or has exited."""
     env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    env.update(environ or {})
     if crash_at:
         env[ENV_VAR] = crash_at
+    if ray is None:
+        argv = ["serve", "--root", str(root), *args]
+    else:
+        ray.session.mkdir(parents=True, exist_ok=True)
+        env["RTENV_ROOT"] = str(root)
+        argv = ["ray-agent", *ray.flags(), *args]
     with log.open("wb") as err:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agent", "serve", "--root", str(root), *args,
+            sys.executable, "-m", "agent", *argv,
             stdout=asyncio.subprocess.PIPE, stderr=err, cwd=REPO, env=env,
         )  # fmt: skip
     try:
         assert proc.stdout is not None
         line = (await asyncio.wait_for(proc.stdout.readline(), START_S)).decode().strip()
-        agent = AgentProc(proc, line.removeprefix(PREFIX) if line.startswith(PREFIX) else "", log)
+        address = line.removeprefix(PREFIX) if line.startswith(PREFIX) else ""
+        agent = AgentProc(proc, address, log, keeper=ray is not None)
         if not agent.address:
             yield agent
             return

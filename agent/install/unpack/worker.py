@@ -32,7 +32,8 @@ Stopping: byte ``INDEX`` of the shared memory ``STOPS_FD`` is set by the agent w
 worker's task must end (its install was cancelled, or another share failed); it is read before
 every entry and chunk, and so is the parent's pid (an agent killed outright: the worker stops
 writing, then its socket ends). Imports only the zip modules (``plan``, ``shares``,
-``write``, ``finish``) and the core's errors: a worker starts in a fraction of the
+``write``, ``finish``), the core's errors and ``agent.crash`` (a crash point a test arms kills
+the agent, then this worker: the agent dies mid-extract): a worker starts in a fraction of the
 agent's time.
 """
 
@@ -52,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.errors import AgentError
+from agent.crash import kills_agent
 from agent.install.unpack.finish import finish
 from agent.install.unpack.growing import Growing, GrowingZip
 from agent.install.unpack.plan import ArchiveLimits, Plan, opened_zip, plan_zip
@@ -159,6 +161,7 @@ class _Worker:
 
 def main(argv: list[str]) -> None:
     sock_fd, stops_fd, index, parent, nice = (int(a) for a in argv)
+    kills_agent(parent)  # a crash point reached here (tests) is the agent's death
     for sig in AGENTS_SIGNALS:  # ignored before they are unblocked: none is lost nor fatal
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, AGENTS_SIGNALS)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.core.errors import UnsafeArchive, echo
+from agent.crash import crash_point
 from agent.install.disk.modes import file_mode, refused_unless_disk_full
 from agent.install.unpack import inflate
 from agent.install.unpack.plan import Entry
@@ -42,14 +43,18 @@ def write_share(
             stop_if_halted(halted)
             with unwritable(entry, label):
                 _make_dirs(root, entry.parts, made)
+    some = False  # a file was written
     for entry in entries:
         if entry.kind != "file":
             continue
+        if some:
+            crash_point("mid_extract")
         stop_if_halted(halted)
         with unwritable(entry, label):
             _make_dirs(root, entry.parts[:-1], made)
             target = os.path.join(root, *entry.parts)
             written += _copy(zf, entry, target, allowed - written, label, halted)
+        some = True
     return written
 
 

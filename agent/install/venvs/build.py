@@ -5,16 +5,15 @@ the requirements in it: ``pip --python <venv python> install`` (the agent's own 
 venv`` and ``uv pip install`` for a ``uv`` env, and for a ``pip`` env when ``pip-installer`` is
 ``uv`` and a uv is found (beside the agent's python, else on PATH; a ``uv`` env whose
 ``uv_version`` that uv does not satisfy, by the uv that does: ``agent.core.uv_tool``). uv installs
-from the root's
-one wheel cache by hardlinks (``--link-mode hardlink --cache-dir <root>/wheel-cache``: see
-``agent.install.venvs.wheel_cache``); pip has no such mode, so a venv pip builds is a copy of its
-own. A ``pip_version`` or ``pip_check`` adds pip's steps (``agent.install.venvs.pip_commands``).
-The installer's output goes to a log file under the root; a failure is FAILED_PRECONDITION
-with the installer's own last error lines (those it writes at the start of a line; what a
-package's build printed, which pip indents, can quote any file the build read, and stays in
-the log), each cut short. The installer runs in its own process group, and is killed with its
-whole group if the install is cancelled (a setup timeout, the last create gone); it also dies
-with the agent (PDEATHSIG).
+from the root's one wheel cache by hardlinks (``--link-mode hardlink --cache-dir
+<root>/wheel-cache``: see ``agent.install.venvs.wheel_cache``); pip has no such mode, so a venv
+pip builds is a copy of its own. A ``pip_version`` or ``pip_check`` adds pip's steps
+(``agent.install.venvs.pip_commands``). The installer's output goes to a log file under the
+root; a failure is FAILED_PRECONDITION with the installer's own last error lines (those it
+writes at the start of a line; what a package's build printed, which pip indents, can quote any
+file the build read, and stays in the log), each cut short. The installer runs in its own
+process group, and is killed with its whole group if the install is cancelled (a setup timeout,
+the last create gone); it also dies with the agent (PDEATHSIG).
 
 The installer sees only the env's options: no pip configuration file (``PIP_CONFIG_FILE`` is
 the null device, which makes pip skip the global, user and site files), no ``PIP_*`` variable
@@ -48,6 +47,7 @@ from pathlib import Path
 from agent.core.errors import InstallerFailed, echo
 from agent.core.pip_spec import PipSpec
 from agent.core.uv_spec import UvSpec
+from agent.crash import armed, crash_point
 from agent.install.disk.staging import through
 from agent.install.venvs.disk_guard import DiskGuard, enospc_error, log_says_enospc
 from agent.install.venvs.pip_commands import install_options, pip_argv, pip_version_argv
@@ -124,6 +124,7 @@ async def run_installer(
     # The installer's temp files go in its staging folder: an install killed (timeout, crash)
     # leaves its pip-* folders there, removed with the staging, not in the machine's temp dir.
     temp = staging / "installer-tmp"
+    in_venv = armed("mid_venv_build") and await asyncio.to_thread((staging / "venv").is_dir)
     opening = asyncio.ensure_future(asyncio.to_thread(_open_log, log_path, temp, args))
     try:
         out = await through(opening)
@@ -144,6 +145,8 @@ async def run_installer(
         os.close(out)  # the child has its own copy
     try:
         await through(asyncio.ensure_future(asyncio.to_thread(_write_pgid, staging, child.pid)))
+        if in_venv:  # a test's crash point: the venv made, then its installer started
+            crash_point("mid_venv_build")
         code = await (child.wait() if guard is None else guard.watch(child))
     except BaseException:  # cancelled: the whole group goes, now, children included
         child.kill(group=True)
