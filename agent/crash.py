@@ -32,17 +32,18 @@ POINTS = frozenset(
 )
 
 
-def _armed() -> frozenset[str]:
-    names = frozenset(p.strip() for p in os.environ.get(ENV_VAR, "").split(",") if p.strip())
-    unknown = names - POINTS
+def named_in(env_var: str, known: frozenset[str], what: str) -> frozenset[str]:
+    """The comma-separated names in ``env_var``; a name not in ``known`` is a ValueError."""
+    names = frozenset(p.strip() for p in os.environ.get(env_var, "").split(",") if p.strip())
+    unknown = names - known
     if unknown:
         raise ValueError(
-            f"{ENV_VAR} names unknown crash points {sorted(unknown)}; known: {sorted(POINTS)}"
+            f"{env_var} names unknown {what} {sorted(unknown)}; known: {sorted(known)}"
         )
     return names
 
 
-_ARMED = _armed()
+_ARMED = named_in(ENV_VAR, POINTS, "crash points")
 _agent: int | None = None  # in a helper process: the agent's pid (``kills_agent``)
 
 

@@ -16,23 +16,13 @@ Unset in production, a check costs one set lookup. Never set it outside a test o
 
 from __future__ import annotations
 
-import os
+from agent.crash import named_in
 
 ENV_VAR = "RTENV_PLANT"
 DEFECTS = frozenset({"drop_ref_early", "reap_live_holder", "rm_ray_tree"})
 
 
-def _planted() -> frozenset[str]:
-    names = frozenset(p.strip() for p in os.environ.get(ENV_VAR, "").split(",") if p.strip())
-    unknown = names - DEFECTS
-    if unknown:
-        raise ValueError(
-            f"{ENV_VAR} names unknown defects {sorted(unknown)}; known: {sorted(DEFECTS)}"
-        )
-    return names
-
-
-_PLANTED = _planted()
+_PLANTED = named_in(ENV_VAR, DEFECTS, "defects")
 
 
 def planted(name: str) -> bool:

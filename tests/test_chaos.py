@@ -19,7 +19,6 @@ import re
 import shutil
 import signal
 import sqlite3
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -49,6 +48,7 @@ from tests.harness.command_line import assert_refused_in_one_line
 from tests.harness.in_process import running_agent
 from tests.harness.packages import env_json, workdir_zip
 from tests.harness.polling import wait_until
+from tests.harness.processes import run_in_session
 from tests.harness.tempdirs import short_tempdir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,22 +76,7 @@ import chaoslib_root  # noqa: E402  (importable once the runner's folder is on t
 
 
 def _run_chaos(args: list[str], timeout_s: float) -> tuple[int, str]:
-    """Run the chaos script in its own process group; on a timeout kill the whole group."""
-    proc = subprocess.Popen(
-        [sys.executable, str(CHAOS_PY), *args],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"chaos run did not finish in {timeout_s}s:\n{out[-4000:]}") from None
-    return proc.returncode, out
+    return run_in_session([sys.executable, str(CHAOS_PY), *args], REPO, timeout_s, "chaos run")
 
 
 def _summary_field(out: str, name: str, pattern: str) -> tuple[str, ...]:

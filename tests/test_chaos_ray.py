@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.harness.command_line import assert_refused_in_one_line
+from tests.harness.processes import run_in_session
 from tests.harness.ray_nodes import HTTP_OK
 from tests.harness.uv_projects import UV
 
@@ -29,18 +28,7 @@ pytestmark = [
 
 
 def _run(args: list[str], timeout_s: float) -> tuple[int, str]:
-    """The runner in a session of its own; on a timeout its whole group is killed."""
-    proc = subprocess.Popen(
-        [sys.executable, str(CHAOS_RAY), *args], cwd=REPO, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"chaos_ray did not finish in {timeout_s} s:\n{out[-4000:]}") from None
-    return proc.returncode, out
+    return run_in_session([sys.executable, str(CHAOS_RAY), *args], REPO, timeout_s, "chaos_ray")
 
 
 def _field(out: str, name: str, pattern: str) -> tuple[str, ...]:

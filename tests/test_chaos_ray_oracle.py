@@ -88,6 +88,15 @@ def test_an_env_case_that_never_ran_ok_is_a_violation_even_if_each_failure_is_ex
     assert verdict.violations == ["env cases that never ran ok: wd-1"]
 
 
+def test_an_attempt_that_died_while_the_disk_was_full_is_explained_by_it() -> None:
+    """Ray's own session files are on the run's disk: a node starting while it is full fails."""
+    full = [Fault("disk-full", 50, 53)]
+    during = AttemptEnd(0, 9, False, "node timed out during startup", 40, 80)
+    after = AttemptEnd(0, 10, False, "node timed out during startup", 60, 90)
+    assert judge([], full, [during]).violations == []
+    assert len(judge([], full, [after]).violations) == 1
+
+
 def test_successes_and_explained_failures_are_counted() -> None:
     ok = Outcome(0, 1, "wd-1", (), 1, 2, True)
     verdict = judge([ok, ok, _failed()], [Fault("gcs", 101, 101, cluster=0, attempt=1)], [])

@@ -22,7 +22,9 @@ kind the failures it explains. The rules, in order:
    Any other failure is a violation. Where several faults could have caused a failure, it is
    counted for the likeliest: one on its attempt first, then a worker's, the server's, a window.
 3. A driver attempt that ended without saying it was done (it died, exited non-zero, or hung
-   past its deadline) is a violation unless a fault ended its cluster.
+   past its deadline) is a violation unless a fault ended its cluster, or the shared disk was
+   full during its life (Ray's own files of its session are on that disk: a node starting then
+   fails to start).
 4. Every env case ran ok at least once: a case that always fails, each time beside a fault that
    could explain it, is broken, not unlucky.
 """
@@ -100,6 +102,8 @@ class AttemptEnd:
     attempt: int
     done: bool  # the driver said it was done, and exited 0
     why: str = ""  # how it ended otherwise (an exit code, a deadline, its last words)
+    t0: float = 0.0  # its life: started, ended
+    t1: float = 0.0
 
 
 @dataclass
@@ -166,9 +170,12 @@ def judge(
         if end.done:
             continue
         ended = any(
-            scope_of(f.kind) is Scope.ATTEMPT
-            and f.cluster == end.cluster
-            and f.attempt == end.attempt
+            (
+                scope_of(f.kind) is Scope.ATTEMPT
+                and f.cluster == end.cluster
+                and f.attempt == end.attempt
+            )
+            or (f.kind == "disk-full" and f.t0 <= end.t1 and end.t0 <= f.t1)
             for f in faults
         )
         if not ended:

@@ -105,7 +105,8 @@ def _record(tally: Tally, rig: Rig, attempt: Attempt) -> None:
             )
         )
     done = attempt.done.is_set() and attempt.code == 0
-    tally.ends.append(oracle.AttemptEnd(attempt.cluster.index, attempt.number, done, attempt.why()))
+    c, n, why = attempt.cluster.index, attempt.number, attempt.why()
+    tally.ends.append(oracle.AttemptEnd(c, n, done, why, attempt.started, time.time()))
     if attempt.crash_point:
         tally.faults.append(faults.crash_fault(attempt))
         if not done and not attempt.killed:

@@ -1,9 +1,11 @@
 """Processes as /proc shows them: gone or alive, agents and raylet-sim workers, found by their
-command line or cwd; polling for one; a stand-in parent process."""
+command line or cwd; polling for one; a stand-in parent process; a script run in a session of
+its own."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -25,6 +27,22 @@ def poll(probe: Callable[[], T | None], timeout_s: float, what: str) -> T:
             break
         time.sleep(0.02)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def run_in_session(command: list[str], cwd: Path, timeout_s: float, what: str) -> tuple[int, str]:
+    """``command`` in a session of its own, its output (stderr with stdout); on a timeout its
+    whole process group is SIGKILLed and the test fails, quoting its output's end."""
+    proc = subprocess.Popen(
+        command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"{what} did not finish in {timeout_s}s:\n{out[-4000:]}") from None
+    return proc.returncode, out
 
 
 def proc_stat(pid: int) -> tuple[str, int] | None:
