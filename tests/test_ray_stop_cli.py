@@ -22,7 +22,11 @@ from tests.harness.processes import gone, poll
 from tests.harness.tempdirs import short_tempdir
 
 SESSION = "session_2026-12-07_12-21-39_614323_4242"
-GCS = "127.0.0.9:46123"  # named by the stand-ins only
+# named by the stand-ins only, one address a test: two of these tests running at once (on two
+# workers) must not stop each other's stand-ins, as an address's stop would
+GCS = "127.0.0.9:46123"
+GCS_OF_TEMP_DIR_TEST = "127.0.0.9:46124"
+GCS_OF_NOTHING_TEST = "127.0.0.9:46125"
 EXIT_S = 60.0
 # A stand-in: says it is ready (its SIGTERM handler set, its child started), then sleeps.
 STAND_IN = """\
@@ -108,7 +112,7 @@ def test_a_temp_dirs_nodes_are_stopped_with_their_descendants_and_nothing_else(
         (ours / SESSION).mkdir(parents=True)
         node = [
             stand_ins.start(f"--raylet_socket_name={session}/sockets/raylet", "--with-child"),
-            stand_ins.start(f"--logs-dir={session}/logs", f"--gcs-address={GCS}"),
+            stand_ins.start(f"--logs-dir={session}/logs", f"--gcs-address={GCS_OF_TEMP_DIR_TEST}"),
             stand_ins.start(f"--session-dir={session}", "--ignore-sigterm"),
         ]
         worker = stand_ins.children[0]
@@ -182,7 +186,7 @@ def test_nothing_to_stop_is_one_line_and_exit_3_with_no_ray_installed(tmp_path: 
             f"rtenv-agent ray stop: no Ray node to stop: the nodes of temp dir "
             f"{str(tmp_path / folder)!r}: {why}\n"
         )
-    nowhere = ray_stop("--address", GCS, env=env)
+    nowhere = ray_stop("--address", GCS_OF_NOTHING_TEST, env=env)
     assert nowhere.returncode == 3
     assert nowhere.stderr.endswith("no process on this machine names it (as --gcs-address=)\n")
     helped = ray_stop("--help", env=env)
