@@ -46,7 +46,6 @@ from agent.ops.usage import OneLineParser  # noqa: E402
 from agent.plant import DEFECTS  # noqa: E402
 from tests.harness import ray_switch  # noqa: E402
 from tests.harness.ray_nodes import base_environ  # noqa: E402
-from tests.harness.uv_projects import UV  # noqa: E402
 
 DRIVER = SCRIPTS / "chaosray" / "driver.py"
 MiB = 2**20
@@ -120,14 +119,11 @@ async def _main(a: argparse.Namespace, seed: int) -> int:
     venvs = Path(tempfile.mkdtemp(prefix="chaos-ray-venvs-"))
     started = time.monotonic()
     try:
-        agent_python = ray_switch.agent_venv(venvs / "agent")
-        (agent_python.parent / "uv").symlink_to(UV)  # where the agent's uv extra puts it
-        python = ray_switch.ray_venv(venvs / "ray")
         root = mount / "root"
-        done = ray_switch.switch(agent_python, "enable", "--python", str(python), "--root",
-                                 str(root))  # fmt: skip
-        if done.returncode != 0:
-            print(f"chaos_ray: the switch: {done.stderr.strip()}", file=sys.stderr)
+        try:
+            _, python = ray_switch.switched(venvs, root)
+        except RuntimeError as exc:
+            print(f"chaos_ray: the switch: {exc}", file=sys.stderr)
             return 1
         material = workload.material(seed)
         hook = ServerFaults(material.routes(), rng)

@@ -29,8 +29,8 @@ import pytest
 from aiohttp import web
 
 from tests.harness.ray_nodes import RAY_RELEASE, base_environ
-from tests.harness.ray_switch import agent_venv, ray_venv, switch
-from tests.harness.uv_projects import UV, kill_all, processes_naming
+from tests.harness.ray_switch import switched as switched_python
+from tests.harness.uv_projects import kill_all, processes_naming
 
 _SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 if str(_SCRIPTS) not in sys.path:  # the runner's parts, as tests/harness/uv_wheels.py does
@@ -59,12 +59,8 @@ class Switched:
 @pytest.fixture(scope="module")
 def switched(tmp_path_factory: pytest.TempPathFactory) -> Switched:
     base = tmp_path_factory.mktemp("chaosray")
-    agent_python = agent_venv(base / "agent")
-    (agent_python.parent / "uv").symlink_to(UV)  # where the uv extra installs it, beside
-    python = ray_venv(base / "env")
     root = base / "root"
-    enabled = switch(agent_python, "enable", "--python", str(python), "--root", str(root))
-    assert enabled.returncode == 0, enabled.stderr
+    agent_python, python = switched_python(base, root)
     return Switched(agent_python, python, root)
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.harness.agent_process import REPO
+from tests.harness.uv_projects import UV
 
 PY = f"python{sys.version_info[0]}.{sys.version_info[1]}"
 RAY_AGENT_MAIN = "runtime_env/agent/main.py"  # in Ray's own agent's command line
@@ -113,6 +114,20 @@ def switch(
         [str(python), "-m", "agent", "ray", *args], cwd="/", env=env,
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
+
+
+def switched(venvs: Path, root: Path) -> tuple[Path, Path]:
+    """The agent's installation (``venvs/agent``, its uv beside its python, where the agent's
+    uv extra puts it) and a python with Ray (``venvs/ray``) whose nodes run it on ``root``
+    (``enable``): (the agent's python, the Ray python). A failed ``enable`` is a RuntimeError
+    quoting it."""
+    agent_python = agent_venv(venvs / "agent")
+    (agent_python.parent / "uv").symlink_to(UV)
+    python = ray_venv(venvs / "ray")
+    done = switch(agent_python, "enable", "--python", str(python), "--root", str(root))
+    if done.returncode != 0:
+        raise RuntimeError(f"rtenv-agent ray enable: {done.stderr.strip()}")
+    return agent_python, python
 
 
 PYPROJECT = """\
