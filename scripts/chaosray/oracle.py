@@ -25,8 +25,8 @@ kind the failures it explains. The rules, in order:
    past its deadline) is a violation unless a fault ended its cluster, or the shared disk was
    full during its life (Ray's own files of its session are on that disk: a node starting then
    fails to start).
-4. Every env case ran ok at least once: a case that always fails, each time beside a fault that
-   could explain it, is broken, not unlucky.
+4. Every env case the run sent ran ok at least once: a case that always fails, each time beside
+   a fault that could explain it, is broken, not unlucky (a short run need not send every case).
 """
 
 from __future__ import annotations

@@ -231,7 +231,7 @@ async def run(plan: Plan, rig: Rig) -> tuple[Tally, oracle.Verdict]:
 
 def judged(tally: Tally, rig: Rig) -> oracle.Verdict:
     every = tally.faults + faults.server_faults(rig.world.server)
-    cases = [str(c["name"]) for c in rig.cases]
+    cases = {o.case for o in tally.outcomes}  # those sent: a short run may not reach them all
     verdict = oracle.judge(tally.outcomes, every, tally.ends, cases)
     verdict.violations = tally.violations + rig.world.fate_problems + verdict.violations
     return verdict
